@@ -1,0 +1,1 @@
+"""The chatexport processes: api, relay, worker and janitor."""

@@ -1,0 +1,1 @@
+"""The HTTP API (aiohttp): message store, exports, operations, downloads and admin routes."""

@@ -1,0 +1,86 @@
+"""Reading request bodies within the contract's limits and validating them with pydantic models.
+
+Checks run in the contract's order: media type (415), size (413), UTF-8 and JSON syntax (400), then the
+schema (422). Nothing is stored before all of them passed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from services.api.problems import Problem, validation_failed
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+JSON_MEDIA_TYPE = "application/json"
+
+
+async def read_limited(request: web.Request, *, max_bytes: int) -> bytes:
+    """Return the raw body, at most ``max_bytes`` bytes; raises ``Problem`` 413 beyond that.
+
+    Streams the body so that a lying or absent Content-Length cannot make the server buffer more.
+    """
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise _too_large(max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(max_bytes: int) -> Problem:
+    return Problem("PAYLOAD_TOO_LARGE", f"The request body is over this endpoint's limit of {max_bytes} bytes.")
+
+
+def require_media_type(request: web.Request, media_type: str = JSON_MEDIA_TYPE) -> None:
+    """Raise ``Problem`` 415 unless the Content-Type is ``media_type`` (parameters such as charset allowed)."""
+    if request.content_type != media_type:
+        raise Problem("UNSUPPORTED_MEDIA_TYPE", f"Send the body as {media_type}.")
+
+
+def parse_json(raw: bytes) -> Any:
+    """Decode strict UTF-8 JSON; raises ``Problem`` 400 MALFORMED_JSON otherwise."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Problem("MALFORMED_JSON", "The body is not valid UTF-8.") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise Problem("MALFORMED_JSON", f"The body is not JSON: {exc.msg} at position {exc.pos}.") from None
+
+
+async def read_model(request: web.Request, model: type[ModelT], *, max_bytes: int, allow_empty: bool = False) -> ModelT:
+    """Read, size-check, parse and validate a JSON body into ``model``.
+
+    With ``allow_empty`` an absent body validates as ``{}``. Raises ``Problem`` (415, 413, 400, 422).
+    """
+    if request.body_exists:
+        require_media_type(request)
+    raw = await read_limited(request, max_bytes=max_bytes)
+    if not raw:
+        if not allow_empty:
+            raise Problem("MALFORMED_JSON", "A JSON body is required.")
+        return validate(model, {})
+    return validate(model, parse_json(raw))
+
+
+def validate(model: type[ModelT], data: Any) -> ModelT:
+    """Validate ``data`` against ``model``; raises ``Problem`` 422 listing every error (never the input)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_failed(validation_errors(exc)) from None
+
+
+def validation_errors(exc: ValidationError, *, prefix: tuple[Any, ...] = ("body",)) -> list[dict[str, Any]]:
+    """Pydantic errors as the contract's ``[{"loc": [...], "msg": "..."}]``, without the offending input."""
+    return [{"loc": [*prefix, *error["loc"]], "msg": error["msg"]} for error in exc.errors()]

@@ -1,0 +1,22 @@
+"""Typed application and request keys: the only way handlers reach shared resources."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from shared.auth import Principal, TokenVerifier
+from shared.settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+POOL = web.AppKey("pool", asyncpg.Pool)
+VERIFIER = web.AppKey("verifier", TokenVerifier)
+S3 = web.AppKey("s3", object)  # an aiobotocore S3 client; typed loosely because botocore is dynamic
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
+def s3_client(app: web.Application) -> Any:
+    """The application's S3 client."""
+    return app[S3]

@@ -1,0 +1,67 @@
+"""Request middlewares: problem rendering and bearer authentication (contract sections 2 and 3)."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from services.api.keys import PRINCIPAL, VERIFIER
+from services.api.problems import Problem
+from shared.auth import InvalidToken
+
+log = logging.getLogger(__name__)
+
+PROTECTED_PREFIXES = ("/v2/", "/v3/", "/admin/")
+PUBLIC_PATHS = frozenset({"/v3/openapi.json"})
+
+_HTTP_CODES = {
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Render ``Problem`` and aiohttp's HTTP errors as problem+json; any other failure as a bare 500."""
+    try:
+        return await handler(request)
+    except Problem as problem:
+        return problem.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _from_http_exception(exc).response()
+    except Exception:
+        log.exception("unhandled error", extra={"route": request.path, "method": request.method})
+        return Problem("INTERNAL", "An internal error occurred.").response()
+
+
+def _from_http_exception(exc: web.HTTPException) -> Problem:
+    code = _HTTP_CODES.get(exc.status, "BAD_REQUEST" if exc.status < 500 else "INTERNAL")
+    headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+    detail = "No such route." if exc.status == 404 else (exc.reason or "Request refused.")
+    return Problem(code, detail, headers=headers)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Require a valid bearer token on ``/v2``, ``/v3`` and ``/admin``; ``/admin`` also needs ``admin``."""
+    path = request.path
+    if not path.startswith(PROTECTED_PREFIXES) or path in PUBLIC_PATHS:
+        return await handler(request)
+    try:
+        principal = request.app[VERIFIER].verify(request.headers.get("Authorization"))
+    except InvalidToken:
+        raise Problem(
+            "UNAUTHENTICATED",
+            "A valid bearer token is required.",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        ) from None
+    if path.startswith("/admin/") and not principal.is_admin:
+        raise Problem("FORBIDDEN", "This route needs the admin scope.")
+    request[PRINCIPAL] = principal
+    return await handler(request)

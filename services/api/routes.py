@@ -1,0 +1,29 @@
+"""The route table of the public and admin API."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from services.api.views import admin, exports, health, messages, operations
+
+
+def setup_routes(app: web.Application) -> None:
+    """Register every route; unknown paths answer 404 and wrong methods 405 with ``Allow``."""
+    router = app.router
+    router.add_get("/healthz", health.healthz)
+    router.add_get("/readyz", health.readyz)
+
+    router.add_post("/v2/conversations/{cid}/messages", messages.send_message)
+    router.add_get("/v2/conversations/{cid}/messages", messages.read_messages)
+    router.add_delete("/v2/conversations/{cid}/messages/{message_id}", messages.recall_message)
+
+    router.add_post("/v3/conversations/{cid}/exports", exports.submit_export)
+    router.add_get("/v3/exports/{operation_id}/result", exports.download_result)
+    router.add_get("/v3/operations", operations.list_operations)
+    router.add_get("/v3/operations/{operation_id}", operations.get_operation)
+    router.add_post("/v3/operations/{operation_id}/cancel", operations.cancel_operation)
+
+    router.add_put("/admin/conversations/{cid}", admin.put_conversation)
+    router.add_put("/admin/conversations/{cid}/members/{uid}", admin.add_member)
+    router.add_delete("/admin/conversations/{cid}/members/{uid}", admin.remove_member)
+    router.add_post("/admin/conversations/{cid}/messages:import", admin.import_messages)

@@ -1,0 +1,1 @@
+"""Code shared by the chatexport parts: settings, database, broker, storage, auth, the operation model."""

@@ -1,0 +1,96 @@
+"""Postgres connection pools and the migration runner.
+
+Migrations are the numbered ``shared/migrations/NNNN_name.sql`` files, each applied once in its own
+transaction and recorded in ``schema_migrations``. A session advisory lock makes concurrent runs safe: the
+second waits, then finds nothing left to apply.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Any constant works; it only has to be the same for every migrating process.
+MIGRATION_LOCK_KEY = 0x63686578  # "chex"
+
+
+async def create_pool(settings: Settings, *, min_size: int = 1) -> asyncpg.Pool:
+    """Open a pool to ``settings.database_url``; statements time out after ``database_timeout_seconds``.
+
+    Raises ``OSError`` or ``asyncpg.PostgresError`` when the database cannot be reached.
+    """
+    pool = await asyncpg.create_pool(
+        settings.database_url,
+        min_size=min_size,
+        max_size=settings.database_pool_max,
+        command_timeout=settings.database_timeout_seconds,
+        timeout=settings.database_timeout_seconds,
+    )
+    assert pool is not None
+    return pool
+
+
+def migration_files() -> list[tuple[str, str]]:
+    """Return ``[(version, sql), ...]`` for every migration, ordered by version."""
+    folder = resources.files("shared") / "migrations"
+    found = [(entry.name.removesuffix(".sql"), entry.read_text("utf-8")) for entry in folder.iterdir()]
+    return sorted((item for item in found if item[0][:4].isdigit()), key=lambda item: item[0])
+
+
+async def ensure_database(database_url: str) -> bool:
+    """Create the database named in ``database_url`` if it is missing; return True when it was created.
+
+    Connects to the server's ``postgres`` database for that. Raises ``asyncpg.PostgresError`` on refusal.
+    """
+    parts = urlsplit(database_url)
+    name = parts.path.lstrip("/")
+    admin_url = urlunsplit(parts._replace(path="/postgres"))
+    conn = await asyncpg.connect(admin_url)
+    try:
+        if await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+            return False
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        except asyncpg.DuplicateDatabaseError:
+            return False  # another process created it between our check and our CREATE
+        return True
+    finally:
+        await conn.close()
+
+
+async def migrate(database_url: str) -> list[str]:
+    """Apply every pending migration; return the versions applied by this call (possibly none)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+        try:
+            return await _apply_pending(conn)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+    finally:
+        await conn.close()
+
+
+async def _apply_pending(conn: asyncpg.Connection) -> list[str]:
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations"
+        " (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    done = {row["version"] for row in await conn.fetch("SELECT version FROM schema_migrations")}
+    applied = []
+    for version, sql in migration_files():
+        if version in done:
+            continue
+        async with conn.transaction():
+            await conn.execute(sql)
+            await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)
+        log.info("migration applied", extra={"version": version})
+        applied.append(version)
+    return applied

@@ -1,0 +1,26 @@
+"""The canonical export request and its fingerprint (contract 5.1)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """An export request after defaults: ``{"format":"jsonl"}`` equals ``{..., "after_seq": 0}``."""
+
+    format: str
+    before_seq: int | None
+    after_seq: int
+
+
+def fingerprint(*, user_id: str, conversation_id: str, request: ExportRequest) -> str:
+    """Hex sha256 of the canonical request ``(user, cid, format, before_seq, after_seq)``.
+
+    Two submissions are "the same request" for idempotency exactly when their fingerprints are equal.
+    """
+    canonical = {"user": user_id, "conversation_id": conversation_id, **asdict(request)}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()

@@ -1,0 +1,50 @@
+"""Structured JSON log lines on stderr, one object a line, with the ``extra={...}`` fields of each call.
+
+Callers put ids, states, counts and durations in ``extra``; never a message body, a token or a signed URL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+from shared.settings import Settings
+
+# Attributes every LogRecord has; anything else on a record came from ``extra``.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """Format a record as one JSON object: time, level, service, logger, msg and the extra fields."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self._service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Return the JSON line for ``record``."""
+        entry: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "service": self._service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        entry.update({key: value for key, value in vars(record).items() if key not in _STANDARD})
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def configure_logging(settings: Settings, *, service: str) -> None:
+    """Send every logger's records to stderr as JSON lines at ``settings.log_level``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level.upper())
+    # Third-party chatter at INFO would drown the service's own lines.
+    for noisy in ("aiormq", "aio_pika", "botocore", "aiobotocore", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

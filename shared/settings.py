@@ -1,0 +1,90 @@
+"""Settings of every chatexport part, read from ``CHATEXPORT_*`` environment variables (contract section 7).
+
+One class serves all parts so that a deployment configures them alike; each part reads only what it
+needs. Build it once in ``main()`` and pass it down: nothing imports a global instance.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"  # noqa: S105 - refused outside development
+
+
+class Settings(BaseSettings):
+    """Typed configuration; durations are in seconds, sizes in bytes.
+
+    Raises ``pydantic.ValidationError`` on a bad value, and refuses to build outside development with the
+    placeholder JWT secret (contract section 7).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CHATEXPORT_", extra="ignore")
+
+    environment: Literal["development", "production"] = "development"
+    log_level: str = "INFO"
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/chatexport"
+    database_pool_max: int = Field(10, ge=1)
+    database_timeout_seconds: float = Field(10.0, gt=0)
+
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    amqp_exchange: str = "chatexport"
+    amqp_queue: str = "chatexport.exports"
+    amqp_delivery_limit: int = Field(20, ge=1)
+
+    s3_endpoint_url: str | None = "http://127.0.0.1:9000"
+    s3_region: str = "us-east-1"
+    s3_bucket: str = Field("chatexport-exports", min_length=3, max_length=63)
+    s3_prefix: str = "exports/"
+    s3_access_key_id: str = "testing"
+    s3_secret_access_key: str = "testing"
+    s3_timeout_seconds: float = Field(20.0, gt=0)
+    s3_part_size_bytes: int = Field(8 * 1024 * 1024, ge=5 * 1024 * 1024)
+
+    jwt_secret: str = PLACEHOLDER_JWT_SECRET
+    jwt_public_key: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8080, ge=0, le=65535)
+
+    message_body_max_bytes: int = Field(6, ge=1)
+    message_request_max_bytes: int = Field(4096, ge=1)
+    export_request_max_bytes: int = Field(1024, ge=1)
+    import_request_max_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    import_body_max_bytes: int = Field(64 * 1024, ge=1)
+
+    idempotency_replay_window_seconds: int = Field(24 * 3600, ge=1)
+    operation_retention_seconds: int = Field(30 * 24 * 3600, ge=1)
+    result_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)
+    max_active_exports: int = Field(5, ge=1)
+
+    lease_seconds: float = Field(30.0, gt=0)
+    heartbeat_seconds: float = Field(10.0, gt=0)
+    worker_concurrency: int = Field(4, ge=1)
+    export_batch_rows: int = Field(20000, ge=1)
+    verify_readback: bool = True
+
+    relay_batch_size: int = Field(100, ge=1)
+    relay_poll_seconds: float = Field(1.0, gt=0)
+    publish_timeout_seconds: float = Field(5.0, gt=0)
+
+    janitor_interval_seconds: float = Field(30.0, gt=0)
+
+    shutdown_grace_seconds: float = Field(20.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Settings:
+        if self.environment != "development" and self.jwt_secret == PLACEHOLDER_JWT_SECRET:
+            raise ValueError("CHATEXPORT_JWT_SECRET is the development placeholder; set a real secret")
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError("CHATEXPORT_HEARTBEAT_SECONDS must be shorter than CHATEXPORT_LEASE_SECONDS")
+        if self.result_ttl_seconds > self.operation_retention_seconds:
+            raise ValueError("CHATEXPORT_RESULT_TTL_SECONDS must not exceed the operation retention")
+        if self.idempotency_replay_window_seconds > self.operation_retention_seconds:
+            raise ValueError("the idempotency replay window must not exceed the operation retention")
+        return self

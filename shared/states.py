@@ -1,0 +1,64 @@
+"""The operation state machine of contract section 5.3.
+
+Every transition is one conditional UPDATE on the expected state (and, for a lease holder, the fencing
+generation); this module is the single list of which moves exist, used by the repositories to build their
+conditions and by tests to check them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    """States of an export operation (contract 5.3)."""
+
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    RETRY_AT = "RETRY_AT"
+    CANCEL_REQUESTED = "CANCEL_REQUESTED"
+    SUCCEEDED = "SUCCEEDED"
+    CANCELED = "CANCELED"
+    FAILED = "FAILED"
+    FAILED_REPAIR = "FAILED_REPAIR"
+    EXPIRED = "EXPIRED"
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.QUEUED: frozenset({State.RUNNING, State.CANCEL_REQUESTED}),
+    # RUNNING -> RUNNING is a lease takeover: generation + 1.
+    State.RUNNING: frozenset(
+        {
+            State.SUCCEEDED,
+            State.RETRY_AT,
+            State.FAILED,
+            State.FAILED_REPAIR,
+            State.CANCEL_REQUESTED,
+            State.RUNNING,
+        }
+    ),
+    State.RETRY_AT: frozenset({State.RUNNING, State.CANCEL_REQUESTED}),
+    State.CANCEL_REQUESTED: frozenset({State.CANCELED}),
+    State.SUCCEEDED: frozenset({State.EXPIRED}),
+    State.FAILED_REPAIR: frozenset({State.QUEUED}),
+    State.CANCELED: frozenset(),
+    State.FAILED: frozenset(),
+    State.EXPIRED: frozenset(),
+}
+
+# "Terminal" as the client sees it: no Retry-After, and no longer counted by the active-export quota.
+# FAILED_REPAIR is parked, not final, but nothing happens to it without an operator.
+TERMINAL: frozenset[State] = frozenset(
+    {State.SUCCEEDED, State.CANCELED, State.FAILED, State.FAILED_REPAIR, State.EXPIRED}
+)
+ACTIVE: frozenset[State] = frozenset(State) - TERMINAL
+
+
+def can_transition(current: State, target: State) -> bool:
+    """True when the contract allows ``current -> target``."""
+    return target in TRANSITIONS[current]
+
+
+def sources_of(target: State) -> list[str]:
+    """The states from which ``target`` may be entered, as strings for a SQL ``state = ANY($n)``."""
+    return sorted(source.value for source, targets in TRANSITIONS.items() if target in targets)
