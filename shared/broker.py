@@ -26,11 +26,15 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
     Raises ``aio_pika.exceptions.AMQPConnectionError`` or ``OSError`` when the broker is unreachable.
     """
     return await aio_pika.connect_robust(
-        settings.amqp_url, client_properties={"connection_name": name}, timeout=settings.publish_timeout_seconds
+        settings.amqp_url,
+        client_properties={"connection_name": name},
+        timeout=settings.publish_timeout_seconds,
     )
 
 
-async def declare_topology(channel: AbstractRobustChannel, settings: Settings) -> tuple[AbstractExchange, AbstractQueue]:
+async def declare_topology(
+    channel: AbstractRobustChannel, settings: Settings
+) -> tuple[AbstractExchange, AbstractQueue]:
     """Declare the work exchange, the quorum work queue and its dead-letter queue; return (exchange, queue).
 
     Idempotent: every part may call it on start-up. Over ``amqp_delivery_limit`` redeliveries a message is

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"  # noqa: S105 - refused outside development
+PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"
 
 
 class Settings(BaseSettings):
@@ -68,12 +68,17 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(4, ge=1)
     export_batch_rows: int = Field(20000, ge=1)
     verify_readback: bool = True
+    retry_base_seconds: float = Field(2.0, gt=0)
+    retry_cap_seconds: float = Field(300.0, gt=0)
+    max_attempts: int = Field(5, ge=1)
 
     relay_batch_size: int = Field(100, ge=1)
     relay_poll_seconds: float = Field(1.0, gt=0)
     publish_timeout_seconds: float = Field(5.0, gt=0)
 
     janitor_interval_seconds: float = Field(30.0, gt=0)
+    janitor_requeue_after_seconds: float = Field(60.0, gt=0)
+    janitor_batch_size: int = Field(500, ge=1)
 
     shutdown_grace_seconds: float = Field(20.0, ge=0)
 

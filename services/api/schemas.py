@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 from shared.ids import ID_PATTERN
+from shared.timefmt import parse_timestamp
+
+# The largest seq Postgres' bigint holds; a bigger after_seq would fail in the driver, not validate.
+MAX_SEQ = 2**63 - 1
+MAX_PAGE_LIMIT = 1000
+MAX_MEMBERS = 10_000
 
 
 def _clean_text(value: str) -> str:
@@ -23,6 +39,29 @@ def _clean_text(value: str) -> str:
 CleanText = Annotated[StrictStr, AfterValidator(_clean_text)]
 Identifier = Annotated[StrictStr, Field(pattern=f"^{ID_PATTERN}$")]
 MessageId = Annotated[CleanText, Field(min_length=1, max_length=64)]
+# The byte limit depends on the route and the settings; the views check it (contract 4).
+MessageBody = Annotated[CleanText, Field(min_length=1)]
+
+
+def _rfc3339(value: object) -> datetime:
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 timestamp string")
+    try:
+        return parse_timestamp(value)
+    except ValueError:
+        raise ValueError("must be an RFC 3339 timestamp with a zone, e.g. 2026-11-30T08:00:00.000Z") from None
+
+
+def _digits(value: object) -> object:
+    # Query values are text; only plain ASCII digits are an integer here ("+1", "1.0" and "1_000" are not,
+    # although pydantic's lax mode would take them).
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    raise ValueError("must be a non-negative integer written in decimal digits")
+
+
+Timestamp = Annotated[datetime, BeforeValidator(_rfc3339)]
+QueryInt = Annotated[int, BeforeValidator(_digits)]
 
 
 class StrictModel(BaseModel):
@@ -47,3 +86,35 @@ class ExportSubmission(StrictModel):
 
 class CancelRequest(StrictModel):
     """Body of ``POST /v3/operations/{id}/cancel``: empty or ``{}`` (contract 5.4)."""
+
+
+class MessageSubmission(StrictModel):
+    """Body of ``POST /v2/conversations/{cid}/messages`` (contract 4)."""
+
+    message_id: MessageId
+    body: MessageBody
+
+
+class MessagePageQuery(StrictModel):
+    """Query of ``GET /v2/conversations/{cid}/messages`` (contract 4: ``limit <= 1000``)."""
+
+    after_seq: Annotated[QueryInt, Field(ge=0, le=MAX_SEQ)] = 0
+    limit: Annotated[QueryInt, Field(ge=1, le=MAX_PAGE_LIMIT)] = 100
+
+
+class MemberSet(StrictModel):
+    """Body of ``PUT /admin/conversations/{cid}``: the complete member set (contract 4)."""
+
+    members: Annotated[list[Identifier], Field(max_length=MAX_MEMBERS)]
+
+
+class ImportedMessage(StrictModel):
+    """One NDJSON line of ``POST /admin/conversations/{cid}/messages:import`` (contract 4).
+
+    ``sent_at`` absent or null: the time of the import.
+    """
+
+    message_id: MessageId
+    sender_id: Identifier
+    body: MessageBody
+    sent_at: Timestamp | None = None

@@ -1,0 +1,31 @@
+"""The ``Idempotency-Key`` header (contract 5.1)."""
+
+from __future__ import annotations
+
+import re
+
+from services.api.problems import Problem
+
+HEADER = "Idempotency-Key"
+_VISIBLE = re.compile(r"[\x21-\x7e]{1,255}")
+# RFC 8941 sf-string: printable ASCII, with only \" and \\ as escapes.
+_SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
+_SF_ESCAPE = re.compile(r"\\([\"\\])")
+
+
+def parse_idempotency_key(value: str | None) -> str:
+    """Return the key: 1-255 visible ASCII characters (0x21-0x7E), unquoted if sent as an RFC 8941 string.
+
+    Raises ``Problem`` IDEMPOTENCY_KEY_MISSING when absent or empty, IDEMPOTENCY_KEY_INVALID otherwise.
+    The unquoted key must itself be visible ASCII, so ``" a"`` (with a space) is invalid.
+    """
+    if value is None or value == "":
+        raise Problem("IDEMPOTENCY_KEY_MISSING", f"Send an {HEADER} header to make the submission safe to retry.")
+    quoted = _SF_STRING.fullmatch(value)
+    key = _SF_ESCAPE.sub(r"\1", quoted.group(1)) if quoted else value
+    if (value.startswith('"') and not quoted) or not _VISIBLE.fullmatch(key):
+        raise Problem(
+            "IDEMPOTENCY_KEY_INVALID",
+            f"The {HEADER} must be 1-255 visible ASCII characters (0x21-0x7E), optionally in double quotes.",
+        )
+    return key

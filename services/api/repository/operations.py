@@ -1,0 +1,166 @@
+"""SQL of the export operations as the API sees them: submit, read, list, cancel, access events."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+from shared.fingerprint import ExportRequest
+from shared.states import ACTIVE, State, sources_of
+
+# Columns of the operation representation (contract 5.2) plus the database's view of its age.
+_COLUMNS = """
+    o.operation_id, o.kind, o.owner_id, o.conversation_id, o.format, o.before_seq, o.after_seq, o.state,
+    o.created_at, o.updated_at, o.attempt, o.generation, o.progress_phase, o.messages_written,
+    o.bytes_written, o.snapshot_max_seq, o.retry_at, o.error_code, o.error_message, o.result_key,
+    o.result_size_bytes, o.result_sha256, o.result_message_count, o.result_expires_at,
+    extract(epoch FROM now() - o.created_at)::float8 AS age_seconds
+"""
+
+_ACTIVE_STATES = sorted(state.value for state in ACTIVE)
+
+
+async def lock_owner(conn: asyncpg.Connection, *, owner_id: str) -> None:
+    """Serialise submissions of one user until the transaction ends.
+
+    Makes "idempotency lookup, quota count, insert" atomic per user, so concurrent identical requests
+    yield one operation and concurrent different ones cannot overrun the quota (contract 5.1).
+    """
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('submit:' || $1, 0))", owner_id)
+
+
+async def find_idempotency_key(
+    conn: asyncpg.Connection, *, owner_id: str, idempotency_key: str, replay_window_seconds: int
+) -> asyncpg.Record | None:
+    """The remembered use of ``idempotency_key`` by ``owner_id``: fingerprint, operation_id, expired."""
+    return await conn.fetchrow(
+        """
+        SELECT fingerprint, operation_id,
+               created_at + make_interval(secs => $3) <= now() AS expired
+        FROM idempotency_keys WHERE owner_id = $1 AND idempotency_key = $2
+        """,
+        owner_id,
+        idempotency_key,
+        float(replay_window_seconds),
+    )
+
+
+async def count_active(conn: asyncpg.Connection, *, owner_id: str) -> int:
+    """How many of ``owner_id``'s operations are not terminal (the 429 quota, contract 5.1)."""
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM operations WHERE owner_id = $1 AND state = ANY($2::text[])",
+        owner_id,
+        _ACTIVE_STATES,
+    )
+    return count
+
+
+async def insert_operation(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    owner_id: str,
+    conversation_id: str,
+    request: ExportRequest,
+) -> None:
+    """Store a new QUEUED operation (the outbox row and idempotency record go in the same transaction)."""
+    await conn.execute(
+        """
+        INSERT INTO operations (operation_id, owner_id, conversation_id, format, before_seq, after_seq, state)
+        VALUES ($1, $2, $3, $4, $5, $6, 'QUEUED')
+        """,
+        operation_id,
+        owner_id,
+        conversation_id,
+        request.format,
+        request.before_seq,
+        request.after_seq,
+    )
+
+
+async def insert_idempotency_key(
+    conn: asyncpg.Connection, *, owner_id: str, idempotency_key: str, fingerprint: str, operation_id: str
+) -> None:
+    """Remember ``idempotency_key`` of ``owner_id`` for the operation it created."""
+    await conn.execute(
+        """
+        INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, operation_id)
+        VALUES ($1, $2, $3, $4)
+        """,
+        owner_id,
+        idempotency_key,
+        fingerprint,
+        operation_id,
+    )
+
+
+async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> asyncpg.Record | None:
+    """The operation if it exists AND belongs to ``owner_id``; otherwise None (one 404 for both)."""
+    return await conn.fetchrow(
+        f"SELECT {_COLUMNS} FROM operations o WHERE o.operation_id = $1 AND o.owner_id = $2",
+        operation_id,
+        owner_id,
+    )
+
+
+async def list_operations(
+    conn: asyncpg.Connection,
+    *,
+    owner_id: str,
+    state: str | None,
+    limit: int,
+    after: tuple[datetime, str] | None,
+) -> list[asyncpg.Record]:
+    """Up to ``limit`` of the owner's operations, newest first, strictly after the keyset ``after``.
+
+    ``after`` is the (created_at, operation_id) of the last row of the previous page.
+    """
+    after_created, after_id = after if after else (None, None)
+    rows: list[asyncpg.Record] = await conn.fetch(
+        f"""
+        SELECT {_COLUMNS} FROM operations o
+        WHERE o.owner_id = $1
+          AND ($2::text IS NULL OR o.state = $2)
+          AND ($3::timestamptz IS NULL OR (o.created_at, o.operation_id) < ($3, $4))
+        ORDER BY o.created_at DESC, o.operation_id DESC
+        LIMIT $5
+        """,
+        owner_id,
+        state,
+        after_created,
+        after_id,
+        limit,
+    )
+    return rows
+
+
+async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> asyncpg.Record | None:
+    """Move a QUEUED, RUNNING or RETRY_AT operation to CANCEL_REQUESTED; return it, or None if not moved.
+
+    One conditional UPDATE (contract 5.3): it cannot overtake a SUCCEEDED that committed first, and once
+    it commits the worker's conditional SUCCEEDED update can no longer match.
+    """
+    return await conn.fetchrow(
+        f"""
+        UPDATE operations o SET state = 'CANCEL_REQUESTED', updated_at = now(), retry_at = NULL
+        WHERE o.operation_id = $1 AND o.owner_id = $2 AND o.state = ANY($3::text[])
+        RETURNING {_COLUMNS}
+        """,
+        operation_id,
+        owner_id,
+        sources_of(State.CANCEL_REQUESTED),
+    )
+
+
+async def record_access_event(
+    conn: asyncpg.Connection, *, operation_id: str, user_id: str, action: str, outcome: str
+) -> None:
+    """Record who tried ``action`` on which operation and what came of it (contract 5.5)."""
+    await conn.execute(
+        "INSERT INTO access_events (operation_id, user_id, action, outcome) VALUES ($1, $2, $3, $4)",
+        operation_id,
+        user_id,
+        action,
+        outcome,
+    )

@@ -1,0 +1,92 @@
+"""The operation representation of contract 5.2, built from a repository row."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import asyncpg
+
+from shared.states import TERMINAL, State
+from shared.timefmt import format_timestamp
+
+RESULT_CONTENT_TYPE = "application/x-ndjson"
+# Shown before a worker has measured anything.
+WAITING_PHASE = "waiting"
+
+
+def operation_url(operation_id: str) -> str:
+    """The status monitor's path: ``/v3/operations/{id}``."""
+    return f"/v3/operations/{operation_id}"
+
+
+def result_url(operation_id: str) -> str:
+    """The download path: ``/v3/exports/{id}/result``."""
+    return f"/v3/exports/{operation_id}/result"
+
+
+def next_poll_after_seconds(age_seconds: float) -> int:
+    """How long a client should wait before polling again: grows with the operation's age, 1 to 30 s."""
+    return max(1, min(30, math.ceil(age_seconds / 10)))
+
+
+def is_terminal(row: asyncpg.Record) -> bool:
+    """True when the operation will not change without an operator (no Retry-After, contract 5.2)."""
+    return State(row["state"]) in TERMINAL
+
+
+def represent(row: asyncpg.Record) -> dict[str, Any]:
+    """The JSON object of one operation (contract 5.2)."""
+    operation_id = row["operation_id"]
+    terminal = is_terminal(row)
+    body: dict[str, Any] = {
+        "operation_id": operation_id,
+        "kind": row["kind"],
+        "state": row["state"],
+        "conversation_id": row["conversation_id"],
+        "request": {"format": row["format"], "before_seq": row["before_seq"], "after_seq": row["after_seq"]},
+        "created_at": format_timestamp(row["created_at"]),
+        "updated_at": format_timestamp(row["updated_at"]),
+        "attempt": row["attempt"],
+        "progress": {
+            "phase": row["progress_phase"] or WAITING_PHASE,
+            "messages_written": row["messages_written"],
+            "bytes_written": row["bytes_written"],
+        },
+        "snapshot": None if row["snapshot_max_seq"] is None else {"max_seq": row["snapshot_max_seq"]},
+        "retry_at": format_timestamp(row["retry_at"]),
+        "error": _error(row),
+        "result": _result(row),
+        "links": _links(operation_id, row["state"], terminal),
+    }
+    if not terminal:
+        body["next_poll_after_seconds"] = next_poll_after_seconds(row["age_seconds"])
+    return body
+
+
+def _error(row: asyncpg.Record) -> dict[str, str] | None:
+    if row["error_code"] is None:
+        return None
+    return {"code": row["error_code"], "message": row["error_message"] or ""}
+
+
+def _result(row: asyncpg.Record) -> dict[str, Any] | None:
+    if row["state"] != State.SUCCEEDED:
+        return None
+    return {
+        "url": result_url(row["operation_id"]),
+        "expires_at": format_timestamp(row["result_expires_at"]),
+        "size_bytes": row["result_size_bytes"],
+        "sha256": row["result_sha256"],
+        "message_count": row["result_message_count"],
+        "content_type": RESULT_CONTENT_TYPE,
+    }
+
+
+def _links(operation_id: str, state: str, terminal: bool) -> dict[str, str]:
+    links = {"self": operation_url(operation_id)}
+    if not terminal:
+        links["cancel"] = f"{operation_url(operation_id)}/cancel"
+    if state == State.SUCCEEDED:
+        links["result"] = result_url(operation_id)
+    return links

@@ -1,0 +1,117 @@
+"""The status monitor: ``/v3/operations`` and ``/v3/operations/{id}`` (contract 5.2 and 5.4)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.api.bodies import read_model, validation_errors
+from services.api.keys import POOL, PRINCIPAL, SETTINGS
+from services.api.problems import Problem, not_found, validation_failed
+from services.api.repository import operations as repo
+from services.api.representation import is_terminal, operation_url, represent
+from services.api.schemas import CancelRequest
+from shared.states import State
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def operation_response(row: asyncpg.Record, *, status: int = 200, **headers: str) -> web.Response:
+    """The operation as JSON with the status monitor's headers (no-store; Retry-After while active)."""
+    body = represent(row)
+    all_headers = {**NO_STORE, **headers}
+    if not is_terminal(row):
+        all_headers["Retry-After"] = str(body["next_poll_after_seconds"])
+    return web.Response(
+        status=status,
+        body=json.dumps(body, ensure_ascii=False).encode(),
+        content_type="application/json",
+        headers=all_headers,
+    )
+
+
+async def get_operation(request: web.Request) -> web.Response:
+    """``GET /v3/operations/{id}``: the owner's view; anyone else the same 404 as for a missing id."""
+    async with request.app[POOL].acquire() as conn:
+        row = await repo.get_operation(
+            conn, operation_id=request.match_info["operation_id"], owner_id=request[PRINCIPAL].user_id
+        )
+    if row is None:
+        raise not_found()
+    return operation_response(row)
+
+
+class ListQuery(BaseModel):
+    """Query of ``GET /v3/operations``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: State | None = None
+    limit: int = Field(20, ge=1, le=100)
+    cursor: str | None = None
+
+
+async def list_operations(request: web.Request) -> web.Response:
+    """``GET /v3/operations?state=&limit=&cursor=``: the caller's operations, newest first."""
+    try:
+        query = ListQuery.model_validate(dict(request.query))
+    except ValidationError as exc:
+        raise validation_failed(validation_errors(exc, prefix=("query",))) from None
+    async with request.app[POOL].acquire() as conn:
+        rows = await repo.list_operations(
+            conn,
+            owner_id=request[PRINCIPAL].user_id,
+            state=query.state.value if query.state else None,
+            limit=query.limit + 1,
+            after=_decode_cursor(query.cursor),
+        )
+    page, more = rows[: query.limit], len(rows) > query.limit
+    body: dict[str, Any] = {
+        "operations": [represent(row) for row in page],
+        "next_cursor": _encode_cursor(page[-1]) if more else None,
+    }
+    return web.json_response(body, headers=NO_STORE, dumps=lambda obj: json.dumps(obj, ensure_ascii=False))
+
+
+def _encode_cursor(row: asyncpg.Record) -> str:
+    raw = json.dumps([row["created_at"].isoformat(), row["operation_id"]]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> tuple[datetime, str] | None:
+    if cursor is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, operation_id = json.loads(raw)
+        return datetime.fromisoformat(created), str(operation_id)
+    except (binascii.Error, ValueError, TypeError):
+        raise validation_failed([{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}]) from None
+
+
+async def cancel_operation(request: web.Request) -> web.Response:
+    """``POST /v3/operations/{id}/cancel`` with the outcomes of contract 5.4."""
+    await read_model(request, CancelRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
+    operation_id = request.match_info["operation_id"]
+    owner_id = request[PRINCIPAL].user_id
+    async with request.app[POOL].acquire() as conn:
+        moved = await repo.request_cancel(conn, operation_id=operation_id, owner_id=owner_id)
+        row = moved or await repo.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
+    if row is None:
+        raise not_found()
+    if row["state"] == State.CANCEL_REQUESTED:
+        return operation_response(row, status=202, Location=operation_url(operation_id))
+    if row["state"] == State.CANCELED:
+        return operation_response(row)
+    raise Problem(
+        "ALREADY_TERMINAL",
+        f"The operation already ended as {row['state']}; it can no longer be canceled.",
+        state=row["state"],
+    )

@@ -1,0 +1,1 @@
+"""The janitor: scheduled expiry, purging, re-enqueueing and clean-up passes."""

@@ -1,0 +1,1 @@
+"""The outbox relay: publishes outbox rows to RabbitMQ with publisher confirms."""

@@ -1,0 +1,36 @@
+"""The relay's entry point: builds its resources, publishes until SIGTERM, then closes them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from services.relay.relay import Relay
+from shared import broker
+from shared.db import create_pool
+from shared.lifecycle import run_until_signalled
+from shared.logs import configure_logging
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
+    """Relay outbox rows until ``stop`` is set. A batch in flight completes before the relay exits."""
+    pool = await create_pool(settings)
+    connection = await broker.connect(settings, name=f"relay {os.getpid()}")
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        exchange, _ = await broker.declare_topology(channel, settings)
+        log.info("relay started", extra={"exchange": settings.amqp_exchange})
+        await Relay(pool=pool, exchange=exchange, settings=settings).run(stop=stop)
+    finally:
+        await connection.close()
+        await pool.close()
+
+
+def main(settings: Settings) -> None:
+    """Run the relay until SIGINT or SIGTERM."""
+    configure_logging(settings, service="relay")
+    asyncio.run(run_until_signalled(serve, settings))

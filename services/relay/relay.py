@@ -1,0 +1,125 @@
+"""Publishing outbox rows (contract section 6).
+
+A batch of due rows is locked with SKIP LOCKED, published with publisher confirms, ``mandatory`` and a
+timeout, and marked published in the same transaction only for the rows the broker confirmed. A crash
+between confirm and mark publishes a row twice; that is harmless because a message is only a wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aio_pika
+import asyncpg
+from aio_pika.abc import AbstractExchange
+
+from services.relay import repository as repo
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+FAILED_PUBLISH_RETRY_SECONDS = 5.0
+NOTIFY_CHANNEL = "chatexport_outbox"
+
+
+class Relay:
+    """Moves due outbox rows to ``exchange``; several relays may run side by side."""
+
+    def __init__(self, *, pool: asyncpg.Pool, exchange: AbstractExchange, settings: Settings) -> None:
+        self._pool = pool
+        self._exchange = exchange
+        self._settings = settings
+
+    async def publish_due(self) -> int:
+        """Publish one batch of due rows; return how many rows it handled (0 when none was due)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await repo.claim_due(conn, limit=self._settings.relay_batch_size)
+            if not rows:
+                return 0
+            results = await asyncio.gather(*(self._publish(row) for row in rows), return_exceptions=True)
+            confirmed = [row["outbox_id"] for row, ok in zip(rows, results, strict=True) if ok is True]
+            failed = [row["outbox_id"] for row, ok in zip(rows, results, strict=True) if ok is not True]
+            if confirmed:
+                await repo.mark_published(conn, outbox_ids=confirmed)
+            if failed:
+                await repo.mark_failed(conn, outbox_ids=failed, retry_seconds=FAILED_PUBLISH_RETRY_SECONDS)
+        if failed:
+            log.warning("publish not confirmed; rows held back", extra={"rows": len(failed)})
+        return len(rows)
+
+    async def _publish(self, row: asyncpg.Record) -> bool:
+        message = aio_pika.Message(
+            body=row["payload"].encode(),
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=str(row["outbox_id"]),
+        )
+        try:
+            # mandatory: an unroutable message comes back as PublishError instead of vanishing (PITFALLS).
+            await self._exchange.publish(
+                message,
+                routing_key=row["routing_key"],
+                mandatory=True,
+                timeout=self._settings.publish_timeout_seconds,
+            )
+        except (TimeoutError, aio_pika.exceptions.AMQPError, OSError, RuntimeError) as exc:
+            log.warning(
+                "publish failed",
+                extra={
+                    "outbox_id": row["outbox_id"],
+                    "operation_id": row["operation_id"],
+                    "error": type(exc).__name__,
+                },
+            )
+            return False
+        return True
+
+    async def run(self, *, stop: asyncio.Event) -> None:
+        """Publish until ``stop`` is set; LISTEN/NOTIFY wakes it, polling every ``relay_poll_seconds`` too."""
+        wake = asyncio.Event()
+        listener: asyncpg.Connection | None = None
+        try:
+            while not stop.is_set():
+                listener = await self._ensure_listener(listener, wake)
+                wake.clear()
+                await self._publish_all()
+                await self._wait(wake, stop)
+        finally:
+            if listener is not None and not listener.is_closed():
+                await listener.close()
+
+    async def _publish_all(self) -> None:
+        try:
+            while await self.publish_due() == self._settings.relay_batch_size:
+                pass
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("database unavailable; will retry", extra={"error": type(exc).__name__})
+
+    async def _wait(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
+        timeout = self._settings.relay_poll_seconds
+        with contextlib.suppress(Exception):
+            async with self._pool.acquire() as conn:
+                due = await repo.seconds_until_next_due(conn)
+            if due is not None:
+                timeout = min(timeout, due)
+        waiters = [asyncio.create_task(wake.wait()), asyncio.create_task(stop.wait())]
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+
+    async def _ensure_listener(
+        self, listener: asyncpg.Connection | None, wake: asyncio.Event
+    ) -> asyncpg.Connection | None:
+        if listener is not None and not listener.is_closed():
+            return listener
+        try:
+            listener = await asyncpg.connect(
+                self._settings.database_url, timeout=self._settings.database_timeout_seconds
+            )
+            await listener.add_listener(NOTIFY_CHANNEL, lambda *_: wake.set())
+        except (TimeoutError, OSError, asyncpg.PostgresError):
+            log.warning("LISTEN unavailable; polling only")
+            return None
+        return listener

@@ -1,0 +1,1 @@
+"""The export worker: claims operations with a lease and streams their messages into S3."""

@@ -1,0 +1,118 @@
+"""Writing one artifact object to S3 with bounded memory.
+
+Bytes are buffered up to one part (``s3_part_size_bytes``); a file that outgrows one part becomes a
+multipart upload, a smaller one a single PutObject. Memory stays near one part whatever the export's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+READBACK_CHUNK_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Digest:
+    """What a file holds: ``size_bytes``, hex ``sha256`` and ``line_count`` (one message a line)."""
+
+    size_bytes: int
+    sha256: str
+    line_count: int
+
+
+class ArtifactWriter:
+    """Streams bytes into ``bucket/key``; ``on_upload_started(upload_id)`` runs before any part is sent."""
+
+    def __init__(
+        self,
+        s3: Any,
+        *,
+        bucket: str,
+        key: str,
+        part_size: int,
+        on_upload_started: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self._s3 = s3
+        self._bucket = bucket
+        self._key = key
+        self._part_size = part_size
+        self._on_upload_started = on_upload_started
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self._hash = hashlib.sha256()
+        self._size = 0
+        self._lines = 0
+
+    def digest(self) -> Digest:
+        """Size, sha256 and line count of everything written so far."""
+        return Digest(self._size, self._hash.hexdigest(), self._lines)
+
+    async def write(self, data: bytes) -> None:
+        """Append ``data``; uploads a part whenever a full one is buffered."""
+        self._hash.update(data)
+        self._size += len(data)
+        self._lines += data.count(b"\n")
+        self._buffer += data
+        while len(self._buffer) >= self._part_size:
+            chunk = bytes(self._buffer[: self._part_size])
+            del self._buffer[: self._part_size]
+            await self._upload_part(chunk)
+
+    async def _upload_part(self, chunk: bytes) -> None:
+        if self._upload_id is None:
+            created = await self._s3.create_multipart_upload(
+                Bucket=self._bucket, Key=self._key, ContentType="application/x-ndjson"
+            )
+            self._upload_id = created["UploadId"]
+            await self._on_upload_started(self._upload_id)
+        number = len(self._parts) + 1
+        uploaded = await self._s3.upload_part(
+            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=chunk
+        )
+        self._parts.append({"PartNumber": number, "ETag": uploaded["ETag"]})
+
+    async def finish(self) -> Digest:
+        """Upload what is buffered and make the object visible; return its digest."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        if self._upload_id is None:
+            await self._s3.put_object(Bucket=self._bucket, Key=self._key, Body=rest, ContentType="application/x-ndjson")
+        else:
+            if rest:
+                await self._upload_part(rest)
+            await self._s3.complete_multipart_upload(
+                Bucket=self._bucket,
+                Key=self._key,
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": self._parts},
+            )
+        return self.digest()
+
+    async def discard(self) -> None:
+        """Abort the multipart upload and delete the object, ignoring what is already gone."""
+        self._buffer.clear()
+        if self._upload_id is not None:
+            with contextlib.suppress(Exception):
+                await self._s3.abort_multipart_upload(Bucket=self._bucket, Key=self._key, UploadId=self._upload_id)
+        await self._s3.delete_object(Bucket=self._bucket, Key=self._key)
+
+
+async def read_digest(s3: Any, *, bucket: str, key: str) -> Digest:
+    """Read ``bucket/key`` back in chunks and measure it, to verify what S3 actually holds."""
+    digest = hashlib.sha256()
+    size = lines = 0
+    response = await s3.get_object(Bucket=bucket, Key=key)
+    async with response["Body"] as stream:
+        async for chunk in stream.iter_chunks(READBACK_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+            lines += chunk.count(b"\n")
+    return Digest(size, digest.hexdigest(), lines)

@@ -1,0 +1,82 @@
+"""What went wrong in an attempt, and what the operation does next (contract 5.3: retries).
+
+Transient faults (S3 unreachable or 5xx, a lost database connection, timeouts) and unexpected errors
+are retried with exponential backoff and jitter until the attempt budget is spent, then FAILED_REPAIR.
+Permanent faults end the operation FAILED at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+
+import asyncpg
+from botocore.exceptions import BotoCoreError, ClientError
+
+from shared.settings import Settings
+from shared.states import State
+
+
+class LeaseLost(Exception):
+    """A fenced write matched nothing: another generation holds the operation, or it was canceled."""
+
+
+class PermanentError(Exception):
+    """An error no retry can fix; ``code`` is shown to the user in the operation's ``error``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def access_revoked() -> PermanentError:
+    """The owner is no longer a member of the conversation (contract 5.7)."""
+    return PermanentError("ACCESS_REVOKED", "You are no longer a member of this conversation.")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The next state after a failed attempt, its error, and the retry delay in seconds (RETRY_AT only)."""
+
+    state: State
+    code: str
+    message: str
+    retry_delay_seconds: float | None = None
+
+
+def _describe_transient(exc: BaseException) -> tuple[str, str] | None:
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if status >= 500 or exc.response.get("Error", {}).get("Code") in {"SlowDown", "RequestTimeout"}:
+            return "STORAGE_UNAVAILABLE", "The file store answered with an error; the export will be retried."
+        return None
+    if isinstance(exc, BotoCoreError):
+        return "STORAGE_UNAVAILABLE", "The file store could not be reached; the export will be retried."
+    if isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.InterfaceError | OSError):
+        return "DATABASE_UNAVAILABLE", "The database connection was lost; the export will be retried."
+    if isinstance(exc, asyncio.TimeoutError):
+        return "TIMEOUT", "A step of the export timed out; the export will be retried."
+    return None
+
+
+def classify(exc: BaseException, *, attempt: int, settings: Settings) -> Outcome:
+    """Decide how attempt number ``attempt`` (1-based) that raised ``exc`` ends."""
+    if isinstance(exc, PermanentError):
+        return Outcome(State.FAILED, exc.code, exc.message)
+    code, message = _describe_transient(exc) or ("INTERNAL_ERROR", "The export hit an unexpected error.")
+    if attempt >= settings.max_attempts:
+        return Outcome(
+            State.FAILED_REPAIR,
+            code,
+            f"{message.split(';')[0]}. The retry budget of {settings.max_attempts} attempts is spent; an operator"
+            " must requeue it.",
+        )
+    return Outcome(State.RETRY_AT, code, message, backoff_seconds(attempt, settings))
+
+
+def backoff_seconds(attempt: int, settings: Settings) -> float:
+    """Exponential backoff with equal jitter: half of min(cap, base * 2^(attempt-1)) plus a random half."""
+    ceiling = min(settings.retry_cap_seconds, settings.retry_base_seconds * 2 ** (attempt - 1))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)

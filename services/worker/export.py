@@ -1,0 +1,207 @@
+"""One export attempt under a lease: read the messages in seq ranges, stream them into S3, verify,
+and commit SUCCEEDED together with the membership re-check (contract 5.6, 5.7 and 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from services.worker import repository as repo
+from services.worker.artifact import ArtifactWriter, Digest, read_digest
+from services.worker.errors import LeaseLost, PermanentError, access_revoked
+from shared.settings import Settings
+from shared.storage import artifact_key
+
+log = logging.getLogger(__name__)
+
+# COPY's csv format with quote and delimiter characters that JSON text never contains passes the
+# lines through verbatim; the text format would double every backslash (PITFALLS).
+_COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed operation: what to export, and the fencing ``generation`` that guards every write."""
+
+    operation_id: str
+    owner_id: str
+    conversation_id: str
+    after_seq: int
+    before_seq: int | None
+    snapshot_max_seq: int
+    generation: int
+    attempt: int
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> Lease:
+        """Build from the row ``repository.claim`` returns."""
+        return cls(**{field: row[field] for field in cls.__dataclass_fields__})
+
+    @property
+    def last_seq(self) -> int:
+        """The highest seq the file may hold: below ``before_seq`` and within the snapshot."""
+        if self.before_seq is None:
+            return self.snapshot_max_seq
+        return min(self.snapshot_max_seq, self.before_seq - 1)
+
+    def log_extra(self, **more: Any) -> dict[str, Any]:
+        """The fields every log line about this attempt carries."""
+        return {
+            "operation_id": self.operation_id,
+            "generation": self.generation,
+            "attempt": self.attempt,
+            **more,
+        }
+
+
+class ExportJob:
+    """Runs one attempt for ``lease``; raises ``LeaseLost``, ``PermanentError`` or a transient error."""
+
+    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, lease: Lease) -> None:
+        self._pool = pool
+        self._s3 = s3
+        self._settings = settings
+        self._lease = lease
+        self.key = artifact_key(settings, lease.operation_id, lease.generation)
+        # Once the SUCCEEDED commit was sent its outcome may be unknown (a lost connection): from then on
+        # the object must not be deleted here; the janitor removes it if it was not published.
+        self._commit_sent = False
+        self._writer = ArtifactWriter(
+            s3,
+            bucket=settings.s3_bucket,
+            key=self.key,
+            part_size=settings.s3_part_size_bytes,
+            on_upload_started=self._record_upload_id,
+        )
+
+    async def run(self) -> None:
+        """Write, verify and publish the file; on any failure remove what this attempt uploaded."""
+        lease = self._lease
+        async with self._pool.acquire() as conn:
+            if not await repo.record_artifact(
+                conn, operation_id=lease.operation_id, generation=lease.generation, object_key=self.key
+            ):
+                raise LeaseLost
+        try:
+            await self._write_messages()
+            digest = await self._finish_and_verify()
+            await self._publish(digest)
+        except (LeaseLost, PermanentError):
+            await asyncio.shield(self._discard())
+            raise
+        except BaseException:
+            if not self._commit_sent:
+                await asyncio.shield(self._discard())
+            raise
+
+    async def _write_messages(self) -> None:
+        lease, batch = self._lease, self._settings.export_batch_rows
+        for low in range(lease.after_seq, lease.last_seq, batch):
+            high = min(low + batch, lease.last_seq)
+            async with self._pool.acquire() as conn:
+                # One short statement per range keeps no snapshot open across the export (PITFALLS: xmin).
+                await conn.copy_from_query(
+                    repo.EXPORT_LINES_SQL,
+                    lease.conversation_id,
+                    low,
+                    high,
+                    output=self._writer.write,
+                    **_COPY_OPTIONS,
+                )
+            await self._progress("writing")
+
+    async def _finish_and_verify(self) -> Digest:
+        await self._progress("uploading")
+        written = await self._writer.finish()
+        if self._settings.verify_readback:
+            await self._progress("verifying")
+            stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=self.key)
+            if stored != written:
+                raise RuntimeError(f"stored object differs from what was written: {stored} != {written}")
+        lease = self._lease
+        async with self._pool.acquire() as conn:
+            await repo.mark_artifact(
+                conn,
+                operation_id=lease.operation_id,
+                generation=lease.generation,
+                state="COMPLETE",
+                size_bytes=written.size_bytes,
+                sha256=written.sha256,
+                message_count=written.line_count,
+            )
+        return written
+
+    async def _publish(self, digest: Digest) -> None:
+        lease = self._lease
+        async with self._pool.acquire() as conn, conn.transaction():
+            if not await repo.holds_membership(conn, conversation_id=lease.conversation_id, user_id=lease.owner_id):
+                raise access_revoked()
+            published = await repo.succeed(
+                conn,
+                operation_id=lease.operation_id,
+                generation=lease.generation,
+                object_key=self.key,
+                size_bytes=digest.size_bytes,
+                sha256=digest.sha256,
+                message_count=digest.line_count,
+                result_ttl_seconds=self._settings.result_ttl_seconds,
+            )
+            if not published:
+                raise LeaseLost
+            await repo.mark_artifact(
+                conn, operation_id=lease.operation_id, generation=lease.generation, state="PUBLISHED"
+            )
+            self._commit_sent = True
+        log.info(
+            "export succeeded",
+            extra=lease.log_extra(size_bytes=digest.size_bytes, messages=digest.line_count),
+        )
+
+    async def _progress(self, phase: str) -> None:
+        lease, digest = self._lease, self._writer.digest()
+        async with self._pool.acquire() as conn:
+            held = await repo.record_progress(
+                conn,
+                operation_id=lease.operation_id,
+                generation=lease.generation,
+                phase=phase,
+                messages_written=digest.line_count,
+                bytes_written=digest.size_bytes,
+                lease_seconds=self._settings.lease_seconds,
+            )
+        if not held:
+            raise LeaseLost
+
+    async def _record_upload_id(self, upload_id: str) -> None:
+        async with self._pool.acquire() as conn:
+            await repo.record_upload_id(
+                conn,
+                operation_id=self._lease.operation_id,
+                generation=self._lease.generation,
+                upload_id=upload_id,
+            )
+
+    async def _discard(self) -> None:
+        """Remove this attempt's object and upload; what cannot be removed now, the janitor removes later."""
+        try:
+            await self._writer.discard()
+        except Exception:
+            log.warning("could not remove artifact; left to the janitor", extra=self._lease.log_extra(key=self.key))
+            return
+        with contextlib.suppress(Exception):
+            async with self._pool.acquire() as conn:
+                await repo.mark_artifact(
+                    conn,
+                    operation_id=self._lease.operation_id,
+                    generation=self._lease.generation,
+                    state="DELETED",
+                )
+
+
+__all__ = ["ExportJob", "Lease", "LeaseLost", "PermanentError"]

@@ -1,0 +1,56 @@
+"""The worker's entry point: builds its resources, consumes until SIGTERM, then drains in-flight exports."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+from services.worker.consumer import Consumer
+from services.worker.runner import LeaseRunner
+from shared import broker
+from shared.db import create_pool
+from shared.lifecycle import drain, run_until_signalled
+from shared.logs import configure_logging
+from shared.settings import Settings
+from shared.storage import s3_client
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
+    """Consume until ``stop`` is set; then stop taking work and give in-flight exports the grace period.
+
+    Exports still running after ``shutdown_grace_seconds`` are cancelled and hand their lease back, so
+    another worker takes them over at once instead of waiting for the lease to expire.
+    """
+    worker_id = f"{socket.gethostname()}:{os.getpid()}"
+    pool = await create_pool(settings)
+    connection = await broker.connect(settings, name=f"worker {worker_id}")
+    try:
+        async with s3_client(settings) as s3:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=settings.worker_concurrency)
+            _, queue = await broker.declare_topology(channel, settings)
+            consumer = Consumer(
+                pool=pool,
+                runner=LeaseRunner(pool=pool, s3=s3, settings=settings),
+                settings=settings,
+                worker_id=worker_id,
+            )
+            # Keep the queue referenced: connect_robust restores only consumers it can still reach (PITFALLS).
+            consumer_tag = await queue.consume(consumer.on_message)
+            log.info("worker consuming", extra={"worker": worker_id, "queue": settings.amqp_queue})
+            await stop.wait()
+            await queue.cancel(consumer_tag)
+            await drain(consumer.running, grace_seconds=settings.shutdown_grace_seconds)
+    finally:
+        await connection.close()
+        await pool.close()
+
+
+def main(settings: Settings) -> None:
+    """Run the worker until SIGINT or SIGTERM."""
+    configure_logging(settings, service="worker")
+    asyncio.run(run_until_signalled(serve, settings))

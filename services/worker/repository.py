@@ -1,0 +1,252 @@
+"""All SQL of the worker. Writes of a lease holder are fenced: they match only while the operation is
+RUNNING under the holder's generation, so a holder that lost its lease changes nothing (contract 5.3).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from shared.timefmt import SQL_FORMAT
+
+# One export line per message, rendered by Postgres so no row crosses into Python objects. to_json escapes
+# exactly as json.dumps(ensure_ascii=False) does, so the file matches the read API byte for byte (5.6).
+EXPORT_LINES_SQL = f"""
+SELECT '{{"conversation_id":' || to_json(conversation_id)::text
+    || ',"seq":' || seq
+    || ',"message_id":' || to_json(message_id)::text
+    || ',"sender_id":' || to_json(sender_id)::text
+    || ',"sent_at":"' || to_char(sent_at AT TIME ZONE 'UTC', '{SQL_FORMAT}') || '"'
+    || ',"body":' || to_json(body)::text || '}}'
+FROM messages
+WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
+ORDER BY seq
+"""
+
+_HELD = "operation_id = $1 AND generation = $2 AND state = 'RUNNING'"
+
+
+async def claim(
+    conn: asyncpg.Connection, *, operation_id: str, worker_id: str, lease_seconds: float
+) -> asyncpg.Record | None:
+    """Take the lease of a runnable operation with generation + 1; None when there is nothing to run.
+
+    Runnable: QUEUED, RETRY_AT whose time has come, or RUNNING whose lease expired (a takeover). Times are
+    the database's. ``snapshot_max_seq`` is fixed on the first claim and kept by every retry (5.2).
+    """
+    return await conn.fetchrow(
+        """
+        UPDATE operations o SET
+            state = 'RUNNING', generation = o.generation + 1, attempt = o.attempt + 1,
+            lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
+            snapshot_max_seq = coalesce(o.snapshot_max_seq,
+                (SELECT c.last_seq FROM conversations c WHERE c.conversation_id = o.conversation_id), 0),
+            progress_phase = 'starting', messages_written = 0, bytes_written = 0,
+            retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
+        WHERE o.operation_id = $1 AND (
+            o.state = 'QUEUED'
+            OR (o.state = 'RETRY_AT' AND o.retry_at <= now())
+            OR (o.state = 'RUNNING' AND o.lease_expires_at < now()))
+        RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
+                  o.snapshot_max_seq, o.generation, o.attempt
+        """,
+        operation_id,
+        worker_id,
+        lease_seconds,
+    )
+
+
+async def holds_membership(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
+    """True when ``user_id`` is a member; the row is share-locked so a removal waits for this transaction.
+
+    That makes "still a member" and "commit SUCCEEDED" one atomic decision (contract 5.7).
+    """
+    found = await conn.fetchval(
+        "SELECT 1 FROM conversation_members WHERE conversation_id = $1 AND user_id = $2 FOR SHARE",
+        conversation_id,
+        user_id,
+    )
+    return found is not None
+
+
+async def extend_lease(conn: asyncpg.Connection, *, operation_id: str, generation: int, lease_seconds: float) -> bool:
+    """Heartbeat: push the lease end to now + ``lease_seconds``; False when the lease is no longer held."""
+    status = await conn.execute(
+        f"UPDATE operations SET lease_expires_at = now() + make_interval(secs => $3) WHERE {_HELD}",
+        operation_id,
+        generation,
+        lease_seconds,
+    )
+    return status == "UPDATE 1"
+
+
+async def record_progress(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    generation: int,
+    phase: str,
+    messages_written: int,
+    bytes_written: int,
+    lease_seconds: float,
+) -> bool:
+    """Store measured progress and extend the lease; False when the lease is no longer held."""
+    status = await conn.execute(
+        f"""
+        UPDATE operations SET progress_phase = $3, messages_written = $4, bytes_written = $5,
+            lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
+        WHERE {_HELD}
+        """,
+        operation_id,
+        generation,
+        phase,
+        messages_written,
+        bytes_written,
+        lease_seconds,
+    )
+    return status == "UPDATE 1"
+
+
+async def record_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int, object_key: str) -> bool:
+    """Record the artifact key before its first byte is uploaded (contract 6); False without the lease."""
+    status = await conn.execute(
+        f"""
+        INSERT INTO artifacts (operation_id, generation, object_key, state)
+        SELECT $1, $2, $3, 'WRITING' FROM operations WHERE {_HELD}
+        """,
+        operation_id,
+        generation,
+        object_key,
+    )
+    return status == "INSERT 0 1"
+
+
+async def record_upload_id(conn: asyncpg.Connection, *, operation_id: str, generation: int, upload_id: str) -> None:
+    """Remember the multipart upload of an artifact so that it can be aborted by whoever cleans up."""
+    await conn.execute(
+        "UPDATE artifacts SET upload_id = $3, updated_at = now() WHERE operation_id = $1 AND generation = $2",
+        operation_id,
+        generation,
+        upload_id,
+    )
+
+
+async def mark_artifact(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    generation: int,
+    state: str,
+    size_bytes: int | None = None,
+    sha256: str | None = None,
+    message_count: int | None = None,
+) -> None:
+    """Set an artifact's state (COMPLETE, PUBLISHED, DELETED) and, when given, its verified figures."""
+    await conn.execute(
+        """
+        UPDATE artifacts SET state = $3, size_bytes = coalesce($4, size_bytes), sha256 = coalesce($5, sha256),
+            message_count = coalesce($6, message_count), updated_at = now()
+        WHERE operation_id = $1 AND generation = $2
+        """,
+        operation_id,
+        generation,
+        state,
+        size_bytes,
+        sha256,
+        message_count,
+    )
+
+
+async def succeed(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    generation: int,
+    object_key: str,
+    size_bytes: int,
+    sha256: str,
+    message_count: int,
+    result_ttl_seconds: int,
+) -> bool:
+    """RUNNING -> SUCCEEDED with the published key; False when the lease or the state moved on.
+
+    A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (5.4).
+    """
+    status = await conn.execute(
+        f"""
+        UPDATE operations SET state = 'SUCCEEDED', result_key = $3, result_size_bytes = $4, result_sha256 = $5,
+            result_message_count = $6, result_expires_at = now() + make_interval(secs => $7),
+            progress_phase = 'done', messages_written = $6, bytes_written = $4,
+            lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now()
+        WHERE {_HELD}
+        """,
+        operation_id,
+        generation,
+        object_key,
+        size_bytes,
+        sha256,
+        message_count,
+        float(result_ttl_seconds),
+    )
+    return status == "UPDATE 1"
+
+
+async def end_attempt(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    generation: int,
+    state: str,
+    error_code: str,
+    error_message: str,
+    retry_delay_seconds: float | None = None,
+) -> bool:
+    """RUNNING -> FAILED, FAILED_REPAIR or RETRY_AT (with ``retry_delay_seconds``) and a readable error."""
+    status = await conn.execute(
+        f"""
+        UPDATE operations SET state = $3, error_code = $4, error_message = $5,
+            retry_at = CASE WHEN $6::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $6) END,
+            progress_phase = lower($3), lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+            finished_at = CASE WHEN $3 = 'RETRY_AT' THEN NULL ELSE now() END
+        WHERE {_HELD}
+        """,
+        operation_id,
+        generation,
+        state,
+        error_code,
+        error_message,
+        retry_delay_seconds,
+    )
+    return status == "UPDATE 1"
+
+
+async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
+    """End our lease now, on a graceful stop, so another worker can take over at once (generation + 1)."""
+    status = await conn.execute(
+        f"""
+        UPDATE operations SET lease_expires_at = now() - interval '1 millisecond', progress_phase = 'handed back',
+            updated_at = now()
+        WHERE {_HELD}
+        """,
+        operation_id,
+        generation,
+    )
+    return status == "UPDATE 1"
+
+
+async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
+    """CANCEL_REQUESTED -> CANCELED by the holder of ``generation``, after it removed its objects (5.4)."""
+    status = await conn.execute(
+        """
+        UPDATE operations SET state = 'CANCELED', progress_phase = 'canceled', lease_owner = NULL,
+            lease_expires_at = NULL, finished_at = now(), updated_at = now()
+        WHERE operation_id = $1 AND generation = $2 AND state = 'CANCEL_REQUESTED'
+        """,
+        operation_id,
+        generation,
+    )
+    return status == "UPDATE 1"
+
+
+async def current_state(conn: asyncpg.Connection, *, operation_id: str) -> asyncpg.Record | None:
+    """The operation's state and generation now, to learn why a fenced write matched nothing."""
+    return await conn.fetchrow("SELECT state, generation FROM operations WHERE operation_id = $1", operation_id)

@@ -1,0 +1,109 @@
+"""Running one claimed lease to its end: heartbeats while the job works, then the state the outcome
+calls for (SUCCEEDED is written by the job; FAILED, RETRY_AT, FAILED_REPAIR, CANCELED here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import asyncpg
+
+from services.worker import repository as repo
+from services.worker.errors import LeaseLost, classify
+from services.worker.export import ExportJob, Lease
+from shared.outbox import enqueue_run
+from shared.settings import Settings
+from shared.states import State
+
+log = logging.getLogger(__name__)
+
+
+class LeaseRunner:
+    """Runs leases with the worker's shared pool, S3 client and settings."""
+
+    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings) -> None:
+        self._pool = pool
+        self._s3 = s3
+        self._settings = settings
+
+    async def run(self, lease: Lease) -> None:
+        """Run ``lease`` and record how it ended; never raises except ``CancelledError`` on shutdown."""
+        heartbeat = asyncio.create_task(self._heartbeat(lease), name=f"heartbeat-{lease.operation_id}")
+        try:
+            await ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, lease=lease).run()
+        except LeaseLost:
+            await self._after_lease_lost(lease)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._hand_back(lease))
+            raise
+        except Exception as exc:
+            await self._end_failed_attempt(lease, exc)
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    async def _heartbeat(self, lease: Lease) -> None:
+        while True:
+            await asyncio.sleep(self._settings.heartbeat_seconds)
+            try:
+                async with self._pool.acquire() as conn:
+                    held = await repo.extend_lease(
+                        conn,
+                        operation_id=lease.operation_id,
+                        generation=lease.generation,
+                        lease_seconds=self._settings.lease_seconds,
+                    )
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                log.warning("heartbeat failed; will try again", extra=lease.log_extra())
+                continue
+            if not held:
+                return  # the job notices at its next fenced write
+
+    async def _after_lease_lost(self, lease: Lease) -> None:
+        async with self._pool.acquire() as conn:
+            now = await repo.current_state(conn, operation_id=lease.operation_id)
+            if now is not None and now["state"] == State.CANCEL_REQUESTED and now["generation"] == lease.generation:
+                if await repo.finish_cancel(conn, operation_id=lease.operation_id, generation=lease.generation):
+                    log.info("export canceled by the worker", extra=lease.log_extra())
+                return
+        log.warning(
+            "fenced write rejected: lease lost",
+            extra=lease.log_extra(state_now=now and now["state"], generation_now=now and now["generation"]),
+        )
+
+    async def _end_failed_attempt(self, lease: Lease, exc: Exception) -> None:
+        outcome = classify(exc, attempt=lease.attempt, settings=self._settings)
+        log.warning(
+            "export attempt failed",
+            extra=lease.log_extra(error=type(exc).__name__, code=outcome.code, next_state=outcome.state),
+        )
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                ended = await repo.end_attempt(
+                    conn,
+                    operation_id=lease.operation_id,
+                    generation=lease.generation,
+                    state=outcome.state,
+                    error_code=outcome.code,
+                    error_message=outcome.message,
+                    retry_delay_seconds=outcome.retry_delay_seconds,
+                )
+                if ended and outcome.retry_delay_seconds is not None:
+                    await enqueue_run(conn, operation_id=lease.operation_id, delay_seconds=outcome.retry_delay_seconds)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            # The lease expires and the janitor re-enqueues the operation: nothing is lost.
+            log.warning("could not record the failed attempt", extra=lease.log_extra())
+            return
+        if not ended:
+            await self._after_lease_lost(lease)
+
+    async def _hand_back(self, lease: Lease) -> None:
+        with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            async with self._pool.acquire() as conn, conn.transaction():
+                if await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation):
+                    await enqueue_run(conn, operation_id=lease.operation_id)
+                    log.info("lease handed back on shutdown", extra=lease.log_extra())
