@@ -14,7 +14,7 @@ from shared.auth import TokenVerifier
 from shared.db import create_pool
 from shared.logs import configure_logging
 from shared.settings import Settings
-from shared.storage import s3_client
+from shared.storage import ensure_bucket, s3_client
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ async def _pg_context(app: web.Application) -> AsyncIterator[None]:
 
 async def _s3_context(app: web.Application) -> AsyncIterator[None]:
     async with s3_client(app[SETTINGS]) as client:
+        await ensure_bucket(client, app[SETTINGS].s3_bucket)
         app[S3] = client
         yield
 

@@ -14,7 +14,7 @@ from shared.db import create_pool
 from shared.lifecycle import drain, run_until_signalled
 from shared.logs import configure_logging
 from shared.settings import Settings
-from shared.storage import s3_client
+from shared.storage import ensure_bucket, s3_client
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     connection = await broker.connect(settings, name=f"worker {worker_id}")
     try:
         async with s3_client(settings) as s3:
+            await ensure_bucket(s3, settings.s3_bucket)
             channel = await connection.channel()
             await channel.set_qos(prefetch_count=settings.worker_concurrency)
             _, queue = await broker.declare_topology(channel, settings)

@@ -1,0 +1,62 @@
+"""HTTP helpers shared by the integration and end-to-end tests. ``api`` is anything with aiohttp's
+client methods: the integration tests' ``TestClient`` or a ``ClientSession`` with a ``base_url``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from tests.conftest import wait_for
+
+Headers = Callable[..., dict[str, str]]
+
+
+async def make_conversation(api: Any, auth: Headers, cid: str, members: list[str]) -> None:
+    response = await api.put(f"/admin/conversations/{cid}", json={"members": members}, headers=auth("root", admin=True))
+    assert response.status in (200, 204), await response.text()
+
+
+async def import_lines(api: Any, auth: Headers, cid: str, lines: list[dict[str, Any]]) -> None:
+    body = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
+    response = await api.post(
+        f"/admin/conversations/{cid}/messages:import",
+        data=body,
+        headers={**auth("root", admin=True), "Content-Type": "application/x-ndjson"},
+    )
+    assert response.status == 200, await response.text()
+
+
+async def read_all(api: Any, auth: Headers, user: str, cid: str) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        response = await api.get(
+            f"/v2/conversations/{cid}/messages", params={"after_seq": after, "limit": 1000}, headers=auth(user)
+        )
+        assert response.status == 200
+        page = await response.json()
+        messages += page["messages"]
+        after = page["next_after_seq"]
+    return messages
+
+
+async def submit(api: Any, auth: Headers, user: str, cid: str, body: dict[str, Any], key: str) -> Any:
+    return await api.post(f"/v3/conversations/{cid}/exports", json=body, headers={**auth(user), "Idempotency-Key": key})
+
+
+async def wait_terminal(api: Any, auth: Headers, user: str, location: str, *, timeout: float = 30) -> dict[str, Any]:
+    async def ended() -> dict[str, Any] | None:
+        response = await api.get(location, headers=auth(user))
+        body: dict[str, Any] = await response.json()
+        return body if "next_poll_after_seconds" not in body else None
+
+    result: dict[str, Any] = await wait_for(ended, timeout=timeout)
+    return result
+
+
+def expected_file(messages: list[dict[str, Any]]) -> bytes:
+    return b"".join(
+        json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for message in messages
+    )
