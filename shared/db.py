@@ -58,8 +58,10 @@ async def ensure_database(database_url: str) -> bool:
             return False
         try:
             await conn.execute(f'CREATE DATABASE "{name}"')
-        except asyncpg.DuplicateDatabaseError:
-            return False  # another process created it between our check and our CREATE
+        except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
+            # Another process created it between our check and our CREATE; the loser of that race may
+            # fail on pg_database's unique index instead of with DuplicateDatabaseError.
+            return False
         return True
     finally:
         await conn.close()

@@ -12,6 +12,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from shared.processes import die_with_parent
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that nothing listens on right now."""
@@ -48,6 +50,8 @@ def start_moto(host: str = "127.0.0.1", port: int | None = None, *, timeout: flo
         [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # A killed `chatexport dev` or test run must not leave the emulator behind.
+        preexec_fn=die_with_parent,
     )
     server = MotoServer(process, f"http://{host}:{port}")
     deadline = time.monotonic() + timeout

@@ -57,7 +57,7 @@ async def api(system: LocalSystem) -> AsyncIterator[aiohttp.ClientSession]:
 @pytest.fixture
 def auth() -> Callable[..., dict[str, str]]:
     """``auth("u-a")`` -> headers with a token from the system's (development) secret."""
-    settings = Settings()  # type: ignore[call-arg]
+    settings = Settings()
 
     def headers(user_id: str, *, admin: bool = False) -> dict[str, str]:
         token = mint_token(settings, user_id=user_id, scopes=["admin"] if admin else None)

@@ -1,0 +1,62 @@
+# Developer entry points. Everything runs from the project's own virtualenv in .venv, created and kept
+# up to date here, so `make run` and `make test` work on a fresh clone with only python3 (3.11) present.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Written after a successful install; pyproject.toml being newer triggers a reinstall.
+STAMP  := $(VENV)/.chatexport-installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test lint fmt typecheck bench clean
+
+# A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
+# half-done: in that case force the install target to run.
+ifneq ($(shell $(BIN)/python -c "import importlib.metadata as m; m.distribution('chatexport')" 2>/dev/null && echo ok),ok)
+.PHONY: $(STAMP)
+endif
+
+help:
+	@echo "make run        start every part locally with moto and demo data (chatexport dev)"
+	@echo "make test       lint, format check, type check and every test"
+	@echo "make lint       ruff check + ruff format --check + mypy"
+	@echo "make fmt        ruff format + ruff check --fix"
+	@echo "make bench      the export benchmark"
+	@echo "make install    create $(VENV) and install the project with its dev extras"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# One pip resolution for everything: aiobotocore pins botocore, and moto and boto3 must agree with it.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/chatexport dev
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy shared services
+
+typecheck: install
+	$(BIN)/mypy shared services
+
+fmt: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# pytest exits 5 when it collected no test: for us that is a failure, never a pass.
+test: lint
+	@status=0; $(BIN)/pytest || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
+	exit $$status
+
+bench: install
+	$(BIN)/python bench/export_1m.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,164 @@
+"""Benchmark: export a 1,000,000-message conversation through the running system.
+
+Starts its own system (moto server, api, relay, one worker, janitor as processes) on a fresh database,
+imports the conversation through the admin API, exports it, and prints: wall time from 202 to SUCCEEDED,
+messages/s, MB/s, the worker's peak RSS, and the same rows dumped by Postgres itself with
+``COPY (SELECT ...) TO STDOUT`` in the same run, with the ratio. Usage:
+
+    .venv/bin/python bench/export_1m.py [--messages N] [--batch N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from services.worker.repository import EXPORT_LINES_SQL
+from shared.auth import mint_token
+from shared.db import ensure_database, migrate
+from shared.settings import Settings
+from tests.e2e.system import LocalSystem
+
+PG_SERVER = os.environ.get("CHATEXPORT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
+AMQP_URL = os.environ.get("CHATEXPORT_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+CID = "bench-1m"
+WORDS = ["hello", "world", "export", "message", "你好", "привет", "café", "naïve", "ok", "😀", '"quoted"']
+WORDS += ["back\\slash", "tab\tnewline\n"]
+
+
+def ndjson_batch(start: int, count: int, rng: random.Random) -> bytes:
+    lines = []
+    for number in range(start, start + count):
+        body = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14)))
+        line = {"message_id": f"m{number}", "sender_id": f"user{number % 5}", "body": body}
+        lines.append(json.dumps(line, ensure_ascii=False))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM of a live process, in MB (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+async def import_messages(api: aiohttp.ClientSession, admin: dict[str, str], total: int, batch: int) -> float:
+    started = time.perf_counter()
+    async with api.put(f"/admin/conversations/{CID}", json={"members": ["alice"]}, headers=admin) as response:
+        assert response.status < 300, await response.text()
+    rng = random.Random(7)
+    headers = {**admin, "Content-Type": "application/x-ndjson"}
+    for start in range(0, total, batch):
+        body = ndjson_batch(start, min(batch, total - start), rng)
+        async with api.post(f"/admin/conversations/{CID}/messages:import", data=body, headers=headers) as response:
+            assert response.status == 200, await response.text()
+    return time.perf_counter() - started
+
+
+async def export(api: aiohttp.ClientSession, user: dict[str, str]) -> tuple[float, dict[str, Any]]:
+    headers = {**user, "Idempotency-Key": uuid.uuid4().hex}
+    async with api.post(f"/v3/conversations/{CID}/exports", json={"format": "jsonl"}, headers=headers) as response:
+        assert response.status == 202, await response.text()
+        location = response.headers["Location"]
+    started = time.perf_counter()
+    while True:
+        async with api.get(location, headers=user) as response:
+            operation = await response.json()
+        if operation["state"] not in ("QUEUED", "RUNNING", "RETRY_AT"):
+            return time.perf_counter() - started, operation
+        await asyncio.sleep(0.05)  # polling the status monitor, as a client does
+
+
+async def copy_baseline(database_url: str, last_seq: int) -> tuple[float, int]:
+    """Postgres dumping the same lines itself, into a sink that only counts bytes."""
+    conn = await asyncpg.connect(database_url)
+    size = 0
+
+    async def sink(chunk: bytes) -> None:
+        nonlocal size
+        size += len(chunk)
+
+    try:
+        started = time.perf_counter()
+        await conn.copy_from_query(
+            EXPORT_LINES_SQL, CID, 0, last_seq, output=sink, format="csv", quote="\x01", delimiter="\x02"
+        )
+        return time.perf_counter() - started, size
+    finally:
+        await conn.close()
+
+
+async def run(total: int, batch: int) -> None:
+    database_url = f"{PG_SERVER}/chatexport_bench_{uuid.uuid4().hex[:8]}"
+    await ensure_database(database_url)
+    await migrate(database_url)
+    settings = Settings()
+    admin = {"Authorization": f"Bearer {mint_token(settings, user_id='root', scopes=['admin'])}"}
+    user = {"Authorization": f"Bearer {mint_token(settings, user_id='alice')}"}
+    system = LocalSystem(database_url=database_url, amqp_url=AMQP_URL, log_dir=Path(tempfile.mkdtemp()))
+    try:
+        system.start(workers=1)
+        worker_pid = system.group.pids()["worker-1"]
+        async with aiohttp.ClientSession(base_url=system.base_url) as api:
+            import_seconds = await import_messages(api, admin, total, batch)
+            idle_rss = peak_rss_mb(worker_pid)
+            export_seconds, operation = await export(api, user)
+        assert operation["state"] == "SUCCEEDED", operation
+        rss = peak_rss_mb(worker_pid)
+        copy_seconds, copy_bytes = await copy_baseline(database_url, total)
+    finally:
+        system.stop()
+        admin_conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
+        await admin_conn.execute(f'DROP DATABASE IF EXISTS "{database_url.rsplit("/", 1)[1]}" WITH (FORCE)')
+        await admin_conn.close()
+    report(total, import_seconds, export_seconds, operation["result"], rss, idle_rss, copy_seconds, copy_bytes)
+
+
+def report(
+    total: int,
+    import_s: float,
+    export_s: float,
+    result: dict[str, Any],
+    rss: float,
+    idle_rss: float,
+    copy_s: float,
+    copy_bytes: int,
+) -> None:
+    size_mb = result["size_bytes"] / 1e6
+    assert result["message_count"] == total and result["size_bytes"] == copy_bytes
+    print(f"messages                     {total:>12,}")
+    print(f"file size                    {size_mb:>12.1f} MB")
+    print(f"import via admin API         {import_s:>12.2f} s   ({total / import_s:,.0f} messages/s)")
+    print(f"export, 202 -> SUCCEEDED     {export_s:>12.2f} s")
+    print(f"  messages/s                 {total / export_s:>12,.0f}")
+    print(f"  MB/s                       {size_mb / export_s:>12.1f}")
+    print(f"worker peak RSS              {rss:>12.1f} MB   (before the export: {idle_rss:.1f} MB)")
+    print(f"Postgres COPY of same rows   {copy_s:>12.2f} s   ({total / copy_s:,.0f} messages/s)")
+    print(f"ratio export / COPY          {export_s / copy_s:>12.2f} x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=10_000)
+    args = parser.parse_args()
+    asyncio.run(run(args.messages, args.batch))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""The ``chatexport`` command: run one part, migrate, mint a development token, import demo data, ``dev``.
+
+Every subcommand builds ``Settings`` from the ``CHATEXPORT_*`` environment. A part's code is imported only
+by the subcommand that runs it, so a missing or broken part does not break the others.
+
+Exit codes: 0 success; 1 the command failed; 2 usage or configuration error (argparse's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import asyncpg
+import pydantic
+
+from shared.ids import is_valid_id
+from shared.processes import PARENT_PID_ENV, die_with_parent
+from shared.settings import Settings
+
+# The module whose ``main(settings)`` runs each long-running part.
+PART_MODULES: dict[str, str] = {
+    "api": "services.api.app",
+    "relay": "services.relay.main",
+    "worker": "services.worker.main",
+    "janitor": "services.janitor.main",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand; each sets ``handler`` to a ``(args) -> int`` function."""
+    parser = argparse.ArgumentParser(prog="chatexport", description="Asynchronous chat export service.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for part in PART_MODULES:
+        sub = commands.add_parser(part, help=f"run the {part} until SIGTERM/SIGINT")
+        sub.set_defaults(handler=_cmd_part, part=part)
+    commands.add_parser("migrate", help="create the database if missing and apply pending migrations").set_defaults(
+        handler=_cmd_migrate
+    )
+    _add_token(commands)
+    _add_import(commands)
+    _add_dev(commands)
+    return parser
+
+
+def _add_token(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = commands.add_parser("token", help="print a development JWT signed with CHATEXPORT_JWT_SECRET")
+    sub.add_argument("--sub", required=True, type=_user_id, help="user id (the token's sub)")
+    sub.add_argument("--admin", action="store_true", help="add the admin scope")
+    sub.add_argument("--ttl", type=_positive_int, default=3600, metavar="SECONDS", help="lifetime (default 3600)")
+    sub.set_defaults(handler=_cmd_token)
+
+
+def _add_import(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = commands.add_parser("import", help="load the chatterbot corpus as demo conversations")
+    which = sub.add_mutually_exclusive_group()
+    which.add_argument(
+        "--language", action="append", metavar="NAME", help="a corpus language; repeatable (default: all)"
+    )
+    which.add_argument("--all", action="store_true", help="every language of the corpus (the default)")
+    sub.add_argument("--limit-files", type=_positive_int, metavar="N", help="at most N files per language")
+    sub.set_defaults(handler=_cmd_import)
+
+
+def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = commands.add_parser("dev", help="run every part locally with moto and demo data (make run)")
+    sub.add_argument("--workers", type=_positive_int, default=2, metavar="N", help="worker processes (default 2)")
+    sub.add_argument(
+        "--language", action="append", metavar="NAME", help="demo corpus language; repeatable (default: all)"
+    )
+    sub.add_argument("--no-import", action="store_true", help="skip loading the demo corpus")
+    sub.add_argument(
+        "--ready-timeout", type=float, default=60.0, metavar="SECONDS", help="wait for /readyz (default 60)"
+    )
+    sub.set_defaults(handler=_cmd_dev)
+
+
+def _user_id(value: str) -> str:
+    if not is_valid_id(value):
+        raise argparse.ArgumentTypeError("must be 1-64 characters of [A-Za-z0-9_.:-]")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return number
+
+
+def load_settings() -> Settings:
+    """Settings from the ``CHATEXPORT_*`` environment; raises ``pydantic.ValidationError`` on bad values."""
+    return Settings()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the subcommand; return its exit code.
+
+    argparse exits with 2 on a usage error; a settings error is reported on stderr and returns 2.
+    """
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except pydantic.ValidationError as exc:
+        print(f"chatexport: invalid settings: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_part(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    module_name = PART_MODULES[args.part]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only "the part is not there"; an import error INSIDE the part is a bug and keeps its traceback.
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise
+        print(f"chatexport: the {args.part} part is not available ({module_name} not found)", file=sys.stderr)
+        return 1
+    _follow_parent()
+    module.main(settings)
+    return 0
+
+
+def _follow_parent() -> None:
+    """Under a supervisor (``CHATEXPORT_PARENT_PID``), get SIGTERM when it dies, even by SIGKILL.
+
+    Linux only; elsewhere, or without the variable, nothing happens. The variable is removed so that
+    programs this part starts are not tied to the supervisor.
+    """
+    expected = os.environ.pop(PARENT_PID_ENV, None)
+    if not expected or not expected.isdigit() or not sys.platform.startswith("linux"):
+        return
+    die_with_parent()
+    # The supervisor may have died before prctl took effect; then no signal will ever come.
+    if os.getppid() != int(expected) and not _alive(int(expected)):
+        raise SystemExit("chatexport: the supervising process is gone; not starting")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists but belongs to someone else
+    return True
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    created, applied = asyncio.run(migrate_database(settings))
+    if created:
+        print("created the database")
+    print(f"applied: {', '.join(applied)}" if applied else "applied: nothing (schema is up to date)")
+    return 0
+
+
+async def migrate_database(settings: Settings) -> tuple[bool, list[str]]:
+    """Create the database if missing, then migrate; return (created, versions applied by this call).
+
+    Safe to run twice or concurrently: creation tolerates a race and migrations take an advisory lock.
+    Raises ``OSError`` or ``asyncpg.PostgresError`` when the server cannot be reached or refuses.
+    """
+    from shared.db import ensure_database, migrate
+
+    created = await ensure_database(settings.database_url)
+    return created, await migrate(settings.database_url)
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    from shared.auth import mint_token
+
+    settings = load_settings()
+    scopes = ["admin"] if args.admin else None
+    print(mint_token(settings, user_id=args.sub, scopes=scopes, ttl_seconds=args.ttl))
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from shared.corpus import ImportSummary, corpus_files, import_corpus
+    from shared.db import create_pool
+
+    settings = load_settings()
+    try:
+        corpus_files(args.language)  # an unknown language is a usage error: say so before connecting
+    except ValueError as exc:
+        print(f"chatexport: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> ImportSummary:
+        pool = await create_pool(settings)
+        try:
+            return await import_corpus(pool, languages=args.language, limit_files=args.limit_files)
+        finally:
+            await pool.close()
+
+    started = time.monotonic()
+    try:
+        summary = asyncio.run(run())
+    except (asyncpg.InvalidCatalogNameError, asyncpg.UndefinedTableError):
+        print("chatexport: the database or its schema is missing; run `chatexport migrate` first", file=sys.stderr)
+        return 1
+    elapsed = time.monotonic() - started
+    print(
+        f"conversations: {summary.conversations}, imported: {summary.imported}, "
+        f"skipped: {summary.skipped} ({elapsed:.1f} s)"
+    )
+    return 0
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
+    from shared.supervisor import DevOptions, run_dev
+
+    _follow_parent()  # when a test or another tool supervises `dev`, it must not outlive it either
+    options = DevOptions(
+        workers=args.workers,
+        languages=args.language,
+        load_corpus=not args.no_import,
+        ready_timeout=args.ready_timeout,
+    )
+    return run_dev(load_settings(), options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

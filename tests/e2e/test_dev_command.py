@@ -1,0 +1,132 @@
+"""``chatexport dev`` as ``make run`` starts it: everything comes up, the printed snippet works, a SIGTERM
+stops every process, and a part that dies is reported with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from shared import corpus
+from shared.devs3 import free_port
+from shared.processes import ProcessGroup
+from shared.settings import Settings
+from tests.conftest import AMQP_URL, PG_SERVER, delete_broker_objects
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT = 120.0
+
+
+@pytest.fixture
+async def dev_env() -> AsyncIterator[dict[str, str]]:
+    """The environment of one ``chatexport dev``: its own database, broker names, bucket and ports."""
+    tag = uuid.uuid4().hex[:10]
+    database = f"chatexport_dev_{tag}"
+    env = {
+        **os.environ,
+        "CHATEXPORT_ENVIRONMENT": "development",
+        "CHATEXPORT_DATABASE_URL": f"{PG_SERVER}/{database}",  # does not exist yet: dev creates it
+        "CHATEXPORT_AMQP_URL": AMQP_URL,
+        "CHATEXPORT_AMQP_EXCHANGE": f"chatexport-dev-{tag}",
+        "CHATEXPORT_AMQP_QUEUE": f"chatexport-dev-{tag}",
+        "CHATEXPORT_S3_BUCKET": f"dev-{tag}",
+        "CHATEXPORT_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",  # nothing there: dev starts moto
+        "CHATEXPORT_API_PORT": str(free_port()),
+        "CHATEXPORT_SHUTDOWN_GRACE_SECONDS": "5",
+    }
+    yield env
+    await delete_broker_objects(
+        Settings(
+            amqp_url=AMQP_URL, amqp_exchange=env["CHATEXPORT_AMQP_EXCHANGE"], amqp_queue=env["CHATEXPORT_AMQP_QUEUE"]
+        )
+    )
+    conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[ProcessGroup]:
+    with ProcessGroup(log_dir=tmp_path / "logs") as processes:
+        yield processes
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(") ", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
+    except OSError:
+        return False
+
+
+def snippet_from(lines: list[str]) -> str:
+    start = lines.index("(")
+    return "\n".join(lines[start : lines.index(")", start) + 1])
+
+
+@pytest.mark.skipif(not (shutil.which("curl") and shutil.which("bash")), reason="the snippet needs curl and bash")
+def test_dev_starts_everything_serves_the_example_and_stops_on_sigterm(
+    dev_env: dict[str, str], group: ProcessGroup, tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "shared.cli", "dev", "--workers", "2", "--language", "chinese"]
+    dev = group.start("dev", command, dev_env, cwd=REPO)
+    group.wait_for_line("dev", lambda line: line == ")", timeout=START_TIMEOUT)  # the snippet's last line
+    parts = children_of(dev.pid)
+    names = {Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2].decode() for pid in parts}
+    assert {"api", "relay", "worker", "janitor"} <= names
+
+    result = subprocess.run(
+        ["bash", "-c", snippet_from(list(dev.tail))], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    greetings = corpus.load_file("chinese", corpus.data_dir() / "chinese" / "greetings.yml")
+    exported = (tmp_path / "export.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(exported) == len(greetings.lines)
+    assert group.stop("dev", signal.SIGTERM, timeout=60) == 0
+    assert [pid for pid in parts if running(pid)] == []
+    assert any("SIGTERM received; stopping" in line for line in dev.tail)
+
+
+def test_dev_reports_a_part_that_dies_and_exits_non_zero(dev_env: dict[str, str], group: ProcessGroup) -> None:
+    with socket.socket() as blocker:  # the API cannot bind its port, so it exits at start-up
+        blocker.bind(("127.0.0.1", int(dev_env["CHATEXPORT_API_PORT"])))
+        blocker.listen()
+        dev = group.start("dev", [sys.executable, "-m", "shared.cli", "dev", "--no-import"], dev_env, cwd=REPO)
+        code = group.wait("dev", START_TIMEOUT)
+
+    assert code == 1
+    assert any(line.endswith("FAILED: api exited with code 1 (see its lines above); stopping") for line in dev.tail)
+    stopped = next(line for line in dev.tail if "stopped:" in line)
+    codes = dict(item.split("=") for item in stopped.split("stopped: ", 1)[1].split(", "))
+    assert codes.pop("api") == "1"
+    # A part still importing when SIGTERM comes has no handler yet and ends by the signal (-15).
+    assert set(codes) == {"relay", "worker-1", "worker-2", "janitor"}
+    assert set(codes.values()) <= {"0", "-15"}, codes

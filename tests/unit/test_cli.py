@@ -1,0 +1,130 @@
+"""The ``chatexport`` argument wiring: subcommands, their options and what they print."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared import cli
+from shared.auth import InvalidToken, TokenVerifier
+from shared.processes import PARENT_PID_ENV
+from shared.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Development defaults whatever the calling shell exported."""
+    # PARENT_PID_ENV would tie this test process to its parent (PR_SET_PDEATHSIG) in the part tests.
+    for name in ("CHATEXPORT_JWT_SECRET", "CHATEXPORT_JWT_ISSUER", "CHATEXPORT_JWT_AUDIENCE", PARENT_PID_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CHATEXPORT_ENVIRONMENT", "development")
+
+
+def verify(token: str) -> Any:
+    return TokenVerifier(Settings()).verify(f"Bearer {token}")
+
+
+def test_token_prints_a_jwt_the_verifier_accepts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["token", "--sub", "alice"]) == 0
+    principal = verify(capsys.readouterr().out.strip())
+    assert principal.user_id == "alice"
+    assert not principal.is_admin
+
+
+def test_token_admin_flag_adds_the_scope(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["token", "--sub", "ops-1", "--admin", "--ttl", "60"]) == 0
+    assert verify(capsys.readouterr().out.strip()).is_admin
+
+
+def test_token_uses_the_configured_secret(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATEXPORT_JWT_SECRET", "another-secret-of-enough-length-0123456789")
+    assert cli.main(["token", "--sub", "alice"]) == 0
+    token = capsys.readouterr().out.strip()
+    assert verify(token).user_id == "alice"
+    monkeypatch.delenv("CHATEXPORT_JWT_SECRET")
+    with pytest.raises(InvalidToken):
+        verify(token)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["no-such-command"],
+        [],
+        ["token"],  # --sub is required
+        ["token", "--sub", "bad user"],  # outside the id alphabet
+        ["token", "--sub", "alice", "--ttl", "0"],
+        ["token", "--sub", "alice", "--ttl", "soon"],
+        ["import", "--all", "--language", "chinese"],  # mutually exclusive
+        ["dev", "--workers", "0"],
+    ],
+)
+def test_usage_errors_exit_non_zero(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(argv)
+    assert stopped.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_invalid_settings_are_reported_not_raised(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHATEXPORT_ENVIRONMENT", "production")  # with the placeholder secret: refused
+    assert cli.main(["token", "--sub", "alice"]) == 2
+    assert "invalid settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("part", ["api", "relay", "worker", "janitor"])
+def test_part_subcommands_call_the_parts_main_with_settings(part: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Settings] = []
+    fake = types.ModuleType(cli.PART_MODULES[part])
+    fake.main = calls.append
+    monkeypatch.setitem(sys.modules, cli.PART_MODULES[part], fake)
+    monkeypatch.setenv("CHATEXPORT_API_PORT", "18099")
+
+    assert cli.main([part]) == 0
+    assert len(calls) == 1 and isinstance(calls[0], Settings)
+    assert calls[0].api_port == 18099
+
+
+def test_a_missing_part_is_reported_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(cli.PART_MODULES, "relay", "services.no_such_part.main")
+    assert cli.main(["relay"]) == 1
+    assert "relay part is not available" in capsys.readouterr().err
+
+
+def test_import_refuses_an_unknown_language_before_connecting(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHATEXPORT_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")  # never reached
+    assert cli.main(["import", "--language", "klingon"]) == 2
+    assert "unknown corpus language(s): klingon" in capsys.readouterr().err
+
+
+def test_import_and_dev_options_are_parsed() -> None:
+    parser = cli.build_parser()
+    args = parser.parse_args(["import", "--language", "chinese", "--language", "english", "--limit-files", "3"])
+    assert (args.handler, args.language, args.limit_files) == (cli._cmd_import, ["chinese", "english"], 3)
+    args = parser.parse_args(["dev"])
+    assert (args.handler, args.workers, args.language, args.no_import) == (cli._cmd_dev, 2, None, False)
+
+
+def test_module_entry_point_runs_as_a_program() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "token", "--sub", "bob"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "CHATEXPORT_ENVIRONMENT": "development"},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 0, result.stderr
+    assert verify(result.stdout.strip()).user_id == "bob"
