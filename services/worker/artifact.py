@@ -1,11 +1,14 @@
 """Writing one artifact object to S3 with bounded memory.
 
 Bytes are buffered up to one part (``s3_part_size_bytes``); a file that outgrows one part becomes a
-multipart upload, a smaller one a single PutObject. Memory stays near one part whatever the export's size.
+multipart upload, a smaller one a single PutObject. A full part uploads in the background while the next
+one fills, so reading from Postgres and writing to S3 overlap; at most one upload is in flight, so memory
+stays near two parts whatever the export's size.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -16,6 +19,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 READBACK_CHUNK_BYTES = 1024 * 1024
+CONTENT_TYPE = "application/x-ndjson"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class ArtifactWriter:
         self._buffer = bytearray()
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
+        self._in_flight: asyncio.Task[None] | None = None
         self._hash = hashlib.sha256()
         self._size = 0
         self._lines = 0
@@ -56,7 +61,7 @@ class ArtifactWriter:
         return Digest(self._size, self._hash.hexdigest(), self._lines)
 
     async def write(self, data: bytes) -> None:
-        """Append ``data``; uploads a part whenever a full one is buffered."""
+        """Append ``data``; starts a part's upload whenever a full one is buffered."""
         self._hash.update(data)
         self._size += len(data)
         self._lines += data.count(b"\n")
@@ -64,41 +69,55 @@ class ArtifactWriter:
         while len(self._buffer) >= self._part_size:
             chunk = bytes(self._buffer[: self._part_size])
             del self._buffer[: self._part_size]
-            await self._upload_part(chunk)
+            await self._start_part(chunk)
 
-    async def _upload_part(self, chunk: bytes) -> None:
+    async def _start_part(self, chunk: bytes) -> None:
+        # Waiting for the previous part first bounds memory and surfaces its error here.
+        await self._wait_in_flight()
         if self._upload_id is None:
             created = await self._s3.create_multipart_upload(
-                Bucket=self._bucket, Key=self._key, ContentType="application/x-ndjson"
+                Bucket=self._bucket, Key=self._key, ContentType=CONTENT_TYPE
             )
             self._upload_id = created["UploadId"]
             await self._on_upload_started(self._upload_id)
-        number = len(self._parts) + 1
+        part = {"PartNumber": len(self._parts) + 1}
+        self._parts.append(part)
+        self._in_flight = asyncio.create_task(self._upload_part(part, chunk))
+
+    async def _upload_part(self, part: dict[str, Any], chunk: bytes) -> None:
         uploaded = await self._s3.upload_part(
-            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=chunk
+            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=part["PartNumber"], Body=chunk
         )
-        self._parts.append({"PartNumber": number, "ETag": uploaded["ETag"]})
+        part["ETag"] = uploaded["ETag"]
+
+    async def _wait_in_flight(self) -> None:
+        if self._in_flight is not None:
+            task, self._in_flight = self._in_flight, None
+            await task
 
     async def finish(self) -> Digest:
         """Upload what is buffered and make the object visible; return its digest."""
         rest = bytes(self._buffer)
         self._buffer.clear()
         if self._upload_id is None:
-            await self._s3.put_object(Bucket=self._bucket, Key=self._key, Body=rest, ContentType="application/x-ndjson")
-        else:
-            if rest:
-                await self._upload_part(rest)
-            await self._s3.complete_multipart_upload(
-                Bucket=self._bucket,
-                Key=self._key,
-                UploadId=self._upload_id,
-                MultipartUpload={"Parts": self._parts},
-            )
+            await self._s3.put_object(Bucket=self._bucket, Key=self._key, Body=rest, ContentType=CONTENT_TYPE)
+            return self.digest()
+        if rest:
+            await self._start_part(rest)
+        await self._wait_in_flight()
+        await self._s3.complete_multipart_upload(
+            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
+        )
         return self.digest()
 
     async def discard(self) -> None:
-        """Abort the multipart upload and delete the object, ignoring what is already gone."""
+        """Stop any upload, abort the multipart upload and delete the object, ignoring what is gone."""
         self._buffer.clear()
+        if self._in_flight is not None:
+            self._in_flight.cancel()
+            with contextlib.suppress(BaseException):
+                await self._in_flight
+            self._in_flight = None
         if self._upload_id is not None:
             with contextlib.suppress(Exception):
                 await self._s3.abort_multipart_upload(Bucket=self._bucket, Key=self._key, UploadId=self._upload_id)
