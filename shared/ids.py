@@ -8,11 +8,20 @@ import secrets
 # Contract 2: user ids are 1-64 chars of [A-Za-z0-9_.:-]; the same rule serves conversation ids.
 ID_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
 _ID_RE = re.compile(ID_PATTERN)
+# Contract 5.2: operation ids are URL-safe and at most 64 chars; anything else in a path names no operation.
+_OPERATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def new_operation_id() -> str:
     """Return an opaque, URL-safe id with 144 bits from the CSPRNG (contract 5.2: at least 96)."""
     return "op_" + secrets.token_urlsafe(18)
+
+
+def is_operation_id(value: str) -> bool:
+    """True when ``value`` could be an operation id; looking up anything else is pointless (and a U+0000
+    in it would even fail in Postgres).
+    """
+    return _OPERATION_ID_RE.fullmatch(value) is not None
 
 
 def is_valid_id(value: str) -> bool:

@@ -16,10 +16,11 @@ _SF_ESCAPE = re.compile(r"\\([\"\\])")
 def parse_idempotency_key(value: str | None) -> str:
     """Return the key: 1-255 visible ASCII characters (0x21-0x7E), unquoted if sent as an RFC 8941 string.
 
-    Raises ``Problem`` IDEMPOTENCY_KEY_MISSING when absent or empty, IDEMPOTENCY_KEY_INVALID otherwise.
-    The unquoted key must itself be visible ASCII, so ``" a"`` (with a space) is invalid.
+    Raises ``Problem`` IDEMPOTENCY_KEY_MISSING when absent, IDEMPOTENCY_KEY_INVALID otherwise: an empty
+    value is present but breaks the 1-255 rule, like ``""``. The unquoted key must itself be visible ASCII,
+    so ``" a"`` (with a space) is invalid.
     """
-    if value is None or value == "":
+    if value is None:
         raise Problem("IDEMPOTENCY_KEY_MISSING", f"Send an {HEADER} header to make the submission safe to retry.")
     quoted = _SF_STRING.fullmatch(value)
     key = _SF_ESCAPE.sub(r"\1", quoted.group(1)) if quoted else value

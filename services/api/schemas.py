@@ -39,8 +39,9 @@ def _clean_text(value: str) -> str:
 CleanText = Annotated[StrictStr, AfterValidator(_clean_text)]
 Identifier = Annotated[StrictStr, Field(pattern=f"^{ID_PATTERN}$")]
 MessageId = Annotated[CleanText, Field(min_length=1, max_length=64)]
-# The byte limit depends on the route and the settings; the views check it (contract 4).
-MessageBody = Annotated[CleanText, Field(min_length=1)]
+# The byte limit depends on the route and the settings; the views check it (contract 4). The length
+# bound comes before the text check so that its message speaks of characters, not "items".
+MessageBody = Annotated[StrictStr, Field(min_length=1), AfterValidator(_clean_text)]
 
 
 def _rfc3339(value: object) -> datetime:
@@ -74,12 +75,16 @@ class ExportSubmission(StrictModel):
     """Body of ``POST /v3/conversations/{cid}/exports`` (contract 5.1)."""
 
     format: Literal["jsonl"]
-    before_seq: Annotated[StrictInt, Field(ge=1)] | None = None
-    after_seq: Annotated[StrictInt, Field(ge=0)] = 0
+    # Bounded by Postgres' bigint: a bigger value is a 422 here, not a driver error (a 500) at insert.
+    before_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
+    after_seq: Annotated[StrictInt, Field(ge=0, le=MAX_SEQ)] = 0
 
     @model_validator(mode="after")
     def _range_not_empty_by_construction(self) -> ExportSubmission:
-        if self.before_seq is not None and not self.after_seq < self.before_seq - 1:
+        # Contract 5.1 applies the rule "when both are given": {"before_seq": 1} alone is a valid, empty range.
+        if self.before_seq is None or "after_seq" not in self.model_fields_set:
+            return self
+        if not self.after_seq < self.before_seq - 1:
             raise ValueError("after_seq must be less than before_seq - 1")
         return self
 

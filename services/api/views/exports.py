@@ -19,7 +19,7 @@ from services.api.schemas import ExportSubmission
 from services.api.submission import submit
 from services.api.views.operations import NO_STORE, operation_response
 from shared.fingerprint import ExportRequest
-from shared.ids import is_valid_id
+from shared.ids import is_operation_id, is_valid_id
 from shared.states import State
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,13 @@ async def download_result(request: web.Request) -> web.StreamResponse:
         try:
             row = await _authorize_download(conn, operation_id=operation_id, user_id=user_id)
         except Problem as refusal:
+            # The id as requested; a U+0000, which Postgres text cannot hold, is stored as U+FFFD.
             await repo.record_access_event(
-                conn, operation_id=operation_id, user_id=user_id, action="download", outcome=refusal.code
+                conn,
+                operation_id=operation_id.replace("\x00", "\ufffd"),
+                user_id=user_id,
+                action="download",
+                outcome=refusal.code,
             )
             raise
         await repo.record_access_event(
@@ -93,6 +98,8 @@ async def download_result(request: web.Request) -> web.StreamResponse:
 
 
 async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, user_id: str) -> asyncpg.Record:
+    if not is_operation_id(operation_id):
+        raise not_found()
     row = await repo.get_operation(conn, operation_id=operation_id, owner_id=user_id)
     if row is None:
         raise not_found()

@@ -18,6 +18,7 @@ from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import operations as repo
 from services.api.representation import is_terminal, operation_url, represent
 from services.api.schemas import CancelRequest
+from shared.ids import is_operation_id
 from shared.states import State
 
 NO_STORE = {"Cache-Control": "no-store"}
@@ -39,10 +40,11 @@ def operation_response(row: asyncpg.Record, *, status: int = 200, **headers: str
 
 async def get_operation(request: web.Request) -> web.Response:
     """``GET /v3/operations/{id}``: the owner's view; anyone else the same 404 as for a missing id."""
+    operation_id = request.match_info["operation_id"]
+    if not is_operation_id(operation_id):
+        raise not_found()
     async with request.app[POOL].acquire() as conn:
-        row = await repo.get_operation(
-            conn, operation_id=request.match_info["operation_id"], owner_id=request[PRINCIPAL].user_id
-        )
+        row = await repo.get_operation(conn, operation_id=operation_id, owner_id=request[PRINCIPAL].user_id)
     if row is None:
         raise not_found()
     return operation_response(row)
@@ -91,7 +93,9 @@ def _decode_cursor(cursor: str | None) -> tuple[datetime, str] | None:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, operation_id = json.loads(raw)
-        return datetime.fromisoformat(created), str(operation_id)
+        if not (isinstance(operation_id, str) and is_operation_id(operation_id)):
+            raise ValueError("not an operation id")
+        return datetime.fromisoformat(created), operation_id
     except (binascii.Error, ValueError, TypeError):
         raise validation_failed([{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}]) from None
 
@@ -100,6 +104,8 @@ async def cancel_operation(request: web.Request) -> web.Response:
     """``POST /v3/operations/{id}/cancel`` with the outcomes of contract 5.4."""
     await read_model(request, CancelRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
     operation_id = request.match_info["operation_id"]
+    if not is_operation_id(operation_id):
+        raise not_found()
     owner_id = request[PRINCIPAL].user_id
     async with request.app[POOL].acquire() as conn:
         moved = await repo.request_cancel(conn, operation_id=operation_id, owner_id=owner_id)

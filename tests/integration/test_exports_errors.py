@@ -1,0 +1,277 @@
+"""Refused submissions of ``POST /v3/conversations/{cid}/exports`` (contract 2, 3 and 5.1): each answers
+the contract's problem and stores nothing, and the checks run in the contract's order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import jwt
+import pytest
+
+from shared.auth import mint_token
+from shared.settings import Settings
+from tests.helpers import make_conversation, submit
+from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
+    GUESSED_ID,
+    Auth,
+    Client,
+    database_url,
+    expect_problem,
+    module_database,
+    post_export,
+    stored,
+)
+
+pytestmark = pytest.mark.integration
+
+NOTHING = dict.fromkeys(("operations", "idempotency_keys", "outbox"), 0)
+VALID = {"format": "jsonl"}
+
+
+@pytest.fixture
+async def members(api: Client, auth: Auth) -> None:
+    """``c-a`` with alice and bob; ``c-other`` with carol only."""
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await make_conversation(api, auth, "c-other", ["carol"])
+
+
+def _tokens(settings: Settings) -> dict[str, str | None]:
+    now = int(time.time())
+    return {
+        "missing": None,
+        "expired": mint_token(settings, user_id="alice", ttl_seconds=-60),
+        "badly signed": jwt.encode({"sub": "alice", "exp": now + 600}, "another-secret-of-32-bytes-or-more!", "HS256"),
+        "without exp": jwt.encode({"sub": "alice"}, settings.jwt_secret, "HS256"),
+        "unsigned": jwt.encode({"sub": "alice", "exp": now + 600}, None, "none"),
+        "not a jwt": "not-a-jwt",
+    }
+
+
+async def test_bad_or_missing_token_is_401_before_any_other_check(
+    api: Client, settings: Settings, pool: asyncpg.Pool, members: None
+) -> None:
+    for name, token in _tokens(settings).items():
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        # No Idempotency-Key and a broken body: 401 still comes first.
+        response = await post_export(api, headers, "c-a", b"{", key=None)
+        await expect_problem(response, 401, "UNAUTHENTICATED", case=name)
+        assert response.headers.get("WWW-Authenticate") == 'Bearer error="invalid_token"', name
+        if token is not None:
+            assert token not in await response.text(), f"{name}: the token is echoed"
+    response = await post_export(api, {"Authorization": "Basic YWxpY2U6cHc="}, "c-a", VALID)
+    await expect_problem(response, 401, "UNAUTHENTICATED")
+    assert response.headers.get("WWW-Authenticate") == 'Bearer error="invalid_token"'
+    assert await stored(pool) == NOTHING
+
+
+MALFORMED_KEYS = {
+    "empty": "",
+    "256 characters": "k" * 256,
+    "non-ASCII": "caf\u00e9",
+    "space": "two words",
+    "unbalanced quote": '"abc',
+    "empty quoted": '""',
+    "quoted space": '"a b"',
+    "bad escape": '"a\\c"',
+}
+
+
+async def test_missing_or_malformed_idempotency_key_is_400(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None
+) -> None:
+    response = await post_export(api, auth("alice"), "c-a", VALID, key=None)
+    body = await expect_problem(response, 400, "IDEMPOTENCY_KEY_MISSING")
+    assert "Idempotency-Key" in body["detail"]
+    for name, key in MALFORMED_KEYS.items():
+        response = await post_export(api, auth("alice"), "c-a", VALID, key=key)
+        await expect_problem(response, 400, "IDEMPOTENCY_KEY_INVALID", case=name)
+    assert await stored(pool) == NOTHING
+
+
+async def test_key_limits_are_inclusive_and_quotes_are_not_part_of_the_key(
+    api: Client, auth: Auth, members: None
+) -> None:
+    first = await submit(api, auth, "alice", "c-a", VALID, "k" * 255)
+    assert first.status == 202, await first.text()
+    quoted = await submit(api, auth, "alice", "c-a", VALID, '"' + "k" * 255 + '"')
+    assert quoted.status == 202, await quoted.text()
+    assert quoted.headers["Location"] == first.headers["Location"]
+    assert quoted.headers.get("Idempotent-Replayed") == "true"
+
+    plain = await submit(api, auth, "alice", "c-a", VALID, "!~abc")
+    assert plain.status == 202, await plain.text()
+    assert plain.headers["Location"] != first.headers["Location"]
+
+    sf_first = await submit(api, auth, "alice", "c-a", VALID, '"abc"')
+    assert sf_first.status == 202, await sf_first.text()
+    assert "Idempotent-Replayed" not in sf_first.headers
+    sf_again = await submit(api, auth, "alice", "c-a", VALID, "abc")
+    assert sf_again.status == 202
+    assert sf_again.headers["Location"] == sf_first.headers["Location"]
+    assert sf_again.headers.get("Idempotent-Replayed") == "true"
+
+
+MALFORMED_BODIES = {
+    "empty": b"",
+    "truncated": b"{",
+    "form encoded": b"format=jsonl",
+    "trailing data": b'{"format":"jsonl"} {}',
+    "not UTF-8": b'{"format":"jsonl","note":"\xff\xfe"}',
+    "latin-1": '{"format":"jsonl","note":"\u00e9"}'.encode("latin-1"),
+}
+
+
+async def test_body_that_is_not_json_or_not_utf8_is_400(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None
+) -> None:
+    for name, raw in MALFORMED_BODIES.items():
+        response = await post_export(api, auth("alice"), "c-a", raw)
+        await expect_problem(response, 400, "MALFORMED_JSON", case=name)
+    assert await stored(pool) == NOTHING
+
+
+# body -> the ``loc`` one of the errors must name.
+SCHEMA_VIOLATIONS: dict[bytes, list[Any]] = {
+    b'{"format":"jsonl","extra":1}': ["body", "extra"],
+    b'{"format":"csv"}': ["body", "format"],
+    b"{}": ["body", "format"],
+    b'{"format":"jsonl","before_seq":0}': ["body", "before_seq"],
+    b'{"format":"jsonl","before_seq":-1}': ["body", "before_seq"],
+    b'{"format":"jsonl","before_seq":"9"}': ["body", "before_seq"],
+    b'{"format":"jsonl","before_seq":1e3}': ["body", "before_seq"],
+    b'{"format":"jsonl","before_seq":9.0}': ["body", "before_seq"],
+    b'{"format":"jsonl","before_seq":true}': ["body", "before_seq"],
+    b'{"format":"jsonl","before_seq":9223372036854775808}': ["body", "before_seq"],
+    b'{"format":"jsonl","after_seq":-1}': ["body", "after_seq"],
+    b'{"format":"jsonl","after_seq":"0"}': ["body", "after_seq"],
+    b'{"format":"jsonl","after_seq":false}': ["body", "after_seq"],
+    b'{"format":"jsonl","after_seq":9223372036854775808}': ["body", "after_seq"],
+    b'{"format":"jsonl","before_seq":5,"after_seq":4}': ["body"],
+    b'{"format":"jsonl","before_seq":5,"after_seq":9}': ["body"],
+    b'{"format":"jsonl","before_seq":1,"after_seq":0}': ["body"],
+    b'[{"format":"jsonl"}]': ["body"],
+    b'"jsonl"': ["body"],
+    b"null": ["body"],
+}
+
+
+async def test_schema_violation_is_422_with_errors(api: Client, auth: Auth, pool: asyncpg.Pool, members: None) -> None:
+    for raw, loc in SCHEMA_VIOLATIONS.items():
+        response = await post_export(api, auth("alice"), "c-a", raw)
+        body = await expect_problem(response, 422, "VALIDATION_FAILED", case=raw)
+        errors = body["errors"]
+        assert errors, body
+        for error in errors:
+            assert set(error) == {"loc", "msg"}, (raw, error)
+            assert isinstance(error["loc"], list), (raw, error)
+            assert isinstance(error["msg"], str), (raw, error)
+            assert error["msg"], (raw, error)
+        assert loc in [error["loc"] for error in errors], (raw, errors)
+    assert await stored(pool) == NOTHING
+    # The bounds themselves are valid.
+    response = await post_export(api, auth("alice"), "c-a", {"format": "jsonl", "before_seq": 5, "after_seq": 3})
+    assert response.status == 202, await response.text()
+    edge = {"format": "jsonl", "before_seq": 2**63 - 1, "after_seq": 2**63 - 3}
+    response = await post_export(api, auth("alice"), "c-a", edge, key="key-2")
+    assert response.status == 202, await response.text()
+    # Contract 5.1 checks after_seq < before_seq - 1 only "when both are given".
+    response = await post_export(api, auth("alice"), "c-a", {"format": "jsonl", "before_seq": 1}, key="key-3")
+    assert response.status == 202, await response.text()
+
+
+async def test_body_over_1_kib_is_413_and_1_kib_is_accepted(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None
+) -> None:
+    def padded(size: int) -> bytes:
+        return b'{"format":"jsonl"' + b" " * (size - 18) + b"}"
+
+    assert len(padded(1025)) == 1025
+    response = await post_export(api, auth("alice"), "c-a", padded(1025))
+    await expect_problem(response, 413, "PAYLOAD_TOO_LARGE")
+    response = await post_export(api, auth("alice"), "c-a", padded(2048))
+    await expect_problem(response, 413, "PAYLOAD_TOO_LARGE")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        # Without Content-Length: the limit holds for a streamed body too.
+        for _ in range(8):
+            yield b" " * 256
+
+    streamed = await api.post(
+        "/v3/conversations/c-a/exports",
+        data=chunks(),
+        headers={**auth("alice"), "Idempotency-Key": "key-1", "Content-Type": "application/json"},
+    )
+    await expect_problem(streamed, 413, "PAYLOAD_TOO_LARGE")
+    assert await stored(pool) == NOTHING
+
+    accepted = await post_export(api, auth("alice"), "c-a", padded(1024))
+    assert accepted.status == 202, await accepted.text()
+
+
+async def test_body_of_another_media_type_is_415(api: Client, auth: Auth, pool: asyncpg.Pool, members: None) -> None:
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/x-ndjson"):
+        response = await post_export(api, auth("alice"), "c-a", VALID, content_type=content_type)
+        await expect_problem(response, 415, "UNSUPPORTED_MEDIA_TYPE", case=content_type)
+    response = await post_export(api, auth("alice"), "c-a", VALID, content_type=None)
+    await expect_problem(response, 415, "UNSUPPORTED_MEDIA_TYPE")
+    assert await stored(pool) == NOTHING
+
+    for number, content_type in enumerate(("application/json; charset=utf-8", "Application/JSON")):
+        response = await post_export(api, auth("alice"), "c-a", VALID, key=f"ct-{number}", content_type=content_type)
+        assert response.status == 202, (content_type, await response.text())
+
+
+async def test_checks_run_in_the_order_of_the_contract(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None
+) -> None:
+    alice = auth("alice")
+    too_large = b'{"format":"jsonl"' + b" " * 2048 + b"}"
+    # Idempotency-Key syntax before the body.
+    cases = [
+        (await post_export(api, alice, "c-a", b"{", key="a b"), 400, "IDEMPOTENCY_KEY_INVALID"),
+        (await post_export(api, alice, "c-a", too_large, key="a b"), 400, "IDEMPOTENCY_KEY_INVALID"),
+        (
+            await post_export(api, alice, "c-a", VALID, key="a b", content_type="text/plain"),
+            400,
+            "IDEMPOTENCY_KEY_INVALID",
+        ),
+        (await post_export(api, alice, "c-a", b'{"format":"csv"}', key=None), 400, "IDEMPOTENCY_KEY_MISSING"),
+        # Within the body: 415, then 413, then 400, then 422.
+        (await post_export(api, alice, "c-a", too_large, content_type="text/plain"), 415, "UNSUPPORTED_MEDIA_TYPE"),
+        (await post_export(api, alice, "c-a", too_large[:-1] + b"!"), 413, "PAYLOAD_TOO_LARGE"),
+        # The body before membership: a non-member and a missing conversation get the body errors.
+        (await post_export(api, alice, "c-other", b'{"format":"csv"}'), 422, "VALIDATION_FAILED"),
+        (await post_export(api, alice, "c-nowhere", b'{"format":"csv"}'), 422, "VALIDATION_FAILED"),
+        (await post_export(api, alice, "c-other", b"{"), 400, "MALFORMED_JSON"),
+        (await post_export(api, alice, "c-other", too_large), 413, "PAYLOAD_TOO_LARGE"),
+        (await post_export(api, alice, "c-other", VALID, content_type="text/plain"), 415, "UNSUPPORTED_MEDIA_TYPE"),
+    ]
+    for number, (response, status, code) in enumerate(cases):
+        await expect_problem(response, status, code, case=number)
+    assert await stored(pool) == NOTHING
+
+    # Membership before idempotency: a key alice used in c-a, reused for a conversation she is not in, is
+    # the members' 404 (not 409, which would reveal that c-other exists).
+    first = await post_export(api, alice, "c-a", VALID, key="shared")
+    assert first.status == 202
+    outsider = await post_export(api, alice, "c-other", VALID, key="shared")
+    await expect_problem(outsider, 404, "NOT_FOUND")
+    assert await stored(pool) == dict.fromkeys(NOTHING, 1)
+
+
+async def test_non_member_missing_and_malformed_conversations_get_the_same_404(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None
+) -> None:
+    alice = auth("alice")
+    bodies = []
+    for number, cid in enumerate(["c-other", "c-nowhere", "c" * 65, "c%20a", "%00", "c-a%00"]):
+        response = await post_export(api, alice, cid, VALID, key=f"k-{number}")
+        bodies.append(await expect_problem(response, 404, "NOT_FOUND", case=cid))
+    guessed = await api.get(f"/v3/operations/{GUESSED_ID}", headers=alice)
+    bodies.append(await expect_problem(guessed, 404, "NOT_FOUND"))
+    assert all(body == bodies[0] for body in bodies), bodies
+    assert await stored(pool) == NOTHING
