@@ -1,0 +1,91 @@
+"""The state machine of contract 5.3 and the worker's retry decisions."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from services.worker.errors import PermanentError, backoff_seconds, classify
+from shared.settings import Settings
+from shared.states import ACTIVE, TERMINAL, TRANSITIONS, State, can_transition, sources_of
+
+CONTRACT_TRANSITIONS = {
+    ("QUEUED", "RUNNING"),
+    ("QUEUED", "CANCEL_REQUESTED"),
+    ("RUNNING", "SUCCEEDED"),
+    ("RUNNING", "RETRY_AT"),
+    ("RUNNING", "FAILED"),
+    ("RUNNING", "FAILED_REPAIR"),
+    ("RUNNING", "CANCEL_REQUESTED"),
+    ("RUNNING", "RUNNING"),
+    ("RETRY_AT", "RUNNING"),
+    ("RETRY_AT", "CANCEL_REQUESTED"),
+    ("CANCEL_REQUESTED", "CANCELED"),
+    ("SUCCEEDED", "EXPIRED"),
+    ("FAILED_REPAIR", "QUEUED"),
+}
+
+
+def test_transitions_are_exactly_the_contracts() -> None:
+    listed = {(source.value, target.value) for source, targets in TRANSITIONS.items() for target in targets}
+    assert listed == CONTRACT_TRANSITIONS
+    assert set(TRANSITIONS) == set(State)
+
+
+@pytest.mark.parametrize("source", list(State))
+@pytest.mark.parametrize("target", list(State))
+def test_can_transition_agrees_with_the_table(source: State, target: State) -> None:
+    assert can_transition(source, target) == ((source.value, target.value) in CONTRACT_TRANSITIONS)
+
+
+def test_nothing_follows_succeeded_but_expiry_and_cancel_cannot_reach_it() -> None:
+    assert sources_of(State.SUCCEEDED) == ["RUNNING"]
+    assert sources_of(State.CANCEL_REQUESTED) == ["QUEUED", "RETRY_AT", "RUNNING"]
+    assert not can_transition(State.CANCEL_REQUESTED, State.SUCCEEDED)
+    assert TRANSITIONS[State.CANCELED] == TRANSITIONS[State.FAILED] == TRANSITIONS[State.EXPIRED] == frozenset()
+
+
+def test_active_and_terminal_partition_the_states() -> None:
+    assert set(State) == ACTIVE | TERMINAL
+    assert not ACTIVE & TERMINAL
+    assert {State.QUEUED, State.RUNNING, State.RETRY_AT, State.CANCEL_REQUESTED} == ACTIVE
+
+
+SETTINGS = Settings(retry_base_seconds=2, retry_cap_seconds=60, max_attempts=4)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        EndpointConnectionError(endpoint_url="http://s3"),
+        ClientError({"Error": {"Code": "InternalError"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"),
+        ClientError({"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutObject"),
+        asyncpg.ConnectionDoesNotExistError("gone"),
+        ConnectionResetError(),
+        TimeoutError(),
+        RuntimeError("something unexpected"),
+    ],
+)
+def test_transient_and_unexpected_errors_retry_until_the_budget_is_spent(error: Exception) -> None:
+    for attempt in range(1, SETTINGS.max_attempts):
+        outcome = classify(error, attempt=attempt, settings=SETTINGS)
+        assert outcome.state == State.RETRY_AT
+        assert outcome.retry_delay_seconds is not None and outcome.retry_delay_seconds > 0
+        assert outcome.message
+    spent = classify(error, attempt=SETTINGS.max_attempts, settings=SETTINGS)
+    assert spent.state == State.FAILED_REPAIR
+    assert spent.retry_delay_seconds is None
+    assert "requeue" in spent.message
+
+
+def test_permanent_errors_fail_at_once() -> None:
+    outcome = classify(PermanentError("ACCESS_REVOKED", "gone"), attempt=1, settings=SETTINGS)
+    assert (outcome.state, outcome.code, outcome.retry_delay_seconds) == (State.FAILED, "ACCESS_REVOKED", None)
+
+
+def test_backoff_grows_exponentially_with_jitter_up_to_the_cap() -> None:
+    for attempt, ceiling in [(1, 2), (2, 4), (3, 8), (4, 16), (5, 32), (6, 60), (12, 60)]:
+        delays = [backoff_seconds(attempt, SETTINGS) for _ in range(200)]
+        assert all(ceiling / 2 <= delay <= ceiling for delay in delays), (attempt, min(delays), max(delays))
+        assert len(set(delays)) > 1  # jitter
