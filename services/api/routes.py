@@ -15,7 +15,7 @@ def setup_routes(app: web.Application) -> None:
 
     router.add_post("/v2/conversations/{cid}/messages", messages.send_message)
     router.add_get("/v2/conversations/{cid}/messages", messages.read_messages)
-    router.add_delete("/v2/conversations/{cid}/messages/{message_id}", messages.recall_message)
+    router.add_delete("/v2/conversations/{cid}/messages/{message_id:[^/]+}", messages.recall_message)
 
     router.add_post("/v3/conversations/{cid}/exports", exports.submit_export)
     router.add_get("/v3/exports/{operation_id}/result", exports.download_result)

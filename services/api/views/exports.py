@@ -19,7 +19,7 @@ from services.api.schemas import ExportSubmission
 from services.api.submission import submit
 from services.api.views.operations import NO_STORE, operation_response
 from shared.fingerprint import ExportRequest
-from shared.ids import is_operation_id, is_valid_id
+from shared.ids import is_operation_id
 from shared.states import State
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ async def submit_export(request: web.Request) -> web.Response:
     export = ExportRequest(format=body.format, before_seq=body.before_seq, after_seq=body.after_seq)
     async with request.app[POOL].acquire() as conn:
         async with conn.transaction():
-            if not await _is_member(conn, conversation_id=conversation_id, user_id=owner_id):
+            if not await is_member(conn, conversation_id=conversation_id, user_id=owner_id):
                 raise not_found()
             submitted = await submit(
                 conn,
@@ -56,10 +56,6 @@ async def submit_export(request: web.Request) -> web.Response:
     response = operation_response(row, status=202, **headers)
     response.headers["Retry-After"] = "1"  # contract 5.1: the first poll after a submit
     return response
-
-
-async def _is_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
-    return is_valid_id(conversation_id) and await is_member(conn, conversation_id=conversation_id, user_id=user_id)
 
 
 # Refusals of contract 5.5, by state, in the order they are checked.

@@ -1,0 +1,251 @@
+"""SQL of the message store (contract section 4): conversations, their members and their messages.
+
+Every function that writes messages first takes the conversation's row lock (``conversations.last_seq``),
+so stores and imports of one conversation run one at a time: seqs are strictly increasing, gapless among
+committed messages and never reused. Functions that need more than one statement open their own
+transaction, a savepoint when the caller already has one, so the CLI can call them on a bare connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import NamedTuple, Protocol
+
+import asyncpg
+
+from shared.ids import is_valid_id
+
+
+class DuplicateMessageId(Exception):
+    """A message with this ``message_id`` is already stored in the conversation, recalled or not."""
+
+
+class ConversationNotFound(Exception):
+    """The conversation does not exist."""
+
+
+class ImportLine(Protocol):
+    """One message to import: the fields of an admin import NDJSON line (contract 4)."""
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def sender_id(self) -> str: ...
+
+    @property
+    def body(self) -> str: ...
+
+    @property
+    def sent_at(self) -> datetime | None: ...
+
+
+class ImportResult(NamedTuple):
+    """Outcome of one import: lines stored, and lines skipped because their ``message_id`` was known."""
+
+    imported: int
+    skipped: int
+
+
+async def is_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
+    """True when ``user_id`` is currently a member of ``conversation_id``.
+
+    An id that breaks the id syntax (``shared.ids``) cannot be stored, so it is answered False without a
+    query: a path segment with U+0000 never reaches Postgres, and it gets the same 404 as any other
+    conversation the caller cannot see (contract 3).
+    """
+    if not (is_valid_id(conversation_id) and is_valid_id(user_id)):
+        return False
+    found: bool = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM conversation_members WHERE conversation_id = $1 AND user_id = $2)",
+        conversation_id,
+        user_id,
+    )
+    return found
+
+
+async def put_members(conn: asyncpg.Connection, *, conversation_id: str, members: Sequence[str]) -> None:
+    """Create ``conversation_id`` if it is missing and make ``members`` its exact member set (contract 4).
+
+    One statement, so it is atomic on its own; repeated ids in ``members`` count once. Members that stay
+    keep their ``added_at``.
+    """
+    # The conversation row and the member rows go in one statement: the foreign key is checked at the
+    # statement's end, after the CTE inserted the conversation.
+    await conn.execute(
+        """
+        WITH conversation AS (
+            INSERT INTO conversations (conversation_id) VALUES ($1) ON CONFLICT DO NOTHING
+        ), removed AS (
+            DELETE FROM conversation_members WHERE conversation_id = $1 AND user_id <> ALL ($2::text[])
+        )
+        INSERT INTO conversation_members (conversation_id, user_id)
+        SELECT DISTINCT $1, member FROM unnest($2::text[]) AS member
+        ON CONFLICT DO NOTHING
+        """,
+        conversation_id,
+        list(members),
+    )
+
+
+async def add_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
+    """Make ``user_id`` a member (idempotent); False when the conversation is missing (for a 404)."""
+    exists: bool = await conn.fetchval(
+        """
+        WITH conversation AS (
+            SELECT conversation_id FROM conversations WHERE conversation_id = $1
+        ), added AS (
+            INSERT INTO conversation_members (conversation_id, user_id)
+            SELECT conversation_id, $2 FROM conversation
+            ON CONFLICT DO NOTHING
+        )
+        SELECT EXISTS (SELECT 1 FROM conversation)
+        """,
+        conversation_id,
+        user_id,
+    )
+    return exists
+
+
+async def remove_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
+    """Remove ``user_id`` as a member (idempotent); False when the conversation is missing (for a 404)."""
+    exists: bool = await conn.fetchval(
+        """
+        WITH removed AS (
+            DELETE FROM conversation_members WHERE conversation_id = $1 AND user_id = $2
+        )
+        SELECT EXISTS (SELECT 1 FROM conversations WHERE conversation_id = $1)
+        """,
+        conversation_id,
+        user_id,
+    )
+    return exists
+
+
+async def store_message(
+    conn: asyncpg.Connection, *, conversation_id: str, message_id: str, sender_id: str, body: str
+) -> asyncpg.Record:
+    """Store one message with the next seq; return the record ``(seq, sent_at)``.
+
+    ``sent_at`` is the database's ``now()`` cut to milliseconds, the precision the API and the export
+    file print (contract 5.6). Raises ``ConversationNotFound`` and ``DuplicateMessageId`` (contract 4:
+    even when the body is identical); both leave the conversation's ``last_seq`` as it was.
+    """
+    async with conn.transaction():
+        # The row lock taken here is held until the (outer) transaction ends: one writer at a time.
+        seq = await conn.fetchval(
+            "UPDATE conversations SET last_seq = last_seq + 1 WHERE conversation_id = $1 RETURNING last_seq",
+            conversation_id,
+        )
+        if seq is None:
+            raise ConversationNotFound(conversation_id)
+        stored = await conn.fetchrow(
+            """
+            INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)
+            VALUES ($1, $2, $3, $4, $5, date_trunc('milliseconds', now()))
+            ON CONFLICT ON CONSTRAINT messages_conversation_message_id DO NOTHING
+            RETURNING seq, sent_at
+            """,
+            conversation_id,
+            seq,
+            message_id,
+            sender_id,
+            body,
+        )
+        if stored is None:
+            # Raising inside the transaction rolls the seq bump back, so no seq is burnt.
+            raise DuplicateMessageId(message_id)
+        return stored
+
+
+async def recall_message(conn: asyncpg.Connection, *, conversation_id: str, message_id: str, sender_id: str) -> bool:
+    """Mark the message recalled; False unless ``sender_id`` sent it (contract 4: anyone else gets 404).
+
+    Recalling again is a no-op that still answers True and keeps the first ``recalled_at``. The row is
+    never deleted: its seq and message_id stay taken.
+    """
+    recalled = await conn.fetchval(
+        """
+        UPDATE messages SET recalled_at = coalesce(recalled_at, now())
+        WHERE conversation_id = $1 AND message_id = $2 AND sender_id = $3
+        RETURNING true
+        """,
+        conversation_id,
+        message_id,
+        sender_id,
+    )
+    return recalled is not None
+
+
+async def read_messages(
+    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, limit: int
+) -> list[asyncpg.Record]:
+    """Up to ``limit`` non-recalled messages with ``seq > after_seq``, in seq order.
+
+    Each record has the export line's columns: conversation_id, seq, message_id, sender_id, sent_at, body.
+    """
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        SELECT conversation_id, seq, message_id, sender_id, sent_at, body
+        FROM messages
+        WHERE conversation_id = $1 AND seq > $2 AND recalled_at IS NULL
+        ORDER BY seq
+        LIMIT $3
+        """,
+        conversation_id,
+        after_seq,
+        limit,
+    )
+    return rows
+
+
+async def import_messages(
+    conn: asyncpg.Connection, *, conversation_id: str, lines: Sequence[ImportLine]
+) -> ImportResult:
+    """Store ``lines`` with seqs in line order, skipping message_ids already stored (contract 4).
+
+    A message_id repeated within ``lines`` is stored at its first occurrence and skipped after. A line
+    without ``sent_at`` gets the database's ``now()`` cut to milliseconds. Set-based: one INSERT for the
+    whole batch. Raises ``ConversationNotFound``; nothing is stored then.
+    """
+    async with conn.transaction():
+        last_seq = await conn.fetchval(
+            "SELECT last_seq FROM conversations WHERE conversation_id = $1 FOR UPDATE", conversation_id
+        )
+        if last_seq is None:
+            raise ConversationNotFound(conversation_id)
+        # Under the row lock no other writer can add ids to this conversation, and this statement's
+        # snapshot is taken after the lock was granted, so the NOT EXISTS filter sees every stored id.
+        imported: int = await conn.fetchval(
+            """
+            WITH batch AS (
+                SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::timestamptz[])
+                    WITH ORDINALITY AS line (message_id, sender_id, body, sent_at, line_no)
+            ), first_seen AS (
+                SELECT DISTINCT ON (message_id) * FROM batch ORDER BY message_id, line_no
+            ), fresh AS (
+                SELECT f.*, row_number() OVER (ORDER BY f.line_no) AS position
+                FROM first_seen f
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM messages m WHERE m.conversation_id = $1 AND m.message_id = f.message_id
+                )
+            ), stored AS (
+                INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)
+                SELECT $1, $2 + position, message_id, sender_id, body,
+                       coalesce(sent_at, date_trunc('milliseconds', now()))
+                FROM fresh ORDER BY position
+                RETURNING 1
+            )
+            UPDATE conversations SET last_seq = $2 + (SELECT count(*) FROM stored)
+            WHERE conversation_id = $1
+            RETURNING last_seq - $2
+            """,
+            conversation_id,
+            last_seq,
+            [line.message_id for line in lines],
+            [line.sender_id for line in lines],
+            [line.body for line in lines],
+            [line.sent_at for line in lines],
+        )
+    return ImportResult(imported=imported, skipped=len(lines) - imported)

@@ -1,0 +1,115 @@
+"""Admin routes of the message store: member sets and history import (contract section 4).
+
+The middleware already required the ``admin`` scope. Admins may know which conversations exist, so a path
+id that breaks the id syntax is a 422 naming it, not the members' 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from services.api.bodies import read_limited, read_model, validation_errors
+from services.api.keys import POOL, SETTINGS
+from services.api.problems import Problem, not_found, validation_failed
+from services.api.repository import messages as repo
+from services.api.schemas import ImportedMessage, MemberSet
+from services.api.views.messages import check_body_bytes
+from shared.ids import is_valid_id
+
+log = logging.getLogger(__name__)
+
+# 10,000 member ids of 64 characters with their JSON quoting fit in about 700 KB.
+MEMBERS_REQUEST_MAX_BYTES = 1024 * 1024
+# NDJSON is the import's format; application/json is accepted too, since contract 3 never answers 415 to
+# it, and one JSON object is a one-line NDJSON batch.
+IMPORT_MEDIA_TYPES = ("application/x-ndjson", "application/json")
+
+
+def _path_id(request: web.Request, name: str) -> str:
+    value = request.match_info[name]
+    if not is_valid_id(value):
+        raise validation_failed([{"loc": ["path", name], "msg": "must be 1-64 characters of [A-Za-z0-9_.:-]"}])
+    return value
+
+
+async def put_conversation(request: web.Request) -> web.Response:
+    """``PUT /admin/conversations/{cid}`` ``{"members": [...]}``: create or replace the member set; 204."""
+    conversation_id = _path_id(request, "cid")
+    member_set = await read_model(request, MemberSet, max_bytes=MEMBERS_REQUEST_MAX_BYTES)
+    async with request.app[POOL].acquire() as conn:
+        await repo.put_members(conn, conversation_id=conversation_id, members=member_set.members)
+    log.info(
+        "conversation members replaced",
+        extra={"conversation_id": conversation_id, "members": len(member_set.members)},
+    )
+    return web.Response(status=204)
+
+
+async def add_member(request: web.Request) -> web.Response:
+    """``PUT /admin/conversations/{cid}/members/{uid}``: add one member (idempotent); 204, or 404."""
+    conversation_id, user_id = _path_id(request, "cid"), _path_id(request, "uid")
+    async with request.app[POOL].acquire() as conn:
+        if not await repo.add_member(conn, conversation_id=conversation_id, user_id=user_id):
+            raise not_found()
+    return web.Response(status=204)
+
+
+async def remove_member(request: web.Request) -> web.Response:
+    """``DELETE /admin/conversations/{cid}/members/{uid}``: remove one member (idempotent); 204, or 404."""
+    conversation_id, user_id = _path_id(request, "cid"), _path_id(request, "uid")
+    async with request.app[POOL].acquire() as conn:
+        if not await repo.remove_member(conn, conversation_id=conversation_id, user_id=user_id):
+            raise not_found()
+    return web.Response(status=204)
+
+
+async def import_messages(request: web.Request) -> web.Response:
+    """``POST /admin/conversations/{cid}/messages:import``: store NDJSON history lines in line order.
+
+    Every line is checked before anything is stored: one bad line (not UTF-8, not JSON, or breaking the
+    schema) rejects the batch with a 422 naming it, 1-based, with that line's errors. Answers
+    ``{"imported": N, "skipped": M}``; 404 when the conversation is missing.
+    """
+    settings = request.app[SETTINGS]
+    conversation_id = _path_id(request, "cid")
+    if request.body_exists and request.content_type not in IMPORT_MEDIA_TYPES:
+        raise Problem("UNSUPPORTED_MEDIA_TYPE", "Send the lines as application/x-ndjson.")
+    raw = await read_limited(request, max_bytes=settings.import_request_max_bytes)
+    # Up to 64 MiB of lines take seconds of CPU: parse them off the event loop so other requests and
+    # the probes keep being answered meanwhile.
+    lines = await asyncio.to_thread(_parse_lines, raw, body_max_bytes=settings.import_body_max_bytes)
+    async with request.app[POOL].acquire() as conn:
+        try:
+            result = await repo.import_messages(conn, conversation_id=conversation_id, lines=lines)
+        except repo.ConversationNotFound:
+            raise not_found() from None
+    log.info(
+        "messages imported",
+        extra={"conversation_id": conversation_id, "imported": result.imported, "skipped": result.skipped},
+    )
+    return web.json_response({"imported": result.imported, "skipped": result.skipped})
+
+
+def _parse_lines(raw: bytes, *, body_max_bytes: int) -> list[ImportedMessage]:
+    chunks = raw.split(b"\n")
+    # Newlines at the end close the last line rather than open empty ones; an empty line inside is bad.
+    while chunks and not chunks[-1].strip():
+        chunks.pop()
+    return [_parse_line(number, chunk, body_max_bytes=body_max_bytes) for number, chunk in enumerate(chunks, 1)]
+
+
+def _parse_line(number: int, chunk: bytes, *, body_max_bytes: int) -> ImportedMessage:
+    try:
+        # pydantic parses the JSON itself: bad UTF-8, bad JSON and schema errors all name the line.
+        line = ImportedMessage.model_validate_json(chunk)
+    except ValidationError as exc:
+        raise validation_failed(
+            validation_errors(exc, prefix=("body", number)),
+            f"Line {number} is not a valid message; nothing was imported.",
+        ) from None
+    check_body_bytes(line.body, max_bytes=body_max_bytes, loc=["body", number, "body"])
+    return line

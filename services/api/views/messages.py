@@ -1,0 +1,138 @@
+"""The message store for members: send, read and recall (contract section 4).
+
+Checks run in the order of contract 5.1: the token (middleware), then the request itself (415 / 413 / 400 /
+422), then membership (404, identical for a missing conversation), then the store (409).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+from pydantic import TypeAdapter, ValidationError
+
+from services.api.bodies import read_model, validation_errors
+from services.api.keys import POOL, PRINCIPAL, SETTINGS
+from services.api.problems import Problem, not_found, validation_failed
+from services.api.repository import messages as repo
+from services.api.schemas import MessageId, MessagePageQuery, MessageSubmission
+from shared.ids import is_valid_id
+from shared.timefmt import format_timestamp
+
+log = logging.getLogger(__name__)
+
+_MESSAGE_ID = TypeAdapter(MessageId)
+
+
+def check_body_bytes(body: str, *, max_bytes: int, loc: list[Any]) -> None:
+    """Raise ``Problem`` 422 at ``loc`` when ``body`` is over ``max_bytes`` UTF-8 bytes (contract 4)."""
+    if len(body.encode("utf-8")) > max_bytes:
+        raise validation_failed([{"loc": loc, "msg": f"must be at most {max_bytes} UTF-8 bytes"}])
+
+
+def message_json(row: asyncpg.Record) -> dict[str, Any]:
+    """A stored message with the keys, order and values of an export file line (contract 5.6)."""
+    return {
+        "conversation_id": row["conversation_id"],
+        "seq": row["seq"],
+        "message_id": row["message_id"],
+        "sender_id": row["sender_id"],
+        "sent_at": format_timestamp(row["sent_at"]),
+        "body": row["body"],
+    }
+
+
+async def _require_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> None:
+    if not await repo.is_member(conn, conversation_id=conversation_id, user_id=user_id):
+        raise not_found()
+
+
+async def send_message(request: web.Request) -> web.Response:
+    """``POST /v2/conversations/{cid}/messages``: store one message and answer its seq and sent_at."""
+    settings = request.app[SETTINGS]
+    message = await read_model(request, MessageSubmission, max_bytes=settings.message_request_max_bytes)
+    check_body_bytes(message.body, max_bytes=settings.message_body_max_bytes, loc=["body", "body"])
+    conversation_id = request.match_info["cid"]
+    sender_id = request[PRINCIPAL].user_id
+    async with request.app[POOL].acquire() as conn:
+        await _require_member(conn, conversation_id=conversation_id, user_id=sender_id)
+        try:
+            stored = await repo.store_message(
+                conn,
+                conversation_id=conversation_id,
+                message_id=message.message_id,
+                sender_id=sender_id,
+                body=message.body,
+            )
+        except repo.DuplicateMessageId:
+            raise Problem(
+                "DUPLICATE_MESSAGE_ID",
+                "A message with this message_id is already stored in the conversation.",
+            ) from None
+    return web.json_response(
+        {
+            "status": "stored",
+            "conversation_id": conversation_id,
+            "message_id": message.message_id,
+            "seq": stored["seq"],
+            "sent_at": format_timestamp(stored["sent_at"]),
+        }
+    )
+
+
+async def read_messages(request: web.Request) -> web.Response:
+    """``GET /v2/conversations/{cid}/messages?after_seq=&limit=``: one page of non-recalled messages.
+
+    ``next_after_seq`` is the last seq of the page when more messages followed it at read time, else null.
+    """
+    try:
+        page = MessagePageQuery.model_validate(dict(request.query))
+    except ValidationError as exc:
+        raise validation_failed(validation_errors(exc, prefix=("query",))) from None
+    conversation_id = request.match_info["cid"]
+    async with request.app[POOL].acquire() as conn:
+        await _require_member(conn, conversation_id=conversation_id, user_id=request[PRINCIPAL].user_id)
+        # One row more than asked tells whether another page exists without a second query.
+        rows = await repo.read_messages(
+            conn, conversation_id=conversation_id, after_seq=page.after_seq, limit=page.limit + 1
+        )
+    shown = rows[: page.limit]
+    more = len(rows) > page.limit
+    return web.json_response(
+        {
+            "messages": [message_json(row) for row in shown],
+            "next_after_seq": shown[-1]["seq"] if more else None,
+        }
+    )
+
+
+async def recall_message(request: web.Request) -> web.Response:
+    """``DELETE /v2/conversations/{cid}/messages/{message_id}``: the sender recalls; anyone else 404.
+
+    Only the sender counts, whether or not still a member (contract 4 names no other condition).
+    Recalling an already recalled message answers 200 again (idempotent DELETE).
+    """
+    conversation_id = request.match_info["cid"]
+    message_id = request.match_info["message_id"]
+    sender_id = request[PRINCIPAL].user_id
+    # Path segments that break the id rules cannot be stored (U+0000 would even fail in Postgres).
+    if not (is_valid_id(conversation_id) and _is_message_id(message_id)):
+        raise not_found()
+    async with request.app[POOL].acquire() as conn:
+        recalled = await repo.recall_message(
+            conn, conversation_id=conversation_id, message_id=message_id, sender_id=sender_id
+        )
+    if not recalled:
+        raise not_found()
+    log.info("message recalled", extra={"conversation_id": conversation_id, "sender_id": sender_id})
+    return web.json_response({"status": "recalled"})
+
+
+def _is_message_id(value: str) -> bool:
+    try:
+        _MESSAGE_ID.validate_python(value)
+    except ValidationError:
+        return False
+    return True
