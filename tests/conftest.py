@@ -5,6 +5,7 @@ test, and a moto server (S3 over real HTTP) per session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -57,13 +58,22 @@ async def template_db() -> AsyncIterator[str]:
     await _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@contextlib.asynccontextmanager
+async def cloned_database(template_db: str, prefix: str) -> AsyncIterator[str]:
+    """Yield the URL of a new clone of ``template_db`` named ``<prefix>_<hex>``; dropped on exit."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    await _admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        await _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 async def database_url(template_db: str) -> AsyncIterator[str]:
     """A fresh, migrated database for this test, dropped afterwards."""
-    name = f"chatexport_t_{uuid.uuid4().hex[:10]}"
-    await _admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield f"{PG_SERVER}/{name}"
-    await _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    async with cloned_database(template_db, "chatexport_t") as url:
+        yield url
 
 
 def make_settings(database_url: str, s3_endpoint_url: str, **overrides: Any) -> Settings:

@@ -4,10 +4,16 @@ client methods: the integration tests' ``TestClient`` or a ``ClientSession`` wit
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
+from services.janitor.main import serve as serve_janitor
+from services.relay.main import serve as serve_relay
+from services.worker.main import serve as serve_worker
+from shared.settings import Settings
 from tests.conftest import wait_for
 
 Headers = Callable[..., dict[str, str]]
@@ -60,3 +66,20 @@ def expected_file(messages: list[dict[str, Any]]) -> bytes:
     return b"".join(
         json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for message in messages
     )
+
+
+@asynccontextmanager
+async def running_pipeline(settings: Settings) -> AsyncIterator[None]:
+    """Relay, worker and janitor as tasks for the duration of the block (what the ``pipeline`` fixture runs for
+    a whole test; a test may instead start it once it has arranged the state the worker must find).
+    """
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(serve(settings, stop=stop), name=serve.__module__)
+        for serve in (serve_relay, serve_worker, serve_janitor)
+    ]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)

@@ -10,7 +10,7 @@ import pytest
 
 from shared.auth import mint_token
 from shared.settings import Settings
-from tests.conftest import AMQP_URL, PG_SERVER, _admin_execute
+from tests.conftest import AMQP_URL, cloned_database
 from tests.e2e.system import LocalSystem
 
 pytestmark = pytest.mark.e2e
@@ -19,10 +19,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="session")
 async def e2e_database(template_db: str) -> AsyncIterator[str]:
     """A migrated database for the e2e session."""
-    name = f"{template_db}_e2e"
-    await _admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield f"{PG_SERVER}/{name}"
-    await _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    async with cloned_database(template_db, "chatexport_e2e") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,9 @@ pipeline that a test starts only once it has arranged the state the worker must 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from graphlib import TopologicalSorter
 from typing import Any
 
@@ -17,11 +14,8 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient
 
-from services.janitor.main import serve as serve_janitor
-from services.relay.main import serve as serve_relay
-from services.worker.main import serve as serve_worker
 from shared.settings import Settings
-from tests.conftest import PG_SERVER
+from tests.conftest import cloned_database
 
 Client = TestClient[Any, Any]
 Auth = Callable[..., dict[str, str]]
@@ -59,21 +53,11 @@ FROM pg_constraint WHERE contype = 'f' AND connamespace = 'public'::regnamespace
 """
 
 
-async def _on_server(sql: str) -> None:
-    conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="module")
 async def module_database(template_db: str) -> AsyncIterator[str]:
     """One clone of the migrated template per test module (a clone costs a second or more on a busy server)."""
-    name = f"chatexport_m_{uuid.uuid4().hex[:10]}"
-    await _on_server(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield f"{PG_SERVER}/{name}"
-    await _on_server(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    async with cloned_database(template_db, "chatexport_m") as url:
+        yield url
 
 
 @pytest.fixture
@@ -163,20 +147,3 @@ async def objects_under(s3: Any, settings: Settings, operation_id: str) -> list[
     """Keys stored in the test's bucket under the operation's artifact prefix."""
     listing = await s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix=f"{settings.s3_prefix}{operation_id}/")
     return [item["Key"] for item in listing.get("Contents", [])]
-
-
-@asynccontextmanager
-async def running_pipeline(settings: Settings) -> AsyncIterator[None]:
-    """Relay, worker and janitor as tasks for the duration of the block (the ``pipeline`` fixture, started
-    at a moment the test chooses).
-    """
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(serve(settings, stop=stop), name=serve.__module__)
-        for serve in (serve_relay, serve_worker, serve_janitor)
-    ]
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)

@@ -14,7 +14,15 @@ import pytest
 from services.janitor.janitor import Janitor
 from shared.settings import Settings
 from tests.conftest import wait_for
-from tests.helpers import expected_file, import_lines, make_conversation, read_all, submit, wait_terminal
+from tests.helpers import (
+    expected_file,
+    import_lines,
+    make_conversation,
+    read_all,
+    running_pipeline,
+    submit,
+    wait_terminal,
+)
 from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
     GUESSED_ID,
     NDJSON,
@@ -27,7 +35,6 @@ from tests.integration.exports_support import (  # noqa: F401 - database_url and
     module_database,
     objects_under,
     operation_state,
-    running_pipeline,
 )
 
 pytestmark = pytest.mark.integration
