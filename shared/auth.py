@@ -66,6 +66,10 @@ class TokenVerifier:
 
 
 def _principal(claims: dict[str, object]) -> Principal:
+    exp = claims.get("exp")
+    # PyJWT casts a numeric string; RFC 7519 makes exp a NumericDate, so anything else is malformed.
+    if not isinstance(exp, int | float) or isinstance(exp, bool):
+        raise InvalidToken("bad exp")
     sub = claims.get("sub")
     if not isinstance(sub, str) or not is_valid_id(sub):
         raise InvalidToken("bad sub")

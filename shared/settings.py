@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"
+MIN_JWT_SECRET_BYTES = 32
 
 
 class Settings(BaseSettings):
@@ -62,6 +63,8 @@ class Settings(BaseSettings):
     operation_retention_seconds: int = Field(30 * 24 * 3600, ge=1)
     result_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)
     max_active_exports: int = Field(5, ge=1)
+    download_concurrency: int = Field(32, ge=1)
+    download_write_timeout_seconds: float = Field(30.0, gt=0)
 
     lease_seconds: float = Field(30.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)
@@ -79,13 +82,18 @@ class Settings(BaseSettings):
     janitor_interval_seconds: float = Field(30.0, gt=0)
     janitor_requeue_after_seconds: float = Field(60.0, gt=0)
     janitor_batch_size: int = Field(500, ge=1)
+    janitor_orphan_grace_seconds: float = Field(900.0, ge=0)
 
     shutdown_grace_seconds: float = Field(20.0, ge=0)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Settings:
-        if self.environment != "development" and self.jwt_secret == PLACEHOLDER_JWT_SECRET:
-            raise ValueError("CHATEXPORT_JWT_SECRET is the development placeholder; set a real secret")
+        if self.environment != "development" and self.jwt_public_key is None:
+            if self.jwt_secret == PLACEHOLDER_JWT_SECRET:
+                raise ValueError("CHATEXPORT_JWT_SECRET is the development placeholder; set a real secret")
+            if len(self.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
+                # RFC 7518 3.2: an HS256 key must be at least as long as the hash output.
+                raise ValueError(f"CHATEXPORT_JWT_SECRET must be at least {MIN_JWT_SECRET_BYTES} bytes")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError("CHATEXPORT_HEARTBEAT_SECONDS must be shorter than CHATEXPORT_LEASE_SECONDS")
         if self.result_ttl_seconds > self.operation_retention_seconds:

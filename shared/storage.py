@@ -12,6 +12,9 @@ from botocore.exceptions import ClientError
 
 from shared.settings import Settings
 
+# Pooled S3 connections beyond the download cap, for uploads, verification and deletes.
+S3_SPARE_CONNECTIONS = 16
+
 
 def artifact_prefix(settings: Settings, operation_id: str) -> str:
     """Every object of one operation lives under ``<s3_prefix><operation_id>/``."""
@@ -29,7 +32,8 @@ async def s3_client(settings: Settings) -> AsyncIterator[Any]:
     config = AioConfig(
         connect_timeout=settings.s3_timeout_seconds,
         read_timeout=settings.s3_timeout_seconds,
-        max_pool_connections=32,
+        # Downloads hold a connection while a client reads; keep room for everything else.
+        max_pool_connections=settings.download_concurrency + S3_SPARE_CONNECTIONS,
         retries={"max_attempts": 2, "mode": "standard"},
         s3={"addressing_style": "path"},
     )

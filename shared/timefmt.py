@@ -13,15 +13,27 @@ def format_timestamp(value: datetime | None) -> str | None:
     if value is None:
         return None
     utc = value.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    # The year by hand: strftime("%Y") does not zero-pad years before 1000 on glibc.
+    return f"{utc.year:04d}-" + utc.strftime("%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+# Accepted years, in UTC. Postgres stores the extremes of Python's range as -infinity/infinity, which
+# no timestamp string can show, and RFC 3339 has four-digit years.
+MIN_YEAR, MAX_YEAR = 1000, 9999
 
 
 def parse_timestamp(text: str) -> datetime:
-    """Parse an RFC 3339 timestamp with an offset or ``Z``, truncated to milliseconds.
+    """Parse an RFC 3339 timestamp with an offset or ``Z``, truncated to milliseconds, in UTC.
 
-    Raises ``ValueError`` for anything else, including a timestamp without a zone.
+    Raises ``ValueError`` for anything else: no zone, or a UTC year outside ``MIN_YEAR``..``MAX_YEAR``.
     """
     value = datetime.fromisoformat(text)
     if value.tzinfo is None:
         raise ValueError("timestamp needs a zone offset or Z")
-    return value.astimezone(UTC).replace(microsecond=value.microsecond // 1000 * 1000)
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("timestamp out of range") from None
+    if not MIN_YEAR <= utc.year <= MAX_YEAR:
+        raise ValueError(f"timestamp year must be {MIN_YEAR}-{MAX_YEAR} in UTC")
+    return utc.replace(microsecond=utc.microsecond // 1000 * 1000)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from services.api.keys import POOL, S3, SETTINGS, VERIFIER
+from services.api.keys import DOWNLOAD_SLOTS, POOL, S3, SETTINGS, VERIFIER
 from services.api.middlewares import auth_middleware, error_middleware
 from services.api.routes import setup_routes
 from shared.auth import TokenVerifier
@@ -41,6 +42,7 @@ def init_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[VERIFIER] = TokenVerifier(settings)
+    app[DOWNLOAD_SLOTS] = asyncio.Semaphore(settings.download_concurrency)
     app.cleanup_ctx.append(_pg_context)
     app.cleanup_ctx.append(_s3_context)
     setup_routes(app)

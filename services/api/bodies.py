@@ -56,6 +56,9 @@ def parse_json(raw: bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise Problem("MALFORMED_JSON", f"The body is not JSON: {exc.msg} at position {exc.pos}.") from None
+    except (RecursionError, ValueError):
+        # Nesting deeper than the parser's recursion limit, or an integer of thousands of digits.
+        raise Problem("MALFORMED_JSON", "The body is JSON nested too deeply or with a number too long.") from None
 
 
 async def read_model(request: web.Request, model: type[ModelT], *, max_bytes: int, allow_empty: bool = False) -> ModelT:
@@ -83,4 +86,12 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
 
 def validation_errors(exc: ValidationError, *, prefix: tuple[Any, ...] = ("body",)) -> list[dict[str, Any]]:
     """Pydantic errors as the contract's ``[{"loc": [...], "msg": "..."}]``, without the offending input."""
-    return [{"loc": [*prefix, *error["loc"]], "msg": error["msg"]} for error in exc.errors()]
+    return [{"loc": [*prefix, *error["loc"]], "msg": _message(error)} for error in exc.errors()]
+
+
+def _message(error: Any) -> str:
+    # pydantic's wording for these names its own classes ("instance of ExportSubmission") or prefixes
+    # "Value error, "; say what the client must send instead.
+    if error["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        return "Input should be a JSON object"
+    return str(error["msg"]).removeprefix("Value error, ")

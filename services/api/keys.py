@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -14,6 +15,8 @@ SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 VERIFIER = web.AppKey("verifier", TokenVerifier)
 S3 = web.AppKey("s3", object)  # an aiobotocore S3 client; typed loosely because botocore is dynamic
+# Bounds the downloads streaming at once in this process (settings.download_concurrency).
+DOWNLOAD_SLOTS = web.AppKey("download_slots", asyncio.Semaphore)
 PRINCIPAL = web.RequestKey("principal", Principal)
 
 

@@ -31,6 +31,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except Problem as problem:
         return problem.response()
+    except ConnectionResetError:
+        # The client went away mid-request: not a fault of ours. The answer reaches nobody; aiohttp only
+        # logs the access instead of an error with a traceback.
+        log.info("client disconnected", extra={"route": request.path})
+        return Problem("BAD_REQUEST", "The client disconnected.").response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -43,7 +48,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 def _from_http_exception(exc: web.HTTPException) -> Problem:
     code = _HTTP_CODES.get(exc.status, "BAD_REQUEST" if exc.status < 500 else "INTERNAL")
     headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-    detail = "No such route." if exc.status == 404 else (exc.reason or "Request refused.")
+    if exc.status == 404:
+        detail = "No such route."
+    elif headers:
+        detail = f"This route does not answer this method; it allows {headers['Allow']}."
+    else:
+        detail = exc.reason or "Request refused."
     return Problem(code, detail, headers=headers)
 
 

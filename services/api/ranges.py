@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SINGLE_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+# ASCII digits only: \d would also match other scripts' digits.
+_SINGLE_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
+# Larger than any file; longer digit strings are read as this instead of as a huge int.
+_BEYOND_ANY_FILE = 10**18
 
 
 class RangeNotSatisfiable(Exception):
@@ -45,14 +48,18 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
         return None
     first_text, last_text = match.groups()
     if first_text == "":
-        suffix = int(last_text)
+        suffix = _position(last_text)
         if suffix == 0 or size == 0:
             raise RangeNotSatisfiable
         return ByteRange(max(0, size - suffix), size - 1, size)
-    first = int(first_text)
-    last = size - 1 if last_text == "" else min(int(last_text), size - 1)
-    if int(first_text) > (int(last_text) if last_text else first):
+    first = _position(first_text)
+    last = None if last_text == "" else _position(last_text)
+    if last is not None and last < first:
         return None  # last < first is invalid syntax: ignore the header
     if first >= size:
         raise RangeNotSatisfiable
-    return ByteRange(first, last, size)
+    return ByteRange(first, size - 1 if last is None else min(last, size - 1), size)
+
+
+def _position(digits: str) -> int:
+    return int(digits) if len(digits) <= 18 else _BEYOND_ANY_FILE

@@ -15,6 +15,7 @@ from pydantic import (
     StrictStr,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from shared.ids import ID_PATTERN
 from shared.timefmt import parse_timestamp
@@ -50,7 +51,9 @@ def _rfc3339(value: object) -> datetime:
     try:
         return parse_timestamp(value)
     except ValueError:
-        raise ValueError("must be an RFC 3339 timestamp with a zone, e.g. 2026-11-30T08:00:00.000Z") from None
+        raise ValueError(
+            "must be an RFC 3339 timestamp with a zone and a year from 1000 to 9999, e.g. 2026-11-30T08:00:00.000Z"
+        ) from None
 
 
 def _digits(value: object) -> object:
@@ -81,11 +84,10 @@ class ExportSubmission(StrictModel):
 
     @model_validator(mode="after")
     def _range_not_empty_by_construction(self) -> ExportSubmission:
-        # Contract 5.1 applies the rule "when both are given": {"before_seq": 1} alone is a valid, empty range.
-        if self.before_seq is None or "after_seq" not in self.model_fields_set:
-            return self
-        if not self.after_seq < self.before_seq - 1:
-            raise ValueError("after_seq must be less than before_seq - 1")
+        # Checked after defaults, so {"before_seq": 1} and {"before_seq": 1, "after_seq": 0}, which are the
+        # same canonical request (5.1), are judged alike: both describe an empty range.
+        if self.before_seq is not None and not self.after_seq < self.before_seq - 1:
+            raise PydanticCustomError("seq_range", "after_seq must be less than before_seq - 1")
         return self
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ class PassReport:
     purged: int = 0
     requeued: int = 0
     cancellations_finished: int = 0
+    stale_artifacts_removed: int = 0
     outbox_rows_deleted: int = 0
 
 
@@ -46,6 +48,7 @@ class Janitor:
             expired=await self.expire_results(),
             requeued=await self.requeue_stranded(),
             cancellations_finished=await self.finish_abandoned_cancellations(),
+            stale_artifacts_removed=await self.remove_stale_artifacts(),
         )
         async with self._pool.acquire() as conn:
             report.purged = await repo.purge(
@@ -97,24 +100,38 @@ class Janitor:
                     log.info("cancellation finished by the janitor", extra={"operation_id": row["operation_id"]})
         return finished
 
+    async def remove_stale_artifacts(self) -> int:
+        """Remove recorded artifacts that can never be published (a crashed or superseded attempt's
+        object or open upload) once untouched for ``janitor_orphan_grace_seconds``; return how many.
+        """
+        async with self._pool.acquire() as conn:
+            stale = await repo.stale_artifacts(
+                conn, grace_seconds=self._settings.janitor_orphan_grace_seconds, limit=self._settings.janitor_batch_size
+            )
+        removed = [await self._remove_artifact(artifact) for artifact in stale]
+        return sum(removed)
+
     async def remove_artifacts(self, operation_id: str) -> bool:
         """Delete every object and abort every upload recorded for ``operation_id``; True if all went."""
         async with self._pool.acquire() as conn:
             artifacts = await repo.unremoved_artifacts(conn, operation_id=operation_id)
-        removed_all = True
-        for artifact in artifacts:
-            try:
-                await self._remove_object(artifact["object_key"], artifact["upload_id"])
-            except Exception:
-                log.warning(
-                    "could not remove artifact",
-                    extra={"operation_id": operation_id, "key": artifact["object_key"]},
-                )
-                removed_all = False
-                continue
-            async with self._pool.acquire() as conn:
-                await repo.mark_artifact_deleted(conn, operation_id=operation_id, generation=artifact["generation"])
-        return removed_all
+        removed = [await self._remove_artifact({"operation_id": operation_id, **artifact}) for artifact in artifacts]
+        return all(removed)
+
+    async def _remove_artifact(self, artifact: Mapping[str, Any]) -> bool:
+        try:
+            await self._remove_object(artifact["object_key"], artifact["upload_id"])
+        except Exception:
+            log.warning(
+                "could not remove artifact",
+                extra={"operation_id": artifact["operation_id"], "key": artifact["object_key"]},
+            )
+            return False
+        async with self._pool.acquire() as conn:
+            await repo.mark_artifact_deleted(
+                conn, operation_id=artifact["operation_id"], generation=artifact["generation"]
+            )
+        return True
 
     async def _remove_object(self, key: str, upload_id: str | None) -> None:
         bucket = self._settings.s3_bucket

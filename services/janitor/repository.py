@@ -44,6 +44,26 @@ async def unremoved_artifacts(conn: asyncpg.Connection, *, operation_id: str) ->
     return rows
 
 
+async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, limit: int) -> list[asyncpg.Record]:
+    """Artifacts that can never be published, untouched for ``grace_seconds``: a newer generation holds
+    their operation, or it ended without them. Returns (operation_id, generation, object_key, upload_id).
+    """
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        SELECT a.operation_id, a.generation, a.object_key, a.upload_id
+        FROM artifacts a JOIN operations o USING (operation_id)
+        WHERE a.state IN ('WRITING', 'COMPLETE')
+          AND a.updated_at < now() - make_interval(secs => $1)
+          AND (a.generation < o.generation
+               OR o.state IN ('SUCCEEDED', 'CANCELED', 'FAILED', 'FAILED_REPAIR', 'EXPIRED'))
+        ORDER BY a.updated_at LIMIT $2
+        """,
+        grace_seconds,
+        limit,
+    )
+    return rows
+
+
 async def mark_artifact_deleted(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> None:
     """Record that the artifact's object and upload are gone."""
     await conn.execute(

@@ -4,12 +4,15 @@ Postgres, RabbitMQ and a moto server, driven over HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 
+from services.api.app import init_app
+from tests.conftest import wait_for
 from tests.helpers import (
     Headers,
     expected_file,
@@ -66,3 +69,54 @@ async def test_range_boundaries_and_empty_range(api: TestClient[Any, Any], auth:
         content = await (await api.get(operation["result"]["url"], headers=auth("alice"))).read()
         assert content == expected_file([m for m in all_messages if m["seq"] in seqs])
         assert operation["result"]["message_count"] == len(seqs)
+
+
+async def test_a_result_lost_from_storage_is_a_503_not_a_crash(
+    api: TestClient[Any, Any], auth: Headers, pipeline: None, s3: Any, settings: Any
+) -> None:
+    await make_conversation(api, auth, "c-lost", ["alice"])
+    await import_lines(api, auth, "c-lost", [{"message_id": "m1", "sender_id": "alice", "body": "x"}])
+    response = await submit(api, auth, "alice", "c-lost", {"format": "jsonl"}, "lost-1")
+    operation = await wait_terminal(api, auth, "alice", response.headers["Location"])
+    assert operation["state"] == "SUCCEEDED"
+    listed = await s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix=settings.s3_prefix)
+    for item in listed["Contents"]:
+        await s3.delete_object(Bucket=settings.s3_bucket, Key=item["Key"])
+
+    download = await api.get(operation["result"]["url"], headers=auth("alice"))
+    assert download.status == 503
+    assert download.headers["Retry-After"] == "30"
+    assert (await download.json())["code"] == "SERVICE_UNAVAILABLE"
+
+
+async def test_stalled_downloads_are_capped_and_cut_off(
+    api: TestClient[Any, Any], auth: Headers, pipeline: None, settings: Any
+) -> None:
+    await make_conversation(api, auth, "c-slow", ["alice"])
+    body = "x" * 60_000
+    await import_lines(
+        api, auth, "c-slow", [{"message_id": f"m{n}", "sender_id": "alice", "body": body} for n in range(300)]
+    )
+    response = await submit(api, auth, "alice", "c-slow", {"format": "jsonl"}, "slow-1")
+    operation = await wait_terminal(api, auth, "alice", response.headers["Location"])
+    assert operation["result"]["size_bytes"] > 16_000_000  # far more than socket buffers hold
+
+    strict = settings.model_copy(update={"download_concurrency": 1, "download_write_timeout_seconds": 1.0})
+    async with TestClient(TestServer(init_app(strict))) as capped:
+        # A client that asks for the file and never reads it.
+        reader, writer = await asyncio.open_connection(capped.host, capped.port)
+        token = auth("alice")["Authorization"]
+        writer.write(f"GET {operation['result']['url']} HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\n\r\n".encode())
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+
+        busy = await capped.get(operation["result"]["url"], headers=auth("alice"))
+        assert busy.status == 503
+        assert busy.headers["Retry-After"] == "5"
+
+        async def served() -> bool:
+            attempt = await capped.get(operation["result"]["url"], headers={**auth("alice"), "Range": "bytes=0-9"})
+            return attempt.status == 206 and await attempt.read() == b'{"conversa'[:10]
+
+        assert await wait_for(served, timeout=30)
+        writer.close()

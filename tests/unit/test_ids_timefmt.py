@@ -98,8 +98,15 @@ def test_production_refuses_the_placeholder_secret() -> None:
 
 
 def test_production_starts_with_a_real_secret_and_development_with_the_placeholder() -> None:
-    assert Settings(environment="production", jwt_secret="a-real-secret-from-the-vault").environment == "production"
+    real = "a-real-secret-from-the-vault-32-bytes-or-more"
+    assert Settings(environment="production", jwt_secret=real).environment == "production"
     assert Settings().jwt_secret == PLACEHOLDER_JWT_SECRET
+
+
+def test_production_refuses_a_secret_shorter_than_32_bytes() -> None:
+    with pytest.raises(ValidationError, match="at least 32 bytes"):
+        Settings(environment="production", jwt_secret="x" * 31)
+    assert Settings(environment="production", jwt_secret="x" * 32).jwt_secret == "x" * 32
 
 
 def test_production_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,13 +22,19 @@ from services.api.representation import next_poll_after_seconds
         ("bytes=-", None),
         ("bytes=9-3", None),
         ("bytes=a-b", None),
+        ("bytes=\u0661-\u0662", None),
+        ("bytes=0-" + "9" * 5000, ByteRange(0, 99, 100)),
+        ("bytes=-" + "9" * 5000, ByteRange(0, 99, 100)),
     ],
 )
 def test_parse_range(header: str | None, expected: ByteRange | None) -> None:
     assert parse_range(header, 100) == expected
 
 
-@pytest.mark.parametrize(("header", "size"), [("bytes=100-", 100), ("bytes=-0", 100), ("bytes=0-", 0), ("bytes=-3", 0)])
+@pytest.mark.parametrize(
+    ("header", "size"),
+    [("bytes=100-", 100), ("bytes=-0", 100), ("bytes=0-", 0), ("bytes=-3", 0), ("bytes=" + "9" * 5000 + "-", 100)],
+)
 def test_unsatisfiable_ranges(header: str, size: int) -> None:
     with pytest.raises(RangeNotSatisfiable):
         parse_range(header, size)

@@ -200,52 +200,62 @@ async def read_messages(
     return rows
 
 
+# Lines stored by one statement of an import; a transaction holds all of a request's chunks.
+IMPORT_CHUNK_ROWS = 5000
+
+_IMPORT_CHUNK_SQL = """
+WITH batch AS (
+    SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::timestamptz[])
+        WITH ORDINALITY AS line (message_id, sender_id, body, sent_at, line_no)
+), first_seen AS (
+    SELECT DISTINCT ON (message_id) * FROM batch ORDER BY message_id, line_no
+), fresh AS (
+    SELECT f.*, row_number() OVER (ORDER BY f.line_no) AS position
+    FROM first_seen f
+    WHERE NOT EXISTS (
+        SELECT 1 FROM messages m WHERE m.conversation_id = $1 AND m.message_id = f.message_id
+    )
+), stored AS (
+    INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)
+    SELECT $1, $2 + position, message_id, sender_id, body,
+           coalesce(sent_at, date_trunc('milliseconds', now()))
+    FROM fresh ORDER BY position
+    RETURNING 1
+)
+UPDATE conversations SET last_seq = $2 + (SELECT count(*) FROM stored)
+WHERE conversation_id = $1
+RETURNING last_seq - $2
+"""
+
+
 async def import_messages(
     conn: asyncpg.Connection, *, conversation_id: str, lines: Sequence[ImportLine]
 ) -> ImportResult:
     """Store ``lines`` with seqs in line order, skipping message_ids already stored (contract 4).
 
     A message_id repeated within ``lines`` is stored at its first occurrence and skipped after. A line
-    without ``sent_at`` gets the database's ``now()`` cut to milliseconds. Set-based: one INSERT for the
-    whole batch. Raises ``ConversationNotFound``; nothing is stored then.
+    without ``sent_at`` gets the database's ``now()`` cut to milliseconds. Set-based: one INSERT per
+    ``IMPORT_CHUNK_ROWS`` lines, all in one transaction. Raises ``ConversationNotFound``; nothing is stored then.
     """
+    imported = 0
     async with conn.transaction():
         last_seq = await conn.fetchval(
             "SELECT last_seq FROM conversations WHERE conversation_id = $1 FOR UPDATE", conversation_id
         )
         if last_seq is None:
             raise ConversationNotFound(conversation_id)
-        # Under the row lock no other writer can add ids to this conversation, and this statement's
-        # snapshot is taken after the lock was granted, so the NOT EXISTS filter sees every stored id.
-        imported: int = await conn.fetchval(
-            """
-            WITH batch AS (
-                SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::timestamptz[])
-                    WITH ORDINALITY AS line (message_id, sender_id, body, sent_at, line_no)
-            ), first_seen AS (
-                SELECT DISTINCT ON (message_id) * FROM batch ORDER BY message_id, line_no
-            ), fresh AS (
-                SELECT f.*, row_number() OVER (ORDER BY f.line_no) AS position
-                FROM first_seen f
-                WHERE NOT EXISTS (
-                    SELECT 1 FROM messages m WHERE m.conversation_id = $1 AND m.message_id = f.message_id
-                )
-            ), stored AS (
-                INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)
-                SELECT $1, $2 + position, message_id, sender_id, body,
-                       coalesce(sent_at, date_trunc('milliseconds', now()))
-                FROM fresh ORDER BY position
-                RETURNING 1
+        # Under the row lock no other writer can add ids to this conversation, and each statement's
+        # snapshot is taken after the lock was granted (and after the previous chunk), so the NOT EXISTS
+        # filter sees every stored id. Chunks keep each statement well inside the statement timeout.
+        for start in range(0, len(lines), IMPORT_CHUNK_ROWS):
+            chunk = lines[start : start + IMPORT_CHUNK_ROWS]
+            imported += await conn.fetchval(
+                _IMPORT_CHUNK_SQL,
+                conversation_id,
+                last_seq + imported,
+                [line.message_id for line in chunk],
+                [line.sender_id for line in chunk],
+                [line.body for line in chunk],
+                [line.sent_at for line in chunk],
             )
-            UPDATE conversations SET last_seq = $2 + (SELECT count(*) FROM stored)
-            WHERE conversation_id = $1
-            RETURNING last_seq - $2
-            """,
-            conversation_id,
-            last_seq,
-            [line.message_id for line in lines],
-            [line.sender_id for line in lines],
-            [line.body for line in lines],
-            [line.sent_at for line in lines],
-        )
     return ImportResult(imported=imported, skipped=len(lines) - imported)

@@ -16,6 +16,7 @@ from services.api.bodies import read_limited, read_model, validation_errors
 from services.api.keys import POOL, SETTINGS
 from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import messages as repo
+from services.api.responses import json_response
 from services.api.schemas import ImportedMessage, MemberSet
 from services.api.views.messages import check_body_bytes
 from shared.ids import is_valid_id
@@ -91,7 +92,7 @@ async def import_messages(request: web.Request) -> web.Response:
         "messages imported",
         extra={"conversation_id": conversation_id, "imported": result.imported, "skipped": result.skipped},
     )
-    return web.json_response({"imported": result.imported, "skipped": result.skipped})
+    return json_response({"imported": result.imported, "skipped": result.skipped})
 
 
 def _parse_lines(raw: bytes, *, body_max_bytes: int) -> list[ImportedMessage]:

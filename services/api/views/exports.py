@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from typing import Any
 
 import asyncpg
 from aiohttp import web
+from botocore.exceptions import BotoCoreError, ClientError
 
 from services.api.bodies import read_model
 from services.api.idempotency import HEADER, parse_idempotency_key
-from services.api.keys import POOL, PRINCIPAL, SETTINGS, s3_client
+from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
 from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.repository import operations as repo
@@ -70,27 +74,38 @@ _STATE_REFUSALS: dict[str, tuple[str, str]] = {
 async def download_result(request: web.Request) -> web.StreamResponse:
     """``GET /v3/exports/{id}/result``: checks of contract 5.5, then the file streamed from S3.
 
-    Every attempt, granted or refused, is recorded as an access event.
+    Every attempt is recorded as an access event: ``GRANTED`` once the file is open, else the refusal's
+    code. At most ``download_concurrency`` downloads stream at once per process (503 beyond), and a client
+    that accepts no data for ``download_write_timeout_seconds`` is cut off, so slow readers cannot hold
+    every S3 connection.
     """
     operation_id = request.match_info["operation_id"]
     user_id = request[PRINCIPAL].user_id
-    async with request.app[POOL].acquire() as conn:
-        try:
+    slots = request.app[DOWNLOAD_SLOTS]
+    try:
+        async with request.app[POOL].acquire() as conn:
             row = await _authorize_download(conn, operation_id=operation_id, user_id=user_id)
-        except Problem as refusal:
-            # The id as requested; a U+0000, which Postgres text cannot hold, is stored as U+FFFD.
-            await repo.record_access_event(
-                conn,
-                operation_id=operation_id.replace("\x00", "\ufffd"),
-                user_id=user_id,
-                action="download",
-                outcome=refusal.code,
+        byte_range = _requested_range(request, row["result_size_bytes"])
+        if slots.locked():
+            raise Problem(
+                "SERVICE_UNAVAILABLE", "Too many downloads right now; try again soon.", headers={"Retry-After": "5"}
             )
-            raise
+        await slots.acquire()
+    except Problem as refusal:
+        # The id as requested; a U+0000, which Postgres text cannot hold, is stored as U+FFFD.
+        await _record_access(request, operation_id.replace("\x00", "\ufffd"), user_id, refusal.code)
+        raise
+    try:
+        return await _send_result(request, row, byte_range)
+    finally:
+        slots.release()
+
+
+async def _record_access(request: web.Request, operation_id: str, user_id: str, outcome: str) -> None:
+    async with request.app[POOL].acquire() as conn:
         await repo.record_access_event(
-            conn, operation_id=operation_id, user_id=user_id, action="download", outcome="GRANTED"
+            conn, operation_id=operation_id, user_id=user_id, action="download", outcome=outcome
         )
-    return await _stream_result(request, row)
 
 
 async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, user_id: str) -> asyncpg.Record:
@@ -109,33 +124,66 @@ async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, us
     return row
 
 
-async def _stream_result(request: web.Request, row: asyncpg.Record) -> web.StreamResponse:
-    size = row["result_size_bytes"]
+def _requested_range(request: web.Request, size: int) -> ByteRange | None:
     try:
-        byte_range = parse_range(request.headers.get("Range"), size)
+        return parse_range(request.headers.get("Range"), size)
     except RangeNotSatisfiable:
         raise Problem(
             "RANGE_NOT_SATISFIABLE",
             "The requested range is outside the file.",
             headers={"Content-Range": f"bytes */{size}"},
         ) from None
+
+
+async def _send_result(request: web.Request, row: asyncpg.Record, byte_range: ByteRange | None) -> web.StreamResponse:
+    user_id, operation_id = request[PRINCIPAL].user_id, row["operation_id"]
+    length = byte_range.length if byte_range else row["result_size_bytes"]
+    try:
+        body = await _open_result(request, row["result_key"], byte_range) if length else None
+    except Problem as refusal:
+        await _record_access(request, operation_id, user_id, refusal.code)
+        raise
     response = web.StreamResponse(status=206 if byte_range else 200, headers=_download_headers(row, byte_range))
-    response.content_length = byte_range.length if byte_range else size
-    settings = request.app[SETTINGS]
-    arguments = {"Bucket": settings.s3_bucket, "Key": row["result_key"]}
-    if byte_range:
-        arguments["Range"] = byte_range.s3_range()
-    if response.content_length == 0:
+    response.content_length = length
+    async with body if body is not None else contextlib.nullcontext():
+        await _record_access(request, operation_id, user_id, "GRANTED")
         await response.prepare(request)
-        await response.write_eof()
-        return response
-    s3_object = await s3_client(request.app).get_object(**arguments)
-    async with s3_object["Body"] as stream:
-        await response.prepare(request)
-        async for chunk in stream.iter_chunks(DOWNLOAD_CHUNK_BYTES):
-            await response.write(chunk)
+        if body is not None and not await _copy(request, body, response):
+            return response  # the connection is closed; aiohttp only logs the access
     await response.write_eof()
     return response
+
+
+async def _copy(request: web.Request, body: Any, response: web.StreamResponse) -> bool:
+    """Stream ``body`` into ``response``; False when the client went away or stopped reading in time."""
+    timeout = request.app[SETTINGS].download_write_timeout_seconds
+    async for chunk in body.iter_chunks(DOWNLOAD_CHUNK_BYTES):
+        try:
+            await asyncio.wait_for(response.write(chunk), timeout)
+        except (TimeoutError, ConnectionError):
+            log.info("download cut off: the client went away or stopped reading", extra={"route": request.path})
+            if request.transport is not None:
+                request.transport.close()
+            return False
+    return True
+
+
+async def _open_result(request: web.Request, key: str, byte_range: ByteRange | None) -> Any:
+    arguments = {"Bucket": request.app[SETTINGS].s3_bucket, "Key": key}
+    if byte_range:
+        arguments["Range"] = byte_range.s3_range()
+    try:
+        s3_object = await s3_client(request.app).get_object(**arguments)
+    except (ClientError, BotoCoreError) as exc:
+        # SUCCEEDED promises the file; if storage cannot give it (unreachable, or the object lost
+        # outside our control) the client can only retry later.
+        log.error("result unreadable", extra={"key": key, "error": type(exc).__name__})
+        raise Problem(
+            "SERVICE_UNAVAILABLE",
+            "The result file cannot be read from storage right now; try again later.",
+            headers={"Retry-After": "30"},
+        ) from None
+    return s3_object["Body"]
 
 
 def _download_headers(row: asyncpg.Record, byte_range: ByteRange | None) -> dict[str, str]:

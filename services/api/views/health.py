@@ -10,6 +10,7 @@ from aiohttp import web
 from services.api.keys import POOL
 from services.api.problems import Problem
 from services.api.repository.health import ping
+from services.api.responses import json_response
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,7 @@ READY_TIMEOUT_SECONDS = 2.0
 
 async def healthz(request: web.Request) -> web.Response:
     """``GET /healthz``: 200 while the process serves requests; checks no dependency."""
-    return web.json_response({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -32,4 +33,4 @@ async def readyz(request: web.Request) -> web.Response:
         # left in a broken state by a terminated backend) means the same thing: not ready.
         log.warning("not ready: database unavailable", extra={"error": type(exc).__name__})
         raise Problem("SERVICE_UNAVAILABLE", "The database is not reachable; try again later.") from None
-    return web.json_response({"status": "ready"})
+    return json_response({"status": "ready"})

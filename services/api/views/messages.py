@@ -17,6 +17,7 @@ from services.api.bodies import read_model, validation_errors
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import messages as repo
+from services.api.responses import json_response
 from services.api.schemas import MessageId, MessagePageQuery, MessageSubmission
 from shared.ids import is_valid_id
 from shared.timefmt import format_timestamp
@@ -71,7 +72,7 @@ async def send_message(request: web.Request) -> web.Response:
                 "DUPLICATE_MESSAGE_ID",
                 "A message with this message_id is already stored in the conversation.",
             ) from None
-    return web.json_response(
+    return json_response(
         {
             "status": "stored",
             "conversation_id": conversation_id,
@@ -100,7 +101,7 @@ async def read_messages(request: web.Request) -> web.Response:
         )
     shown = rows[: page.limit]
     more = len(rows) > page.limit
-    return web.json_response(
+    return json_response(
         {
             "messages": [message_json(row) for row in shown],
             "next_after_seq": shown[-1]["seq"] if more else None,
@@ -127,7 +128,7 @@ async def recall_message(request: web.Request) -> web.Response:
     if not recalled:
         raise not_found()
     log.info("message recalled", extra={"conversation_id": conversation_id, "sender_id": sender_id})
-    return web.json_response({"status": "recalled"})
+    return json_response({"status": "recalled"})
 
 
 def _is_message_id(value: str) -> bool:

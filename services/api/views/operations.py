@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -17,9 +17,11 @@ from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import operations as repo
 from services.api.representation import is_terminal, operation_url, represent
+from services.api.responses import json_response
 from services.api.schemas import CancelRequest
 from shared.ids import is_operation_id
 from shared.states import State
+from shared.timefmt import MAX_YEAR, MIN_YEAR
 
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -30,12 +32,7 @@ def operation_response(row: asyncpg.Record, *, status: int = 200, **headers: str
     all_headers = {**NO_STORE, **headers}
     if not is_terminal(row):
         all_headers["Retry-After"] = str(body["next_poll_after_seconds"])
-    return web.Response(
-        status=status,
-        body=json.dumps(body, ensure_ascii=False).encode(),
-        content_type="application/json",
-        headers=all_headers,
-    )
+    return json_response(body, status=status, headers=all_headers)
 
 
 async def get_operation(request: web.Request) -> web.Response:
@@ -79,7 +76,7 @@ async def list_operations(request: web.Request) -> web.Response:
         "operations": [represent(row) for row in page],
         "next_cursor": _encode_cursor(page[-1]) if more else None,
     }
-    return web.json_response(body, headers=NO_STORE, dumps=lambda obj: json.dumps(obj, ensure_ascii=False))
+    return json_response(body, headers=NO_STORE)
 
 
 def _encode_cursor(row: asyncpg.Record) -> str:
@@ -95,8 +92,11 @@ def _decode_cursor(cursor: str | None) -> tuple[datetime, str] | None:
         created, operation_id = json.loads(raw)
         if not (isinstance(operation_id, str) and is_operation_id(operation_id)):
             raise ValueError("not an operation id")
-        return datetime.fromisoformat(created), operation_id
-    except (binascii.Error, ValueError, TypeError):
+        created_at = datetime.fromisoformat(created)
+        if created_at.tzinfo is None or not MIN_YEAR <= created_at.astimezone(UTC).year <= MAX_YEAR:
+            raise ValueError("not a creation time")
+        return created_at, operation_id
+    except (binascii.Error, ValueError, TypeError, OverflowError, RecursionError):
         raise validation_failed([{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}]) from None
 
 

@@ -1,0 +1,99 @@
+"""Input crafted to reach corners of the parsers: each gets a clear 4xx problem and changes nothing."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import asyncpg
+import pytest
+
+from tests.helpers import Headers, make_conversation, read_all
+
+pytestmark = pytest.mark.integration
+
+
+async def problem(response: Any, status: int, code: str) -> dict[str, Any]:
+    assert response.status == status, await response.text()
+    assert response.content_type == "application/problem+json"
+    body: dict[str, Any] = await response.json()
+    assert body["code"] == code, body
+    return body
+
+
+async def test_deeply_nested_or_huge_number_json_is_malformed(api: Any, auth: Headers, pool: asyncpg.Pool) -> None:
+    await make_conversation(api, auth, "c-h", ["alice"])
+    json_headers = {"Content-Type": "application/json"}
+    cases = [
+        (
+            "POST",
+            "/v3/conversations/c-h/exports",
+            b"[" * 1000,
+            {**auth("alice"), **json_headers, "Idempotency-Key": "k"},
+        ),
+        ("POST", "/v2/conversations/c-h/messages", b"[" * 4000, {**auth("alice"), **json_headers}),
+        (
+            "PUT",
+            "/admin/conversations/c-h",
+            b'{"members":' + b"9" * 5000 + b"}",
+            {**auth("root", admin=True), **json_headers},
+        ),
+    ]
+    for method, path, body, headers in cases:
+        await problem(await api.request(method, path, data=body, headers=headers), 400, "MALFORMED_JSON")
+    assert await pool.fetchval("SELECT count(*) FROM operations") == 0
+    assert await pool.fetchval("SELECT count(*) FROM messages") == 0
+    assert await pool.fetchval("SELECT count(*) FROM conversation_members WHERE conversation_id = 'c-h'") == 1
+
+
+@pytest.mark.parametrize(
+    "sent_at",
+    ["0001-01-01T00:00:00Z", "0999-06-01T12:00:00+01:00", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"],
+)
+async def test_timestamps_outside_four_digit_years_are_refused(
+    api: Any, auth: Headers, pool: asyncpg.Pool, sent_at: str
+) -> None:
+    await make_conversation(api, auth, "c-t", ["alice"])
+    line = {"message_id": "m1", "sender_id": "alice", "body": "x", "sent_at": sent_at}
+    response = await api.post(
+        "/admin/conversations/c-t/messages:import",
+        data=json.dumps(line).encode() + b"\n",
+        headers={**auth("root", admin=True), "Content-Type": "application/x-ndjson"},
+    )
+    body = await problem(response, 422, "VALIDATION_FAILED")
+    assert body["errors"][0]["loc"] == ["body", 1, "sent_at"]
+    assert await pool.fetchval("SELECT count(*) FROM messages") == 0
+
+
+async def test_the_earliest_accepted_year_prints_alike_everywhere(api: Any, auth: Headers) -> None:
+    await make_conversation(api, auth, "c-y", ["alice"])
+    line = {"message_id": "m1", "sender_id": "alice", "body": "x", "sent_at": "1000-01-01T00:30:00.5-01:00"}
+    response = await api.post(
+        "/admin/conversations/c-y/messages:import",
+        data=json.dumps(line).encode(),
+        headers={**auth("root", admin=True), "Content-Type": "application/x-ndjson"},
+    )
+    assert response.status == 200
+    assert [m["sent_at"] for m in await read_all(api, auth, "alice", "c-y")] == ["1000-01-01T01:30:00.500Z"]
+
+
+def cursor(payload: Any) -> str:
+    raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        cursor(["0001-01-01T00:00:00+14:00", "op_x"]),
+        cursor(["9999-12-31T23:59:59-14:00", "op_x"]),
+        cursor(["2026-11-30T08:00:00", "op_x"]),
+        cursor(b"[" * 4000),
+        cursor(["2026-11-30T08:00:00+00:00", "op\u0000x"]),
+    ],
+)
+async def test_forged_cursors_are_422(api: Any, auth: Headers, forged: str) -> None:
+    response = await api.get("/v3/operations", params={"cursor": forged}, headers=auth("alice"))
+    body = await problem(response, 422, "VALIDATION_FAILED")
+    assert body["errors"] == [{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}]

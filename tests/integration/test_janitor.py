@@ -1,0 +1,149 @@
+"""The janitor's passes on real Postgres and a moto server, with the state arranged row by row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.janitor.janitor import Janitor
+from shared.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+MIB = 1024 * 1024
+
+
+async def insert_operation(pool: asyncpg.Pool, operation_id: str, state: str, **columns: Any) -> None:
+    values = {"owner_id": "alice", "conversation_id": "c-a", "format": "jsonl", "state": state, **columns}
+    names = ", ".join(["operation_id", *values])
+    marks = ", ".join(f"${n}" for n in range(1, len(values) + 2))
+    await pool.execute(f"INSERT INTO operations ({names}) VALUES ({marks})", operation_id, *values.values())
+
+
+async def shift(pool: asyncpg.Pool, operation_id: str, column: str, interval: str) -> None:
+    """Set a time column of an operation to the database's now() plus ``interval``."""
+    await pool.execute(
+        f"UPDATE operations SET {column} = now() + $2::interval WHERE operation_id = $1", operation_id, interval
+    )
+
+
+async def insert_artifact(pool: asyncpg.Pool, operation_id: str, generation: int, state: str, **columns: Any) -> str:
+    key = f"exports/{operation_id}/g{generation}.jsonl"
+    await pool.execute(
+        "INSERT INTO artifacts (operation_id, generation, object_key, state, upload_id, updated_at)"
+        " VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))",
+        operation_id,
+        generation,
+        key,
+        state,
+        columns.get("upload_id"),
+        columns.get("updated_at"),
+    )
+    return key
+
+
+async def keys(s3: Any, settings: Settings) -> set[str]:
+    listing = await s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix="exports/")
+    return {item["Key"] for item in listing.get("Contents", [])}
+
+
+async def open_uploads(s3: Any, settings: Settings) -> set[str]:
+    listing = await s3.list_multipart_uploads(Bucket=settings.s3_bucket)
+    return {item["Key"] for item in listing.get("Uploads", [])}
+
+
+@pytest.fixture
+def janitor(pool: asyncpg.Pool, s3: Any, settings: Settings) -> Janitor:
+    return Janitor(pool=pool, s3=s3, settings=settings.model_copy(update={"janitor_orphan_grace_seconds": 60}))
+
+
+async def test_unpublishable_artifacts_are_removed_after_the_grace_period_and_nothing_else(
+    janitor: Janitor, pool: asyncpg.Pool, s3: Any, settings: Settings
+) -> None:
+    bucket = settings.s3_bucket
+    await insert_operation(pool, "op_done", "SUCCEEDED", generation=3, result_key="exports/op_done/g3.jsonl")
+    await insert_operation(pool, "op_running", "RUNNING", generation=1, lease_expires_at=None)
+    old = await pool.fetchval("SELECT now() - interval '2 minutes'")
+
+    superseded = await insert_artifact(pool, "op_done", 1, "COMPLETE", updated_at=old)
+    upload = await s3.create_multipart_upload(Bucket=bucket, Key="exports/op_done/g2.jsonl")
+    crashed = await insert_artifact(pool, "op_done", 2, "WRITING", upload_id=upload["UploadId"], updated_at=old)
+    published = await insert_artifact(pool, "op_done", 3, "PUBLISHED", updated_at=old)
+    fresh = await insert_artifact(pool, "op_running", 0, "WRITING")  # superseded, but within the grace period
+    current = await insert_artifact(pool, "op_running", 1, "WRITING", updated_at=old)  # the live attempt's
+    for key in (superseded, published, fresh, current):
+        await s3.put_object(Bucket=bucket, Key=key, Body=b"{}\n")
+
+    assert await janitor.remove_stale_artifacts() == 2
+    assert await keys(s3, settings) == {published, fresh, current}
+    assert crashed not in await open_uploads(s3, settings)
+    states = dict(await pool.fetch("SELECT object_key, state FROM artifacts"))
+    assert states == {
+        superseded: "DELETED",
+        crashed: "DELETED",
+        published: "PUBLISHED",
+        fresh: "WRITING",
+        current: "WRITING",
+    }
+    assert await janitor.remove_stale_artifacts() == 0
+
+
+async def test_expired_results_lose_their_object_and_old_records_are_purged(
+    janitor: Janitor, pool: asyncpg.Pool, s3: Any, settings: Settings
+) -> None:
+    await insert_operation(pool, "op_old", "SUCCEEDED", generation=1, result_key="exports/op_old/g1.jsonl")
+    await pool.execute("UPDATE operations SET result_expires_at = now() - interval '1 second'")
+    key = await insert_artifact(pool, "op_old", 1, "PUBLISHED")
+    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"{}\n")
+    await pool.execute(
+        "INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, operation_id)"
+        " VALUES ('alice', 'k', 'f', 'op_old')"
+    )
+
+    assert await janitor.expire_results() == 1
+    assert await pool.fetchval("SELECT state FROM operations") == "EXPIRED"
+    assert await keys(s3, settings) == set()
+    assert await pool.fetchval("SELECT outcome FROM access_events WHERE action = 'delete_result'") == "EXPIRED"
+
+    report = await janitor.run_pass()
+    assert report.purged == 0  # younger than the record retention
+    await pool.execute("UPDATE operations SET created_at = now() - interval '31 days'")
+    assert (await janitor.run_pass()).purged == 1
+    assert await pool.fetchval("SELECT count(*) FROM operations") == 0
+    assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 0
+
+
+async def test_stranded_operations_get_one_new_wake_up(janitor: Janitor, pool: asyncpg.Pool) -> None:
+    await insert_operation(pool, "op_lease", "RUNNING", generation=1)
+    await pool.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
+    await insert_operation(pool, "op_live", "RUNNING", generation=1)
+    await pool.execute(
+        "UPDATE operations SET lease_expires_at = now() + interval '1 minute' WHERE operation_id = 'op_live'"
+    )
+    await insert_operation(pool, "op_lost", "QUEUED")
+    await pool.execute("UPDATE operations SET updated_at = now() - interval '2 minutes' WHERE operation_id = 'op_lost'")
+    await insert_operation(pool, "op_new", "QUEUED")
+
+    assert await janitor.requeue_stranded() == 2
+    woken = {row["operation_id"] for row in await pool.fetch("SELECT operation_id FROM outbox")}
+    assert woken == {"op_lease", "op_lost"}
+    assert await janitor.requeue_stranded() == 0  # a wake-up is already on its way
+
+
+async def test_abandoned_cancellations_are_finished_with_their_objects_removed(
+    janitor: Janitor, pool: asyncpg.Pool, s3: Any, settings: Settings
+) -> None:
+    await insert_operation(pool, "op_c", "CANCEL_REQUESTED", generation=1)
+    key = await insert_artifact(pool, "op_c", 1, "WRITING")
+    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"{}\n")
+    await insert_operation(pool, "op_held", "CANCEL_REQUESTED", generation=1)
+    await pool.execute(
+        "UPDATE operations SET lease_expires_at = now() + interval '1 minute' WHERE operation_id = 'op_held'"
+    )
+
+    assert await janitor.finish_abandoned_cancellations() == 1
+    states = dict(await pool.fetch("SELECT operation_id, state FROM operations"))
+    assert states == {"op_c": "CANCELED", "op_held": "CANCEL_REQUESTED"}
+    assert await keys(s3, settings) == set()
