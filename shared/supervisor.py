@@ -245,7 +245,7 @@ class _DevRun:
         """Stop the parts (SIGTERM; SIGKILL after the grace period, or at once on a second signal), then moto."""
         running = self.group.pids()
         if running:
-            self.console.say(f"stopping {', '.join(running)} (a second Ctrl-C kills them at once)")
+            self.console.say(f"stopping {', '.join(running)} (a second Ctrl-C or SIGTERM kills them at once)")
         self.signals.hurry_mode()
         try:
             codes = self.group.stop_all(timeout=self.settings.shutdown_grace_seconds + STOP_MARGIN_SECONDS)
@@ -364,7 +364,7 @@ while :; do
   case "$1" in
     SUCCEEDED) break ;;
     QUEUED|RUNNING|RETRY_AT|CANCEL_REQUESTED) sleep "$2" ;;
-    *) exit 1 ;;
+    *) curl -sS -H "$AUTH" "$API/v3/operations/$OP"; echo; exit 1 ;;
   esac
 done
 curl -sS -f -H "$AUTH" -o export.jsonl "$API/v3/exports/$OP/result"
