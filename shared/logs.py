@@ -10,6 +10,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 from shared.settings import Settings
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
@@ -38,10 +40,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+class RedactRequestParseErrors(logging.Filter):
+    """Strip the text of HTTP parser errors, which quotes the offending request line or header (a token,
+    say) verbatim; keep only the error's class name.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite ``record`` in place when it carries a parser error; never drop it."""
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.msg, record.args, record.exc_info = "bad HTTP request refused: %s", (type(error).__name__,), None
+        return True
+
+
 def configure_logging(settings: Settings, *, service: str) -> None:
     """Send every logger's records to stderr as JSON lines at ``settings.log_level``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))
+    handler.addFilter(RedactRequestParseErrors())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
