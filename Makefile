@@ -40,10 +40,10 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared services
+	$(BIN)/mypy shared services tests bench
 
 typecheck: install
-	$(BIN)/mypy shared services
+	$(BIN)/mypy shared services tests bench
 
 fmt: install
 	$(BIN)/ruff format .

@@ -110,7 +110,7 @@ async def test_same_key_with_another_request_is_409_reused_and_creates_nothing(
     assert first.status == 202
     original = await first.json()
 
-    others = [
+    others: list[tuple[str, dict[str, Any]]] = [
         ("c-a", {"format": "jsonl", "before_seq": 6}),
         ("c-a", {"format": "jsonl"}),
         ("c-a", {"format": "jsonl", "before_seq": 5, "after_seq": 1}),

@@ -46,7 +46,7 @@ def _tokens(settings: Settings) -> dict[str, str | None]:
         "expired": mint_token(settings, user_id="alice", ttl_seconds=-60),
         "badly signed": jwt.encode({"sub": "alice", "exp": now + 600}, "another-secret-of-32-bytes-or-more!", "HS256"),
         "without exp": jwt.encode({"sub": "alice"}, settings.jwt_secret, "HS256"),
-        "unsigned": jwt.encode({"sub": "alice", "exp": now + 600}, None, "none"),
+        "unsigned": jwt.encode({"sub": "alice", "exp": now + 600}, "", "none"),
         "not a jwt": "not-a-jwt",
     }
 

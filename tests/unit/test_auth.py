@@ -55,7 +55,7 @@ def test_a_minted_token_verifies_with_its_scopes() -> None:
         f"Bearer {token(valid_claims(sub=42))}",
         f"Bearer {token(valid_claims(scope=['admin']))}",
         f"Bearer {token(valid_claims(), key=SECRET * 2, algorithm='HS512')}",
-        f"Bearer {jwt.encode(valid_claims(), None, algorithm='none')}",
+        f"Bearer {jwt.encode(valid_claims(), '', algorithm='none')}",
     ],
 )
 def test_invalid_tokens_are_refused(header: str | None) -> None:

@@ -83,7 +83,7 @@ def test_invalid_settings_are_reported_not_raised(
 def test_part_subcommands_call_the_parts_main_with_settings(part: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Settings] = []
     fake = types.ModuleType(cli.PART_MODULES[part])
-    fake.main = calls.append
+    fake.main = calls.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, cli.PART_MODULES[part], fake)
     monkeypatch.setenv("CHATEXPORT_API_PORT", "18099")
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+from typing import Any
 
 from aiohttp.http_exceptions import LineTooLong
 
 from shared.logs import JsonFormatter, RedactRequestParseErrors
 
 
-def emit(logger_name: str, record_args: dict[str, object]) -> dict[str, object]:
+def emit(logger_name: str, *, extra: dict[str, object] | None = None, exc_info: Any = None) -> dict[str, object]:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter("api"))
@@ -20,7 +21,7 @@ def emit(logger_name: str, record_args: dict[str, object]) -> dict[str, object]:
     logger.addHandler(handler)
     logger.propagate = False
     try:
-        logger.error("Error handling request from %s", "127.0.0.1", **record_args)
+        logger.error("Error handling request from %s", "127.0.0.1", extra=extra, exc_info=exc_info)
     finally:
         logger.removeHandler(handler)
     line: dict[str, object] = json.loads(stream.getvalue())
@@ -28,7 +29,7 @@ def emit(logger_name: str, record_args: dict[str, object]) -> dict[str, object]:
 
 
 def test_extra_fields_become_members_of_the_line() -> None:
-    line = emit("test.extra", {"extra": {"operation_id": "op_1", "generation": 2}})
+    line = emit("test.extra", extra={"operation_id": "op_1", "generation": 2})
     assert line["service"] == "api"
     assert line["operation_id"] == "op_1" and line["generation"] == 2
     assert line["msg"] == "Error handling request from 127.0.0.1"
@@ -38,7 +39,7 @@ def test_a_parser_error_is_logged_without_the_request_text() -> None:
     try:
         raise LineTooLong(b"Bearer SECRET-TOKEN-VALUE" * 10, 8190)
     except LineTooLong as error:
-        line = emit("test.parser", {"exc_info": (type(error), error, error.__traceback__)})
+        line = emit("test.parser", exc_info=(type(error), error, error.__traceback__))
     text = json.dumps(line)
     assert "SECRET-TOKEN-VALUE" not in text
     assert line["msg"] == "bad HTTP request refused: LineTooLong"
