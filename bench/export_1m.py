@@ -27,7 +27,7 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.worker.repository import EXPORT_LINES_SQL
+from services.worker.repository import copy_export_lines
 from shared.auth import mint_token
 from shared.db import ensure_database, migrate
 from shared.settings import Settings
@@ -95,9 +95,7 @@ async def copy_baseline(database_url: str, last_seq: int) -> tuple[float, int]:
 
     try:
         started = time.perf_counter()
-        await conn.copy_from_query(
-            EXPORT_LINES_SQL, CID, 0, last_seq, output=sink, format="csv", quote="\x01", delimiter="\x02"
-        )
+        await copy_export_lines(conn, conversation_id=CID, after_seq=0, last_seq=last_seq, output=sink)
         return time.perf_counter() - started, size
     finally:
         await conn.close()

@@ -17,6 +17,17 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# What a lost, unreachable, restarting or overloaded database raises: callers retry later instead of
+# failing the work. Class 57 (operator intervention) covers admin shutdown, "cannot connect now" and
+# statement timeouts.
+TRANSIENT_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.OperatorInterventionError,
+)
+
 # Any constant works; it only has to be the same for every migrating process.
 MIGRATION_LOCK_KEY = 0x63686578  # "chex"
 

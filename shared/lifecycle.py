@@ -27,10 +27,14 @@ def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
 
 
 async def drain(tasks: set[asyncio.Task[None]], *, grace_seconds: float) -> None:
-    """Wait up to ``grace_seconds`` for ``tasks`` to finish, then cancel the rest and wait for them."""
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(set(tasks), timeout=grace_seconds)
+    """Wait up to ``grace_seconds`` until ``tasks`` (a live set, which may still gain members) is empty,
+    then cancel what is left and wait for it.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_seconds
+    while tasks and loop.time() < deadline:
+        await asyncio.wait(set(tasks), timeout=deadline - loop.time())
+    pending = set(tasks)
     for task in pending:
         task.cancel()
     if pending:

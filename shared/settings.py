@@ -70,7 +70,6 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(10.0, gt=0)
     worker_concurrency: int = Field(4, ge=1)
     export_batch_rows: int = Field(20000, ge=1)
-    verify_readback: bool = True
     retry_base_seconds: float = Field(2.0, gt=0)
     retry_cap_seconds: float = Field(300.0, gt=0)
     max_attempts: int = Field(5, ge=1)

@@ -14,7 +14,6 @@ from shared.auth import InvalidToken
 log = logging.getLogger(__name__)
 
 PROTECTED_PREFIXES = ("/v2/", "/v3/", "/admin/")
-PUBLIC_PATHS = frozenset({"/v3/openapi.json"})
 
 _HTTP_CODES = {
     404: "NOT_FOUND",
@@ -61,7 +60,7 @@ def _from_http_exception(exc: web.HTTPException) -> Problem:
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Require a valid bearer token on ``/v2``, ``/v3`` and ``/admin``; ``/admin`` also needs ``admin``."""
     path = request.path
-    if not path.startswith(PROTECTED_PREFIXES) or path in PUBLIC_PATHS:
+    if not path.startswith(PROTECTED_PREFIXES):
         return await handler(request)
     try:
         principal = request.app[VERIFIER].verify(request.headers.get("Authorization"))

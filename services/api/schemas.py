@@ -18,11 +18,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from shared.ids import ID_PATTERN
+from shared.states import State
 from shared.timefmt import parse_timestamp
 
 # The largest seq Postgres' bigint holds; a bigger after_seq would fail in the driver, not validate.
 MAX_SEQ = 2**63 - 1
 MAX_PAGE_LIMIT = 1000
+MAX_OPERATIONS_PAGE = 100
 MAX_MEMBERS = 10_000
 
 
@@ -107,6 +109,14 @@ class MessagePageQuery(StrictModel):
 
     after_seq: Annotated[QueryInt, Field(ge=0, le=MAX_SEQ)] = 0
     limit: Annotated[QueryInt, Field(ge=1, le=MAX_PAGE_LIMIT)] = 100
+
+
+class OperationListQuery(StrictModel):
+    """Query of ``GET /v3/operations?state=&limit=&cursor=`` (contract 5.2)."""
+
+    state: State | None = None
+    limit: Annotated[QueryInt, Field(ge=1, le=MAX_OPERATIONS_PAGE)] = 20
+    cursor: str | None = None
 
 
 class MemberSet(StrictModel):

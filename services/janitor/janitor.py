@@ -120,7 +120,7 @@ class Janitor:
 
     async def _remove_artifact(self, artifact: Mapping[str, Any]) -> bool:
         try:
-            await self._remove_object(artifact["object_key"], artifact["upload_id"])
+            await self._remove_object(artifact["object_key"])
         except Exception:
             log.warning(
                 "could not remove artifact",
@@ -133,10 +133,14 @@ class Janitor:
             )
         return True
 
-    async def _remove_object(self, key: str, upload_id: str | None) -> None:
+    async def _remove_object(self, key: str) -> None:
         bucket = self._settings.s3_bucket
-        if upload_id is not None:
-            # An upload that was completed or aborted already is gone: nothing to do for it.
-            with contextlib.suppress(self._s3.exceptions.NoSuchUpload):
-                await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        # Listed rather than taken from the record: a worker may have died between creating an upload
+        # and recording its id.
+        listing = await self._s3.list_multipart_uploads(Bucket=bucket, Prefix=key)
+        for upload in listing.get("Uploads", []):
+            if upload["Key"] == key:
+                # An upload completed or aborted meanwhile is gone: nothing to do for it.
+                with contextlib.suppress(self._s3.exceptions.NoSuchUpload):
+                    await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload["UploadId"])
         await self._s3.delete_object(Bucket=bucket, Key=key)

@@ -10,15 +10,13 @@ import asyncpg
 
 from services.janitor import repository as repo
 from services.janitor.janitor import Janitor
-from shared.db import create_pool
+from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool
 from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
 from shared.settings import Settings
 from shared.storage import s3_client
 
 log = logging.getLogger(__name__)
-
-_TRANSIENT = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError)
 
 
 async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
@@ -48,7 +46,7 @@ async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncp
         return leader
     try:
         conn = await asyncpg.connect(settings.database_url, timeout=settings.database_timeout_seconds)
-    except _TRANSIENT:
+    except TRANSIENT_DATABASE_ERRORS:
         log.warning("database unavailable; janitor waits")
         return None
     if await repo.try_lead(conn):
@@ -61,7 +59,7 @@ async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncp
 async def _pass(janitor: Janitor) -> None:
     try:
         await janitor.run_pass()
-    except _TRANSIENT as exc:
+    except TRANSIENT_DATABASE_ERRORS as exc:
         log.warning("janitor pass failed; next pass retries", extra={"error": type(exc).__name__})
 
 

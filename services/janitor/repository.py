@@ -15,10 +15,11 @@ async def try_lead(conn: asyncpg.Connection) -> bool:
 
 
 async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Record]:
-    """SUCCEEDED -> EXPIRED for results past ``result_expires_at``; return (operation_id, owner_id, key).
+    """SUCCEEDED -> EXPIRED for results past ``result_expires_at``; return (operation_id, owner_id).
 
     The state moves first, so a download is refused (410) before the object disappears; an object whose
-    deletion then fails is an orphan for the next pass, never a SUCCEEDED without its file.
+    deletion then fails stays recorded and ``stale_artifacts`` returns it later, so there is never a
+    SUCCEEDED without its file.
     """
     rows: list[asyncpg.Record] = await conn.fetch(
         """
@@ -28,7 +29,7 @@ async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[asyncp
             WHERE state = 'SUCCEEDED' AND result_expires_at <= now()
             ORDER BY result_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
           AND o.state = 'SUCCEEDED'
-        RETURNING o.operation_id, o.owner_id, o.result_key
+        RETURNING o.operation_id, o.owner_id
         """,
         limit,
     )
@@ -38,24 +39,27 @@ async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[asyncp
 async def unremoved_artifacts(conn: asyncpg.Connection, *, operation_id: str) -> list[asyncpg.Record]:
     """Artifacts of ``operation_id`` that may still have an object or upload in S3."""
     rows: list[asyncpg.Record] = await conn.fetch(
-        "SELECT generation, object_key, upload_id FROM artifacts WHERE operation_id = $1 AND state <> 'DELETED'",
+        "SELECT generation, object_key FROM artifacts WHERE operation_id = $1 AND state <> 'DELETED'",
         operation_id,
     )
     return rows
 
 
 async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, limit: int) -> list[asyncpg.Record]:
-    """Artifacts that can never be published, untouched for ``grace_seconds``: a newer generation holds
-    their operation, or it ended without them. Returns (operation_id, generation, object_key, upload_id).
+    """Artifacts whose object must go, untouched for ``grace_seconds``: never publishable (a newer
+    generation holds their operation, or it ended without them), or an EXPIRED result whose deletion
+    failed when it expired. Returns (operation_id, generation, object_key).
     """
     rows: list[asyncpg.Record] = await conn.fetch(
         """
-        SELECT a.operation_id, a.generation, a.object_key, a.upload_id
+        SELECT a.operation_id, a.generation, a.object_key
         FROM artifacts a JOIN operations o USING (operation_id)
-        WHERE a.state IN ('WRITING', 'COMPLETE')
+        WHERE a.state <> 'DELETED'
           AND a.updated_at < now() - make_interval(secs => $1)
-          AND (a.generation < o.generation
-               OR o.state IN ('SUCCEEDED', 'CANCELED', 'FAILED', 'FAILED_REPAIR', 'EXPIRED'))
+          AND (o.state = 'EXPIRED'
+               OR (a.state <> 'PUBLISHED'
+                   AND (a.generation < o.generation
+                        OR o.state IN ('SUCCEEDED', 'CANCELED', 'FAILED', 'FAILED_REPAIR'))))
         ORDER BY a.updated_at LIMIT $2
         """,
         grace_seconds,
@@ -94,6 +98,9 @@ async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int)
                 SELECT operation_id FROM operations
                 WHERE created_at < now() - make_interval(secs => $1)
                   AND state IN ('EXPIRED', 'CANCELED', 'FAILED', 'FAILED_REPAIR')
+                  -- Keep the record of an object not yet removed: it is the only pointer to it.
+                  AND NOT EXISTS (SELECT 1 FROM artifacts a
+                                  WHERE a.operation_id = operations.operation_id AND a.state <> 'DELETED')
                 LIMIT $2)
             RETURNING operation_id),
         outbox_gone AS (DELETE FROM outbox WHERE operation_id IN (SELECT operation_id FROM gone))

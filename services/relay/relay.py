@@ -16,12 +16,14 @@ import asyncpg
 from aio_pika.abc import AbstractExchange
 
 from services.relay import repository as repo
+from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 FAILED_PUBLISH_RETRY_SECONDS = 5.0
 NOTIFY_CHANNEL = "chatexport_outbox"
+MIN_WAIT_SECONDS = 0.05
 
 
 class Relay:
@@ -94,7 +96,7 @@ class Relay:
         try:
             while await self.publish_due() == self._settings.relay_batch_size:
                 pass
-        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except TRANSIENT_DATABASE_ERRORS as exc:
             log.warning("database unavailable; will retry", extra={"error": type(exc).__name__})
 
     async def _wait(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
@@ -103,7 +105,8 @@ class Relay:
             async with self._pool.acquire() as conn:
                 due = await repo.seconds_until_next_due(conn)
             if due is not None:
-                timeout = min(timeout, due)
+                # A due row that another relay holds locked would otherwise make this loop spin.
+                timeout = min(timeout, max(due, MIN_WAIT_SECONDS))
         waiters = [asyncio.create_task(wake.wait()), asyncio.create_task(stop.wait())]
         await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waiters:
@@ -119,7 +122,7 @@ class Relay:
                 self._settings.database_url, timeout=self._settings.database_timeout_seconds
             )
             await listener.add_listener(NOTIFY_CHANNEL, lambda *_: wake.set())
-        except (TimeoutError, OSError, asyncpg.PostgresError):
+        except TRANSIENT_DATABASE_ERRORS:
             log.warning("LISTEN unavailable; polling only")
             return None
         return listener

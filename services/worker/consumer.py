@@ -12,35 +12,57 @@ import json
 import logging
 
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from services.worker import repository as repo
 from services.worker.errors import access_revoked
 from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
+from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.settings import Settings
 from shared.states import State
 
 log = logging.getLogger(__name__)
 
-# How long a delivery may wait for a free export slot before it goes back to the queue for another worker.
-CAPACITY_WAIT_SECONDS = 30.0
 # Pause before handing a delivery back when the database is unreachable, so the queue does not spin.
 DATABASE_RETRY_SECONDS = 2.0
 
-_DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError)
-
 
 class Consumer:
-    """Turns deliveries into leases; at most ``settings.worker_concurrency`` exports run at once."""
+    """Turns deliveries into leases; at most ``settings.worker_concurrency`` exports run at once.
 
-    def __init__(self, *, pool: asyncpg.Pool, runner: LeaseRunner, settings: Settings, worker_id: str) -> None:
+    Because a delivery is acked as soon as its lease commits, the broker's prefetch does not bound the
+    exports in progress. Flow control does instead: when every slot is busy the consumer is cancelled
+    (the broker sends nothing more, so no wake-up waits here or is bounced towards the dead-letter queue),
+    and it consumes again as soon as a slot frees.
+    """
+
+    def __init__(
+        self, *, queue: AbstractQueue, pool: asyncpg.Pool, runner: LeaseRunner, settings: Settings, worker_id: str
+    ) -> None:
+        self._queue = queue
         self._pool = pool
         self._runner = runner
         self._settings = settings
         self._worker_id = worker_id
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
+        self._flow = asyncio.Lock()
+        self._consumer_tag: str | None = None
+        self._closing = False
+        self._flow_tasks: set[asyncio.Task[None]] = set()
         self.running: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Begin consuming."""
+        await self._resume()
+
+    async def stop(self) -> None:
+        """Stop taking work: cancel the consumer; deliveries still arriving go back to the queue."""
+        self._closing = True
+        async with self._flow:
+            if self._consumer_tag is not None:
+                tag, self._consumer_tag = self._consumer_tag, None
+                await self._queue.cancel(tag)
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         """Handle one delivery; every path acks, rejects or requeues it."""
@@ -49,20 +71,44 @@ class Consumer:
             log.error("undecodable message dead-lettered", extra={"message_id": message.message_id})
             await message.reject(requeue=False)
             return
-        try:
-            await asyncio.wait_for(self._slots.acquire(), CAPACITY_WAIT_SECONDS)
-        except TimeoutError:
-            await message.nack(requeue=True)
+        # Only deliveries already prefetched when the slots filled up wait here, and only for a slot.
+        await self._slots.acquire()
+        if self._closing:
+            self._slots.release()
+            await _settle(message, requeue=True)
             return
         task = asyncio.create_task(self._claim_and_run(message, operation_id), name=f"export-{operation_id}")
         self.running.add(task)
-        task.add_done_callback(self.running.discard)
-        task.add_done_callback(lambda _: self._slots.release())
+        task.add_done_callback(self._finished)
+        if self._slots.locked():
+            await self._pause()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("export task failed", exc_info=task.exception(), extra={"task": task.get_name()})
+        if not self._closing:
+            resume = asyncio.create_task(self._resume(), name="consumer-resume")
+            self._flow_tasks.add(resume)
+            resume.add_done_callback(self._flow_tasks.discard)
+
+    async def _pause(self) -> None:
+        async with self._flow:
+            if self._consumer_tag is not None and self._slots.locked():
+                tag, self._consumer_tag = self._consumer_tag, None
+                await self._queue.cancel(tag)
+                log.info("all export slots busy; consumer paused")
+
+    async def _resume(self) -> None:
+        async with self._flow:
+            if self._consumer_tag is None and not self._closing and not self._slots.locked():
+                self._consumer_tag = await self._queue.consume(self.on_message)
 
     async def _claim_and_run(self, message: AbstractIncomingMessage, operation_id: str) -> None:
         try:
             lease = await self._claim(operation_id)
-        except _DB_ERRORS:
+        except TRANSIENT_DATABASE_ERRORS:
             log.warning("claim failed; message requeued", extra={"operation_id": operation_id})
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
             await _settle(message, requeue=True)

@@ -7,13 +7,12 @@ Permanent faults end the operation FAILED at once.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from dataclasses import dataclass
 
-import asyncpg
 from botocore.exceptions import BotoCoreError, ClientError
 
+from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.settings import Settings
 from shared.states import State
 
@@ -54,10 +53,10 @@ def _describe_transient(exc: BaseException) -> tuple[str, str] | None:
         return None
     if isinstance(exc, BotoCoreError):
         return "STORAGE_UNAVAILABLE", "The file store could not be reached; the export will be retried."
-    if isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.InterfaceError | OSError):
-        return "DATABASE_UNAVAILABLE", "The database connection was lost; the export will be retried."
-    if isinstance(exc, asyncio.TimeoutError):
+    if isinstance(exc, TimeoutError):
         return "TIMEOUT", "A step of the export timed out; the export will be retried."
+    if isinstance(exc, TRANSIENT_DATABASE_ERRORS):
+        return "DATABASE_UNAVAILABLE", "The database connection was lost; the export will be retried."
     return None
 
 

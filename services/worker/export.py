@@ -20,10 +20,6 @@ from shared.storage import artifact_key
 
 log = logging.getLogger(__name__)
 
-# COPY's csv format with quote and delimiter characters that JSON text never contains passes the
-# lines through verbatim; the text format would double every backslash (PITFALLS).
-_COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
-
 
 @dataclass(frozen=True)
 class Lease:
@@ -105,25 +101,19 @@ class ExportJob:
         for low in range(lease.after_seq, lease.last_seq, batch):
             high = min(low + batch, lease.last_seq)
             async with self._pool.acquire() as conn:
-                # One short statement per range keeps no snapshot open across the export (PITFALLS: xmin).
-                await conn.copy_from_query(
-                    repo.EXPORT_LINES_SQL,
-                    lease.conversation_id,
-                    low,
-                    high,
-                    output=self._writer.write,
-                    **_COPY_OPTIONS,
+                await repo.copy_export_lines(
+                    conn, conversation_id=lease.conversation_id, after_seq=low, last_seq=high, output=self._writer.write
                 )
             await self._progress("writing")
 
     async def _finish_and_verify(self) -> Digest:
         await self._progress("uploading")
         written = await self._writer.finish()
-        if self._settings.verify_readback:
-            await self._progress("verifying")
-            stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=self.key)
-            if stored != written:
-                raise RuntimeError(f"stored object differs from what was written: {stored} != {written}")
+        # SUCCEEDED promises a verified file (contract 5.3): measure what S3 actually holds.
+        await self._progress("verifying")
+        stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=self.key)
+        if stored != written:
+            raise RuntimeError(f"stored object differs from what was written: {stored} != {written}")
         lease = self._lease
         async with self._pool.acquire() as conn:
             await repo.mark_artifact(
@@ -202,6 +192,3 @@ class ExportJob:
                     generation=self._lease.generation,
                     state="DELETED",
                 )
-
-
-__all__ = ["ExportJob", "Lease", "LeaseLost", "PermanentError"]

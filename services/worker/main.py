@@ -35,16 +35,18 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
             await channel.set_qos(prefetch_count=settings.worker_concurrency)
             _, queue = await broker.declare_topology(channel, settings)
             consumer = Consumer(
+                queue=queue,
                 pool=pool,
                 runner=LeaseRunner(pool=pool, s3=s3, settings=settings),
                 settings=settings,
                 worker_id=worker_id,
             )
-            # Keep the queue referenced: connect_robust restores only consumers it can still reach (PITFALLS).
-            consumer_tag = await queue.consume(consumer.on_message)
+            # The consumer keeps the queue referenced: connect_robust restores only consumers it can still
+            # reach (PITFALLS).
+            await consumer.start()
             log.info("worker consuming", extra={"worker": worker_id, "queue": settings.amqp_queue})
             await stop.wait()
-            await queue.cancel(consumer_tag)
+            await consumer.stop()
             await drain(consumer.running, grace_seconds=settings.shutdown_grace_seconds)
     finally:
         await connection.close()

@@ -4,6 +4,9 @@ RUNNING under the holder's generation, so a holder that lost its lease changes n
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import asyncpg
 
 from shared.timefmt import SQL_FORMAT
@@ -22,7 +25,29 @@ WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
 ORDER BY seq
 """
 
+# COPY's csv format with quote and delimiter characters that JSON text never contains passes the
+# lines through verbatim; the text format would double every backslash (PITFALLS).
+_COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
+
 _HELD = "operation_id = $1 AND generation = $2 AND state = 'RUNNING'"
+# The lease itself outlives a cancel request: the holder keeps it until it has removed its objects and
+# written CANCELED, so the janitor does not take over a cancellation that a live worker is finishing.
+_LEASED = "operation_id = $1 AND generation = $2 AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+
+
+async def copy_export_lines(
+    conn: asyncpg.Connection,
+    *,
+    conversation_id: str,
+    after_seq: int,
+    last_seq: int,
+    output: Callable[[bytes], Awaitable[None]],
+) -> None:
+    """Stream the export lines of seqs ``after_seq < seq <= last_seq`` to ``output`` as raw bytes.
+
+    One short statement: no snapshot stays open across the export (PITFALLS: xmin).
+    """
+    await conn.copy_from_query(EXPORT_LINES_SQL, conversation_id, after_seq, last_seq, output=output, **_COPY_OPTIONS)
 
 
 async def claim(
@@ -69,9 +94,12 @@ async def holds_membership(conn: asyncpg.Connection, *, conversation_id: str, us
 
 
 async def extend_lease(conn: asyncpg.Connection, *, operation_id: str, generation: int, lease_seconds: float) -> bool:
-    """Heartbeat: push the lease end to now + ``lease_seconds``; False when the lease is no longer held."""
+    """Heartbeat: push the lease end to now + ``lease_seconds``; False when the lease is no longer held.
+
+    Also while CANCEL_REQUESTED: the holder still has objects to remove before CANCELED (contract 5.4).
+    """
     status = await conn.execute(
-        f"UPDATE operations SET lease_expires_at = now() + make_interval(secs => $3) WHERE {_HELD}",
+        f"UPDATE operations SET lease_expires_at = now() + make_interval(secs => $3) WHERE {_LEASED}",
         operation_id,
         generation,
         lease_seconds,
@@ -121,7 +149,7 @@ async def record_artifact(conn: asyncpg.Connection, *, operation_id: str, genera
 
 
 async def record_upload_id(conn: asyncpg.Connection, *, operation_id: str, generation: int, upload_id: str) -> None:
-    """Remember the multipart upload of an artifact so that it can be aborted by whoever cleans up."""
+    """Remember the multipart upload of an artifact, for operators; clean-up lists uploads by key anyway."""
     await conn.execute(
         "UPDATE artifacts SET upload_id = $3, updated_at = now() WHERE operation_id = $1 AND generation = $2",
         operation_id,
@@ -145,7 +173,7 @@ async def mark_artifact(
         """
         UPDATE artifacts SET state = $3, size_bytes = coalesce($4, size_bytes), sha256 = coalesce($5, sha256),
             message_count = coalesce($6, message_count), updated_at = now()
-        WHERE operation_id = $1 AND generation = $2
+        WHERE operation_id = $1 AND generation = $2 AND state <> 'DELETED'
         """,
         operation_id,
         generation,
@@ -220,12 +248,15 @@ async def end_attempt(
 
 
 async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
-    """End our lease now, on a graceful stop, so another worker can take over at once (generation + 1)."""
+    """End our lease now, on a graceful stop, so another worker can take over at once (generation + 1).
+
+    The interrupted attempt does not count against the retry budget: the next claim runs it again.
+    """
     status = await conn.execute(
         f"""
         UPDATE operations SET lease_expires_at = now() - interval '1 millisecond', progress_phase = 'handed back',
-            updated_at = now()
-        WHERE {_HELD}
+            attempt = attempt - 1, updated_at = now()
+        WHERE {_LEASED}
         """,
         operation_id,
         generation,

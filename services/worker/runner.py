@@ -14,6 +14,7 @@ import asyncpg
 from services.worker import repository as repo
 from services.worker.errors import LeaseLost, classify
 from services.worker.export import ExportJob, Lease
+from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.outbox import enqueue_run
 from shared.settings import Settings
 from shared.states import State
@@ -30,7 +31,10 @@ class LeaseRunner:
         self._settings = settings
 
     async def run(self, lease: Lease) -> None:
-        """Run ``lease`` and record how it ended; never raises except ``CancelledError`` on shutdown."""
+        """Run ``lease`` and record how it ended. Raises ``CancelledError`` on shutdown, and a database
+        error only when even recording the outcome failed (the lease then expires and the janitor
+        re-enqueues the operation).
+        """
         heartbeat = asyncio.create_task(self._heartbeat(lease), name=f"heartbeat-{lease.operation_id}")
         try:
             await ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, lease=lease).run()
@@ -57,7 +61,7 @@ class LeaseRunner:
                         generation=lease.generation,
                         lease_seconds=self._settings.lease_seconds,
                     )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except TRANSIENT_DATABASE_ERRORS:
                 log.warning("heartbeat failed; will try again", extra=lease.log_extra())
                 continue
             if not held:
@@ -94,7 +98,7 @@ class LeaseRunner:
                 )
                 if ended and outcome.retry_delay_seconds is not None:
                     await enqueue_run(conn, operation_id=lease.operation_id, delay_seconds=outcome.retry_delay_seconds)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except TRANSIENT_DATABASE_ERRORS:
             # The lease expires and the janitor re-enqueues the operation: nothing is lost.
             log.warning("could not record the failed attempt", extra=lease.log_extra())
             return
@@ -102,7 +106,7 @@ class LeaseRunner:
             await self._after_lease_lost(lease)
 
     async def _hand_back(self, lease: Lease) -> None:
-        with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
             async with self._pool.acquire() as conn, conn.transaction():
                 if await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation):
                     await enqueue_run(conn, operation_id=lease.operation_id)

@@ -74,17 +74,17 @@ async def test_range_boundaries_and_empty_range(api: Any, auth: Headers) -> None
 
 
 async def test_replay_and_reuse_of_an_idempotency_key(api: Any, auth: Headers) -> None:
-    await make_conversation(api, auth, "e2e-idem", ["alice"])
-    first = await submit(api, auth, "alice", "e2e-idem", {"format": "jsonl", "before_seq": 5}, "idem-1")
+    await make_conversation(api, auth, "e2e-idem", ["uma"])
+    first = await submit(api, auth, "uma", "e2e-idem", {"format": "jsonl", "before_seq": 5}, "idem-1")
     assert first.status == 202
     assert "Idempotent-Replayed" not in first.headers
-    again = await submit(api, auth, "alice", "e2e-idem", {"format": "jsonl", "before_seq": 5, "after_seq": 0}, "idem-1")
+    again = await submit(api, auth, "uma", "e2e-idem", {"format": "jsonl", "before_seq": 5, "after_seq": 0}, "idem-1")
     assert again.status == 202
     assert again.headers["Location"] == first.headers["Location"]
     assert again.headers["Idempotent-Replayed"] == "true"
     assert (await again.json())["operation_id"] == (await first.json())["operation_id"]
 
-    other = await submit(api, auth, "alice", "e2e-idem", {"format": "jsonl", "before_seq": 6}, "idem-1")
+    other = await submit(api, auth, "uma", "e2e-idem", {"format": "jsonl", "before_seq": 6}, "idem-1")
     assert other.status == 409
     assert (await other.json())["code"] == "IDEMPOTENCY_KEY_REUSED"
 
@@ -137,11 +137,11 @@ async def test_access_revoked_after_success_and_no_store(api: Any, auth: Headers
 async def test_operation_and_outbox_row_are_committed_when_202_arrives(
     system: LocalSystem, api: Any, auth: Headers
 ) -> None:
-    await make_conversation(api, auth, "e2e-commit", ["alice"])
+    await make_conversation(api, auth, "e2e-commit", ["dora"])
     conn = await asyncpg.connect(system.env["CHATEXPORT_DATABASE_URL"])
     try:
         for number in range(5):
-            response = await submit(api, auth, "alice", "e2e-commit", {"format": "jsonl"}, f"commit-{number}")
+            response = await submit(api, auth, "dora", "e2e-commit", {"format": "jsonl"}, f"commit-{number}")
             assert response.status == 202
             operation_id = (await response.json())["operation_id"]
             assert await conn.fetchval("SELECT count(*) FROM operations WHERE operation_id = $1", operation_id) == 1

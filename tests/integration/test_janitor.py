@@ -25,7 +25,7 @@ async def insert_operation(pool: asyncpg.Pool, operation_id: str, state: str, **
 async def shift(pool: asyncpg.Pool, operation_id: str, column: str, interval: str) -> None:
     """Set a time column of an operation to the database's now() plus ``interval``."""
     await pool.execute(
-        f"UPDATE operations SET {column} = now() + $2::interval WHERE operation_id = $1", operation_id, interval
+        f"UPDATE operations SET {column} = now() + $2::text::interval WHERE operation_id = $1", operation_id, interval
     )
 
 
@@ -68,8 +68,9 @@ async def test_unpublishable_artifacts_are_removed_after_the_grace_period_and_no
     old = await pool.fetchval("SELECT now() - interval '2 minutes'")
 
     superseded = await insert_artifact(pool, "op_done", 1, "COMPLETE", updated_at=old)
-    upload = await s3.create_multipart_upload(Bucket=bucket, Key="exports/op_done/g2.jsonl")
-    crashed = await insert_artifact(pool, "op_done", 2, "WRITING", upload_id=upload["UploadId"], updated_at=old)
+    # The worker died after creating the upload but before recording its id.
+    await s3.create_multipart_upload(Bucket=bucket, Key="exports/op_done/g2.jsonl")
+    crashed = await insert_artifact(pool, "op_done", 2, "WRITING", updated_at=old)
     published = await insert_artifact(pool, "op_done", 3, "PUBLISHED", updated_at=old)
     fresh = await insert_artifact(pool, "op_running", 0, "WRITING")  # superseded, but within the grace period
     current = await insert_artifact(pool, "op_running", 1, "WRITING", updated_at=old)  # the live attempt's
@@ -105,6 +106,7 @@ async def test_expired_results_lose_their_object_and_old_records_are_purged(
     assert await janitor.expire_results() == 1
     assert await pool.fetchval("SELECT state FROM operations") == "EXPIRED"
     assert await keys(s3, settings) == set()
+    assert await pool.fetchval("SELECT state FROM artifacts") == "DELETED"
     assert await pool.fetchval("SELECT outcome FROM access_events WHERE action = 'delete_result'") == "EXPIRED"
 
     report = await janitor.run_pass()
@@ -147,3 +149,30 @@ async def test_abandoned_cancellations_are_finished_with_their_objects_removed(
     states = dict(await pool.fetch("SELECT operation_id, state FROM operations"))
     assert states == {"op_c": "CANCELED", "op_held": "CANCEL_REQUESTED"}
     assert await keys(s3, settings) == set()
+
+
+async def test_an_expired_result_whose_deletion_failed_is_retried_and_keeps_its_record(
+    janitor: Janitor, pool: asyncpg.Pool, s3: Any, settings: Settings
+) -> None:
+    # As left by a pass that committed EXPIRED and then lost S3 (or crashed) before deleting.
+    await insert_operation(pool, "op_exp", "EXPIRED", generation=1, result_key="exports/op_exp/g1.jsonl")
+    await shift(pool, "op_exp", "created_at", "-31 days")
+    key = await insert_artifact(
+        pool, "op_exp", 1, "PUBLISHED", updated_at=await pool.fetchval("SELECT now() - interval '2 minutes'")
+    )
+    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"{}\n")
+
+    assert await janitor.remove_stale_artifacts() == 1
+    assert await keys(s3, settings) == set()
+    assert (await janitor.run_pass()).purged == 1
+
+
+async def test_a_record_is_not_purged_while_its_object_is_not_removed(
+    janitor: Janitor, pool: asyncpg.Pool, s3: Any, settings: Settings
+) -> None:
+    await insert_operation(pool, "op_keep", "EXPIRED", generation=1, result_key="exports/op_keep/g1.jsonl")
+    await shift(pool, "op_keep", "created_at", "-31 days")
+    await insert_artifact(pool, "op_keep", 1, "PUBLISHED")  # within the grace period: not removed yet
+
+    assert (await janitor.run_pass()).purged == 0
+    assert await pool.fetchval("SELECT count(*) FROM operations") == 1

@@ -41,6 +41,10 @@ async def test_export_matches_the_read_api_byte_for_byte(
 
     operation = await wait_terminal(api, auth, "alice", location)
     assert operation["state"] == "SUCCEEDED", operation
+    replay = await submit(api, auth, "alice", "c-a", {"format": "jsonl"}, "key-1")
+    assert replay.status == 202
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert "Retry-After" not in replay.headers  # only while non-terminal (5.2)
     download = await api.get(operation["result"]["url"], headers=auth("alice"))
     assert download.status == 200
     content = await download.read()
@@ -105,18 +109,22 @@ async def test_stalled_downloads_are_capped_and_cut_off(
     async with TestClient(TestServer(init_app(strict))) as capped:
         # A client that asks for the file and never reads it.
         reader, writer = await asyncio.open_connection(capped.host, capped.port)
-        token = auth("alice")["Authorization"]
-        writer.write(f"GET {operation['result']['url']} HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\n\r\n".encode())
-        await writer.drain()
-        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        try:
+            token = auth("alice")["Authorization"]
+            request = f"GET {operation['result']['url']} HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\n\r\n"
+            writer.write(request.encode())
+            await writer.drain()
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
 
-        busy = await capped.get(operation["result"]["url"], headers=auth("alice"))
-        assert busy.status == 503
-        assert busy.headers["Retry-After"] == "5"
+            busy = await capped.get(operation["result"]["url"], headers=auth("alice"))
+            assert busy.status == 503
+            assert busy.headers["Retry-After"] == "5"
 
-        async def served() -> bool:
-            attempt = await capped.get(operation["result"]["url"], headers={**auth("alice"), "Range": "bytes=0-9"})
-            return attempt.status == 206 and await attempt.read() == b'{"conversa'[:10]
+            async def served() -> bool:
+                headers = {**auth("alice"), "Range": "bytes=0-9"}
+                attempt = await capped.get(operation["result"]["url"], headers=headers)
+                return attempt.status == 206 and await attempt.read() == b'{"conversa'
 
-        assert await wait_for(served, timeout=30)
-        writer.close()
+            assert await wait_for(served, timeout=30)
+        finally:
+            writer.close()

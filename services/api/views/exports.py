@@ -18,7 +18,7 @@ from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.repository import operations as repo
 from services.api.repository.messages import is_member
-from services.api.representation import RESULT_CONTENT_TYPE, operation_url
+from services.api.representation import RESULT_CONTENT_TYPE, is_terminal, operation_url
 from services.api.schemas import ExportSubmission
 from services.api.submission import submit
 from services.api.views.operations import NO_STORE, operation_response
@@ -58,7 +58,8 @@ async def submit_export(request: web.Request) -> web.Response:
     if submitted.replayed:
         headers["Idempotent-Replayed"] = "true"
     response = operation_response(row, status=202, **headers)
-    response.headers["Retry-After"] = "1"  # contract 5.1: the first poll after a submit
+    if not is_terminal(row):
+        response.headers["Retry-After"] = "1"  # contract 5.1: the first poll after a submit
     return response
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from services.api.bodies import read_model, validation_errors
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
@@ -18,7 +18,7 @@ from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import operations as repo
 from services.api.representation import is_terminal, operation_url, represent
 from services.api.responses import json_response
-from services.api.schemas import CancelRequest
+from services.api.schemas import CancelRequest, OperationListQuery
 from shared.ids import is_operation_id
 from shared.states import State
 from shared.timefmt import MAX_YEAR, MIN_YEAR
@@ -47,20 +47,10 @@ async def get_operation(request: web.Request) -> web.Response:
     return operation_response(row)
 
 
-class ListQuery(BaseModel):
-    """Query of ``GET /v3/operations``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    state: State | None = None
-    limit: int = Field(20, ge=1, le=100)
-    cursor: str | None = None
-
-
 async def list_operations(request: web.Request) -> web.Response:
     """``GET /v3/operations?state=&limit=&cursor=``: the caller's operations, newest first."""
     try:
-        query = ListQuery.model_validate(dict(request.query))
+        query = OperationListQuery.model_validate(dict(request.query))
     except ValidationError as exc:
         raise validation_failed(validation_errors(exc, prefix=("query",))) from None
     async with request.app[POOL].acquire() as conn:
