@@ -19,6 +19,7 @@ from tests.helpers import (
     import_lines,
     make_conversation,
     read_all,
+    running_pipeline,
     submit,
     wait_terminal,
 )
@@ -128,3 +129,19 @@ async def test_stalled_downloads_are_capped_and_cut_off(
             assert await wait_for(served, timeout=30)
         finally:
             writer.close()
+
+
+async def test_a_worker_with_one_slot_works_through_a_backlog(
+    api: TestClient[Any, Any], auth: Headers, settings: Any, s3: Any
+) -> None:
+    await make_conversation(api, auth, "c-backlog", ["alice"])
+    await import_lines(api, auth, "c-backlog", [{"message_id": "m1", "sender_id": "alice", "body": "x"}])
+    locations = []
+    for number in range(4):
+        response = await submit(api, auth, "alice", "c-backlog", {"format": "jsonl"}, f"backlog-{number}")
+        locations.append(response.headers["Location"])
+
+    # One slot: the consumer pauses after each delivery and must resume for the next one.
+    async with running_pipeline(settings.model_copy(update={"worker_concurrency": 1})):
+        for location in locations:
+            assert (await wait_terminal(api, auth, "alice", location))["state"] == "SUCCEEDED"
