@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 # The same format in SQL, for lines that Postgres renders itself (worker export).
@@ -17,6 +18,11 @@ def format_timestamp(value: datetime | None) -> str | None:
     return f"{utc.year:04d}-" + utc.strftime("%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
+# RFC 3339 section 5.6 date-time (fromisoformat alone also takes week dates, spaces and basic format).
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+
 # Accepted years, in UTC. Postgres stores the extremes of Python's range as -infinity/infinity, which
 # no timestamp string can show, and RFC 3339 has four-digit years.
 MIN_YEAR, MAX_YEAR = 1000, 9999
@@ -27,9 +33,9 @@ def parse_timestamp(text: str) -> datetime:
 
     Raises ``ValueError`` for anything else: no zone, or a UTC year outside ``MIN_YEAR``..``MAX_YEAR``.
     """
-    value = datetime.fromisoformat(text)
-    if value.tzinfo is None:
-        raise ValueError("timestamp needs a zone offset or Z")
+    if not _RFC3339.fullmatch(text):
+        raise ValueError("not an RFC 3339 date-time with a zone offset or Z")
+    value = datetime.fromisoformat(text.upper())
     try:
         utc = value.astimezone(UTC)
     except OverflowError:

@@ -53,12 +53,29 @@ def parse_json(raw: bytes) -> Any:
     except UnicodeDecodeError:
         raise Problem("MALFORMED_JSON", "The body is not valid UTF-8.") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_members)
     except json.JSONDecodeError as exc:
         raise Problem("MALFORMED_JSON", f"The body is not JSON: {exc.msg} at position {exc.pos}.") from None
+    except _NotStrictJson as exc:
+        raise Problem("MALFORMED_JSON", f"The body is not strict JSON: {exc}.") from None
     except (RecursionError, ValueError):
         # Nesting deeper than the parser's recursion limit, or an integer of thousands of digits.
         raise Problem("MALFORMED_JSON", "The body is JSON nested too deeply or with a number too long.") from None
+
+
+class _NotStrictJson(ValueError):
+    """Text Python's parser accepts but RFC 8259 JSON does not (NaN), or that is ambiguous (a repeated name)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NotStrictJson(f"{name} is not a JSON number")
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        raise _NotStrictJson("an object repeats a member name")
+    return members
 
 
 async def read_model(request: web.Request, model: type[ModelT], *, max_bytes: int, allow_empty: bool = False) -> ModelT:

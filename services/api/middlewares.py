@@ -10,6 +10,7 @@ from aiohttp.typedefs import Handler
 from services.api.keys import PRINCIPAL, VERIFIER
 from services.api.problems import Problem
 from shared.auth import InvalidToken
+from shared.db import TRANSIENT_DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         return _from_http_exception(exc).response()
+    except TRANSIENT_DATABASE_ERRORS as exc:
+        # A statement timeout (a long import holding a conversation, say) or a database restart: the
+        # request can succeed when retried, so it is no internal fault.
+        log.warning("database unavailable", extra={"route": request.path, "error": type(exc).__name__})
+        return Problem(
+            "SERVICE_UNAVAILABLE", "The service is busy; try again shortly.", headers={"Retry-After": "5"}
+        ).response()
     except Exception:
         log.exception("unhandled error", extra={"route": request.path, "method": request.method})
         return Problem("INTERNAL", "An internal error occurred.").response()

@@ -19,11 +19,16 @@ from services.worker.errors import access_revoked
 from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.ids import is_operation_id
 from shared.settings import Settings
 from shared.states import State
 
 log = logging.getLogger(__name__)
 
+WORKER_LOST_MESSAGE = (
+    "Every attempt of this export stopped without finishing (its worker was lost); an operator must look"
+    " into it and requeue it."
+)
 # Pause before handing a delivery back when the database is unreachable, so the queue does not spin.
 DATABASE_RETRY_SECONDS = 2.0
 
@@ -119,8 +124,16 @@ class Consumer:
             await self._runner.run(lease)
 
     async def _claim(self, operation_id: str) -> Lease | None:
-        """Claim and check membership in one transaction; a non-member's export ends FAILED at once (5.7)."""
+        """Claim and check membership in one transaction; a non-member's export ends FAILED at once (5.7).
+
+        An operation whose every attempt lost its worker is parked in FAILED_REPAIR instead of taken over.
+        """
         async with self._pool.acquire() as conn, conn.transaction():
+            if await repo.park_abandoned(
+                conn, operation_id=operation_id, max_attempts=self._settings.max_attempts, message=WORKER_LOST_MESSAGE
+            ):
+                log.warning("export parked: every attempt lost its worker", extra={"operation_id": operation_id})
+                return None
             row = await repo.claim(
                 conn,
                 operation_id=operation_id,
@@ -156,9 +169,10 @@ async def _settle(message: AbstractIncomingMessage, *, requeue: bool) -> None:
 
 
 def _operation_id(body: bytes) -> str | None:
+    """The operation a wake-up names, or None for anything that is not ``{"operation_id": <id>}``."""
     try:
         payload = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     value = payload.get("operation_id") if isinstance(payload, dict) else None
-    return value if isinstance(value, str) and 0 < len(value) <= 64 else None
+    return value if isinstance(value, str) and is_operation_id(value) else None

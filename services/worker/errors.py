@@ -45,34 +45,38 @@ class Outcome:
     retry_delay_seconds: float | None = None
 
 
-def _describe_transient(exc: BaseException) -> tuple[str, str] | None:
+def _describe(exc: BaseException) -> tuple[str, str]:
+    """The error code and cause (a sentence without its full stop) of a failed attempt."""
     if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {}).get("Code")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        if status >= 500 or exc.response.get("Error", {}).get("Code") in {"SlowDown", "RequestTimeout"}:
-            return "STORAGE_UNAVAILABLE", "The file store answered with an error; the export will be retried."
-        return None
-    if isinstance(exc, BotoCoreError):
-        return "STORAGE_UNAVAILABLE", "The file store could not be reached; the export will be retried."
-    if isinstance(exc, TimeoutError):
-        return "TIMEOUT", "A step of the export timed out; the export will be retried."
-    if isinstance(exc, TRANSIENT_DATABASE_ERRORS):
-        return "DATABASE_UNAVAILABLE", "The database connection was lost; the export will be retried."
-    return None
+        if error == "NoSuchBucket":
+            return "STORAGE_UNAVAILABLE", "The export bucket was missing from the file store"
+        if status >= 500 or error in {"SlowDown", "RequestTimeout"}:
+            return "STORAGE_UNAVAILABLE", "The file store answered with an error"
+    elif isinstance(exc, BotoCoreError):
+        return "STORAGE_UNAVAILABLE", "The file store could not be reached"
+    elif isinstance(exc, TimeoutError):
+        return "TIMEOUT", "A step of the export timed out"
+    elif isinstance(exc, TRANSIENT_DATABASE_ERRORS):
+        return "DATABASE_UNAVAILABLE", "The database connection was lost"
+    return "INTERNAL_ERROR", "The export hit an unexpected error"
+
+
+def is_missing_bucket(exc: BaseException) -> bool:
+    """True when ``exc`` says the bucket does not exist (a file store restarted empty, say)."""
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "NoSuchBucket"
 
 
 def classify(exc: BaseException, *, attempt: int, settings: Settings) -> Outcome:
     """Decide how attempt number ``attempt`` (1-based) that raised ``exc`` ends."""
     if isinstance(exc, PermanentError):
         return Outcome(State.FAILED, exc.code, exc.message)
-    code, message = _describe_transient(exc) or ("INTERNAL_ERROR", "The export hit an unexpected error.")
+    code, cause = _describe(exc)
     if attempt >= settings.max_attempts:
-        return Outcome(
-            State.FAILED_REPAIR,
-            code,
-            f"{message.split(';')[0]}. The retry budget of {settings.max_attempts} attempts is spent; an operator"
-            " must requeue it.",
-        )
-    return Outcome(State.RETRY_AT, code, message, backoff_seconds(attempt, settings))
+        budget = f"The retry budget of {settings.max_attempts} attempts is spent; an operator must requeue it."
+        return Outcome(State.FAILED_REPAIR, code, f"{cause}. {budget}")
+    return Outcome(State.RETRY_AT, code, f"{cause}; the export will be retried.", backoff_seconds(attempt, settings))
 
 
 def backoff_seconds(attempt: int, settings: Settings) -> float:

@@ -80,6 +80,24 @@ async def claim(
     )
 
 
+async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_attempts: int, message: str) -> bool:
+    """RUNNING -> FAILED_REPAIR when its lease expired after ``max_attempts`` attempts: each of them lost
+    its worker, so taking it over again would only risk the next one (contract 5.3: the budget is spent).
+    """
+    status = await conn.execute(
+        """
+        UPDATE operations SET state = 'FAILED_REPAIR', error_code = 'WORKER_LOST', error_message = $3,
+            progress_phase = 'failed_repair', lease_owner = NULL, lease_expires_at = NULL,
+            finished_at = now(), updated_at = now()
+        WHERE operation_id = $1 AND state = 'RUNNING' AND lease_expires_at < now() AND attempt >= $2
+        """,
+        operation_id,
+        max_attempts,
+        message,
+    )
+    return status == "UPDATE 1"
+
+
 async def holds_membership(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
     """True when ``user_id`` is a member; the row is share-locked so a removal waits for this transaction.
 

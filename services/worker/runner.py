@@ -12,12 +12,13 @@ from typing import Any
 import asyncpg
 
 from services.worker import repository as repo
-from services.worker.errors import LeaseLost, classify
+from services.worker.errors import LeaseLost, classify, is_missing_bucket
 from services.worker.export import ExportJob, Lease
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.outbox import enqueue_run
 from shared.settings import Settings
 from shared.states import State
+from shared.storage import ensure_bucket
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,10 @@ class LeaseRunner:
 
     async def _end_failed_attempt(self, lease: Lease, exc: Exception) -> None:
         outcome = classify(exc, attempt=lease.attempt, settings=self._settings)
+        if is_missing_bucket(exc):
+            # Recreated here, so that the retry can succeed once the file store is back.
+            with contextlib.suppress(Exception):
+                await ensure_bucket(self._s3, self._settings.s3_bucket)
         log.warning(
             "export attempt failed",
             extra=lease.log_extra(error=type(exc).__name__, code=outcome.code, next_state=outcome.state),

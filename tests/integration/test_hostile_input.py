@@ -49,7 +49,16 @@ async def test_deeply_nested_or_huge_number_json_is_malformed(api: Any, auth: He
 
 @pytest.mark.parametrize(
     "sent_at",
-    ["0001-01-01T00:00:00Z", "0999-06-01T12:00:00+01:00", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"],
+    [
+        "0001-01-01T00:00:00Z",
+        "0999-06-01T12:00:00+01:00",
+        "0001-01-01T00:00:00+14:00",
+        "9999-12-31T23:59:59-14:00",
+        "2026-W01-1T00:00:00+00:00",
+        "2026-01-01 00:00:00+00:00",
+        "20260101T000000Z",
+        "2026-01-01T00:00:00",
+    ],
 )
 async def test_timestamps_outside_four_digit_years_are_refused(
     api: Any, auth: Headers, pool: asyncpg.Pool, sent_at: str

@@ -76,7 +76,7 @@ async def test_range_boundaries_and_empty_range(api: TestClient[Any, Any], auth:
         assert operation["result"]["message_count"] == len(seqs)
 
 
-async def test_a_result_lost_from_storage_is_a_503_not_a_crash(
+async def test_a_result_lost_from_storage_is_a_clean_500_problem(
     api: TestClient[Any, Any], auth: Headers, pipeline: None, s3: Any, settings: Any
 ) -> None:
     await make_conversation(api, auth, "c-lost", ["alice"])
@@ -89,9 +89,11 @@ async def test_a_result_lost_from_storage_is_a_503_not_a_crash(
         await s3.delete_object(Bucket=settings.s3_bucket, Key=item["Key"])
 
     download = await api.get(operation["result"]["url"], headers=auth("alice"))
-    assert download.status == 503
-    assert download.headers["Retry-After"] == "30"
-    assert (await download.json())["code"] == "SERVICE_UNAVAILABLE"
+    assert download.status == 500
+    assert "Retry-After" not in download.headers  # retrying cannot bring a lost object back
+    body = await download.json()
+    assert body["code"] == "INTERNAL"
+    assert body["detail"] == "The result file is missing from storage; it cannot be downloaded."
 
 
 async def test_stalled_downloads_are_capped_and_cut_off(

@@ -134,3 +134,16 @@ async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Co
     retried = await claim(conn, "w2")
     assert retried["generation"] == 2
     assert (await row(conn))["error_code"] is None
+
+
+async def test_an_operation_that_lost_its_worker_on_every_attempt_is_parked(conn: asyncpg.Connection) -> None:
+    for _ in range(3):
+        await expire_lease(conn)
+        assert not await repo.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
+        await claim(conn, "w")
+    assert not await repo.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")  # lease live
+    await expire_lease(conn)
+    assert await repo.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
+    parked = await row(conn)
+    assert (parked["state"], parked["error_code"], parked["lease_expires_at"]) == ("FAILED_REPAIR", "WORKER_LOST", None)
+    assert await repo.claim(conn, operation_id="op_1", worker_id="w", lease_seconds=LEASE) is None

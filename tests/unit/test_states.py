@@ -61,6 +61,7 @@ SETTINGS = Settings(retry_base_seconds=2, retry_cap_seconds=60, max_attempts=4)
         EndpointConnectionError(endpoint_url="http://s3"),
         ClientError({"Error": {"Code": "InternalError"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"),
         ClientError({"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutObject"),
+        ClientError({"Error": {"Code": "NoSuchBucket"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "PutObject"),
         asyncpg.ConnectionDoesNotExistError("gone"),
         ConnectionResetError(),
         TimeoutError(),
@@ -77,6 +78,7 @@ def test_transient_and_unexpected_errors_retry_until_the_budget_is_spent(error: 
     assert spent.state == State.FAILED_REPAIR
     assert spent.retry_delay_seconds is None
     assert "requeue" in spent.message
+    assert ".." not in spent.message and ".." not in outcome.message
 
 
 def test_permanent_errors_fail_at_once() -> None:

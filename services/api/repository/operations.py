@@ -139,11 +139,13 @@ async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_i
     """Move a QUEUED, RUNNING or RETRY_AT operation to CANCEL_REQUESTED; return it, or None if not moved.
 
     One conditional UPDATE (contract 5.3): it cannot overtake a SUCCEEDED that committed first, and once
-    it commits the worker's conditional SUCCEEDED update can no longer match.
+    it commits the worker's conditional SUCCEEDED update can no longer match. A retry's error goes: it
+    no longer describes what happens next (5.2 shows ``error`` only in RETRY_AT, FAILED, FAILED_REPAIR).
     """
     return await conn.fetchrow(
         f"""
-        UPDATE operations o SET state = 'CANCEL_REQUESTED', updated_at = now(), retry_at = NULL
+        UPDATE operations o SET state = 'CANCEL_REQUESTED', updated_at = now(), retry_at = NULL,
+            error_code = NULL, error_message = NULL
         WHERE o.operation_id = $1 AND o.owner_id = $2 AND o.state = ANY($3::text[])
         RETURNING {_COLUMNS}
         """,

@@ -175,16 +175,24 @@ async def _open_result(request: web.Request, key: str, byte_range: ByteRange | N
         arguments["Range"] = byte_range.s3_range()
     try:
         s3_object = await s3_client(request.app).get_object(**arguments)
-    except (ClientError, BotoCoreError) as exc:
-        # SUCCEEDED promises the file; if storage cannot give it (unreachable, or the object lost
-        # outside our control) the client can only retry later.
-        log.error("result unreadable", extra={"key": key, "error": type(exc).__name__})
-        raise Problem(
-            "SERVICE_UNAVAILABLE",
-            "The result file cannot be read from storage right now; try again later.",
-            headers={"Retry-After": "30"},
-        ) from None
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "NoSuchKey":
+            raise _storage_unavailable(key, exc) from None
+        # SUCCEEDED promises the file: a missing object is lost data, for an operator, not for a retry.
+        log.error("published result missing from storage", extra={"key": key})
+        raise Problem("INTERNAL", "The result file is missing from storage; it cannot be downloaded.") from None
+    except BotoCoreError as exc:
+        raise _storage_unavailable(key, exc) from None
     return s3_object["Body"]
+
+
+def _storage_unavailable(key: str, exc: Exception) -> Problem:
+    log.error("result unreadable", extra={"key": key, "error": type(exc).__name__})
+    return Problem(
+        "SERVICE_UNAVAILABLE",
+        "The result file cannot be read from storage right now; try again later.",
+        headers={"Retry-After": "30"},
+    )
 
 
 def _download_headers(row: asyncpg.Record, byte_range: ByteRange | None) -> dict[str, str]:
