@@ -8,10 +8,12 @@ import asyncio
 import hashlib
 from typing import Any
 
+import aio_pika
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from services.api.app import init_app
+from shared.broker import EXPORT_ROUTING_KEY, declare_topology
 from tests.conftest import wait_for
 from tests.helpers import (
     Headers,
@@ -147,3 +149,27 @@ async def test_a_worker_with_one_slot_works_through_a_backlog(
     async with running_pipeline(settings.model_copy(update={"worker_concurrency": 1})):
         for location in locations:
             assert (await wait_terminal(api, auth, "alice", location))["state"] == "SUCCEEDED"
+
+
+async def test_undecodable_wake_ups_are_dead_lettered_and_work_goes_on(
+    api: TestClient[Any, Any], auth: Headers, pipeline: None, settings: Any
+) -> None:
+    junk = [b"[" * 100_000 + b"]" * 100_000, b"not json", b'{"operation_id": "op\\u0000x"}', b"{}", b"\xff"]
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        exchange, _ = await declare_topology(channel, settings)  # the pipeline may not have declared it yet
+        for body in junk * 3:  # more than all the worker's slots
+            await exchange.publish(aio_pika.Message(body=body), routing_key=EXPORT_ROUTING_KEY)
+
+        await make_conversation(api, auth, "c-junk", ["alice"])
+        response = await submit(api, auth, "alice", "c-junk", {"format": "jsonl"}, "after-junk")
+        assert (await wait_terminal(api, auth, "alice", response.headers["Location"]))["state"] == "SUCCEEDED"
+
+        dead = await channel.declare_queue(f"{settings.amqp_queue}.dead", passive=True)
+
+        async def all_dead_lettered() -> bool:
+            declared = await channel.declare_queue(dead.name, passive=True)
+            return declared.declaration_result.message_count == len(junk) * 3
+
+        assert await wait_for(all_dead_lettered, timeout=20)
