@@ -8,7 +8,7 @@ outcome.
 from __future__ import annotations
 
 import aio_pika
-from aio_pika.abc import AbstractExchange, AbstractQueue, AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue, AbstractRobustConnection
 
 from shared.settings import Settings
 
@@ -33,7 +33,7 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
 
 
 async def declare_topology(
-    channel: AbstractRobustChannel, settings: Settings
+    channel: AbstractChannel, settings: Settings
 ) -> tuple[AbstractExchange, AbstractQueue]:
     """Declare the work exchange, the quorum work queue and its dead-letter queue; return (exchange, queue).
 
