@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -52,18 +53,18 @@ async def put_conversation(request: web.Request) -> web.Response:
 
 async def add_member(request: web.Request) -> web.Response:
     """``PUT /admin/conversations/{cid}/members/{uid}``: add one member (idempotent); 204, or 404."""
-    conversation_id, user_id = _path_id(request, "cid"), _path_id(request, "uid")
-    async with request.app[POOL].acquire() as conn:
-        if not await repo.add_member(conn, conversation_id=conversation_id, user_id=user_id):
-            raise not_found()
-    return web.Response(status=204)
+    return await _change_member(request, repo.add_member)
 
 
 async def remove_member(request: web.Request) -> web.Response:
     """``DELETE /admin/conversations/{cid}/members/{uid}``: remove one member (idempotent); 204, or 404."""
+    return await _change_member(request, repo.remove_member)
+
+
+async def _change_member(request: web.Request, change: Callable[..., Awaitable[bool]]) -> web.Response:
     conversation_id, user_id = _path_id(request, "cid"), _path_id(request, "uid")
     async with request.app[POOL].acquire() as conn:
-        if not await repo.remove_member(conn, conversation_id=conversation_id, user_id=user_id):
+        if not await change(conn, conversation_id=conversation_id, user_id=user_id):
             raise not_found()
     return web.Response(status=204)
 
