@@ -32,9 +32,7 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
     )
 
 
-async def declare_topology(
-    channel: AbstractChannel, settings: Settings
-) -> tuple[AbstractExchange, AbstractQueue]:
+async def declare_topology(channel: AbstractChannel, settings: Settings) -> tuple[AbstractExchange, AbstractQueue]:
     """Declare the work exchange, the quorum work queue and its dead-letter queue; return (exchange, queue).
 
     Idempotent: every part may call it on start-up. Over ``amqp_delivery_limit`` redeliveries a message is

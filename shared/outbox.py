@@ -13,20 +13,18 @@ import asyncpg
 from shared.broker import EXPORT_ROUTING_KEY
 
 
-async def enqueue_run(conn: asyncpg.Connection, *, operation_id: str, delay_seconds: float = 0.0) -> int:
-    """Add an outbox row that wakes a worker for ``operation_id`` after ``delay_seconds``; return its id.
+async def enqueue_run(conn: asyncpg.Connection, *, operation_id: str, delay_seconds: float = 0.0) -> None:
+    """Add an outbox row that wakes a worker for ``operation_id`` after ``delay_seconds``.
 
     Runs in the caller's transaction, so the intent commits or vanishes together with the state change.
     """
-    outbox_id: int = await conn.fetchval(
+    await conn.execute(
         """
         INSERT INTO outbox (operation_id, routing_key, payload, not_before)
         VALUES ($1, $2, $3::jsonb, now() + make_interval(secs => $4))
-        RETURNING outbox_id
         """,
         operation_id,
         EXPORT_ROUTING_KEY,
         json.dumps({"operation_id": operation_id}),
         delay_seconds,
     )
-    return outbox_id

@@ -1,8 +1,8 @@
 """The operation state machine of contract section 5.3.
 
 Every transition is one conditional UPDATE on the expected state (and, for a lease holder, the fencing
-generation); this module is the single list of which moves exist, used by the repositories to build their
-conditions and by tests to check them.
+generation). This module lists which moves exist; repositories derive conditions from it where a move has
+several sources (``sources_of``), and the worker's fenced updates name their single source in SQL.
 """
 
 from __future__ import annotations
@@ -52,11 +52,6 @@ TERMINAL: frozenset[State] = frozenset(
     {State.SUCCEEDED, State.CANCELED, State.FAILED, State.FAILED_REPAIR, State.EXPIRED}
 )
 ACTIVE: frozenset[State] = frozenset(State) - TERMINAL
-
-
-def can_transition(current: State, target: State) -> bool:
-    """True when the contract allows ``current -> target``."""
-    return target in TRANSITIONS[current]
 
 
 def sources_of(target: State) -> list[str]:
