@@ -45,6 +45,11 @@ class LeaseRunner:
             await asyncio.shield(self._hand_back(lease))
             raise
         except Exception as exc:
+            if _being_cancelled():
+                # A cancel can surface as the driver's own error (asyncpg interrupted mid-COPY raises
+                # InternalClientError): a shutdown still hands the lease back rather than spending an attempt.
+                await asyncio.shield(self._hand_back(lease))
+                raise asyncio.CancelledError from exc
             await self._end_failed_attempt(lease, exc)
         finally:
             heartbeat.cancel()
@@ -116,3 +121,8 @@ class LeaseRunner:
                 if await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation):
                     await enqueue_run(conn, operation_id=lease.operation_id)
                     log.info("lease handed back on shutdown", extra=lease.log_extra())
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
