@@ -7,12 +7,17 @@ outcome.
 
 from __future__ import annotations
 
+import asyncio
+
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue, AbstractRobustConnection
 
+from shared.lifecycle import keep_trying
 from shared.settings import Settings
 
 EXPORT_ROUTING_KEY = "export.run"
+# What connecting to an unreachable or overloaded broker raises.
+CONNECT_ERRORS: tuple[type[BaseException], ...] = (aio_pika.exceptions.AMQPConnectionError, OSError, TimeoutError)
 
 
 def dead_letter_exchange_name(settings: Settings) -> str:
@@ -28,8 +33,13 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
     return await aio_pika.connect_robust(
         settings.amqp_url,
         client_properties={"connection_name": name},
-        timeout=settings.publish_timeout_seconds,
+        timeout=settings.amqp_connect_timeout_seconds,
     )
+
+
+async def connect_when_ready(settings: Settings, *, name: str, stop: asyncio.Event) -> AbstractRobustConnection:
+    """``connect``, retried with backoff while the broker is unreachable; raises ``Stopped`` on ``stop``."""
+    return await keep_trying(lambda: connect(settings, name=name), what="broker", errors=CONNECT_ERRORS, stop=stop)
 
 
 async def declare_topology(channel: AbstractChannel, settings: Settings) -> tuple[AbstractExchange, AbstractQueue]:

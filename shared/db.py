@@ -7,12 +7,14 @@ second waits, then finds nothing left to apply.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from importlib import resources
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from shared.lifecycle import keep_trying
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,15 @@ async def create_pool(settings: Settings, *, min_size: int = 1) -> asyncpg.Pool:
     )
     assert pool is not None
     return pool
+
+
+async def create_pool_when_ready(settings: Settings, *, stop: asyncio.Event) -> asyncpg.Pool:
+    """``create_pool``, retried with backoff while the database is unreachable; raises ``Stopped`` on
+    ``stop``.
+    """
+    return await keep_trying(
+        lambda: create_pool(settings), what="database", errors=TRANSIENT_DATABASE_ERRORS, stop=stop
+    )
 
 
 def migration_files() -> list[tuple[str, str]]:

@@ -7,10 +7,13 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -45,5 +48,37 @@ async def drain(tasks: set[asyncio.Task[None]], *, grace_seconds: float) -> None
 async def run_until_signalled(serve: Callable[..., Awaitable[None]], settings: Settings) -> None:
     """Run ``serve(settings, stop=event)``; SIGINT or SIGTERM sets the event so that it drains and returns."""
     stop = asyncio.Event()
-    with stop_on_signals(stop):
+    with stop_on_signals(stop), contextlib.suppress(Stopped):
         await serve(settings, stop=stop)
+
+
+class Stopped(Exception):
+    """A stop was requested while a dependency was still out of reach."""
+
+
+async def keep_trying(
+    open_resource: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    errors: tuple[type[BaseException], ...],
+    stop: asyncio.Event,
+    first_delay_seconds: float = 1.0,
+    max_delay_seconds: float = 30.0,
+) -> T:
+    """Call ``open_resource`` until it succeeds, waiting ``first_delay_seconds`` (1 s), then twice as long
+    each time up to ``max_delay_seconds`` between tries and logging each failure, so a part started before
+    its dependency waits for it.
+
+    Only ``errors`` are retried. Raises ``Stopped`` when ``stop`` is set before it succeeds.
+    """
+    delay = first_delay_seconds
+    while True:
+        try:
+            return await open_resource()
+        except errors as exc:
+            log.warning("%s unavailable; retrying", what, extra={"error": type(exc).__name__, "retry_in_s": delay})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            raise Stopped(what)
+        delay = min(delay * 2, max_delay_seconds)

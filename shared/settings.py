@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     amqp_exchange: str = "chatexport"
     amqp_queue: str = "chatexport.exports"
     amqp_delivery_limit: int = Field(20, ge=1)
+    amqp_connect_timeout_seconds: float = Field(15.0, gt=0)
 
     s3_endpoint_url: str | None = "http://127.0.0.1:9000"
     s3_region: str = "us-east-1"

@@ -10,7 +10,7 @@ import asyncpg
 
 from services.janitor import repository as repo
 from services.janitor.janitor import Janitor
-from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool
+from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool_when_ready
 from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
 from shared.settings import Settings
@@ -23,7 +23,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     """Run passes until ``stop`` is set. Only the holder of the leader lock acts (Postgres advisory lock
     held by a dedicated connection); a failed pass is logged and the next one tries again.
     """
-    pool = await create_pool(settings)
+    pool = await create_pool_when_ready(settings, stop=stop)
     leader: asyncpg.Connection | None = None
     try:
         async with s3_client(settings) as s3:

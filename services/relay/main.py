@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 
 from services.relay.relay import Relay
 from shared import broker
-from shared.db import create_pool
+from shared.db import create_pool_when_ready
 from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
 from shared.settings import Settings
@@ -17,17 +18,19 @@ log = logging.getLogger(__name__)
 
 
 async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
-    """Relay outbox rows until ``stop`` is set. A batch in flight completes before the relay exits."""
-    pool = await create_pool(settings)
-    connection = await broker.connect(settings, name=f"relay {os.getpid()}")
-    try:
+    """Relay outbox rows until ``stop`` is set. A batch in flight completes before the relay exits.
+
+    Waits for the database and the broker if they are not reachable yet.
+    """
+    async with contextlib.AsyncExitStack() as resources:
+        pool = await create_pool_when_ready(settings, stop=stop)
+        resources.push_async_callback(pool.close)
+        connection = await broker.connect_when_ready(settings, name=f"relay {os.getpid()}", stop=stop)
+        resources.push_async_callback(connection.close)
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         exchange, _ = await broker.declare_topology(channel, settings)
         log.info("relay started", extra={"exchange": settings.amqp_exchange})
         await Relay(pool=pool, exchange=exchange, settings=settings).run(stop=stop)
-    finally:
-        await connection.close()
-        await pool.close()
 
 
 def main(settings: Settings) -> None:

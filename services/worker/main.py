@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -10,7 +11,7 @@ import socket
 from services.worker.consumer import Consumer
 from services.worker.runner import LeaseRunner
 from shared import broker
-from shared.db import create_pool
+from shared.db import create_pool_when_ready
 from shared.lifecycle import drain, run_until_signalled
 from shared.logs import configure_logging
 from shared.settings import Settings
@@ -26,31 +27,30 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     another worker takes them over at once instead of waiting for the lease to expire.
     """
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
-    pool = await create_pool(settings)
-    connection = await broker.connect(settings, name=f"worker {worker_id}")
-    try:
-        async with s3_client(settings) as s3:
-            await ensure_bucket(s3, settings.s3_bucket)
-            channel = await connection.channel()
-            await channel.set_qos(prefetch_count=settings.worker_concurrency)
-            _, queue = await broker.declare_topology(channel, settings)
-            consumer = Consumer(
-                queue=queue,
-                pool=pool,
-                runner=LeaseRunner(pool=pool, s3=s3, settings=settings),
-                settings=settings,
-                worker_id=worker_id,
-            )
-            # The consumer keeps the queue referenced: connect_robust restores only consumers it can still
-            # reach (PITFALLS).
-            await consumer.start()
-            log.info("worker consuming", extra={"worker": worker_id, "queue": settings.amqp_queue})
-            await stop.wait()
-            await consumer.stop()
-            await drain(consumer.running, grace_seconds=settings.shutdown_grace_seconds)
-    finally:
-        await connection.close()
-        await pool.close()
+    async with contextlib.AsyncExitStack() as resources:
+        pool = await create_pool_when_ready(settings, stop=stop)
+        resources.push_async_callback(pool.close)
+        connection = await broker.connect_when_ready(settings, name=f"worker {worker_id}", stop=stop)
+        resources.push_async_callback(connection.close)
+        s3 = await resources.enter_async_context(s3_client(settings))
+        await ensure_bucket(s3, settings.s3_bucket)
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=settings.worker_concurrency)
+        _, queue = await broker.declare_topology(channel, settings)
+        consumer = Consumer(
+            queue=queue,
+            pool=pool,
+            runner=LeaseRunner(pool=pool, s3=s3, settings=settings),
+            settings=settings,
+            worker_id=worker_id,
+        )
+        # The consumer keeps the queue referenced: connect_robust restores only consumers it can still
+        # reach (PITFALLS).
+        await consumer.start()
+        log.info("worker consuming", extra={"worker": worker_id, "queue": settings.amqp_queue})
+        await stop.wait()
+        await consumer.stop()
+        await drain(consumer.running, grace_seconds=settings.shutdown_grace_seconds)
 
 
 def main(settings: Settings) -> None:

@@ -1,0 +1,62 @@
+"""Waiting for dependencies and draining in-flight work."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared.lifecycle import Stopped, drain, keep_trying
+
+
+async def test_keep_trying_retries_the_listed_errors_until_success() -> None:
+    attempts: list[int] = []
+
+    async def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionRefusedError
+        return "open"
+
+    result = await keep_trying(flaky, what="thing", errors=(OSError,), stop=asyncio.Event(), first_delay_seconds=0.01)
+    assert result == "open"
+    assert len(attempts) == 3
+
+
+async def test_keep_trying_gives_up_on_stop_and_does_not_retry_other_errors() -> None:
+    stop = asyncio.Event()
+
+    async def down() -> None:
+        stop.set()
+        raise ConnectionRefusedError
+
+    with pytest.raises(Stopped):
+        await keep_trying(down, what="thing", errors=(OSError,), stop=stop, first_delay_seconds=10)
+
+    async def broken() -> None:
+        raise ValueError("a bug, not an outage")
+
+    with pytest.raises(ValueError, match="a bug"):
+        await keep_trying(broken, what="thing", errors=(OSError,), stop=asyncio.Event())
+
+
+async def test_drain_waits_for_work_that_starts_meanwhile_and_cancels_what_overruns() -> None:
+    tasks: set[asyncio.Task[None]] = set()
+    finished: list[str] = []
+
+    async def work(name: str, seconds: float) -> None:
+        await asyncio.sleep(seconds)  # the work being drained, not synchronisation
+        finished.append(name)
+        if name == "first":
+            late = asyncio.create_task(work("late", 0.01))
+            tasks.add(late)
+            late.add_done_callback(tasks.discard)
+
+    for name, seconds in (("first", 0.01), ("slow", 60)):
+        task = asyncio.create_task(work(name, seconds))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    await asyncio.wait_for(drain(tasks, grace_seconds=0.5), 5)
+    assert finished == ["first", "late"]
+    assert not tasks
