@@ -31,6 +31,7 @@ from services.worker.repository import copy_export_lines
 from shared.auth import mint_token
 from shared.db import ensure_database, migrate
 from shared.settings import Settings
+from tests.conftest import delete_broker_objects
 from tests.e2e.system import LocalSystem
 
 PG_SERVER = os.environ.get("CHATEXPORT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
@@ -121,6 +122,7 @@ async def run(total: int, batch: int) -> None:
         copy_seconds, copy_bytes = await copy_baseline(database_url, total)
     finally:
         system.stop()
+        await delete_broker_objects(system.settings())
         admin_conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
         await admin_conn.execute(f'DROP DATABASE IF EXISTS "{database_url.rsplit("/", 1)[1]}" WITH (FORCE)')
         await admin_conn.close()

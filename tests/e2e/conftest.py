@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -10,7 +10,7 @@ import pytest
 
 from shared.auth import mint_token
 from shared.settings import Settings
-from tests.conftest import AMQP_URL, cloned_database
+from tests.conftest import AMQP_URL, cloned_database, delete_broker_objects
 from tests.e2e.system import LocalSystem
 
 pytestmark = pytest.mark.e2e
@@ -24,7 +24,7 @@ async def e2e_database(template_db: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture(scope="session")
-def system(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSystem]:
+async def system(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalSystem]:
     """moto, api, relay, two workers and janitor as real processes, stopped at the end of the session."""
     log_dir: Path = tmp_path_factory.mktemp("e2e-logs")
     local = LocalSystem(
@@ -42,6 +42,7 @@ def system(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield local
     finally:
         codes = local.stop()
+        await delete_broker_objects(local.settings())
         assert all(code in (0, -15) for name, code in codes.items() if name != "moto"), codes
 
 

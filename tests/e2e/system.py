@@ -17,6 +17,7 @@ from pathlib import Path
 
 from shared.devs3 import MotoServer, free_port, start_moto
 from shared.processes import ProcessGroup
+from shared.settings import Settings
 
 READY_TIMEOUT_SECONDS = 60.0
 
@@ -85,6 +86,11 @@ class LocalSystem:
                 pass
             time.sleep(0.1)  # polling another process's readiness
         raise RuntimeError("the API did not become ready")
+
+    def settings(self) -> Settings:
+        """The settings every part runs with."""
+        names = {key.removeprefix("CHATEXPORT_").lower(): value for key, value in self.env.items()}
+        return Settings.model_validate({key: value for key, value in names.items() if key in Settings.model_fields})
 
     def stop(self) -> dict[str, int]:
         """SIGTERM every part, SIGKILL what is left after the grace period; return the exit codes."""
