@@ -52,6 +52,13 @@ async def run_until_signalled(serve: Callable[..., Awaitable[None]], settings: S
         await serve(settings, stop=stop)
 
 
+async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait ``seconds``, or less if ``stop`` is set meanwhile; return whether it is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
 class Stopped(Exception):
     """A stop was requested while a dependency was still out of reach."""
 
@@ -77,8 +84,6 @@ async def keep_trying(
             return await open_resource()
         except errors as exc:
             log.warning("%s unavailable; retrying", what, extra={"error": type(exc).__name__, "retry_in_s": delay})
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
-        if stop.is_set():
+        if await sleep_unless_stopped(stop, delay):
             raise Stopped(what)
         delay = min(delay * 2, max_delay_seconds)

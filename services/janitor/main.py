@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import asyncpg
@@ -11,7 +10,7 @@ import asyncpg
 from services.janitor import repository as repo
 from services.janitor.janitor import Janitor
 from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool_when_ready
-from shared.lifecycle import run_until_signalled
+from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
 from shared.settings import Settings
 from shared.storage import s3_client
@@ -32,8 +31,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
                 leader = await _lead(settings, leader)
                 if leader is not None:
                     await _pass(janitor)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), settings.janitor_interval_seconds)
+                await sleep_unless_stopped(stop, settings.janitor_interval_seconds)
     finally:
         if leader is not None and not leader.is_closed():
             await leader.close()

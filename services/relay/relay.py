@@ -101,7 +101,8 @@ class Relay:
 
     async def _wait(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
         timeout = self._settings.relay_poll_seconds
-        with contextlib.suppress(Exception):
+        # Without the database the poll interval still applies; the next batch reports the outage.
+        with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
             async with self._pool.acquire() as conn:
                 due = await repo.seconds_until_next_due(conn)
             if due is not None:
