@@ -63,6 +63,15 @@ def _describe(exc: BaseException) -> tuple[str, str]:
     return "INTERNAL_ERROR", "The export hit an unexpected error"
 
 
+def error_name(exc: BaseException) -> str:
+    """The exception's class, with S3's error code for a ``ClientError`` (``ClientError:SlowDown``): what an
+    operator needs in the log to tell a missing bucket from an overloaded store.
+    """
+    if isinstance(exc, ClientError):
+        return f"ClientError:{exc.response.get('Error', {}).get('Code', '?')}"
+    return type(exc).__name__
+
+
 def is_missing_bucket(exc: BaseException) -> bool:
     """True when ``exc`` says the bucket does not exist (a file store restarted empty, say)."""
     return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "NoSuchBucket"

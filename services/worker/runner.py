@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from services.worker import repository as repo
-from services.worker.errors import LeaseLost, classify, is_missing_bucket
+from services.worker.errors import LeaseLost, classify, error_name, is_missing_bucket
 from services.worker.export import ExportJob, Lease
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.outbox import enqueue_run
@@ -93,7 +93,7 @@ class LeaseRunner:
                 await ensure_bucket(self._s3, self._settings.s3_bucket)
         log.warning(
             "export attempt failed",
-            extra=lease.log_extra(error=type(exc).__name__, code=outcome.code, next_state=outcome.state),
+            extra=lease.log_extra(error=error_name(exc), code=outcome.code, next_state=outcome.state),
         )
         try:
             async with self._pool.acquire() as conn, conn.transaction():

@@ -6,7 +6,7 @@ import asyncpg
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from services.worker.errors import PermanentError, backoff_seconds, classify
+from services.worker.errors import PermanentError, backoff_seconds, classify, error_name
 from shared.settings import Settings
 from shared.states import ACTIVE, TERMINAL, TRANSITIONS, State, sources_of
 
@@ -85,3 +85,9 @@ def test_backoff_grows_exponentially_with_jitter_up_to_the_cap() -> None:
         delays = [backoff_seconds(attempt, SETTINGS) for _ in range(200)]
         assert all(ceiling / 2 <= delay <= ceiling for delay in delays), (attempt, min(delays), max(delays))
         assert len(set(delays)) > 1  # jitter
+
+
+def test_error_names_carry_the_s3_error_code() -> None:
+    missing = ClientError({"Error": {"Code": "NoSuchBucket"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "PutObject")
+    assert error_name(missing) == "ClientError:NoSuchBucket"
+    assert error_name(ConnectionResetError()) == "ConnectionResetError"
