@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import asyncpg
 import pydantic
 
-from shared.ids import is_valid_id
+from shared.ids import is_operation_id, is_valid_id
 from shared.processes import PARENT_PID_ENV, die_with_parent
 from shared.settings import Settings
 
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_token(commands)
     _add_import(commands)
     _add_dev(commands)
+    _add_requeue(commands)
     return parser
 
 
@@ -78,6 +79,18 @@ def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--ready-timeout", type=float, default=60.0, metavar="SECONDS", help="wait for /readyz (default 60)"
     )
     sub.set_defaults(handler=_cmd_dev)
+
+
+def _add_requeue(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = commands.add_parser("requeue", help="put FAILED_REPAIR operations back to QUEUED with a fresh budget")
+    sub.add_argument("operation_ids", nargs="+", type=_operation_id, metavar="OPERATION_ID")
+    sub.set_defaults(handler=_cmd_requeue)
+
+
+def _operation_id(value: str) -> str:
+    if not is_operation_id(value):
+        raise argparse.ArgumentTypeError("must be an operation id (op_ and 24 characters)")
+    return value
 
 
 def _user_id(value: str) -> str:
@@ -216,6 +229,28 @@ def _cmd_import(args: argparse.Namespace) -> int:
         f"skipped: {summary.skipped} ({elapsed:.1f} s)"
     )
     return 0
+
+
+def _cmd_requeue(args: argparse.Namespace) -> int:
+    """Requeue each id (contract 5.3); print one line per id; exit 1 if any was not FAILED_REPAIR."""
+    from shared.repair import Requeue, requeue
+
+    settings = load_settings()
+
+    async def run() -> list[Requeue]:
+        conn = await asyncpg.connect(settings.database_url, timeout=settings.database_timeout_seconds)
+        try:
+            return [await requeue(conn, operation_id=operation_id) for operation_id in args.operation_ids]
+        finally:
+            await conn.close()
+
+    outcomes = asyncio.run(run())
+    for operation_id, outcome in zip(args.operation_ids, outcomes, strict=True):
+        if outcome.requeued:
+            print(f"{operation_id}: requeued")
+        else:
+            print(f"{operation_id}: not requeued ({outcome.state or 'no such operation'})", file=sys.stderr)
+    return 0 if all(outcome.requeued for outcome in outcomes) else 1
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:

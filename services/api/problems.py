@@ -30,6 +30,7 @@ CODES: dict[str, tuple[int, str]] = {
     "IDEMPOTENCY_KEY_REUSED": (409, "Idempotency-Key reused"),
     "IDEMPOTENCY_KEY_EXPIRED": (409, "Idempotency-Key expired"),
     "ALREADY_TERMINAL": (409, "Operation already terminal"),
+    "NOT_REQUEUEABLE": (409, "Operation not requeueable"),
     "RESULT_NOT_READY": (409, "Result not ready"),
     "RESULT_NOT_AVAILABLE": (409, "Result not available"),
     "ACCESS_REVOKED": (403, "Access revoked"),

@@ -4,7 +4,6 @@ conditional UPDATE, and objects are deleted only after Postgres says nobody may 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -13,6 +12,7 @@ from typing import Any
 import asyncpg
 
 from services.janitor import repository as repo
+from shared.artifacts import remove_artifact
 from shared.outbox import enqueue_run
 from shared.settings import Settings
 
@@ -120,27 +120,16 @@ class Janitor:
 
     async def _remove_artifact(self, artifact: Mapping[str, Any]) -> bool:
         try:
-            await self._remove_object(artifact["object_key"])
+            return await remove_artifact(
+                self._pool,
+                self._s3,
+                bucket=self._settings.s3_bucket,
+                operation_id=artifact["operation_id"],
+                generation=artifact["generation"],
+            )
         except Exception:
             log.warning(
                 "could not remove artifact",
                 extra={"operation_id": artifact["operation_id"], "key": artifact["object_key"]},
             )
             return False
-        async with self._pool.acquire() as conn:
-            await repo.mark_artifact_deleted(
-                conn, operation_id=artifact["operation_id"], generation=artifact["generation"]
-            )
-        return True
-
-    async def _remove_object(self, key: str) -> None:
-        bucket = self._settings.s3_bucket
-        # Listed rather than taken from the record: a worker may have died between creating an upload
-        # and recording its id.
-        listing = await self._s3.list_multipart_uploads(Bucket=bucket, Prefix=key)
-        for upload in listing.get("Uploads", []):
-            if upload["Key"] == key:
-                # An upload completed or aborted meanwhile is gone: nothing to do for it.
-                with contextlib.suppress(self._s3.exceptions.NoSuchUpload):
-                    await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload["UploadId"])
-        await self._s3.delete_object(Bucket=bucket, Key=key)

@@ -68,15 +68,6 @@ async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, lim
     return rows
 
 
-async def mark_artifact_deleted(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> None:
-    """Record that the artifact's object and upload are gone."""
-    await conn.execute(
-        "UPDATE artifacts SET state = 'DELETED', updated_at = now() WHERE operation_id = $1 AND generation = $2",
-        operation_id,
-        generation,
-    )
-
-
 async def record_deletion(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> None:
     """Record a result deletion beside the download attempts (contract 5.5's access events)."""
     await conn.execute(

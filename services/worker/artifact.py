@@ -110,18 +110,16 @@ class ArtifactWriter:
         )
         return self.digest()
 
-    async def discard(self) -> None:
-        """Stop any upload, abort the multipart upload and delete the object, ignoring what is gone."""
+    async def abandon(self) -> None:
+        """Stop the part upload in flight and drop the buffer; removing what S3 holds is the caller's job
+        (``shared.artifacts.remove_artifact``), under the artifact's record.
+        """
         self._buffer.clear()
         if self._in_flight is not None:
             self._in_flight.cancel()
             with contextlib.suppress(BaseException):
                 await self._in_flight
             self._in_flight = None
-        if self._upload_id is not None:
-            with contextlib.suppress(Exception):
-                await self._s3.abort_multipart_upload(Bucket=self._bucket, Key=self._key, UploadId=self._upload_id)
-        await self._s3.delete_object(Bucket=self._bucket, Key=self._key)
 
 
 async def read_digest(s3: Any, *, bucket: str, key: str) -> Digest:

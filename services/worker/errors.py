@@ -18,7 +18,14 @@ from shared.states import State
 
 
 class LeaseLost(Exception):
-    """A fenced write matched nothing: another generation holds the operation, or it was canceled."""
+    """A fenced write matched nothing: another generation holds the operation, or it was canceled.
+
+    ``write`` names the rejected write (``artifact``, ``progress``, ``result``, ``state``, ``heartbeat``).
+    """
+
+    def __init__(self, write: str) -> None:
+        super().__init__(write)
+        self.write = write
 
 
 class PermanentError(Exception):

@@ -5,16 +5,18 @@ and commit SUCCEEDED together with the membership re-check (contract 5.6, 5.7 an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+from botocore.exceptions import ClientError
 
+from services.worker import metrics
 from services.worker import repository as repo
 from services.worker.artifact import ArtifactWriter, Digest, read_digest
 from services.worker.errors import LeaseLost, PermanentError, access_revoked
+from shared.artifacts import remove_artifact
 from shared.settings import Settings
 from shared.storage import artifact_key
 
@@ -77,17 +79,21 @@ class ExportJob:
         )
 
     async def run(self) -> None:
-        """Write, verify and publish the file; on any failure remove what this attempt uploaded."""
+        """Adopt an earlier generation's verified file, or write, verify and publish a new one; on any
+        failure remove what this attempt uploaded.
+        """
+        if await self._settle_earlier_generations():
+            return
         lease = self._lease
         async with self._pool.acquire() as conn:
             if not await repo.record_artifact(
                 conn, operation_id=lease.operation_id, generation=lease.generation, object_key=self.key
             ):
-                raise LeaseLost
+                raise LeaseLost("artifact")
         try:
             await self._write_messages()
             digest = await self._finish_and_verify()
-            await self._publish(digest)
+            await self._publish(digest, generation=lease.generation)
         except (LeaseLost, PermanentError):
             await asyncio.shield(self._discard())
             raise
@@ -95,6 +101,49 @@ class ExportJob:
             if not self._commit_sent:
                 await asyncio.shield(self._discard())
             raise
+
+    async def _settle_earlier_generations(self) -> bool:
+        """After a takeover, publish an earlier generation's complete object if S3 still holds exactly what
+        was verified (True), and remove every other earlier object and upload (contract 6: unknown outcomes).
+        """
+        lease = self._lease
+        async with self._pool.acquire() as conn:
+            earlier = await repo.earlier_artifacts(conn, operation_id=lease.operation_id, generation=lease.generation)
+        for artifact in earlier:
+            if artifact["state"] == "COMPLETE" and await self._adopt(artifact):
+                metrics.ARTIFACTS_ADOPTED.inc()
+                return True
+            removed = await remove_artifact(
+                self._pool,
+                self._s3,
+                bucket=self._settings.s3_bucket,
+                operation_id=lease.operation_id,
+                generation=artifact["generation"],
+            )
+            if removed:
+                metrics.EARLIER_ARTIFACTS_REMOVED.inc()
+            log.info(
+                "earlier generation's artifact removed" if removed else "earlier generation's artifact kept",
+                extra=lease.log_extra(artifact_generation=artifact["generation"], artifact_state=artifact["state"]),
+            )
+        return False
+
+    async def _adopt(self, artifact: asyncpg.Record) -> bool:
+        recorded = Digest(artifact["size_bytes"], artifact["sha256"], artifact["message_count"])
+        try:
+            stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=artifact["object_key"])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+                raise
+            return False
+        if stored != recorded:
+            return False
+        try:
+            await self._publish(recorded, generation=artifact["generation"])
+        except ArtifactGone:
+            return False
+        log.info("earlier generation's artifact adopted", extra=self._lease.log_extra(adopted=artifact["generation"]))
+        return True
 
     async def _write_messages(self) -> None:
         lease, batch = self._lease, self._settings.export_batch_rows
@@ -116,19 +165,24 @@ class ExportJob:
             raise RuntimeError(f"stored object differs from what was written: {stored} != {written}")
         lease = self._lease
         async with self._pool.acquire() as conn:
-            await repo.mark_artifact(
+            if not await repo.complete_artifact(
                 conn,
                 operation_id=lease.operation_id,
                 generation=lease.generation,
-                state="COMPLETE",
                 size_bytes=written.size_bytes,
                 sha256=written.sha256,
                 message_count=written.line_count,
-            )
+            ):
+                raise LeaseLost("artifact")
         return written
 
-    async def _publish(self, digest: Digest) -> None:
+    async def _publish(self, digest: Digest, *, generation: int) -> None:
+        """Commit SUCCEEDED with the object of ``generation`` (ours, or an adopted earlier one) after the
+        membership re-check, in one transaction (5.7). Raises ``PermanentError`` (access revoked),
+        ``LeaseLost``, or ``ArtifactGone`` when that object was removed meanwhile.
+        """
         lease = self._lease
+        key = artifact_key(self._settings, lease.operation_id, generation)
         async with self._pool.acquire() as conn, conn.transaction():
             if not await repo.holds_membership(conn, conversation_id=lease.conversation_id, user_id=lease.owner_id):
                 raise access_revoked()
@@ -136,21 +190,20 @@ class ExportJob:
                 conn,
                 operation_id=lease.operation_id,
                 generation=lease.generation,
-                object_key=self.key,
+                object_key=key,
                 size_bytes=digest.size_bytes,
                 sha256=digest.sha256,
                 message_count=digest.line_count,
                 result_ttl_seconds=self._settings.result_ttl_seconds,
             )
             if not published:
-                raise LeaseLost
-            await repo.mark_artifact(
-                conn, operation_id=lease.operation_id, generation=lease.generation, state="PUBLISHED"
-            )
+                raise LeaseLost("result")
+            if not await repo.publish_artifact(conn, operation_id=lease.operation_id, generation=generation):
+                raise ArtifactGone(key)
             self._commit_sent = True
         log.info(
             "export succeeded",
-            extra=lease.log_extra(size_bytes=digest.size_bytes, messages=digest.line_count),
+            extra=lease.log_extra(size_bytes=digest.size_bytes, messages=digest.line_count, key_generation=generation),
         )
 
     async def _progress(self, phase: str) -> None:
@@ -166,7 +219,7 @@ class ExportJob:
                 lease_seconds=self._settings.lease_seconds,
             )
         if not held:
-            raise LeaseLost
+            raise LeaseLost("progress")
 
     async def _record_upload_id(self, upload_id: str) -> None:
         async with self._pool.acquire() as conn:
@@ -178,17 +231,25 @@ class ExportJob:
             )
 
     async def _discard(self) -> None:
-        """Remove this attempt's object and upload; what cannot be removed now, the janitor removes later."""
+        """Remove this attempt's object and upload; what cannot be removed now, the janitor removes later.
+
+        Under the artifact's record: a newer generation may have adopted this object meanwhile, and then it
+        is kept (``remove_artifact`` refuses a served result).
+        """
+        await self._writer.abandon()
         try:
-            await self._writer.discard()
+            await remove_artifact(
+                self._pool,
+                self._s3,
+                bucket=self._settings.s3_bucket,
+                operation_id=self._lease.operation_id,
+                generation=self._lease.generation,
+            )
         except Exception:
             log.warning("could not remove artifact; left to the janitor", extra=self._lease.log_extra(key=self.key))
-            return
-        with contextlib.suppress(Exception):
-            async with self._pool.acquire() as conn:
-                await repo.mark_artifact(
-                    conn,
-                    operation_id=self._lease.operation_id,
-                    generation=self._lease.generation,
-                    state="DELETED",
-                )
+
+
+class ArtifactGone(Exception):
+    """The object to publish was removed before the SUCCEEDED transaction could take it (adoption lost a
+    race with a removal); the transaction is rolled back.
+    """

@@ -176,30 +176,56 @@ async def record_upload_id(conn: asyncpg.Connection, *, operation_id: str, gener
     )
 
 
-async def mark_artifact(
-    conn: asyncpg.Connection,
-    *,
-    operation_id: str,
-    generation: int,
-    state: str,
-    size_bytes: int | None = None,
-    sha256: str | None = None,
-    message_count: int | None = None,
-) -> None:
-    """Set an artifact's state (COMPLETE, PUBLISHED, DELETED) and, when given, its verified figures."""
-    await conn.execute(
+async def complete_artifact(
+    conn: asyncpg.Connection, *, operation_id: str, generation: int, size_bytes: int, sha256: str, message_count: int
+) -> bool:
+    """WRITING -> COMPLETE with the verified figures; False when the record moved on (a newer generation
+    removed this attempt's object, so it may never be published or adopted).
+    """
+    status = await conn.execute(
         """
-        UPDATE artifacts SET state = $3, size_bytes = coalesce($4, size_bytes), sha256 = coalesce($5, sha256),
-            message_count = coalesce($6, message_count), updated_at = now()
-        WHERE operation_id = $1 AND generation = $2 AND state <> 'DELETED'
+        UPDATE artifacts SET state = 'COMPLETE', size_bytes = $3, sha256 = $4, message_count = $5, updated_at = now()
+        WHERE operation_id = $1 AND generation = $2 AND state = 'WRITING'
         """,
         operation_id,
         generation,
-        state,
         size_bytes,
         sha256,
         message_count,
     )
+    return status == "UPDATE 1"
+
+
+async def publish_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
+    """COMPLETE -> PUBLISHED, in the SUCCEEDED transaction; False when the artifact was removed meanwhile.
+
+    The row lock this takes orders it against ``shared.artifacts.remove_artifact``.
+    """
+    status = await conn.execute(
+        """
+        UPDATE artifacts SET state = 'PUBLISHED', updated_at = now()
+        WHERE operation_id = $1 AND generation = $2 AND state = 'COMPLETE'
+        """,
+        operation_id,
+        generation,
+    )
+    return status == "UPDATE 1"
+
+
+async def earlier_artifacts(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> list[asyncpg.Record]:
+    """Artifacts of earlier generations not yet removed, newest first: (generation, object_key, state,
+    size_bytes, sha256, message_count). A takeover adopts a COMPLETE one or removes them (contract 6).
+    """
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        SELECT generation, object_key, state, size_bytes, sha256, message_count FROM artifacts
+        WHERE operation_id = $1 AND generation < $2 AND state <> 'DELETED'
+        ORDER BY generation DESC
+        """,
+        operation_id,
+        generation,
+    )
+    return rows
 
 
 async def succeed(

@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 
+from services.worker import metrics
 from services.worker import repository as repo
 from services.worker.errors import LeaseLost, classify, error_name, is_missing_bucket
 from services.worker.export import ExportJob, Lease
@@ -39,8 +40,8 @@ class LeaseRunner:
         heartbeat = asyncio.create_task(self._heartbeat(lease), name=f"heartbeat-{lease.operation_id}")
         try:
             await ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, lease=lease).run()
-        except LeaseLost:
-            await self._after_lease_lost(lease)
+        except LeaseLost as lost:
+            await self._after_lease_lost(lease, write=lost.write)
         except asyncio.CancelledError:
             await asyncio.shield(self._hand_back(lease))
             raise
@@ -71,18 +72,27 @@ class LeaseRunner:
                 log.warning("heartbeat failed; will try again", extra=lease.log_extra())
                 continue
             if not held:
-                return  # the job notices at its next fenced write
+                # The job notices at its next fenced write and reports it.
+                return
 
-    async def _after_lease_lost(self, lease: Lease) -> None:
+    async def _after_lease_lost(self, lease: Lease, *, write: str) -> None:
+        """A fenced ``write`` matched nothing: finish the cancel it was refused for, or count and log the
+        rejection of a superseded generation's write (contract 5.3).
+        """
         async with self._pool.acquire() as conn:
             now = await repo.current_state(conn, operation_id=lease.operation_id)
             if now is not None and now["state"] == State.CANCEL_REQUESTED and now["generation"] == lease.generation:
                 if await repo.finish_cancel(conn, operation_id=lease.operation_id, generation=lease.generation):
                     log.info("export canceled by the worker", extra=lease.log_extra())
                 return
+        superseded = now is not None and now["generation"] > lease.generation
+        if superseded:
+            metrics.STALE_GENERATION_WRITES.labels(write=write).inc()
         log.warning(
-            "fenced write rejected: lease lost",
-            extra=lease.log_extra(state_now=now and now["state"], generation_now=now and now["generation"]),
+            "fenced write rejected: a newer generation holds the operation" if superseded else "fenced write rejected",
+            extra=lease.log_extra(
+                write=write, state_now=now and now["state"], generation_now=now and now["generation"]
+            ),
         )
 
     async def _end_failed_attempt(self, lease: Lease, exc: Exception) -> None:
@@ -113,7 +123,7 @@ class LeaseRunner:
             log.warning("could not record the failed attempt", extra=lease.log_extra())
             return
         if not ended:
-            await self._after_lease_lost(lease)
+            await self._after_lease_lost(lease, write="state")
 
     async def _hand_back(self, lease: Lease) -> None:
         with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):

@@ -1,4 +1,4 @@
-"""The artifact writer against a real moto server: parts, single PutObject, verification, discard."""
+"""The artifact writer against a real moto server: parts, single PutObject, verification, abandon."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from services.worker.artifact import ArtifactWriter, read_digest
+from shared.artifacts import remove_object
 from shared.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -57,12 +58,13 @@ async def test_small_and_empty_files_are_single_objects(s3: Any, settings: Setti
         assert digest.size_bytes == len(data)
 
 
-async def test_discard_removes_the_object_and_the_open_upload(s3: Any, settings: Settings) -> None:
+async def test_abandon_then_remove_object_leaves_no_object_and_no_upload(s3: Any, settings: Settings) -> None:
     started: list[str] = []
     artifact = writer(s3, settings, "exports/op/g2.jsonl", started)
     await artifact.write(payload(11 * MIB))
     assert len(started) == 1
-    await artifact.discard()
+    await artifact.abandon()
+    await remove_object(s3, bucket=settings.s3_bucket, key="exports/op/g2.jsonl")
 
     uploads = await s3.list_multipart_uploads(Bucket=settings.s3_bucket)
     assert uploads.get("Uploads", []) == []

@@ -20,7 +20,8 @@ from services.api.repository import messages as repo
 from services.api.responses import json_response
 from services.api.schemas import ImportedMessage, MemberSet
 from services.api.views.messages import check_body_bytes
-from shared.ids import is_valid_id
+from shared.ids import is_operation_id, is_valid_id
+from shared.repair import requeue
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,28 @@ async def import_messages(request: web.Request) -> web.Response:
         extra={"conversation_id": conversation_id, "imported": result.imported, "skipped": result.skipped},
     )
     return json_response({"imported": result.imported, "skipped": result.skipped})
+
+
+async def requeue_operation(request: web.Request) -> web.Response:
+    """``POST /admin/operations/{operation_id}/requeue``: FAILED_REPAIR -> QUEUED with a fresh attempt budget
+    (contract 5.3); 202 ``{"operation_id", "state": "QUEUED"}``. 404 when unknown; 409 ``NOT_REQUEUEABLE``
+    with ``state`` from any other state, which is left alone.
+    """
+    operation_id = request.match_info["operation_id"]
+    if not is_operation_id(operation_id):
+        raise validation_failed([{"loc": ["path", "operation_id"], "msg": "must be an operation id (op_...)"}])
+    async with request.app[POOL].acquire() as conn:
+        outcome = await requeue(conn, operation_id=operation_id)
+    if outcome.state is None:
+        raise not_found()
+    if not outcome.requeued:
+        raise Problem(
+            "NOT_REQUEUEABLE",
+            f"Only a FAILED_REPAIR operation can be requeued; this one is {outcome.state}.",
+            state=outcome.state,
+        )
+    log.info("operation requeued by an admin", extra={"operation_id": operation_id})
+    return json_response({"operation_id": operation_id, "state": outcome.state}, status=202)
 
 
 def _parse_lines(raw: bytes, *, body_max_bytes: int) -> list[ImportedMessage]:

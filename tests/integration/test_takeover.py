@@ -1,0 +1,193 @@
+"""Takeovers on real Postgres and a moto server (contract 5.3 and 6): the new generation adopts an earlier
+generation's verified object or removes what it left, and a superseded holder's writes are rejected and
+counted without touching the published object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import asyncpg
+import pytest
+from prometheus_client import REGISTRY
+
+from services.worker import repository as repo
+from services.worker.export import Lease
+from services.worker.runner import LeaseRunner
+from shared.artifacts import remove_artifact
+from shared.settings import Settings
+from shared.storage import artifact_key
+from tests.integration.test_janitor import insert_operation, keys, open_uploads
+
+pytestmark = pytest.mark.integration
+
+MIB = 1024 * 1024
+LINE = (
+    '{{"conversation_id":"c-a","seq":{seq},"message_id":"m{seq}","sender_id":"alice","sent_at":"{at}","body":"hi"}}\n'
+)
+
+
+@pytest.fixture
+async def conversation(pool: asyncpg.Pool) -> None:
+    """c-a with alice as member and messages 1..3."""
+    await pool.execute("INSERT INTO conversations (conversation_id, last_seq) VALUES ('c-a', 3)")
+    await pool.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
+    for seq in (1, 2, 3):
+        await pool.execute(
+            "INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)"
+            " VALUES ('c-a', $1, $2, 'alice', 'hi', '2026-11-30T08:00:00Z')",
+            seq,
+            f"m{seq}",
+        )
+
+
+def expected_file() -> bytes:
+    return "".join(LINE.format(seq=seq, at="2026-11-30T08:00:00.000Z") for seq in (1, 2, 3)).encode()
+
+
+async def abandoned_at_generation_one(pool: asyncpg.Pool) -> None:
+    """op_1 RUNNING under generation 1 whose lease has expired: its worker is gone."""
+    await insert_operation(
+        pool,
+        "op_1",
+        "RUNNING",
+        generation=1,
+        attempt=1,
+        snapshot_max_seq=3,
+        lease_owner="gone",
+        progress_phase="writing",
+    )
+    await pool.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
+
+
+async def record_artifact(pool: asyncpg.Pool, settings: Settings, generation: int, state: str, data: bytes) -> str:
+    key = artifact_key(settings, "op_1", generation)
+    await pool.execute(
+        "INSERT INTO artifacts (operation_id, generation, object_key, state, size_bytes, sha256, message_count)"
+        " VALUES ('op_1', $1, $2, $3, $4, $5, $6)",
+        generation,
+        key,
+        state,
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+        data.count(b"\n"),
+    )
+    return key
+
+
+async def take_over(pool: asyncpg.Pool, s3: Any, settings: Settings) -> Lease:
+    async with pool.acquire() as conn:
+        row = await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
+    assert row is not None
+    lease = Lease.from_row(row)
+    assert lease.generation == 2
+    await LeaseRunner(pool=pool, s3=s3, settings=settings).run(lease)
+    return lease
+
+
+async def operation(pool: asyncpg.Pool) -> asyncpg.Record:
+    found = await pool.fetchrow("SELECT * FROM operations WHERE operation_id = 'op_1'")
+    assert found is not None
+    return found
+
+
+async def artifact_states(pool: asyncpg.Pool) -> dict[int, str]:
+    rows = await pool.fetch("SELECT generation, state FROM artifacts WHERE operation_id = 'op_1'")
+    return {row["generation"]: row["state"] for row in rows}
+
+
+async def test_a_takeover_adopts_the_earlier_generations_verified_object(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    await abandoned_at_generation_one(pool)
+    data = expected_file()
+    key = await record_artifact(pool, settings, 1, "COMPLETE", data)
+    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=data)
+    adopted_before = REGISTRY.get_sample_value("chatexport_worker_artifacts_adopted_total") or 0.0
+
+    await take_over(pool, s3, settings)
+
+    row = await operation(pool)
+    assert (row["state"], row["generation"], row["result_key"]) == ("SUCCEEDED", 2, key)
+    assert row["result_sha256"] == hashlib.sha256(data).hexdigest()
+    assert await artifact_states(pool) == {1: "PUBLISHED"}
+    assert await keys(s3, settings) == {key}
+    assert REGISTRY.get_sample_value("chatexport_worker_artifacts_adopted_total") == adopted_before + 1
+
+
+async def test_a_takeover_removes_a_partial_object_and_its_open_upload_then_writes_its_own(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    await abandoned_at_generation_one(pool)
+    old_key = await record_artifact(pool, settings, 1, "WRITING", b"")
+    await s3.create_multipart_upload(Bucket=settings.s3_bucket, Key=old_key)
+
+    await take_over(pool, s3, settings)
+
+    row = await operation(pool)
+    new_key = artifact_key(settings, "op_1", 2)
+    assert (row["state"], row["result_key"]) == ("SUCCEEDED", new_key)
+    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+    assert await keys(s3, settings) == {new_key}
+    assert await open_uploads(s3, settings) == set()
+    stored = await s3.get_object(Bucket=settings.s3_bucket, Key=new_key)
+    async with stored["Body"] as body:
+        assert await body.read() == expected_file()
+
+
+async def test_a_complete_object_that_no_longer_matches_its_record_is_not_adopted(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    await abandoned_at_generation_one(pool)
+    key = await record_artifact(pool, settings, 1, "COMPLETE", expected_file())
+    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"truncated\n")
+
+    await take_over(pool, s3, settings)
+
+    row = await operation(pool)
+    assert (row["state"], row["result_key"]) == ("SUCCEEDED", artifact_key(settings, "op_1", 2))
+    assert row["result_sha256"] == hashlib.sha256(expected_file()).hexdigest()
+    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+
+
+async def test_a_served_result_is_never_removed_until_it_expires(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    key = artifact_key(settings, "op_1", 1)
+    await insert_operation(pool, "op_1", "SUCCEEDED", generation=2, result_key=key)
+    await record_artifact(pool, settings, 1, "PUBLISHED", b"x\n")
+    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"x\n")
+
+    # The superseded generation 1 tries to clean up after its rejected publish: refused.
+    assert not await remove_artifact(pool, s3, bucket=settings.s3_bucket, operation_id="op_1", generation=1)
+    assert await keys(s3, settings) == {key}
+    assert await artifact_states(pool) == {1: "PUBLISHED"}
+
+    await pool.execute("UPDATE operations SET state = 'EXPIRED'")
+    assert await remove_artifact(pool, s3, bucket=settings.s3_bucket, operation_id="op_1", generation=1)
+    assert await keys(s3, settings) == set()
+    assert await artifact_states(pool) == {1: "DELETED"}
+
+
+async def test_a_superseded_holders_writes_are_rejected_and_counted(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    await insert_operation(pool, "op_1", "QUEUED")
+    async with pool.acquire() as conn:
+        first = await repo.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=settings.lease_seconds)
+        assert first is not None
+        await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
+        second = await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
+        assert second is not None
+    sample = "chatexport_worker_stale_generation_writes_total"
+    before = REGISTRY.get_sample_value(sample, {"write": "artifact"}) or 0.0
+
+    # The old holder wakes up and runs its lease: its very first fenced write is refused.
+    await LeaseRunner(pool=pool, s3=s3, settings=settings).run(Lease.from_row(first))
+
+    row = await operation(pool)
+    assert (row["state"], row["generation"], row["lease_owner"]) == ("RUNNING", 2, "w2")
+    assert await artifact_states(pool) == {}
+    assert await keys(s3, settings) == set()
+    assert REGISTRY.get_sample_value(sample, {"write": "artifact"}) == before + 1
