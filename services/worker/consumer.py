@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 
+import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
@@ -31,6 +32,10 @@ WORKER_LOST_MESSAGE = (
 )
 # Pause before handing a delivery back when the database is unreachable, so the queue does not spin.
 DATABASE_RETRY_SECONDS = 2.0
+RESUME_RETRY_SECONDS = 1.0
+STOP_TIMEOUT_SECONDS = 5.0
+# What a channel operation raises when the broker or the channel went away.
+BROKER_ERRORS: tuple[type[BaseException], ...] = (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError)
 
 
 class Consumer:
@@ -62,12 +67,19 @@ class Consumer:
         await self._resume()
 
     async def stop(self) -> None:
-        """Stop taking work: cancel the consumer; deliveries still arriving go back to the queue."""
+        """Stop taking work: cancel the consumer; deliveries still arriving go back to the queue.
+
+        Bounded by ``STOP_TIMEOUT_SECONDS``: while the broker is unreachable a channel operation waits for
+        the reconnect, and a stop must not; the connection's close then ends the consumer anyway.
+        """
         self._closing = True
-        async with self._flow:
-            if self._consumer_tag is not None:
-                tag, self._consumer_tag = self._consumer_tag, None
-                await self._queue.cancel(tag)
+        for task in self._flow_tasks:
+            task.cancel()
+        with contextlib.suppress(TimeoutError, *BROKER_ERRORS):
+            async with asyncio.timeout(STOP_TIMEOUT_SECONDS), self._flow:
+                if self._consumer_tag is not None:
+                    tag, self._consumer_tag = self._consumer_tag, None
+                    await self._queue.cancel(tag)
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         """Handle one delivery; every path acks, rejects or requeues it."""
@@ -106,9 +118,17 @@ class Consumer:
                 log.info("all export slots busy; consumer paused")
 
     async def _resume(self) -> None:
-        async with self._flow:
-            if self._consumer_tag is None and not self._closing and not self._slots.locked():
-                self._consumer_tag = await self._queue.consume(self.on_message)
+        # A robust channel waits for the reconnect by itself; a channel closed under us raises, and then
+        # consuming is tried again, or this worker would stay paused for good.
+        while not self._closing:
+            try:
+                async with self._flow:
+                    if self._consumer_tag is None and not self._closing and not self._slots.locked():
+                        self._consumer_tag = await self._queue.consume(self.on_message)
+                return
+            except BROKER_ERRORS as exc:
+                log.warning("could not start consuming; will retry", extra={"error": type(exc).__name__})
+                await asyncio.sleep(RESUME_RETRY_SECONDS)
 
     async def _claim_and_run(self, message: AbstractIncomingMessage, operation_id: str) -> None:
         try:

@@ -45,9 +45,18 @@ class LocalSystem:
 
     def start(self, *, workers: int = 2) -> None:
         """Start moto, then every part; return once the API answers ``/readyz``. Raises ``RuntimeError``."""
+        self.start_storage()
+        self.start_parts(workers=workers)
+
+    def start_storage(self) -> MotoServer:
+        """Start this system's own moto server; the parts use it unless ``env`` is changed before they start."""
         self.moto = start_moto()
         self.group.adopt("moto", self.moto.process)
         self.env["CHATEXPORT_S3_ENDPOINT_URL"] = self.moto.endpoint_url
+        return self.moto
+
+    def start_parts(self, *, workers: int = 2) -> None:
+        """Start api, relay, ``workers`` workers (``worker-1``...) and janitor; wait for ``/readyz``."""
         self.start_part("api")
         self.start_part("relay")
         for number in range(1, workers + 1):
@@ -58,6 +67,14 @@ class LocalSystem:
     def start_part(self, part: str, *, name: str | None = None) -> None:
         """Start (or restart) one part as ``python -m shared.cli <part>``."""
         self.group.start(name or part, [sys.executable, "-m", "shared.cli", part], self.env)
+
+    def holder(self, lease_owner: str) -> str:
+        """The name of the part whose process holds a lease (``lease_owner`` is ``<host>:<pid>``)."""
+        pid = int(lease_owner.rsplit(":", 1)[1])
+        for name, part_pid in self.group.pids().items():
+            if part_pid == pid:
+                return name
+        raise LookupError(f"no running part has pid {pid}")
 
     def run_cli(self, *args: str, timeout: float = 300.0) -> str:
         """Run ``chatexport <args>`` to completion with the system's environment; return its output."""
