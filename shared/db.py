@@ -21,12 +21,14 @@ log = logging.getLogger(__name__)
 
 # What a lost, unreachable, restarting or overloaded database raises: callers retry later instead of
 # failing the work. Class 57 (operator intervention) covers admin shutdown, "cannot connect now" and
-# statement timeouts.
+# statement timeouts. A connection whose server went away mid-statement can also be left with the driver
+# in a broken state ("cannot switch to state 15; another operation is in progress"): InternalClientError.
 TRANSIENT_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.OperatorInterventionError,
 )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,13 +147,22 @@ class ExportJob:
         return True
 
     async def _write_messages(self) -> None:
+        """Read the lines batch by batch and hand each batch to the writer once its statement has ended.
+
+        A batch is collected in memory first (``export_batch_rows`` lines) rather than streamed from COPY
+        into the writer: waiting for a slow S3 inside the statement would hold its snapshot open and run
+        into the statement timeout.
+        """
         lease, batch = self._lease, self._settings.export_batch_rows
         for low in range(lease.after_seq, lease.last_seq, batch):
             high = min(low + batch, lease.last_seq)
+            lines: list[bytes] = []
             async with self._pool.acquire() as conn:
                 await repo.copy_export_lines(
-                    conn, conversation_id=lease.conversation_id, after_seq=low, last_seq=high, output=self._writer.write
+                    conn, conversation_id=lease.conversation_id, after_seq=low, last_seq=high, output=_appender(lines)
                 )
+            for chunk in lines:
+                await self._writer.write(chunk)
             await self._progress("writing")
 
     async def _finish_and_verify(self) -> Digest:
@@ -247,6 +257,15 @@ class ExportJob:
             )
         except Exception:
             log.warning("could not remove artifact; left to the janitor", extra=self._lease.log_extra(key=self.key))
+
+
+def _appender(chunks: list[bytes]) -> Callable[[bytes], Awaitable[None]]:
+    """A COPY sink that appends each chunk to ``chunks``."""
+
+    async def append(data: bytes) -> None:
+        chunks.append(data)
+
+    return append
 
 
 class ArtifactGone(Exception):
