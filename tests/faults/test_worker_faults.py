@@ -1,0 +1,172 @@
+"""Workers killed, frozen and refused mid-export, on real processes (contract 5.3, 5.7 and 6).
+
+S3 is reached through a throttled proxy so that an upload of a few MiB lasts seconds: long enough to act
+in its middle, whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import AMQP_URL, cloned_database, wait_for
+from tests.faults.harness import Faulty, check_ended_correctly, make_conversation, running
+
+pytestmark = pytest.mark.e2e
+
+MIB = 1024 * 1024
+# Parts of the minimum size, and about three of them per export.
+SLOW_UPLOADS = {
+    "CHATEXPORT_S3_PART_SIZE_BYTES": str(5 * MIB),
+    "CHATEXPORT_EXPORT_BATCH_ROWS": "2000",
+    # A throttled part takes seconds to send: not a timeout.
+    "CHATEXPORT_S3_TIMEOUT_SECONDS": "30",
+}
+UPLOAD_BYTES_PER_SECOND = 3 * MIB
+
+
+@pytest.fixture
+async def faulty(template_db: str, tmp_path: Path) -> AsyncIterator[Faulty]:
+    """Two workers on a database of their own; ``c-big`` (about 15 MB of messages) with alice and bob."""
+    async with (
+        cloned_database(template_db, "chatexport_f") as database_url,
+        running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides=SLOW_UPLOADS) as system,
+    ):
+        await make_conversation(system, "c-big", ["alice", "bob"], messages=40_000, body_bytes=300)
+        yield system
+
+
+async def uploading(faulty: Faulty, operation_id: str) -> str:
+    """Wait until the first attempt's multipart upload has begun; return the name of the worker holding it."""
+
+    async def started() -> str | None:
+        row = await faulty.pool.fetchrow(
+            "SELECT o.lease_owner FROM operations o JOIN artifacts a USING (operation_id)"
+            " WHERE o.operation_id = $1 AND o.state = 'RUNNING' AND a.generation = 1 AND a.upload_id IS NOT NULL",
+            operation_id,
+        )
+        return None if row is None else faulty.system.holder(row["lease_owner"])
+
+    holder: str = await wait_for(started, timeout=60)
+    return holder
+
+
+@dataclass(frozen=True)
+class SlowExport:
+    """An export of ``c-big`` by alice caught in its first upload, with what it must end up publishing."""
+
+    operation_id: str
+    holder: str  # the part running it
+    expected: bytes
+    fingerprint: str
+
+    async def check(self, faulty: Faulty) -> None:
+        """The invariants, with this export SUCCEEDED."""
+        await check_ended_correctly(faulty, "alice", {self.operation_id: self.expected}, fingerprint=self.fingerprint)
+
+
+async def slow_export_in_upload(faulty: Faulty, key: str, *, bytes_per_second: float) -> SlowExport:
+    """Throttle S3 to ``bytes_per_second``, submit, and wait until the first part is being uploaded."""
+    fingerprint = await faulty.messages_fingerprint()
+    expected = await faulty.expected("alice", "c-big")
+    faulty.proxy.throttle(bytes_per_second)
+    operation_id = await faulty.submit("alice", "c-big", key)
+    holder = await uploading(faulty, operation_id)
+    return SlowExport(operation_id, holder, expected, fingerprint)
+
+
+async def test_a_worker_killed_mid_upload_is_taken_over_and_the_export_succeeds_once(faulty: Faulty) -> None:
+    export = await slow_export_in_upload(faulty, "kill-1", bytes_per_second=UPLOAD_BYTES_PER_SECOND)
+    operation_id = export.operation_id
+    assert faulty.system.group.kill(export.holder) == -signal.SIGKILL
+    faulty.proxy.throttle(None)
+
+    await export.check(faulty)
+    row = await faulty.operation(operation_id)
+    assert (row["generation"], row["attempt"]) == (2, 2)
+    assert row["result_key"].endswith("/g2.jsonl")
+    artifacts = await faulty.pool.fetch(
+        "SELECT generation, state FROM artifacts WHERE operation_id = $1 ORDER BY generation", operation_id
+    )
+    assert [tuple(artifact) for artifact in artifacts] == [(1, "DELETED"), (2, "PUBLISHED")]
+
+
+async def test_a_frozen_holder_is_fenced_out_when_it_wakes_up(faulty: Faulty) -> None:
+    export = await slow_export_in_upload(faulty, "freeze-1", bytes_per_second=UPLOAD_BYTES_PER_SECOND)
+    operation_id, holder = export.operation_id, export.holder
+    faulty.system.group.send(holder, signal.SIGSTOP)
+    try:
+        # The frozen worker sends no heartbeat: its lease expires and another worker takes over.
+        await wait_for(lambda: _generation_at_least(faulty, operation_id, 2), timeout=60)
+        faulty.proxy.throttle(None)
+        await faulty.wait_state(operation_id, "SUCCEEDED")
+    finally:
+        faulty.system.group.send(holder, signal.SIGCONT)
+
+    # Woken up, the old holder's next write is refused by its generation, and it says so.
+    rejected = faulty.system.group.wait_for_line(
+        holder, lambda line: "a newer generation holds the operation" in line and operation_id in line, timeout=60
+    )
+    assert '"generation": 1' in rejected
+    await export.check(faulty)
+    row = await faulty.operation(operation_id)
+    assert row["result_key"].endswith("/g2.jsonl")
+    assert row["generation"] == 2
+
+
+async def test_membership_removed_during_a_run_fails_it_with_access_revoked_and_no_object(faulty: Faulty) -> None:
+    fingerprint = await faulty.messages_fingerprint()
+    faulty.proxy.throttle(UPLOAD_BYTES_PER_SECOND)
+    operation_id = await faulty.submit("bob", "c-big", "revoke-1")
+
+    await uploading(faulty, operation_id)
+    removed = await faulty.http.delete(
+        "/admin/conversations/c-big/members/bob", headers=faulty.auth("root", admin=True)
+    )
+    assert removed.status == 204
+    faulty.proxy.throttle(None)
+
+    await check_ended_correctly(faulty, "bob", {operation_id: "FAILED"}, fingerprint=fingerprint)
+    row = await faulty.operation(operation_id)
+    assert row["error_code"] == "ACCESS_REVOKED"
+    assert row["result_key"] is None
+
+
+async def test_a_message_recalled_before_the_attempt_reads_it_is_not_in_the_file(faulty: Faulty) -> None:
+    faulty.proxy.throttle(UPLOAD_BYTES_PER_SECOND)
+    operation_id = await faulty.submit("alice", "c-big", "recall-1")
+
+    # The attempt reads seq ranges in order, and its reading waits for the upload: the last message is
+    # still unread while the first part uploads.
+    await uploading(faulty, operation_id)
+    recalled = await faulty.http.delete("/v2/conversations/c-big/messages/m39999", headers=faulty.auth("alice"))
+    assert recalled.status == 200
+    faulty.proxy.throttle(None)
+
+    fingerprint = await faulty.messages_fingerprint()
+    expected = await faulty.expected("alice", "c-big")
+    assert b'"message_id":"m39999"' not in expected
+    await check_ended_correctly(faulty, "alice", {operation_id: expected}, fingerprint=fingerprint)
+
+
+async def test_a_stopped_worker_hands_its_export_back_and_another_takes_it_over(faulty: Faulty) -> None:
+    # Slow enough that the export cannot finish within the shutdown grace period.
+    export = await slow_export_in_upload(faulty, "stop-1", bytes_per_second=MIB)
+    assert faulty.system.group.stop(export.holder, signal.SIGTERM, timeout=30) == 0
+    row = await faulty.operation(export.operation_id)
+    assert row["generation"] == 2 or row["progress_phase"] == "handed back", dict(row)
+    faulty.proxy.throttle(None)
+
+    await export.check(faulty)
+    row = await faulty.operation(export.operation_id)
+    # The handed-back attempt is not counted against the budget.
+    assert (row["generation"], row["attempt"]) == (2, 1)
+
+
+async def _generation_at_least(faulty: Faulty, operation_id: str, generation: int) -> bool:
+    row = await faulty.operation(operation_id)
+    return bool(row["generation"] >= generation)
