@@ -68,11 +68,14 @@ class LeaseRunner:
                         generation=lease.generation,
                         lease_seconds=self._settings.lease_seconds,
                     )
+                    now = None if held else await repo.current_state(conn, operation_id=lease.operation_id)
             except TRANSIENT_DATABASE_ERRORS:
                 log.warning("heartbeat failed; will try again", extra=lease.log_extra())
                 continue
             if not held:
-                # The job notices at its next fenced write and reports it.
+                # The job itself stops at its next fenced write; a cancel is finished there.
+                if now is not None and now["generation"] > lease.generation:
+                    _report_rejection(lease, write="heartbeat", now=now)
                 return
 
     async def _after_lease_lost(self, lease: Lease, *, write: str) -> None:
@@ -85,15 +88,7 @@ class LeaseRunner:
                 if await repo.finish_cancel(conn, operation_id=lease.operation_id, generation=lease.generation):
                     log.info("export canceled by the worker", extra=lease.log_extra())
                 return
-        superseded = now is not None and now["generation"] > lease.generation
-        if superseded:
-            metrics.STALE_GENERATION_WRITES.labels(write=write).inc()
-        log.warning(
-            "fenced write rejected: a newer generation holds the operation" if superseded else "fenced write rejected",
-            extra=lease.log_extra(
-                write=write, state_now=now and now["state"], generation_now=now and now["generation"]
-            ),
-        )
+        _report_rejection(lease, write=write, now=now)
 
     async def _end_failed_attempt(self, lease: Lease, exc: Exception) -> None:
         outcome = classify(exc, attempt=lease.attempt, settings=self._settings)
@@ -131,6 +126,17 @@ class LeaseRunner:
                 if await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation):
                     await enqueue_run(conn, operation_id=lease.operation_id)
                     log.info("lease handed back on shutdown", extra=lease.log_extra())
+
+
+def _report_rejection(lease: Lease, *, write: str, now: asyncpg.Record | None) -> None:
+    """Log a fenced write that matched nothing; count it when a newer generation holds the operation."""
+    superseded = now is not None and now["generation"] > lease.generation
+    if superseded:
+        metrics.STALE_GENERATION_WRITES.labels(write=write).inc()
+    log.warning(
+        "fenced write rejected: a newer generation holds the operation" if superseded else "fenced write rejected",
+        extra=lease.log_extra(write=write, state_now=now and now["state"], generation_now=now and now["generation"]),
+    )
 
 
 def _being_cancelled() -> bool:
