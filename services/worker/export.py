@@ -114,13 +114,7 @@ class ExportJob:
             if artifact["state"] == "COMPLETE" and await self._adopt(artifact):
                 metrics.ARTIFACTS_ADOPTED.inc()
                 return True
-            removed = await remove_artifact(
-                self._pool,
-                self._s3,
-                bucket=self._settings.s3_bucket,
-                operation_id=lease.operation_id,
-                generation=artifact["generation"],
-            )
+            removed = await self._remove(artifact["generation"])
             if removed:
                 metrics.EARLIER_ARTIFACTS_REMOVED.inc()
             log.info(
@@ -143,6 +137,11 @@ class ExportJob:
             await self._publish(recorded, generation=artifact["generation"])
         except ArtifactGone:
             return False
+        except (LeaseLost, PermanentError):
+            # Canceled, superseded or refused: the object must not outlive the attempt that found it
+            # (a newer generation's adoption is safe: a published object is never removed).
+            await asyncio.shield(self._remove(artifact["generation"]))
+            raise
         log.info("earlier generation's artifact adopted", extra=self._lease.log_extra(adopted=artifact["generation"]))
         return True
 
@@ -248,15 +247,19 @@ class ExportJob:
         """
         await self._writer.abandon()
         try:
-            await remove_artifact(
-                self._pool,
-                self._s3,
-                bucket=self._settings.s3_bucket,
-                operation_id=self._lease.operation_id,
-                generation=self._lease.generation,
-            )
+            await self._remove(self._lease.generation)
         except Exception:
             log.warning("could not remove artifact; left to the janitor", extra=self._lease.log_extra(key=self.key))
+
+    async def _remove(self, generation: int) -> bool:
+        """``remove_artifact`` for this operation's ``generation``; raises what it raises."""
+        return await remove_artifact(
+            self._pool,
+            self._s3,
+            bucket=self._settings.s3_bucket,
+            operation_id=self._lease.operation_id,
+            generation=generation,
+        )
 
 
 def _appender(chunks: list[bytes]) -> Callable[[bytes], Awaitable[None]]:

@@ -76,14 +76,26 @@ async def record_artifact(pool: asyncpg.Pool, settings: Settings, generation: in
     return key
 
 
-async def take_over(pool: asyncpg.Pool, s3: Any, settings: Settings) -> Lease:
+async def take_over(pool: asyncpg.Pool, s3: Any, settings: Settings, *, then: str | None = None) -> Lease:
+    """Claim op_1 as generation 2, run ``then`` (SQL) as if another party acted meanwhile, then run it."""
     async with pool.acquire() as conn:
         row = await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
     assert row is not None
     lease = Lease.from_row(row)
     assert lease.generation == 2
+    if then is not None:
+        await pool.execute(then)
     await LeaseRunner(pool=pool, s3=s3, settings=settings).run(lease)
     return lease
+
+
+async def complete_generation_one(pool: asyncpg.Pool, s3: Any, settings: Settings) -> str:
+    """An abandoned op_1 whose generation 1 uploaded and verified the right file."""
+    await abandoned_at_generation_one(pool)
+    data = expected_file()
+    key = await record_artifact(pool, settings, 1, "COMPLETE", data)
+    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=data)
+    return key
 
 
 async def operation(pool: asyncpg.Pool) -> asyncpg.Record:
@@ -100,10 +112,8 @@ async def artifact_states(pool: asyncpg.Pool) -> dict[int, str]:
 async def test_a_takeover_adopts_the_earlier_generations_verified_object(
     pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
 ) -> None:
-    await abandoned_at_generation_one(pool)
+    key = await complete_generation_one(pool, s3, settings)
     data = expected_file()
-    key = await record_artifact(pool, settings, 1, "COMPLETE", data)
-    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=data)
     adopted_before = REGISTRY.get_sample_value("chatexport_worker_artifacts_adopted_total") or 0.0
 
     await take_over(pool, s3, settings)
@@ -114,6 +124,26 @@ async def test_a_takeover_adopts_the_earlier_generations_verified_object(
     assert await artifact_states(pool) == {1: "PUBLISHED"}
     assert await keys(s3, settings) == {key}
     assert REGISTRY.get_sample_value("chatexport_worker_artifacts_adopted_total") == adopted_before + 1
+
+
+@pytest.mark.parametrize(
+    ("meanwhile", "state", "error_code"),
+    [
+        ("DELETE FROM conversation_members WHERE user_id = 'alice'", "FAILED", "ACCESS_REVOKED"),
+        ("UPDATE operations SET state = 'CANCEL_REQUESTED'", "CANCELED", None),
+    ],
+)
+async def test_an_adoption_refused_by_access_or_a_cancel_removes_the_object(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None, meanwhile: str, state: str, error_code: str
+) -> None:
+    await complete_generation_one(pool, s3, settings)
+
+    await take_over(pool, s3, settings, then=meanwhile)
+
+    row = await operation(pool)
+    assert (row["state"], row["error_code"], row["result_key"]) == (state, error_code, None)
+    assert await artifact_states(pool) == {1: "DELETED"}
+    assert await keys(s3, settings) == set()
 
 
 async def test_a_takeover_removes_a_partial_object_and_its_open_upload_then_writes_its_own(
