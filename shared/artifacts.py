@@ -1,50 +1,64 @@
-"""Removing an artifact: its object and every multipart upload under its key, under its Postgres record.
+"""Removing artifacts: an object and every multipart upload under its key, under its Postgres record.
 
-Used by the worker (its own attempt's leftovers, an earlier generation's partial object) and the janitor
-(orphans, cancellations, expired results). The artifact row stays locked while S3 is cleaned, so a removal
-cannot cross an adoption, which publishes an earlier generation's object by moving its record from COMPLETE
-to PUBLISHED in the SUCCEEDED transaction (contract 6): whichever locks the row first wins, and the other
-sees the outcome. A published object is only ever removed once its operation is EXPIRED.
+Used by the worker (its own attempt's leftovers, earlier generations' partial objects, a cancel) and the
+janitor (orphans, cancellations, expired results). Removal is in three steps, none holding a transaction
+across S3: mark the record REMOVING (refused for a served result), clean S3, mark it DELETED. A removal
+that dies between the steps leaves REMOVING, which nobody can publish and the janitor finishes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import asyncpg
 
-# The row of one artifact, locked, with whether its object may be removed.
-_LOCK_SQL = """
-SELECT a.object_key, a.state = 'PUBLISHED' AND o.state <> 'EXPIRED' AS served
-FROM artifacts a JOIN operations o USING (operation_id)
-WHERE a.operation_id = $1 AND a.generation = $2
-FOR UPDATE OF a
-"""
+from shared import repository as repo
 
-_MARK_DELETED_SQL = """
-UPDATE artifacts SET state = 'DELETED', updated_at = now() WHERE operation_id = $1 AND generation = $2
-"""
+log = logging.getLogger(__name__)
 
 
 async def remove_artifact(pool: asyncpg.Pool, s3: Any, *, bucket: str, operation_id: str, generation: int) -> bool:
-    """Delete the object of (``operation_id``, ``generation``) and abort its uploads, then record it DELETED.
+    """Delete the object of (``operation_id``, ``generation``) and abort its uploads; record it DELETED.
 
-    Returns False, touching nothing, when the object is a served result (PUBLISHED and not EXPIRED); True
-    when it is gone (also when it was never recorded or already DELETED: S3 is cleaned again anyway, since
-    a paused holder may have finished an upload after an earlier removal). Raises S3's errors
-    (``botocore.exceptions.ClientError``, ``BotoCoreError``) and the database's; the record then stays as it
-    was, so a later pass tries again.
+    Returns False, touching nothing, when the object is a served result (PUBLISHED and not EXPIRED) or
+    was never recorded (nothing was uploaded then); True once it is gone. An already DELETED record is
+    cleaned again: a paused holder may have finished an upload after an earlier removal. Raises S3's
+    errors (``ClientError``, ``BotoCoreError``) and the database's; the record then stays REMOVING for a
+    later pass.
     """
-    async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(_LOCK_SQL, operation_id, generation)
-        if row is None:
-            return True
-        if row["served"]:
-            return False
-        await remove_object(s3, bucket=bucket, key=row["object_key"])
-        await conn.execute(_MARK_DELETED_SQL, operation_id, generation)
+    async with pool.acquire() as conn:
+        key = await repo.start_removal(conn, operation_id=operation_id, generation=generation)
+    if key is None:
+        return False
+    await remove_object(s3, bucket=bucket, key=key)
+    async with pool.acquire() as conn:
+        await repo.finish_removal(conn, operation_id=operation_id, generation=generation)
     return True
+
+
+async def remove_artifacts(pool: asyncpg.Pool, s3: Any, *, bucket: str, operation_id: str) -> bool:
+    """``remove_artifact`` for every generation of ``operation_id`` not yet DELETED; True if all went.
+
+    Errors are not raised: what could not be removed stays recorded for the janitor's next pass.
+    """
+    async with pool.acquire() as conn:
+        artifacts = await repo.unremoved_artifacts(conn, operation_id=operation_id)
+    removed = True
+    for artifact in artifacts:
+        try:
+            gone = await remove_artifact(
+                pool, s3, bucket=bucket, operation_id=operation_id, generation=artifact["generation"]
+            )
+        except Exception as exc:
+            log.warning(
+                "could not remove artifact; a later pass retries",
+                extra={"operation_id": operation_id, "generation": artifact["generation"], "error": type(exc).__name__},
+            )
+            gone = False
+        removed = removed and gone
+    return removed
 
 
 async def remove_object(s3: Any, *, bucket: str, key: str) -> None:

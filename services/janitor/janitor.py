@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from services.janitor import repository as repo
-from shared.artifacts import remove_artifact
+from shared.artifacts import remove_artifact, remove_artifacts
 from shared.outbox import enqueue_run
 from shared.settings import Settings
 
@@ -113,10 +113,7 @@ class Janitor:
 
     async def remove_artifacts(self, operation_id: str) -> bool:
         """Delete every object and abort every upload recorded for ``operation_id``; True if all went."""
-        async with self._pool.acquire() as conn:
-            artifacts = await repo.unremoved_artifacts(conn, operation_id=operation_id)
-        removed = [await self._remove_artifact({"operation_id": operation_id, **artifact}) for artifact in artifacts]
-        return all(removed)
+        return await remove_artifacts(self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=operation_id)
 
     async def _remove_artifact(self, artifact: Mapping[str, Any]) -> bool:
         try:

@@ -36,15 +36,6 @@ async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[asyncp
     return rows
 
 
-async def unremoved_artifacts(conn: asyncpg.Connection, *, operation_id: str) -> list[asyncpg.Record]:
-    """Artifacts of ``operation_id`` that may still have an object or upload in S3."""
-    rows: list[asyncpg.Record] = await conn.fetch(
-        "SELECT generation, object_key FROM artifacts WHERE operation_id = $1 AND state <> 'DELETED'",
-        operation_id,
-    )
-    return rows
-
-
 async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, limit: int) -> list[asyncpg.Record]:
     """Artifacts whose object must go, untouched for ``grace_seconds``: never publishable (a newer
     generation holds their operation, or it ended without them), or an EXPIRED result whose deletion

@@ -212,22 +212,6 @@ async def publish_artifact(conn: asyncpg.Connection, *, operation_id: str, gener
     return status == "UPDATE 1"
 
 
-async def earlier_artifacts(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> list[asyncpg.Record]:
-    """Artifacts of earlier generations not yet removed, newest first: (generation, object_key, state,
-    size_bytes, sha256, message_count). A takeover adopts a COMPLETE one or removes them (contract 6).
-    """
-    rows: list[asyncpg.Record] = await conn.fetch(
-        """
-        SELECT generation, object_key, state, size_bytes, sha256, message_count FROM artifacts
-        WHERE operation_id = $1 AND generation < $2 AND state <> 'DELETED'
-        ORDER BY generation DESC
-        """,
-        operation_id,
-        generation,
-    )
-    return rows
-
-
 async def succeed(
     conn: asyncpg.Connection,
     *,

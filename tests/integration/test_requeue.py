@@ -40,7 +40,8 @@ async def test_requeue_puts_a_parked_operation_back_with_a_fresh_budget(
 
     row = await pool.fetchrow("SELECT * FROM operations WHERE operation_id = 'op_1'")
     assert row is not None
-    assert (row["state"], row["attempt"], row["error_code"], row["generation"]) == ("QUEUED", 0, None, 5)
+    # A new generation: a worker still holding generation 5's lease is fenced out for good.
+    assert (row["state"], row["attempt"], row["error_code"], row["generation"]) == ("QUEUED", 0, None, 6)
     assert await wake_ups(pool) == 1
 
     again = await api.post("/admin/operations/op_1/requeue", headers=auth("root", admin=True))

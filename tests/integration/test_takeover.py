@@ -166,6 +166,23 @@ async def test_a_takeover_removes_a_partial_object_and_its_open_upload_then_writ
         assert await body.read() == expected_file()
 
 
+async def test_an_object_whose_removal_died_halfway_is_never_adopted(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    # A removal marked the record REMOVING, then died before deleting the object from S3.
+    await abandoned_at_generation_one(pool)
+    data = expected_file()
+    key = await record_artifact(pool, settings, 1, "REMOVING", data)
+    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=data)
+
+    await take_over(pool, s3, settings)
+
+    row = await operation(pool)
+    assert (row["state"], row["result_key"]) == ("SUCCEEDED", artifact_key(settings, "op_1", 2))
+    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+    assert await keys(s3, settings) == {artifact_key(settings, "op_1", 2)}
+
+
 async def test_a_complete_object_that_no_longer_matches_its_record_is_not_adopted(
     pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
 ) -> None:
