@@ -89,7 +89,7 @@ def _add_requeue(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _operation_id(value: str) -> str:
     if not is_operation_id(value):
-        raise argparse.ArgumentTypeError("must be an operation id (op_ and 24 characters)")
+        raise argparse.ArgumentTypeError("must be an operation id: 1-64 characters of [A-Za-z0-9_-]")
     return value
 
 
@@ -238,7 +238,11 @@ def _cmd_requeue(args: argparse.Namespace) -> int:
     settings = load_settings()
 
     async def run() -> list[Requeue]:
-        conn = await asyncpg.connect(settings.database_url, timeout=settings.database_timeout_seconds)
+        conn = await asyncpg.connect(
+            settings.database_url,
+            timeout=settings.database_timeout_seconds,
+            command_timeout=settings.database_timeout_seconds,
+        )
         try:
             return [await requeue(conn, operation_id=operation_id) for operation_id in args.operation_ids]
         finally:

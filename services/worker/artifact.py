@@ -2,8 +2,8 @@
 
 Bytes are buffered up to one part (``s3_part_size_bytes``); a file that outgrows one part becomes a
 multipart upload, a smaller one a single PutObject. A full part uploads in the background while the next
-one fills, so reading from Postgres and writing to S3 overlap; at most one upload is in flight, so memory
-stays near two parts whatever the export's size.
+one fills, so reading from Postgres and writing to S3 overlap; at most one upload is in flight, so the
+writer holds about two parts whatever the export's size (the export adds the range it has just read).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 import aio_pika
 import asyncpg
@@ -32,10 +34,18 @@ WORKER_LOST_MESSAGE = (
 )
 # Pause before handing a delivery back when the database is unreachable, so the queue does not spin.
 DATABASE_RETRY_SECONDS = 2.0
+# Retrying to consume after a channel failed under us: 1 s doubling to 30 s, like the start-up retries.
 RESUME_RETRY_SECONDS = 1.0
+RESUME_RETRY_MAX_SECONDS = 30.0
+# A stop waits this long for the broker to take the consumer's cancel; beyond it the connection's close
+# ends the consumer anyway, and the drain of running exports must not wait behind a dead broker.
 STOP_TIMEOUT_SECONDS = 5.0
 # What a channel operation raises when the broker or the channel went away.
-BROKER_ERRORS: tuple[type[BaseException], ...] = (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError)
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    aio_pika.exceptions.AMQPError,
+    aio_pika.exceptions.ChannelInvalidStateError,
+    ConnectionError,
+)
 
 
 class Consumer:
@@ -62,9 +72,11 @@ class Consumer:
         self._flow_tasks: set[asyncio.Task[None]] = set()
         self.running: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> None:
-        """Begin consuming."""
-        await self._resume()
+    def start(self) -> None:
+        """Begin consuming, in the background: while the broker is down this waits and retries, and a stop
+        must still be able to end it.
+        """
+        self._in_background(self._resume())
 
     async def stop(self) -> None:
         """Stop taking work: cancel the consumer; deliveries still arriving go back to the queue.
@@ -106,9 +118,12 @@ class Consumer:
         if not task.cancelled() and task.exception() is not None:
             log.error("export task failed", exc_info=task.exception(), extra={"task": task.get_name()})
         if not self._closing:
-            resume = asyncio.create_task(self._resume(), name="consumer-resume")
-            self._flow_tasks.add(resume)
-            resume.add_done_callback(self._flow_tasks.discard)
+            self._in_background(self._resume())
+
+    def _in_background(self, flow: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(flow, name="consumer-resume")
+        self._flow_tasks.add(task)
+        task.add_done_callback(self._flow_tasks.discard)
 
     async def _pause(self) -> None:
         async with self._flow:
@@ -120,6 +135,7 @@ class Consumer:
     async def _resume(self) -> None:
         # A robust channel waits for the reconnect by itself; a channel closed under us raises, and then
         # consuming is tried again, or this worker would stay paused for good.
+        delay = RESUME_RETRY_SECONDS
         while not self._closing:
             try:
                 async with self._flow:
@@ -127,8 +143,11 @@ class Consumer:
                         self._consumer_tag = await self._queue.consume(self.on_message)
                 return
             except BROKER_ERRORS as exc:
-                log.warning("could not start consuming; will retry", extra={"error": type(exc).__name__})
-                await asyncio.sleep(RESUME_RETRY_SECONDS)
+                log.warning(
+                    "could not start consuming; will retry", extra={"error": type(exc).__name__, "in_seconds": delay}
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESUME_RETRY_MAX_SECONDS)
 
     async def _claim_and_run(self, message: AbstractIncomingMessage, operation_id: str) -> None:
         try:

@@ -5,6 +5,7 @@ and commit SUCCEEDED together with the membership re-check (contract 5.6, 5.7 an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,11 +18,15 @@ from services.worker import metrics
 from services.worker import repository as repo
 from services.worker.artifact import ArtifactWriter, Digest, read_digest
 from services.worker.errors import LeaseLost, PermanentError, access_revoked
+from shared import repository as shared_repo
 from shared.artifacts import remove_artifact
 from shared.settings import Settings
 from shared.storage import artifact_key
 
 log = logging.getLogger(__name__)
+
+# Seqs in the first range an attempt reads, before it knows how many bytes a seq takes.
+FIRST_RANGE_SEQS = 1000
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ class ExportJob:
         try:
             await self._write_messages()
             digest = await self._finish_and_verify()
-            await self._publish(digest, generation=lease.generation)
+            await self._publish(digest, generation=lease.generation, key=self.key)
         except (LeaseLost, PermanentError):
             await asyncio.shield(self._discard())
             raise
@@ -109,7 +114,9 @@ class ExportJob:
         """
         lease = self._lease
         async with self._pool.acquire() as conn:
-            earlier = await repo.earlier_artifacts(conn, operation_id=lease.operation_id, generation=lease.generation)
+            earlier = await shared_repo.unremoved_artifacts(
+                conn, operation_id=lease.operation_id, below_generation=lease.generation
+            )
         for artifact in earlier:
             if artifact["state"] == "COMPLETE" and await self._adopt(artifact):
                 metrics.ARTIFACTS_ADOPTED.inc()
@@ -134,35 +141,44 @@ class ExportJob:
         if stored != recorded:
             return False
         try:
-            await self._publish(recorded, generation=artifact["generation"])
+            await self._publish(recorded, generation=artifact["generation"], key=artifact["object_key"])
         except ArtifactGone:
             return False
         except (LeaseLost, PermanentError):
-            # Canceled, superseded or refused: the object must not outlive the attempt that found it
-            # (a newer generation's adoption is safe: a published object is never removed).
-            await asyncio.shield(self._remove(artifact["generation"]))
+            # Canceled, superseded or refused: the object must not outlive the attempt that found it (a
+            # newer generation's adoption is safe: a published object is never removed). A failed removal
+            # is left to the janitor and must not hide why the attempt ended.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._remove(artifact["generation"]))
             raise
         log.info("earlier generation's artifact adopted", extra=self._lease.log_extra(adopted=artifact["generation"]))
         return True
 
     async def _write_messages(self) -> None:
-        """Read the lines batch by batch and hand each batch to the writer once its statement has ended.
+        """Read the lines range by range and hand each range to the writer once its statement has ended.
 
-        A batch is collected in memory first (``export_batch_rows`` lines) rather than streamed from COPY
-        into the writer: waiting for a slow S3 inside the statement would hold its snapshot open and run
-        into the statement timeout.
+        A range is collected in memory rather than streamed from COPY into the writer: waiting for a slow
+        S3 inside the statement would hold its snapshot open and run into the statement timeout. To keep
+        that memory near one part whatever the messages' size, each range is sized from the bytes per seq
+        of the one before (at most ``export_batch_rows`` seqs, the first one ``FIRST_RANGE_SEQS``).
         """
-        lease, batch = self._lease, self._settings.export_batch_rows
-        for low in range(lease.after_seq, lease.last_seq, batch):
-            high = min(low + batch, lease.last_seq)
+        lease, settings = self._lease, self._settings
+        low, span = lease.after_seq, min(FIRST_RANGE_SEQS, settings.export_batch_rows)
+        while low < lease.last_seq:
+            high = min(low + span, lease.last_seq)
             lines: list[bytes] = []
             async with self._pool.acquire() as conn:
                 await repo.copy_export_lines(
                     conn, conversation_id=lease.conversation_id, after_seq=low, last_seq=high, output=_appender(lines)
                 )
+            size = 0
             for chunk in lines:
+                size += len(chunk)
                 await self._writer.write(chunk)
             await self._progress("writing")
+            bytes_per_seq = max(size / (high - low), 1.0)
+            span = max(1, min(settings.export_batch_rows, int(settings.s3_part_size_bytes / bytes_per_seq)))
+            low = high
 
     async def _finish_and_verify(self) -> Digest:
         await self._progress("uploading")
@@ -185,13 +201,12 @@ class ExportJob:
                 raise LeaseLost("artifact")
         return written
 
-    async def _publish(self, digest: Digest, *, generation: int) -> None:
-        """Commit SUCCEEDED with the object of ``generation`` (ours, or an adopted earlier one) after the
-        membership re-check, in one transaction (5.7). Raises ``PermanentError`` (access revoked),
+    async def _publish(self, digest: Digest, *, generation: int, key: str) -> None:
+        """Commit SUCCEEDED with the object ``key`` of ``generation`` (ours, or an adopted earlier one) after
+        the membership re-check, in one transaction (5.7). Raises ``PermanentError`` (access revoked),
         ``LeaseLost``, or ``ArtifactGone`` when that object was removed meanwhile.
         """
         lease = self._lease
-        key = artifact_key(self._settings, lease.operation_id, generation)
         async with self._pool.acquire() as conn, conn.transaction():
             if not await repo.holds_membership(conn, conversation_id=lease.conversation_id, user_id=lease.owner_id):
                 raise access_revoked()

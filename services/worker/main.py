@@ -46,7 +46,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         )
         # The consumer keeps the queue referenced: connect_robust restores only consumers it can still
         # reach (PITFALLS).
-        await consumer.start()
+        consumer.start()
         log.info("worker consuming", extra={"worker": worker_id, "queue": settings.amqp_queue})
         await stop.wait()
         await consumer.stop()

@@ -15,6 +15,7 @@ from services.worker import metrics
 from services.worker import repository as repo
 from services.worker.errors import LeaseLost, classify, error_name, is_missing_bucket
 from services.worker.export import ExportJob, Lease
+from shared.artifacts import remove_artifacts
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.outbox import enqueue_run
 from shared.settings import Settings
@@ -84,11 +85,24 @@ class LeaseRunner:
         """
         async with self._pool.acquire() as conn:
             now = await repo.current_state(conn, operation_id=lease.operation_id)
-            if now is not None and now["state"] == State.CANCEL_REQUESTED and now["generation"] == lease.generation:
-                if await repo.finish_cancel(conn, operation_id=lease.operation_id, generation=lease.generation):
-                    log.info("export canceled by the worker", extra=lease.log_extra())
-                return
+        if now is not None and now["state"] == State.CANCEL_REQUESTED and now["generation"] == lease.generation:
+            await self._finish_cancel(lease)
+            return
         _report_rejection(lease, write=write, now=now)
+
+    async def _finish_cancel(self, lease: Lease) -> None:
+        """CANCELED once every object of the operation is gone (contract 5.4); if S3 refuses, let the lease
+        go so that the janitor finishes the cancellation on a later pass.
+        """
+        removed = await remove_artifacts(
+            self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=lease.operation_id
+        )
+        async with self._pool.acquire() as conn:
+            if not removed:
+                await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation)
+                log.warning("cancel left to the janitor: objects remain", extra=lease.log_extra())
+            elif await repo.finish_cancel(conn, operation_id=lease.operation_id, generation=lease.generation):
+                log.info("export canceled by the worker", extra=lease.log_extra())
 
     async def _end_failed_attempt(self, lease: Lease, exc: Exception) -> None:
         outcome = classify(exc, attempt=lease.attempt, settings=self._settings)

@@ -104,7 +104,7 @@ async def requeue_operation(request: web.Request) -> web.Response:
     """
     operation_id = request.match_info["operation_id"]
     if not is_operation_id(operation_id):
-        raise validation_failed([{"loc": ["path", "operation_id"], "msg": "must be an operation id (op_...)"}])
+        raise validation_failed([{"loc": ["path", "operation_id"], "msg": "must be 1-64 characters of [A-Za-z0-9_-]"}])
     async with request.app[POOL].acquire() as conn:
         outcome = await requeue(conn, operation_id=operation_id)
     if outcome.state is None:
