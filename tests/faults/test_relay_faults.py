@@ -53,7 +53,9 @@ async def test_a_relay_killed_after_the_confirm_publishes_again_and_the_duplicat
             # A backend whose client died notices within 100 ms even in pg_sleep, and rolls back.
             database = database_url.rsplit("/", 1)[1]
             await admin.execute(f"ALTER DATABASE \"{database}\" SET client_connection_check_interval = '100ms'")
-            async with running(tmp_path, database_url=database_url, amqp_url=AMQP_URL) as f:
+            # The relay's held UPDATE must outlast the test rather than hit the statement timeout.
+            patient = {"CHATEXPORT_DATABASE_TIMEOUT_SECONDS": "300"}
+            async with running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides=patient) as f:
                 await make_conversation(f, "c-a", ["alice"], messages=30, body_bytes=20)
                 fingerprint = await f.messages_fingerprint()
                 expected = await f.expected("alice", "c-a")

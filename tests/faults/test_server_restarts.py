@@ -98,9 +98,10 @@ async def test_the_worker_acks_before_the_export_finishes(
         operation_id = await f.submit("alice", "c-mid", "ack-1")
 
         await uploading(f, operation_id)
-        counts = await asyncio.to_thread(private_rabbitmq.queue_counts, f.settings.amqp_queue)
+        # The broker's figures lag a little behind the ack: wait for them, then check the export still runs.
+        settled = {"messages_ready": 0, "messages_unacknowledged": 0}
+        await wait_for(lambda: _queue_counts_are(private_rabbitmq, f.settings.amqp_queue, settled), timeout=30)
         assert (await f.operation(operation_id))["state"] == "RUNNING"
-        assert counts == {"messages_ready": 0, "messages_unacknowledged": 0}
         f.proxy.throttle(None)
         await check_ended_correctly(f, "alice", {operation_id: expected}, fingerprint=fingerprint)
 
@@ -113,6 +114,10 @@ async def _consumers_are(faulty: Faulty, expected: int) -> bool:
     async with connection:
         queue = await (await connection.channel()).declare_queue(faulty.settings.amqp_queue, passive=True)
         return bool(queue.declaration_result.consumer_count == expected)
+
+
+async def _queue_counts_are(rabbitmq: PrivateRabbitMQ, queue: str, expected: dict[str, int]) -> bool:
+    return await asyncio.to_thread(rabbitmq.queue_counts, queue) == expected
 
 
 async def _status_is(faulty: Faulty, status: int) -> bool:

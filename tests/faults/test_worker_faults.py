@@ -87,12 +87,15 @@ async def test_a_worker_killed_mid_upload_is_taken_over_and_the_export_succeeds_
 
     await export.check(faulty)
     row = await faulty.operation(operation_id)
-    assert (row["generation"], row["attempt"]) == (2, 2)
-    assert row["result_key"].endswith("/g2.jsonl")
+    generation = row["generation"]
+    assert generation >= 2 and row["attempt"] == generation
+    assert row["result_key"].endswith(f"/g{generation}.jsonl")
     artifacts = await faulty.pool.fetch(
         "SELECT generation, state FROM artifacts WHERE operation_id = $1 ORDER BY generation", operation_id
     )
-    assert [tuple(artifact) for artifact in artifacts] == [(1, "DELETED"), (2, "PUBLISHED")]
+    assert [tuple(artifact) for artifact in artifacts] == [
+        (number, "PUBLISHED" if number == generation else "DELETED") for number in range(1, generation + 1)
+    ]
 
 
 async def test_a_frozen_holder_is_fenced_out_when_it_wakes_up(faulty: Faulty) -> None:
@@ -140,11 +143,15 @@ async def test_a_message_recalled_before_the_attempt_reads_it_is_not_in_the_file
     faulty.proxy.throttle(UPLOAD_BYTES_PER_SECOND)
     operation_id = await faulty.submit("alice", "c-big", "recall-1")
 
-    # The attempt reads seq ranges in order, and its reading waits for the upload: the last message is
-    # still unread while the first part uploads.
-    await uploading(faulty, operation_id)
-    recalled = await faulty.http.delete("/v2/conversations/c-big/messages/m39999", headers=faulty.auth("alice"))
-    assert recalled.status == 200
+    # The attempt reads seq ranges in order, at most two parts ahead of the upload: the last message is
+    # unread while the first part uploads, and stays so while its worker is frozen.
+    holder = await uploading(faulty, operation_id)
+    faulty.system.group.send(holder, signal.SIGSTOP)
+    try:
+        recalled = await faulty.http.delete("/v2/conversations/c-big/messages/m39999", headers=faulty.auth("alice"))
+        assert recalled.status == 200
+    finally:
+        faulty.system.group.send(holder, signal.SIGCONT)
     faulty.proxy.throttle(None)
 
     fingerprint = await faulty.messages_fingerprint()
@@ -164,7 +171,7 @@ async def test_a_stopped_worker_hands_its_export_back_and_another_takes_it_over(
     await export.check(faulty)
     row = await faulty.operation(export.operation_id)
     # The handed-back attempt is not counted against the budget.
-    assert (row["generation"], row["attempt"]) == (2, 1)
+    assert row["generation"] >= 2 and row["attempt"] == row["generation"] - 1
 
 
 async def _generation_at_least(faulty: Faulty, operation_id: str, generation: int) -> bool:
