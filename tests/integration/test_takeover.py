@@ -5,6 +5,7 @@ counted without touching the published object.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any
 
@@ -15,9 +16,11 @@ from prometheus_client import REGISTRY
 from services.worker import repository as repo
 from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
+from shared import repository as shared_repo
 from shared.artifacts import remove_artifact
 from shared.settings import Settings
 from shared.storage import artifact_key
+from tests.conftest import wait_for
 from tests.integration.test_janitor import insert_operation, keys, open_uploads
 
 pytestmark = pytest.mark.integration
@@ -238,3 +241,48 @@ async def test_a_superseded_holders_writes_are_rejected_and_counted(
     assert await artifact_states(pool) == {}
     assert await keys(s3, settings) == set()
     assert REGISTRY.get_sample_value(sample, {"write": "artifact"}) == before + 1
+
+
+async def test_a_removal_that_commits_first_wins_over_an_adoption_waiting_on_the_row(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    await complete_generation_one(pool, s3, settings)
+    remover = await pool.acquire()
+    try:
+        removal = remover.transaction()
+        await removal.start()
+        await remover.execute("SELECT 1 FROM artifacts WHERE operation_id = 'op_1' AND generation = 1 FOR UPDATE")
+        adoption = asyncio.create_task(take_over(pool, s3, settings))
+        # The adopter verified the object and now waits for the row, inside its SUCCEEDED transaction.
+        await wait_for(lambda: _waits_for_a_lock(pool), timeout=30)
+        await remover.execute("UPDATE artifacts SET state = 'REMOVING' WHERE operation_id = 'op_1' AND generation = 1")
+        await removal.commit()
+        await asyncio.wait_for(adoption, timeout=60)
+    finally:
+        await pool.release(remover)
+
+    row = await operation(pool)
+    assert (row["state"], row["result_key"]) == ("SUCCEEDED", artifact_key(settings, "op_1", 2))
+    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+    assert await keys(s3, settings) == {artifact_key(settings, "op_1", 2)}
+
+
+async def test_the_old_holder_cannot_complete_an_artifact_that_is_being_removed(
+    pool: asyncpg.Pool, settings: Settings, conversation: None
+) -> None:
+    await abandoned_at_generation_one(pool)
+    await record_artifact(pool, settings, 1, "WRITING", b"")
+    async with pool.acquire() as conn:
+        assert await shared_repo.start_removal(conn, operation_id="op_1", generation=1) is not None
+        completed = await repo.complete_artifact(
+            conn, operation_id="op_1", generation=1, size_bytes=1, sha256="0" * 64, message_count=1
+        )
+    assert not completed
+    assert await artifact_states(pool) == {1: "REMOVING"}
+
+
+async def _waits_for_a_lock(pool: asyncpg.Pool) -> bool:
+    waiting: int = await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    return waiting > 0
