@@ -17,6 +17,10 @@ from shared.storage import s3_client
 
 log = logging.getLogger(__name__)
 
+# A leader silent for this many intervals (and at least this long) is taken for gone and loses the lock.
+LEADER_IDLE_PASSES = 4
+LEADER_IDLE_MIN_SECONDS = 10.0
+
 
 async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     """Run passes until ``stop`` is set. Only the holder of the leader lock acts (Postgres advisory lock
@@ -39,11 +43,26 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
 
 
 async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncpg.Connection | None:
-    """Return the connection holding the leader lock, taking it if free; None when another janitor leads."""
+    """Return the connection holding the leader lock, taking it if free; None when another janitor leads.
+
+    The lock lasts as long as its session, and the server ends a session idle for ``_leader_idle_ms``: a
+    live leader touches it before every pass, so only a leader that stopped answering (frozen, or its host
+    gone without closing the connection) loses the lock to another janitor.
+    """
     if leader is not None and not leader.is_closed():
-        return leader
+        try:
+            await repo.still_leading(leader)
+            return leader
+        except TRANSIENT_DATABASE_ERRORS:
+            log.warning("leader session lost; janitor tries to lead again")
+            leader.terminate()
     try:
-        conn = await asyncpg.connect(settings.database_url, timeout=settings.database_timeout_seconds)
+        conn = await asyncpg.connect(
+            settings.database_url,
+            timeout=settings.database_timeout_seconds,
+            command_timeout=settings.database_timeout_seconds,
+            server_settings={"idle_session_timeout": str(_leader_idle_ms(settings))},
+        )
     except TRANSIENT_DATABASE_ERRORS:
         log.warning("database unavailable; janitor waits")
         return None
@@ -52,6 +71,14 @@ async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncp
         return conn
     await conn.close()
     return None
+
+
+def _leader_idle_ms(settings: Settings) -> int:
+    """How long the leader's session may stay idle: ``LEADER_IDLE_PASSES`` intervals, at least
+    ``LEADER_IDLE_MIN_SECONDS``; in milliseconds, as Postgres takes it.
+    """
+    seconds = max(LEADER_IDLE_PASSES * settings.janitor_interval_seconds, LEADER_IDLE_MIN_SECONDS)
+    return int(seconds * 1000)
 
 
 async def _pass(janitor: Janitor) -> None:

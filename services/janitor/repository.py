@@ -14,6 +14,11 @@ async def try_lead(conn: asyncpg.Connection) -> bool:
     return locked
 
 
+async def still_leading(conn: asyncpg.Connection) -> None:
+    """Touch the leader's session, so it is not ended as idle; raises the driver's error when it is gone."""
+    await conn.execute("SELECT 1")
+
+
 async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Record]:
     """SUCCEEDED -> EXPIRED for results past ``result_expires_at``; return (operation_id, owner_id).
 

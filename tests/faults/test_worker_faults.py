@@ -1,4 +1,5 @@
-"""Workers killed, frozen and refused mid-export, on real processes (contract 5.3, 5.7 and 6).
+"""Workers killed, frozen and refused mid-export, and a frozen janitor leader, on real processes (contract
+5.3, 5.7 and 6).
 
 S3 is reached through a throttled proxy so that an upload of a few MiB lasts seconds: long enough to act
 in its middle, whatever the machine's speed.
@@ -172,6 +173,22 @@ async def test_a_stopped_worker_hands_its_export_back_and_another_takes_it_over(
     row = await faulty.operation(export.operation_id)
     # The handed-back attempt is not counted against the budget.
     assert row["generation"] >= 2 and row["attempt"] == row["generation"] - 1
+
+
+async def test_a_frozen_janitor_leader_loses_the_lead_and_work_goes_on(faulty: Faulty) -> None:
+    faulty.system.start_part("janitor", name="janitor-2")
+    faulty.system.group.wait_for_line("janitor", lambda line: "janitor leads" in line, timeout=30)
+    faulty.system.group.send("janitor", signal.SIGSTOP)
+    try:
+        # A crashed export now needs a janitor to wake it up again: only the standby can.
+        export = await slow_export_in_upload(faulty, "janitor-1", bytes_per_second=UPLOAD_BYTES_PER_SECOND)
+        faulty.system.group.kill(export.holder)
+        faulty.proxy.throttle(None)
+        faulty.system.group.wait_for_line("janitor-2", lambda line: "janitor leads" in line, timeout=60)
+        await faulty.wait_state(export.operation_id, "SUCCEEDED")
+    finally:
+        faulty.system.group.send("janitor", signal.SIGCONT)
+    await export.check(faulty)
 
 
 async def _generation_at_least(faulty: Faulty, operation_id: str, generation: int) -> bool:
