@@ -18,13 +18,11 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from services.worker import repository as repo
-from services.worker.errors import access_revoked
 from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
 from shared.settings import Settings
-from shared.states import State
 
 log = logging.getLogger(__name__)
 
@@ -151,19 +149,25 @@ class Consumer:
 
     async def _claim_and_run(self, message: AbstractIncomingMessage, operation_id: str) -> None:
         try:
-            lease = await self._claim(operation_id)
+            claimed = await self._claim(operation_id)
         except TRANSIENT_DATABASE_ERRORS:
             log.warning("claim failed; message requeued", extra={"operation_id": operation_id})
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
             await _settle(message, requeue=True)
             return
         await _settle(message, requeue=False)
-        if lease is not None:
+        if claimed is None:
+            return
+        lease, member = claimed
+        if member:
             log.info("lease taken", extra=lease.log_extra(worker=self._worker_id))
             await self._runner.run(lease)
+        else:
+            await self._runner.refuse(lease)
 
-    async def _claim(self, operation_id: str) -> Lease | None:
-        """Claim and check membership in one transaction; a non-member's export ends FAILED at once (5.7).
+    async def _claim(self, operation_id: str) -> tuple[Lease, bool] | None:
+        """Claim the lease and check membership in one transaction; return (lease, owner still a member),
+        or None when there is nothing to run (contract 5.7: the first of the execution checks).
 
         An operation whose every attempt lost its worker is parked in FAILED_REPAIR instead of taken over.
         """
@@ -182,19 +186,8 @@ class Consumer:
             if row is None:
                 return None
             lease = Lease.from_row(row)
-            if await repo.holds_membership(conn, conversation_id=lease.conversation_id, user_id=lease.owner_id):
-                return lease
-            revoked = access_revoked()
-            await repo.end_attempt(
-                conn,
-                operation_id=operation_id,
-                generation=lease.generation,
-                state=State.FAILED,
-                error_code=revoked.code,
-                error_message=revoked.message,
-            )
-            log.info("export refused at start: access revoked", extra=lease.log_extra())
-            return None
+            member = await repo.holds_membership(conn, conversation_id=lease.conversation_id, user_id=lease.owner_id)
+            return lease, member
 
 
 async def _settle(message: AbstractIncomingMessage, *, requeue: bool) -> None:

@@ -13,7 +13,7 @@ import asyncpg
 
 from services.worker import metrics
 from services.worker import repository as repo
-from services.worker.errors import LeaseLost, classify, error_name, is_missing_bucket
+from services.worker.errors import LeaseLost, access_revoked, classify, error_name, is_missing_bucket
 from services.worker.export import ExportJob, Lease
 from shared.artifacts import remove_artifacts
 from shared.db import TRANSIENT_DATABASE_ERRORS
@@ -57,6 +57,14 @@ class LeaseRunner:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+
+    async def refuse(self, lease: Lease) -> None:
+        """End ``lease`` FAILED with ``ACCESS_REVOKED`` before any work: the owner is no longer a member
+        (contract 5.7). Objects that earlier generations left are removed first; what S3 refuses now, the
+        janitor removes once the operation has ended.
+        """
+        await remove_artifacts(self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=lease.operation_id)
+        await self._end_failed_attempt(lease, access_revoked())
 
     async def _heartbeat(self, lease: Lease) -> None:
         while True:

@@ -286,3 +286,20 @@ async def _waits_for_a_lock(pool: asyncpg.Pool) -> bool:
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
     )
     return waiting > 0
+
+
+async def test_a_takeover_refused_at_start_removes_what_earlier_generations_left(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    await complete_generation_one(pool, s3, settings)
+    await pool.execute("DELETE FROM conversation_members WHERE user_id = 'alice'")
+    async with pool.acquire() as conn:
+        row = await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
+    assert row is not None
+
+    await LeaseRunner(pool=pool, s3=s3, settings=settings).refuse(Lease.from_row(row))
+
+    row = await operation(pool)
+    assert (row["state"], row["error_code"], row["generation"]) == ("FAILED", "ACCESS_REVOKED", 2)
+    assert await artifact_states(pool) == {1: "DELETED"}
+    assert await keys(s3, settings) == set()
