@@ -8,10 +8,12 @@ from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from shared.settings import Settings
 
+# What an unreachable, failing or misconfigured S3 raises.
+STORAGE_ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
 # Pooled S3 connections beyond the download cap, for uploads, verification and deletes.
 S3_SPARE_CONNECTIONS = 16
 

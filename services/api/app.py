@@ -15,7 +15,7 @@ from shared.auth import TokenVerifier
 from shared.db import create_pool
 from shared.logs import configure_logging
 from shared.settings import Settings
-from shared.storage import ensure_bucket, s3_client
+from shared.storage import s3_client
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,9 @@ async def _pg_context(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _s3_context(app: web.Application) -> AsyncIterator[None]:
+    # The API only reads results that workers wrote, so it neither creates the bucket nor needs S3 up to
+    # start: a download while S3 is unreachable is a 5xx problem, not a dead API.
     async with s3_client(app[SETTINGS]) as client:
-        await ensure_bucket(client, app[SETTINGS].s3_bucket)
         app[S3] = client
         yield
 

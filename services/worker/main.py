@@ -12,10 +12,10 @@ from services.worker.consumer import Consumer
 from services.worker.runner import LeaseRunner
 from shared import broker
 from shared.db import create_pool_when_ready
-from shared.lifecycle import drain, run_until_signalled
+from shared.lifecycle import drain, keep_trying, run_until_signalled
 from shared.logs import configure_logging
 from shared.settings import Settings
-from shared.storage import ensure_bucket, s3_client
+from shared.storage import STORAGE_ERRORS, ensure_bucket, s3_client
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,9 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         connection = await broker.connect_when_ready(settings, name=f"worker {worker_id}", stop=stop)
         resources.push_async_callback(connection.close)
         s3 = await resources.enter_async_context(s3_client(settings))
-        await ensure_bucket(s3, settings.s3_bucket)
+        await keep_trying(
+            lambda: ensure_bucket(s3, settings.s3_bucket), what="file store", errors=STORAGE_ERRORS, stop=stop
+        )
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=settings.worker_concurrency)
         _, queue = await broker.declare_topology(channel, settings)
