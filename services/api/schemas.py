@@ -93,8 +93,10 @@ class ExportSubmission(StrictModel):
         return self
 
 
-class CancelRequest(StrictModel):
-    """Body of ``POST /v3/operations/{id}/cancel``: empty or ``{}`` (contract 5.4)."""
+class EmptyRequest(StrictModel):
+    """Body of ``POST /v3/operations/{id}/cancel`` (contract 5.4) and ``POST /admin/operations/{id}/requeue``:
+    empty or ``{}``.
+    """
 
 
 class MessageSubmission(StrictModel):

@@ -58,6 +58,13 @@ async def test_requeue_refusals_change_nothing(api: Client, auth: Auth, pool: as
     await expect_problem(await api.post("/admin/operations/op_1/requeue"), 401, "UNAUTHENTICATED")
     await expect_problem(await api.post(f"/admin/operations/{GUESSED_ID}/requeue", headers=admin), 404, "NOT_FOUND")
     await expect_problem(await api.post("/admin/operations/op%00/requeue", headers=admin), 422, "VALIDATION_FAILED")
+    junk = {**admin, "Content-Type": "text/plain"}
+    await expect_problem(
+        await api.post("/admin/operations/op_1/requeue", data="x", headers=junk), 415, "UNSUPPORTED_MEDIA_TYPE"
+    )
+    await expect_problem(
+        await api.post("/admin/operations/op_1/requeue", json={"force": True}, headers=admin), 422, "VALIDATION_FAILED"
+    )
     refused = await expect_problem(
         await api.post("/admin/operations/op_2/requeue", headers=admin), 409, "NOT_REQUEUEABLE"
     )

@@ -18,7 +18,7 @@ from services.api.keys import POOL, SETTINGS
 from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import messages as repo
 from services.api.responses import json_response
-from services.api.schemas import ImportedMessage, MemberSet
+from services.api.schemas import EmptyRequest, ImportedMessage, MemberSet
 from services.api.views.messages import check_body_bytes
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
@@ -99,9 +99,11 @@ async def import_messages(request: web.Request) -> web.Response:
 
 async def requeue_operation(request: web.Request) -> web.Response:
     """``POST /admin/operations/{operation_id}/requeue``: FAILED_REPAIR -> QUEUED with a fresh attempt budget
-    (contract 5.3); 202 ``{"operation_id", "state": "QUEUED"}``. 404 when unknown; 409 ``NOT_REQUEUEABLE``
-    with ``state`` from any other state, which is left alone.
+    (contract 5.3); 202 ``{"operation_id", "state": "QUEUED"}``. The body is empty or ``{}`` (else 415, 400
+    or 422 as for cancel). 404 when unknown; 409 ``NOT_REQUEUEABLE`` with ``state`` from any other state,
+    which is left alone.
     """
+    await read_model(request, EmptyRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
     operation_id = request.match_info["operation_id"]
     if not is_operation_id(operation_id):
         raise validation_failed([{"loc": ["path", "operation_id"], "msg": "must be 1-64 characters of [A-Za-z0-9_-]"}])

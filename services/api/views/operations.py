@@ -18,7 +18,7 @@ from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import operations as repo
 from services.api.representation import is_terminal, operation_url, represent
 from services.api.responses import json_response
-from services.api.schemas import CancelRequest, OperationListQuery
+from services.api.schemas import EmptyRequest, OperationListQuery
 from shared.ids import is_operation_id
 from shared.states import State
 from shared.timefmt import MAX_YEAR, MIN_YEAR
@@ -92,7 +92,7 @@ def _decode_cursor(cursor: str | None) -> tuple[datetime, str] | None:
 
 async def cancel_operation(request: web.Request) -> web.Response:
     """``POST /v3/operations/{id}/cancel`` with the outcomes of contract 5.4."""
-    await read_model(request, CancelRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
+    await read_model(request, EmptyRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
     operation_id = request.match_info["operation_id"]
     if not is_operation_id(operation_id):
         raise not_found()
