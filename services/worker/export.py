@@ -155,30 +155,51 @@ class ExportJob:
         return True
 
     async def _write_messages(self) -> None:
-        """Read the lines range by range and hand each range to the writer once its statement has ended.
+        """Read the lines range by range and hand each range to the writer once its statement has ended,
+        reading the next range while the writer takes the current one.
 
         A range is collected in memory rather than streamed from COPY into the writer: waiting for a slow
         S3 inside the statement would hold its snapshot open and run into the statement timeout. To keep
-        that memory near one part whatever the messages' size, each range is sized from the bytes per seq
-        of the one before (at most ``export_batch_rows`` seqs, the first one ``FIRST_RANGE_SEQS``).
+        that memory near one part per range whatever the messages' size, each range is sized from the bytes
+        per seq of the one before (at most ``export_batch_rows`` seqs, the first one ``FIRST_RANGE_SEQS``).
         """
-        lease, settings = self._lease, self._settings
-        low, span = lease.after_seq, min(FIRST_RANGE_SEQS, settings.export_batch_rows)
-        while low < lease.last_seq:
-            high = min(low + span, lease.last_seq)
-            lines: list[bytes] = []
-            async with self._pool.acquire() as conn:
-                await repo.copy_export_lines(
-                    conn, conversation_id=lease.conversation_id, after_seq=low, last_seq=high, output=_appender(lines)
-                )
-            size = 0
-            for chunk in lines:
-                size += len(chunk)
-                await self._writer.write(chunk)
-            await self._progress("writing")
-            bytes_per_seq = max(size / (high - low), 1.0)
-            span = max(1, min(settings.export_batch_rows, int(settings.s3_part_size_bytes / bytes_per_seq)))
-            low = high
+        lease = self._lease
+        if lease.after_seq >= lease.last_seq:
+            return
+        reading: asyncio.Task[tuple[int, int, list[bytes]]] | None = asyncio.create_task(
+            self._read_range(lease.after_seq, FIRST_RANGE_SEQS)
+        )
+        try:
+            while reading is not None:
+                low, high, lines = await reading
+                reading = None
+                if high < lease.last_seq:
+                    span = self._next_span(seqs=high - low, size=sum(map(len, lines)))
+                    reading = asyncio.create_task(self._read_range(high, span))
+                for chunk in lines:
+                    await self._writer.write(chunk)
+                await self._progress("writing")
+        finally:
+            if reading is not None:
+                reading.cancel()
+                with contextlib.suppress(BaseException):
+                    await reading
+
+    async def _read_range(self, low: int, span: int) -> tuple[int, int, list[bytes]]:
+        """The export lines of seqs ``low < seq <= low + span`` (within the lease's range): (low, high, lines)."""
+        lease = self._lease
+        high = min(low + min(span, self._settings.export_batch_rows), lease.last_seq)
+        lines: list[bytes] = []
+        async with self._pool.acquire() as conn:
+            await repo.copy_export_lines(
+                conn, conversation_id=lease.conversation_id, after_seq=low, last_seq=high, output=_appender(lines)
+            )
+        return low, high, lines
+
+    def _next_span(self, *, seqs: int, size: int) -> int:
+        """Seqs for about one part of lines, judged from the last range's ``size`` bytes over ``seqs`` seqs."""
+        bytes_per_seq = max(size / seqs, 1.0)
+        return max(1, int(self._settings.s3_part_size_bytes / bytes_per_seq))
 
     async def _finish_and_verify(self) -> Digest:
         await self._progress("uploading")
