@@ -5,6 +5,7 @@ cancellation).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import urllib.parse
@@ -22,7 +23,7 @@ from shared.states import TERMINAL
 from shared.storage import artifact_prefix, s3_client
 from tests.conftest import delete_broker_objects, wait_for
 from tests.e2e.system import LocalSystem
-from tests.faults.servers import TcpProxy
+from tests.faults.servers import PrivateRabbitMQ, TcpProxy
 from tests.helpers import expected_file, read_all, submit
 
 # Short leases and passes so that a takeover or a clean-up happens within seconds.
@@ -206,3 +207,17 @@ async def make_conversation(faulty: Faulty, cid: str, members: list[str], *, mes
             headers={**admin, "Content-Type": "application/x-ndjson"},
         )
         assert imported.status == 200, await imported.text()
+
+
+async def wait_for_queue_counts(
+    server: PrivateRabbitMQ, queue: str, *, ready: int, unacked: int, timeout: float = 30.0
+) -> None:
+    """Poll the broker's figures for ``queue`` (quorum queues publish them every tick) until they are
+    ``ready`` and ``unacked`` messages; fail after ``timeout`` seconds.
+    """
+    expected = {"messages_ready": ready, "messages_unacknowledged": unacked}
+
+    async def settled() -> bool:
+        return bool(await asyncio.to_thread(server.queue_counts, queue) == expected)
+
+    await wait_for(settled, timeout=timeout)

@@ -11,7 +11,7 @@ import aio_pika
 import pytest
 
 from tests.conftest import AMQP_URL, cloned_database, wait_for
-from tests.faults.harness import Faulty, check_ended_correctly, make_conversation, running
+from tests.faults.harness import Faulty, check_ended_correctly, make_conversation, running, wait_for_queue_counts
 from tests.faults.servers import PrivatePostgres, PrivateRabbitMQ
 from tests.faults.test_worker_faults import SLOW_UPLOADS, UPLOAD_BYTES_PER_SECOND, uploading
 
@@ -99,8 +99,7 @@ async def test_the_worker_acks_before_the_export_finishes(
 
         await uploading(f, operation_id)
         # The broker's figures lag a little behind the ack: wait for them, then check the export still runs.
-        settled = {"messages_ready": 0, "messages_unacknowledged": 0}
-        await wait_for(lambda: _queue_counts_are(private_rabbitmq, f.settings.amqp_queue, settled), timeout=30)
+        await wait_for_queue_counts(private_rabbitmq, f.settings.amqp_queue, ready=0, unacked=0)
         assert (await f.operation(operation_id))["state"] == "RUNNING"
         f.proxy.throttle(None)
         await check_ended_correctly(f, "alice", {operation_id: expected}, fingerprint=fingerprint)
@@ -114,10 +113,6 @@ async def _consumers_are(faulty: Faulty, expected: int) -> bool:
     async with connection:
         queue = await (await connection.channel()).declare_queue(faulty.settings.amqp_queue, passive=True)
         return bool(queue.declaration_result.consumer_count == expected)
-
-
-async def _queue_counts_are(rabbitmq: PrivateRabbitMQ, queue: str, expected: dict[str, int]) -> bool:
-    return await asyncio.to_thread(rabbitmq.queue_counts, queue) == expected
 
 
 async def _status_is(faulty: Faulty, status: int) -> bool:

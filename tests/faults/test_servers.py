@@ -15,6 +15,7 @@ import pytest
 from aio_pika.abc import FieldValue
 
 from tests.conftest import wait_for
+from tests.faults.harness import wait_for_queue_counts
 from tests.faults.servers import PrivatePostgres, PrivateRabbitMQ, TcpProxy, epmd_names
 
 pytestmark = pytest.mark.e2e
@@ -111,19 +112,6 @@ async def get_one(url: str, queue_name: str) -> bytes:
         await connection.close()
 
 
-async def wait_for_counts(server: PrivateRabbitMQ, queue_name: str, *, ready: int, unacked: int) -> None:
-    """Poll ``queue_counts`` (quorum queues publish them every tick) until they are as expected, for 10 s."""
-    expected = {"messages_ready": ready, "messages_unacknowledged": unacked}
-    counts: dict[str, int] = {}
-    deadline = asyncio.get_running_loop().time() + 10
-    while asyncio.get_running_loop().time() < deadline:
-        counts = await asyncio.to_thread(server.queue_counts, queue_name)
-        if counts == expected:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"queue {queue_name}: {counts}, expected {expected}")
-
-
 async def test_rabbitmq_quorum_queue_keeps_persistent_messages(private_rabbitmq: PrivateRabbitMQ) -> None:
     url = private_rabbitmq.url
     await publish_persistent(url, "faults-smoke", b"survives a restart")
@@ -132,7 +120,7 @@ async def test_rabbitmq_quorum_queue_keeps_persistent_messages(private_rabbitmq:
     queue = await (await holder.channel()).declare_queue("faults-smoke", durable=True, arguments=QUORUM)
     held = await queue.get(timeout=5)  # left unacknowledged
     assert held.body == b"survives a restart"
-    await wait_for_counts(private_rabbitmq, "faults-smoke", ready=1, unacked=1)
+    await wait_for_queue_counts(private_rabbitmq, "faults-smoke", ready=1, unacked=1)
 
     await asyncio.to_thread(private_rabbitmq.restart)
 
@@ -145,7 +133,7 @@ async def test_rabbitmq_quorum_queue_keeps_persistent_messages(private_rabbitmq:
     assert private_rabbitmq.short_name not in epmd_names()
     await asyncio.to_thread(private_rabbitmq.start)
     assert await get_one(url, "faults-smoke") == b"survives a crash"
-    await wait_for_counts(private_rabbitmq, "faults-smoke", ready=0, unacked=0)
+    await wait_for_queue_counts(private_rabbitmq, "faults-smoke", ready=0, unacked=0)
 
 
 async def test_rabbitmq_destroy_leaves_nothing_behind(private_rabbitmq: PrivateRabbitMQ) -> None:
