@@ -57,6 +57,18 @@ async def export(api: Client, auth: Auth, user: str, cid: str, key: str, body: A
     return await wait_terminal(api, auth, user, response.headers["Location"])
 
 
+async def submitted_alone(api: Client, auth: Auth, cid: str) -> tuple[list[dict[str, Any]], Any]:
+    """``cid`` with alice alone and 3 messages of hers, and her export of it submitted with key ``k-1``:
+    (the messages as the read API shows them, the 202 response).
+    """
+    await make_conversation(api, auth, cid, ["alice"])
+    await import_lines(api, auth, cid, lines(cid, 3, senders=("alice",)))
+    messages = await read_all(api, auth, "alice", cid)
+    response = await submit(api, auth, "alice", cid, VALID, "k-1")
+    assert response.status == 202
+    return messages, response
+
+
 async def test_download_serves_the_file_with_its_headers_and_ranges(
     api: Client, auth: Auth, pool: asyncpg.Pool, pipeline: None
 ) -> None:
@@ -208,11 +220,7 @@ async def test_download_after_revocation_is_403_and_after_expiry_is_410_with_the
 async def test_cancel_requested_before_any_worker_ends_canceled_by_the_janitor(
     api: Client, auth: Auth, pool: asyncpg.Pool, settings: Settings, s3: Any
 ) -> None:
-    await make_conversation(api, auth, "c-f", ["alice"])
-    await import_lines(api, auth, "c-f", lines("c-f", 3, senders=("alice",)))
-    messages = await read_all(api, auth, "alice", "c-f")
-    response = await submit(api, auth, "alice", "c-f", VALID, "k-1")
-    assert response.status == 202
+    messages, response = await submitted_alone(api, auth, "c-f")
     location = response.headers["Location"]
     operation_id = (await response.json())["operation_id"]
     cancel = await api.post(f"{location}/cancel", headers=auth("alice"))
@@ -300,11 +308,7 @@ async def test_recalled_messages_and_messages_after_the_snapshot_are_not_exporte
 async def test_a_retry_exports_up_to_the_snapshot_its_first_attempt_fixed(
     api: Client, auth: Auth, pool: asyncpg.Pool, settings: Settings, s3: Any
 ) -> None:
-    await make_conversation(api, auth, "c-r", ["alice"])
-    await import_lines(api, auth, "c-r", lines("c-r", 3, senders=("alice",)))
-    first_three = await read_all(api, auth, "alice", "c-r")
-    response = await submit(api, auth, "alice", "c-r", VALID, "k-1")
-    assert response.status == 202
+    first_three, response = await submitted_alone(api, auth, "c-r")
     operation_id = (await response.json())["operation_id"]
     # What a first attempt leaves when it claimed the operation at max_seq 3 and then hit a transient fault.
     async with pool.acquire() as conn:
