@@ -9,7 +9,8 @@ import secrets
 ID_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
 _ID_RE = re.compile(ID_PATTERN)
 # Contract 5.2: operation ids are URL-safe and at most 64 chars; anything else in a path names no operation.
-_OPERATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+OPERATION_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+_OPERATION_ID_RE = re.compile(OPERATION_ID_PATTERN)
 
 
 def new_operation_id() -> str:

@@ -8,6 +8,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from services.api.keys import PRINCIPAL, VERIFIER
+from services.api.openapi import OPENAPI_PATH
 from services.api.problems import Problem
 from shared.auth import InvalidToken
 from shared.db import TRANSIENT_DATABASE_ERRORS
@@ -66,9 +67,12 @@ def _from_http_exception(exc: web.HTTPException) -> Problem:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Require a valid bearer token on ``/v2``, ``/v3`` and ``/admin``; ``/admin`` also needs ``admin``."""
+    """Require a valid bearer token on ``/v2``, ``/v3`` and ``/admin``; ``/admin`` also needs ``admin``.
+
+    The OpenAPI document is the one exception: clients and tools read it before they hold a token.
+    """
     path = request.path
-    if not path.startswith(PROTECTED_PREFIXES):
+    if not path.startswith(PROTECTED_PREFIXES) or path == OPENAPI_PATH:
         return await handler(request)
     try:
         principal = request.app[VERIFIER].verify(request.headers.get("Authorization"))

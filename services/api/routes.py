@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.api.views import admin, exports, health, messages, operations
+from services.api.openapi import OPENAPI_PATH
+from services.api.views import admin, docs, exports, health, messages, operations
 
 
 def setup_routes(app: web.Application) -> None:
@@ -22,6 +23,7 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/v3/operations", operations.list_operations)
     router.add_get("/v3/operations/{operation_id}", operations.get_operation)
     router.add_post("/v3/operations/{operation_id}/cancel", operations.cancel_operation)
+    router.add_get(OPENAPI_PATH, docs.openapi_document)
 
     router.add_put("/admin/conversations/{cid}", admin.put_conversation)
     router.add_put("/admin/conversations/{cid}/members/{uid}", admin.add_member)

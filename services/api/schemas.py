@@ -1,9 +1,14 @@
-"""Request models of the public API, strict so that ``"9"``, ``1e3`` and ``true`` are not integers."""
+"""Request and response models of the public API.
+
+Request models are strict, so that ``"9"``, ``1e3`` and ``true`` are not integers. Response models describe
+what the views answer; they are the source of the OpenAPI document's component schemas
+(``services.api.openapi``), and the end-to-end conformance test holds the views to them.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -15,6 +20,7 @@ from pydantic import (
     StrictStr,
     model_validator,
 )
+from pydantic.json_schema import JsonDict, SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from shared.ids import ID_PATTERN
@@ -67,7 +73,18 @@ def _digits(value: object) -> object:
 
 
 Timestamp = Annotated[datetime, BeforeValidator(_rfc3339)]
-QueryInt = Annotated[int, BeforeValidator(_digits)]
+# Placed after the bounds in each ``Annotated``: before them, pydantic still checks the bounds but leaves
+# them out of the JSON schema's minimum/maximum.
+QUERY_DIGITS = BeforeValidator(_digits)
+
+
+def _no_default(schema: JsonDict) -> None:
+    # A member that is absent rather than null: its schema shows neither null nor a default of null.
+    schema.pop("default", None)
+
+
+# For ``X | SkipJsonSchema[None] = ABSENT``: optional, never null on the wire.
+ABSENT: Any = Field(default=None, json_schema_extra=_no_default)
 
 
 class StrictModel(BaseModel):
@@ -109,16 +126,16 @@ class MessageSubmission(StrictModel):
 class MessagePageQuery(StrictModel):
     """Query of ``GET /v2/conversations/{cid}/messages`` (contract 4: ``limit <= 1000``)."""
 
-    after_seq: Annotated[QueryInt, Field(ge=0, le=MAX_SEQ)] = 0
-    limit: Annotated[QueryInt, Field(ge=1, le=MAX_PAGE_LIMIT)] = 100
+    after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ), QUERY_DIGITS] = 0
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE_LIMIT), QUERY_DIGITS] = 100
 
 
 class OperationListQuery(StrictModel):
     """Query of ``GET /v3/operations?state=&limit=&cursor=`` (contract 5.2)."""
 
-    state: State | None = None
-    limit: Annotated[QueryInt, Field(ge=1, le=MAX_OPERATIONS_PAGE)] = 20
-    cursor: str | None = None
+    state: State | SkipJsonSchema[None] = ABSENT
+    limit: Annotated[int, Field(ge=1, le=MAX_OPERATIONS_PAGE), QUERY_DIGITS] = 20
+    cursor: str | SkipJsonSchema[None] = ABSENT
 
 
 class MemberSet(StrictModel):
@@ -137,3 +154,154 @@ class ImportedMessage(StrictModel):
     sender_id: Identifier
     body: MessageBody
     sent_at: Timestamp | None = None
+
+
+# Response models (contract sections 3, 4 and 5.2). Field order is the order the views write.
+
+TimestampText = Annotated[
+    str,
+    Field(
+        pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$",
+        json_schema_extra={"format": "date-time"},
+        description="RFC 3339 in UTC with millisecond precision and a Z suffix (contract 5.6).",
+    ),
+]
+Seq = Annotated[int, Field(ge=1, le=MAX_SEQ)]
+Count = Annotated[int, Field(ge=0)]
+
+
+class FieldError(StrictModel):
+    """One validation error: where (``["body", "format"]``, ``["query", "limit"]``) and what is wrong."""
+
+    loc: list[str | int]
+    msg: str
+
+
+class Problem(StrictModel):
+    """An RFC 9457 problem (``application/problem+json``) with the contract's stable ``code`` (contract 3).
+
+    ``errors`` comes with VALIDATION_FAILED only; ``state`` with refusals that depend on an operation's state.
+    """
+
+    type: Annotated[str, Field(json_schema_extra={"format": "uri"})]
+    title: str
+    status: Annotated[int, Field(ge=400, le=599)]
+    detail: str
+    code: Annotated[str, Field(pattern="^[A-Z][A-Z_]*$")]
+    errors: list[FieldError] | SkipJsonSchema[None] = ABSENT
+    state: State | SkipJsonSchema[None] = ABSENT
+
+
+class Message(StrictModel):
+    """A stored message as the read API shows it, identical to a line of the export file (contract 5.6)."""
+
+    conversation_id: str
+    seq: Seq
+    message_id: str
+    sender_id: str
+    sent_at: TimestampText
+    body: str
+
+
+class MessagePage(StrictModel):
+    """``GET /v2/conversations/{cid}/messages``: ``next_after_seq`` is null on the last page."""
+
+    messages: list[Message]
+    next_after_seq: Seq | None
+
+
+class StoredMessage(StrictModel):
+    """``POST /v2/conversations/{cid}/messages``: the seq and time the store assigned."""
+
+    status: Literal["stored"]
+    conversation_id: str
+    message_id: str
+    seq: Seq
+    sent_at: TimestampText
+
+
+class RecalledMessage(StrictModel):
+    """``DELETE /v2/conversations/{cid}/messages/{message_id}``."""
+
+    status: Literal["recalled"]
+
+
+class OperationRequest(StrictModel):
+    """The export request after defaults: the canonical request without user and conversation (5.1)."""
+
+    format: Literal["jsonl"]
+    before_seq: Seq | None
+    after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
+
+
+class Progress(StrictModel):
+    """What a worker measured: a phase name and counts, never a percentage or an ETA (contract 5.2)."""
+
+    phase: Annotated[
+        str,
+        Field(
+            description="waiting (not started), starting, writing, uploading, verifying, done, retry_at, failed, "
+            "failed_repair, canceled, expired or handed back"
+        ),
+    ]
+    messages_written: Count
+    bytes_written: Count
+
+
+class Snapshot(StrictModel):
+    """The watermark fixed when the export first started running, reused by every retry."""
+
+    max_seq: Count
+
+
+class OperationError(StrictModel):
+    """Why an operation is RETRY_AT, FAILED or FAILED_REPAIR, in words a user can act on."""
+
+    code: str
+    message: str
+
+
+class OperationResult(StrictModel):
+    """The file of a SUCCEEDED export."""
+
+    url: str
+    expires_at: TimestampText
+    size_bytes: Count
+    sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
+    message_count: Count
+    content_type: Literal["application/x-ndjson"]
+
+
+class OperationLinks(StrictModel):
+    """``cancel`` while the operation is not terminal, ``result`` once it SUCCEEDED."""
+
+    self_: str = Field(alias="self")
+    cancel: str | SkipJsonSchema[None] = ABSENT
+    result: str | SkipJsonSchema[None] = ABSENT
+
+
+class Operation(StrictModel):
+    """The status monitor of one export (contract 5.2); ``next_poll_after_seconds`` only while not terminal."""
+
+    operation_id: str
+    kind: Literal["conversation_export"]
+    state: State
+    conversation_id: str
+    request: OperationRequest
+    created_at: TimestampText
+    updated_at: TimestampText
+    attempt: Count
+    progress: Progress
+    snapshot: Snapshot | None
+    retry_at: TimestampText | None
+    error: OperationError | None
+    result: OperationResult | None
+    links: OperationLinks
+    next_poll_after_seconds: Annotated[int, Field(ge=1, le=30)] | SkipJsonSchema[None] = ABSENT
+
+
+class OperationPage(StrictModel):
+    """``GET /v3/operations``: newest first; ``next_cursor`` is opaque and null on the last page."""
+
+    operations: list[Operation]
+    next_cursor: str | None
