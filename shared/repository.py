@@ -1,10 +1,16 @@
-"""SQL that several services share: the removal of artifacts (worker and janitor) and the admin requeue
-(API and CLI). Each function runs on the caller's connection, inside the caller's transaction if any.
+"""SQL that several services share: the removal of artifacts (worker and janitor), the closing of an
+attempt (worker and janitor), the admin requeue (API and CLI) and the readiness ping (every part). Each
+function runs on the caller's connection, inside the caller's transaction if any.
 """
 
 from __future__ import annotations
 
 import asyncpg
+
+
+async def ping(conn: asyncpg.Connection) -> None:
+    """Run a trivial query; raises what the driver raises when the database cannot answer."""
+    await conn.fetchval("SELECT 1")
 
 
 async def start_removal(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> str | None:
@@ -60,12 +66,31 @@ async def unremoved_artifacts(
     return rows
 
 
+def closing_attempt(update: str, *, outcome: str, error_code: str = "NULL") -> str:
+    """SQL of one statement that runs ``update`` (an ``UPDATE operations ...`` without RETURNING) and closes
+    the open attempt of the generation it changed with ``outcome`` and ``error_code`` (SQL expressions).
+    The statement selects one boolean: true when ``update`` changed the operation.
+
+    One statement, so an attempt's history ends with the write that ends the attempt, also outside a
+    transaction, and a fenced ``update`` that matches nothing closes nothing (contract 5.3).
+    """
+    return f"""
+    WITH ended AS ({update} RETURNING operation_id, generation),
+    closed AS (
+        UPDATE attempts a SET ended_at = now(), outcome = {outcome}, error_code = {error_code}
+        FROM ended e
+        WHERE a.operation_id = e.operation_id AND a.generation = e.generation AND a.ended_at IS NULL)
+    SELECT EXISTS (SELECT 1 FROM ended)
+    """
+
+
 async def requeue(conn: asyncpg.Connection, *, operation_id: str) -> bool:
     """FAILED_REPAIR -> QUEUED with a fresh attempt budget; False (nothing changed) from any other state.
 
     The generation moves on, so a worker that still holds an old lease (a frozen one, parked as
     WORKER_LOST) matches none of the fenced writes afterwards, not even those allowed while
-    CANCEL_REQUESTED (contract 5.3).
+    CANCEL_REQUESTED (contract 5.3). No attempt is open here (the write that parked the operation closed
+    it), so the attempt history is left as it is; the next claim opens the new generation's attempt.
     """
     status = await conn.execute(
         """

@@ -1,4 +1,4 @@
-"""The operation representation of contract 5.2, built from a repository row."""
+"""The operation representation of contract 5.2, built from a repository row, and its admin view."""
 
 from __future__ import annotations
 
@@ -90,3 +90,38 @@ def _links(operation_id: str, state: str, terminal: bool) -> dict[str, str]:
     if state == State.SUCCEEDED:
         links["result"] = result_url(operation_id)
     return links
+
+
+def represent_for_admin(
+    row: asyncpg.Record,
+    *,
+    attempts: list[asyncpg.Record],
+    artifacts: list[asyncpg.Record],
+    access_events: list[asyncpg.Record],
+    access_events_total: int,
+) -> dict[str, Any]:
+    """The admin view of one operation: the owner's representation (contract 5.2) plus its owner, lease,
+    generation and end time, its attempts, artifacts and access events (``access_events_total`` counts
+    them all when the list holds only the newest). Artifacts show their object key, never a download URL.
+    """
+    return {
+        **represent(row),
+        "owner_id": row["owner_id"],
+        "generation": row["generation"],
+        "lease_owner": row["lease_owner"],
+        "lease_expires_at": format_timestamp(row["lease_expires_at"]),
+        "finished_at": format_timestamp(row["finished_at"]),
+        "result_expires_at": format_timestamp(row["result_expires_at"]),
+        "attempts": [_with_timestamps(attempt, "claimed_at", "ended_at") for attempt in attempts],
+        "artifacts": [_with_timestamps(artifact, "created_at", "updated_at") for artifact in artifacts],
+        "access_events": [_with_timestamps(event, "occurred_at") for event in access_events],
+        "access_events_total": access_events_total,
+    }
+
+
+def _with_timestamps(row: asyncpg.Record, *names: str) -> dict[str, Any]:
+    """``row`` as a dict with its ``names`` columns rendered as contract timestamps."""
+    rendered = dict(row.items())
+    for name in names:
+        rendered[name] = format_timestamp(row[name])
+    return rendered

@@ -1,5 +1,7 @@
 """All SQL of the worker. Writes of a lease holder are fenced: they match only while the operation is
 RUNNING under the holder's generation, so a holder that lost its lease changes nothing (contract 5.3).
+A claim opens the generation's row in ``attempts`` and every write that ends an attempt closes it, in the
+same statement (``shared.repository.closing_attempt``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from typing import Any
 
 import asyncpg
 
+from shared.repository import closing_attempt
 from shared.timefmt import SQL_FORMAT
 
 # One export line per message, rendered by Postgres so no row crosses into Python objects. to_json escapes
@@ -56,23 +59,36 @@ async def claim(
     """Take the lease of a runnable operation with generation + 1; None when there is nothing to run.
 
     Runnable: QUEUED, RETRY_AT whose time has come, or RUNNING whose lease expired (a takeover). Times are
-    the database's. ``snapshot_max_seq`` is fixed on the first claim and kept by every retry (5.2).
+    the database's. ``snapshot_max_seq`` is fixed on the first claim and kept by every retry (5.2). The
+    same statement opens the new generation's attempt, held by ``worker_id``, and closes an older one still
+    open as LEASE_LOST: its holder can no longer end it, every write of its generation is fenced off.
+    ``took_over`` in the row says whether it did (a takeover).
     """
     return await conn.fetchrow(
         """
-        UPDATE operations o SET
-            state = 'RUNNING', generation = o.generation + 1, attempt = o.attempt + 1,
-            lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
-            snapshot_max_seq = coalesce(o.snapshot_max_seq,
-                (SELECT c.last_seq FROM conversations c WHERE c.conversation_id = o.conversation_id), 0),
-            progress_phase = 'starting', messages_written = 0, bytes_written = 0,
-            retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
-        WHERE o.operation_id = $1 AND (
-            o.state = 'QUEUED'
-            OR (o.state = 'RETRY_AT' AND o.retry_at <= now())
-            OR (o.state = 'RUNNING' AND o.lease_expires_at < now()))
-        RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
-                  o.snapshot_max_seq, o.generation, o.attempt
+        WITH claimed AS (
+            UPDATE operations o SET
+                state = 'RUNNING', generation = o.generation + 1, attempt = o.attempt + 1,
+                lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
+                snapshot_max_seq = coalesce(o.snapshot_max_seq,
+                    (SELECT c.last_seq FROM conversations c WHERE c.conversation_id = o.conversation_id), 0),
+                progress_phase = 'starting', messages_written = 0, bytes_written = 0,
+                retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
+            WHERE o.operation_id = $1 AND (
+                o.state = 'QUEUED'
+                OR (o.state = 'RETRY_AT' AND o.retry_at <= now())
+                OR (o.state = 'RUNNING' AND o.lease_expires_at < now()))
+            RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
+                      o.snapshot_max_seq, o.generation, o.attempt),
+        superseded AS (
+            UPDATE attempts a SET ended_at = now(), outcome = 'LEASE_LOST'
+            FROM claimed c
+            WHERE a.operation_id = c.operation_id AND a.generation < c.generation AND a.ended_at IS NULL
+            RETURNING a.generation),
+        opened AS (
+            INSERT INTO attempts (operation_id, generation, attempt, worker_id)
+            SELECT operation_id, generation, attempt, $2 FROM claimed)
+        SELECT claimed.*, EXISTS (SELECT 1 FROM superseded) AS took_over FROM claimed
         """,
         operation_id,
         worker_id,
@@ -83,19 +99,24 @@ async def claim(
 async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_attempts: int, message: str) -> bool:
     """RUNNING -> FAILED_REPAIR when its lease expired after ``max_attempts`` attempts: each of them lost
     its worker, so taking it over again would only risk the next one (contract 5.3: the budget is spent).
+    The last attempt is closed as LEASE_LOST with ``WORKER_LOST``.
     """
-    status = await conn.execute(
-        """
-        UPDATE operations SET state = 'FAILED_REPAIR', error_code = 'WORKER_LOST', error_message = $3,
-            progress_phase = 'failed_repair', lease_owner = NULL, lease_expires_at = NULL,
-            finished_at = now(), updated_at = now()
-        WHERE operation_id = $1 AND state = 'RUNNING' AND lease_expires_at < now() AND attempt >= $2
-        """,
+    parked: bool = await conn.fetchval(
+        closing_attempt(
+            """
+            UPDATE operations SET state = 'FAILED_REPAIR', error_code = 'WORKER_LOST', error_message = $3,
+                progress_phase = 'failed_repair', lease_owner = NULL, lease_expires_at = NULL,
+                finished_at = now(), updated_at = now()
+            WHERE operation_id = $1 AND state = 'RUNNING' AND lease_expires_at < now() AND attempt >= $2
+            """,
+            outcome="'LEASE_LOST'",
+            error_code="'WORKER_LOST'",
+        ),
         operation_id,
         max_attempts,
         message,
     )
-    return status == "UPDATE 1"
+    return parked
 
 
 async def holds_membership(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
@@ -225,16 +246,21 @@ async def succeed(
 ) -> bool:
     """RUNNING -> SUCCEEDED with the published key; False when the lease or the state moved on.
 
-    A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (5.4).
+    A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (5.4). Closes
+    the attempt as SUCCEEDED.
     """
-    status = await conn.execute(
-        f"""
-        UPDATE operations SET state = 'SUCCEEDED', result_key = $3, result_size_bytes = $4, result_sha256 = $5,
-            result_message_count = $6, result_expires_at = now() + make_interval(secs => $7),
-            progress_phase = 'done', messages_written = $6, bytes_written = $4,
-            lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now()
-        WHERE {_HELD}
-        """,
+    succeeded: bool = await conn.fetchval(
+        closing_attempt(
+            f"""
+            UPDATE operations SET state = 'SUCCEEDED', result_key = $3, result_size_bytes = $4,
+                result_sha256 = $5, result_message_count = $6,
+                result_expires_at = now() + make_interval(secs => $7),
+                progress_phase = 'done', messages_written = $6, bytes_written = $4,
+                lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now()
+            WHERE {_HELD}
+            """,
+            outcome="'SUCCEEDED'",
+        ),
         operation_id,
         generation,
         object_key,
@@ -243,7 +269,7 @@ async def succeed(
         message_count,
         float(result_ttl_seconds),
     )
-    return status == "UPDATE 1"
+    return succeeded
 
 
 async def end_attempt(
@@ -256,15 +282,21 @@ async def end_attempt(
     error_message: str,
     retry_delay_seconds: float | None = None,
 ) -> bool:
-    """RUNNING -> FAILED, FAILED_REPAIR or RETRY_AT (with ``retry_delay_seconds``) and a readable error."""
-    status = await conn.execute(
-        f"""
-        UPDATE operations SET state = $3, error_code = $4, error_message = $5,
-            retry_at = CASE WHEN $6::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $6) END,
-            progress_phase = lower($3), lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
-            finished_at = CASE WHEN $3 = 'RETRY_AT' THEN NULL ELSE now() END
-        WHERE {_HELD}
-        """,
+    """RUNNING -> FAILED, FAILED_REPAIR or RETRY_AT (with ``retry_delay_seconds``) and a readable error; the
+    attempt is closed with that state as its outcome and ``error_code``.
+    """
+    ended: bool = await conn.fetchval(
+        closing_attempt(
+            f"""
+            UPDATE operations SET state = $3, error_code = $4, error_message = $5,
+                retry_at = CASE WHEN $6::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $6) END,
+                progress_phase = lower($3), lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+                finished_at = CASE WHEN $3 = 'RETRY_AT' THEN NULL ELSE now() END
+            WHERE {_HELD}
+            """,
+            outcome="$3",
+            error_code="$4",
+        ),
         operation_id,
         generation,
         state,
@@ -272,38 +304,47 @@ async def end_attempt(
         error_message,
         retry_delay_seconds,
     )
-    return status == "UPDATE 1"
+    return ended
 
 
 async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
     """End our lease now, on a graceful stop, so another worker can take over at once (generation + 1).
 
-    The interrupted attempt does not count against the retry budget: the next claim runs it again.
+    The interrupted attempt does not count against the retry budget: the next claim runs it again. The
+    attempt is closed as HANDED_BACK.
     """
-    status = await conn.execute(
-        f"""
-        UPDATE operations SET lease_expires_at = now() - interval '1 millisecond', progress_phase = 'handed back',
-            attempt = attempt - 1, updated_at = now()
-        WHERE {_LEASED}
-        """,
+    handed_back: bool = await conn.fetchval(
+        closing_attempt(
+            f"""
+            UPDATE operations SET lease_expires_at = now() - interval '1 millisecond',
+                progress_phase = 'handed back', attempt = attempt - 1, updated_at = now()
+            WHERE {_LEASED}
+            """,
+            outcome="'HANDED_BACK'",
+        ),
         operation_id,
         generation,
     )
-    return status == "UPDATE 1"
+    return handed_back
 
 
 async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
-    """CANCEL_REQUESTED -> CANCELED by the holder of ``generation``, after it removed its objects (5.4)."""
-    status = await conn.execute(
-        """
-        UPDATE operations SET state = 'CANCELED', progress_phase = 'canceled', lease_owner = NULL,
-            lease_expires_at = NULL, finished_at = now(), updated_at = now()
-        WHERE operation_id = $1 AND generation = $2 AND state = 'CANCEL_REQUESTED'
-        """,
+    """CANCEL_REQUESTED -> CANCELED by the holder of ``generation``, after it removed its objects (5.4); the
+    attempt is closed as CANCELED.
+    """
+    canceled: bool = await conn.fetchval(
+        closing_attempt(
+            """
+            UPDATE operations SET state = 'CANCELED', progress_phase = 'canceled', lease_owner = NULL,
+                lease_expires_at = NULL, finished_at = now(), updated_at = now()
+            WHERE operation_id = $1 AND generation = $2 AND state = 'CANCEL_REQUESTED'
+            """,
+            outcome="'CANCELED'",
+        ),
         operation_id,
         generation,
     )
-    return status == "UPDATE 1"
+    return canceled
 
 
 async def current_state(conn: asyncpg.Connection, *, operation_id: str) -> asyncpg.Record | None:

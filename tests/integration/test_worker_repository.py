@@ -47,12 +47,13 @@ async def row(conn: asyncpg.Connection) -> asyncpg.Record:
 async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(conn: asyncpg.Connection) -> None:
     first = await claim(conn, "w1")
     assert (first["generation"], first["attempt"], first["snapshot_max_seq"]) == (1, 1, 7)
+    assert first["took_over"] is False
     assert await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
 
     await conn.execute("UPDATE conversations SET last_seq = 9")
     await expire_lease(conn)
     second = await claim(conn, "w2")
-    assert (second["generation"], second["attempt"]) == (2, 2)
+    assert (second["generation"], second["attempt"], second["took_over"]) == (2, 2, True)
     assert second["snapshot_max_seq"] == 7  # fixed by the first attempt, reused by every retry (5.2)
 
 
@@ -115,7 +116,7 @@ async def test_a_handed_back_lease_is_taken_over_at_once_without_spending_an_att
     await repo.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
     assert await repo.hand_back(conn, operation_id="op_1", generation=1)
     taken = await claim(conn, "w2")
-    assert (taken["generation"], taken["attempt"]) == (2, 1)
+    assert (taken["generation"], taken["attempt"], taken["took_over"]) == (2, 1, False)  # given, not taken
 
 
 async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Connection) -> None:

@@ -10,7 +10,7 @@ from shared.fingerprint import ExportRequest
 from shared.states import ACTIVE, State, sources_of
 
 # Columns of the operation representation (contract 5.2) plus the database's view of its age.
-_COLUMNS = """
+OPERATION_COLUMNS = """
     o.operation_id, o.kind, o.owner_id, o.conversation_id, o.format, o.before_seq, o.after_seq, o.state,
     o.created_at, o.updated_at, o.attempt, o.generation, o.progress_phase, o.messages_written,
     o.bytes_written, o.snapshot_max_seq, o.retry_at, o.error_code, o.error_message, o.result_key,
@@ -98,7 +98,7 @@ async def insert_idempotency_key(
 async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> asyncpg.Record | None:
     """The operation if it exists AND belongs to ``owner_id``; otherwise None (one 404 for both)."""
     return await conn.fetchrow(
-        f"SELECT {_COLUMNS} FROM operations o WHERE o.operation_id = $1 AND o.owner_id = $2",
+        f"SELECT {OPERATION_COLUMNS} FROM operations o WHERE o.operation_id = $1 AND o.owner_id = $2",
         operation_id,
         owner_id,
     )
@@ -119,7 +119,7 @@ async def list_operations(
     after_created, after_id = after if after else (None, None)
     rows: list[asyncpg.Record] = await conn.fetch(
         f"""
-        SELECT {_COLUMNS} FROM operations o
+        SELECT {OPERATION_COLUMNS} FROM operations o
         WHERE o.owner_id = $1
           AND ($2::text IS NULL OR o.state = $2)
           AND ($3::timestamptz IS NULL OR (o.created_at, o.operation_id) < ($3, $4))
@@ -147,7 +147,7 @@ async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_i
         UPDATE operations o SET state = 'CANCEL_REQUESTED', updated_at = now(), retry_at = NULL,
             error_code = NULL, error_message = NULL
         WHERE o.operation_id = $1 AND o.owner_id = $2 AND o.state = ANY($3::text[])
-        RETURNING {_COLUMNS}
+        RETURNING {OPERATION_COLUMNS}
         """,
         operation_id,
         owner_id,

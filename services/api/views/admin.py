@@ -1,7 +1,8 @@
-"""Admin routes of the message store: member sets and history import (contract section 4).
+"""Admin routes: member sets and history import (contract section 4), the requeue of a parked operation
+(5.3) and the admin view of an operation.
 
-The middleware already required the ``admin`` scope. Admins may know which conversations exist, so a path
-id that breaks the id syntax is a 422 naming it, not the members' 404.
+The middleware already required the ``admin`` scope. Admins may know which conversations and operations
+exist, so a path id that breaks the id syntax is a 422 naming it, not the members' 404.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from pydantic import ValidationError
 from services.api.bodies import read_limited, read_model, validation_errors
 from services.api.keys import POOL, SETTINGS
 from services.api.problems import Problem, not_found, validation_failed
+from services.api.repository import admin as admin_repo
 from services.api.repository import messages as repo
+from services.api.representation import represent_for_admin
 from services.api.responses import json_response
 from services.api.schemas import EmptyRequest, ImportedMessage, MemberSet
 from services.api.views.messages import check_body_bytes
+from services.api.views.operations import NO_STORE
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
 
@@ -30,12 +34,22 @@ MEMBERS_REQUEST_MAX_BYTES = 1024 * 1024
 # NDJSON is the import's format; application/json is accepted too, since contract 3 never answers 415 to
 # it, and one JSON object is a one-line NDJSON batch.
 IMPORT_MEDIA_TYPES = ("application/x-ndjson", "application/json")
+# The admin view lists at most this many access events, the newest; a download loop or an id guessed
+# over and over must not make the answer unbounded.
+ACCESS_EVENTS_SHOWN = 1000
 
 
 def _path_id(request: web.Request, name: str) -> str:
     value = request.match_info[name]
     if not is_valid_id(value):
         raise validation_failed([{"loc": ["path", name], "msg": "must be 1-64 characters of [A-Za-z0-9_.:-]"}])
+    return value
+
+
+def _operation_path_id(request: web.Request) -> str:
+    value = request.match_info["operation_id"]
+    if not is_operation_id(value):
+        raise validation_failed([{"loc": ["path", "operation_id"], "msg": "must be 1-64 characters of [A-Za-z0-9_-]"}])
     return value
 
 
@@ -104,9 +118,7 @@ async def requeue_operation(request: web.Request) -> web.Response:
     which is left alone.
     """
     await read_model(request, EmptyRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
-    operation_id = request.match_info["operation_id"]
-    if not is_operation_id(operation_id):
-        raise validation_failed([{"loc": ["path", "operation_id"], "msg": "must be 1-64 characters of [A-Za-z0-9_-]"}])
+    operation_id = _operation_path_id(request)
     async with request.app[POOL].acquire() as conn:
         outcome = await requeue(conn, operation_id=operation_id)
     if outcome.state is None:
@@ -119,6 +131,27 @@ async def requeue_operation(request: web.Request) -> web.Response:
         )
     log.info("operation requeued by an admin", extra={"operation_id": operation_id})
     return json_response({"operation_id": operation_id, "state": outcome.state}, status=202)
+
+
+async def get_operation(request: web.Request) -> web.Response:
+    """``GET /admin/operations/{operation_id}``: the operation whoever owns it, with its owner, lease and
+    generation, its attempts (one per claim), its artifacts (object keys, never download URLs) and its
+    newest ``ACCESS_EVENTS_SHOWN`` access events, all read as of one moment; ``Cache-Control: no-store``.
+    404 when unknown.
+    """
+    operation_id = _operation_path_id(request)
+    async with request.app[POOL].acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        row = await admin_repo.get_operation(conn, operation_id=operation_id)
+        if row is None:
+            raise not_found()
+        body = represent_for_admin(
+            row,
+            attempts=await admin_repo.attempts(conn, operation_id=operation_id),
+            artifacts=await admin_repo.artifacts(conn, operation_id=operation_id),
+            access_events=await admin_repo.access_events(conn, operation_id=operation_id, limit=ACCESS_EVENTS_SHOWN),
+            access_events_total=await admin_repo.count_access_events(conn, operation_id=operation_id),
+        )
+    return json_response(body, headers=NO_STORE)
 
 
 def _parse_lines(raw: bytes, *, body_max_bytes: int) -> list[ImportedMessage]:
