@@ -1,4 +1,5 @@
-"""The ``chatexport`` command: run one part, migrate, mint a development token, import demo data, ``dev``.
+"""The ``chatexport`` command: run one part, migrate, mint a development token, import demo data, ``dev``,
+requeue, and ``health`` for container healthchecks.
 
 Every subcommand builds ``Settings`` from the ``CHATEXPORT_*`` environment. A part's code is imported only
 by the subcommand that runs it, so a missing or broken part does not break the others.
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(commands)
     _add_dev(commands)
     _add_requeue(commands)
+    _add_health(commands)
     return parser
 
 
@@ -85,6 +87,22 @@ def _add_requeue(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sub = commands.add_parser("requeue", help="put FAILED_REPAIR operations back to QUEUED with a fresh budget")
     sub.add_argument("operation_ids", nargs="+", type=_operation_id, metavar="OPERATION_ID")
     sub.set_defaults(handler=_cmd_requeue)
+
+
+def _add_health(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = commands.add_parser(
+        "health", help="exit 0 if the part on this host is ready (its monitoring port's /readyz), else 1"
+    )
+    sub.add_argument("--live", action="store_true", help="ask /healthz (process alive) instead of /readyz")
+    sub.add_argument("--url", type=_http_url, help="endpoint to ask (default: 127.0.0.1, CHATEXPORT_METRICS_PORT)")
+    sub.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="give up after (default 5)")
+    sub.set_defaults(handler=_cmd_health)
+
+
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError("must be an http:// or https:// URL")
+    return value
 
 
 def _operation_id(value: str) -> str:
@@ -255,6 +273,32 @@ def _cmd_requeue(args: argparse.Namespace) -> int:
         else:
             print(f"{operation_id}: not requeued ({outcome.state or 'no such operation'})", file=sys.stderr)
     return 0 if all(outcome.requeued for outcome in outcomes) else 1
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    """Ask a part's monitoring endpoint; exit 0 on 200, 1 on anything else (refused, timeout, 503)."""
+    import urllib.error
+    import urllib.request
+
+    url = args.url or _monitoring_url(load_settings(), "/healthz" if args.live else "/readyz")
+    try:
+        # The scheme is http(s): ``_http_url`` checked a given URL, ``_monitoring_url`` builds one.
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:  # noqa: S310
+            print(response.read().decode(errors="replace"))
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(f"{url}: {exc.code} {exc.read().decode(errors='replace')}", file=sys.stderr)
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"{url}: unreachable ({exc})", file=sys.stderr)
+    return 1
+
+
+def _monitoring_url(settings: Settings, path: str) -> str:
+    """The part's own monitoring endpoint as seen from its host: a wildcard bind is asked on loopback."""
+    host = "127.0.0.1" if settings.metrics_host in ("0.0.0.0", "::", "") else settings.metrics_host
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.metrics_port}{path}"
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:

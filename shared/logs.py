@@ -1,18 +1,46 @@
-"""Structured JSON log lines on stderr, one object a line, with the ``extra={...}`` fields of each call.
+"""Structured JSON log lines on stderr, one object a line, with the ``extra={...}`` fields of each call
+and the fields bound to the current task by ``log_fields`` (operation id, attempt, generation, phase).
 
-Callers put ids, states, counts and durations in ``extra``; never a message body, a token or a signed URL.
+Callers put ids, states, counts and durations in ``extra``; never a message body, a token or a signed URL
+(contract 3).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import sys
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
+from types import MappingProxyType
 
 from aiohttp.http_exceptions import HttpProcessingError
 
 from shared.settings import Settings
+
+# Fields every line logged from the current task (and the tasks it starts) carries; a task's changes stay
+# in its own context.
+_BOUND: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(
+    "chatexport_log_fields", default=MappingProxyType({})
+)
+
+
+@contextlib.contextmanager
+def log_fields(**fields: object) -> Iterator[None]:
+    """Add ``fields`` to every line logged inside the block by this task and the tasks it starts."""
+    token = _BOUND.set({**_BOUND.get(), **fields})
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
+
+
+def update_log_fields(**fields: object) -> None:
+    """Change bound fields (a new ``phase``, say) until the enclosing ``log_fields`` block ends."""
+    _BOUND.set({**_BOUND.get(), **fields})
+
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime"}
@@ -34,6 +62,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        entry.update(_BOUND.get())
         entry.update({key: value for key, value in vars(record).items() if key not in _STANDARD})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

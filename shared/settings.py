@@ -86,6 +86,10 @@ class Settings(BaseSettings):
 
     shutdown_grace_seconds: float = Field(20.0, ge=0)
 
+    # Every part serves /metrics, /healthz and /readyz here; parts sharing a host need a port each.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9100, ge=0, le=65535)
+
     @model_validator(mode="after")
     def _check_consistency(self) -> Settings:
         if self.environment != "development" and self.jwt_public_key is None:

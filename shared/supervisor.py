@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -180,12 +181,14 @@ class _DevRun:
         with self.signals.deferred():
             self.moto = _ensure_s3(self.settings, self.console)
         asyncio.run(_ensure_bucket(self.settings))
+        ports = metrics_ports(self.settings, self.names)
         for name in self.names:
+            env = {**os.environ, "CHATEXPORT_METRICS_PORT": str(ports[name])}
             with self.signals.deferred():  # a signal mid-start would leave a child we do not know about
-                self.group.start(name, [sys.executable, "-m", "shared.cli", name.split("-")[0]])
+                self.group.start(name, [sys.executable, "-m", "shared.cli", name.split("-")[0]], env)
         self._wait_ready()
         conversation_id = self._load_demo() if self.options.load_corpus else None
-        self.console.block(_example(self.settings, conversation_id))
+        self.console.block(_example(self.settings, conversation_id, ports))
 
     def _prepare_database(self) -> None:
         created, applied = asyncio.run(migrate_database(self.settings))
@@ -296,6 +299,14 @@ async def _ensure_bucket(settings: Settings) -> None:
         await ensure_bucket(client, settings.s3_bucket)
 
 
+def metrics_ports(settings: Settings, names: Sequence[str]) -> dict[str, int]:
+    """Each part's monitoring port on this one host: ``metrics_port``, then the next ones in ``names``
+    order (0 stays 0: every part picks a free port and logs it).
+    """
+    base = settings.metrics_port
+    return {name: base + index if base else 0 for index, name in enumerate(names)}
+
+
 def api_base_url(settings: Settings) -> str:
     """The URL a local client uses for the API: a wildcard listen address becomes loopback."""
     host = settings.api_host
@@ -323,14 +334,18 @@ def _demo_conversation(languages: Sequence[str] | None) -> str | None:
     return conversation_id_for(language, topic)
 
 
-def _example(settings: Settings, conversation_id: str | None) -> str:
-    """The text printed once everything is up: URLs, a token, and a shell snippet for one export."""
+def _example(settings: Settings, conversation_id: str | None, ports: dict[str, int]) -> str:
+    """The text printed once everything is up: URLs, monitoring ports, a token, and a shell snippet for
+    one export.
+    """
     token = mint_token(settings, user_id=DEMO_USER, ttl_seconds=DEMO_TOKEN_TTL_SECONDS)
     base = api_base_url(settings)
     lines = [
         "",
         "=" * 78,
         f"chatexport is running: API {base}, S3 {settings.s3_endpoint_url}, bucket {settings.s3_bucket}",
+        "Each part's /metrics, /healthz and /readyz: " + ", ".join(f"{name} :{port}" for name, port in ports.items()),
+        f"  e.g. curl -s http://127.0.0.1:{ports['janitor']}/metrics | grep '^chatexport_operations'",
         f"A token for {DEMO_USER} (12 h):",
         f"  export TOKEN='{token}'",
         "More tokens: chatexport token --sub USER [--admin]. Stop with Ctrl-C.",

@@ -91,6 +91,7 @@ def make_settings(database_url: str, s3_endpoint_url: str, **overrides: Any) -> 
         "relay_poll_seconds": 0.2,
         "janitor_interval_seconds": 0.5,
         "shutdown_grace_seconds": 5.0,
+        "metrics_port": 0,  # a free port each: tests run many parts side by side
     }
     values.update(overrides)
     return Settings(**values)

@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from services.api.keys import DOWNLOAD_SLOTS, POOL, S3, SETTINGS, VERIFIER
-from services.api.middlewares import auth_middleware, error_middleware
+from services.api.keys import DOWNLOAD_SLOTS, MONITOR, POOL, S3, SETTINGS, VERIFIER
+from services.api.middlewares import auth_middleware, error_middleware, metrics_middleware
 from services.api.routes import setup_routes
 from shared.auth import TokenVerifier
 from shared.db import create_pool
 from shared.logs import configure_logging
+from shared.monitoring import Monitor, database_check, serving, storage_check
 from shared.settings import Settings
 from shared.storage import s3_client
 
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 async def _pg_context(app: web.Application) -> AsyncIterator[None]:
     app[POOL] = await create_pool(app[SETTINGS])
+    app[MONITOR].checks["database"] = database_check(app[POOL])
     yield
     await app[POOL].close()
 
@@ -31,21 +33,31 @@ async def _s3_context(app: web.Application) -> AsyncIterator[None]:
     # start: a download while S3 is unreachable is a 5xx problem, not a dead API.
     async with s3_client(app[SETTINGS]) as client:
         app[S3] = client
+        app[MONITOR].checks["storage"] = storage_check(client, app[SETTINGS].s3_bucket)
+        yield
+
+
+async def _monitoring_context(app: web.Application) -> AsyncIterator[None]:
+    async with serving(app[MONITOR], app[SETTINGS]):
         yield
 
 
 def init_app(settings: Settings) -> web.Application:
-    """Build the API application; Postgres and S3 are opened on start-up and closed on cleanup."""
+    """Build the API application; Postgres, S3 and the monitoring endpoint (``metrics_port``) are opened
+    on start-up and closed on cleanup.
+    """
     # The largest per-route limit; each route enforces its own, smaller one while streaming (PITFALLS).
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware],
+        middlewares=[metrics_middleware, error_middleware, auth_middleware],
         client_max_size=settings.import_request_max_bytes,
     )
     app[SETTINGS] = settings
     app[VERIFIER] = TokenVerifier(settings)
     app[DOWNLOAD_SLOTS] = asyncio.Semaphore(settings.download_concurrency)
+    app[MONITOR] = Monitor("api", needs=("database", "storage"))
     app.cleanup_ctx.append(_pg_context)
     app.cleanup_ctx.append(_s3_context)
+    app.cleanup_ctx.append(_monitoring_context)
     setup_routes(app)
     return app
 

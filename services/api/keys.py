@@ -9,6 +9,7 @@ import asyncpg
 from aiohttp import web
 
 from shared.auth import Principal, TokenVerifier
+from shared.monitoring import Monitor
 from shared.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -17,6 +18,7 @@ VERIFIER = web.AppKey("verifier", TokenVerifier)
 S3 = web.AppKey("s3", object)  # an aiobotocore S3 client; typed loosely because botocore is dynamic
 # Bounds the downloads streaming at once in this process (settings.download_concurrency).
 DOWNLOAD_SLOTS = web.AppKey("download_slots", asyncio.Semaphore)
+MONITOR = web.AppKey("monitor", Monitor)
 PRINCIPAL = web.RequestKey("principal", Principal)
 
 

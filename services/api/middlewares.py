@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from services.api.keys import PRINCIPAL, VERIFIER
+from services.api.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
 from services.api.openapi import OPENAPI_PATH
 from services.api.problems import Problem
 from shared.auth import InvalidToken
@@ -17,12 +19,35 @@ log = logging.getLogger(__name__)
 
 PROTECTED_PREFIXES = ("/v2/", "/v3/", "/admin/")
 
+# Any other method is counted as "other": the label set stays bounded whatever clients send.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+
 _HTTP_CODES = {
     404: "NOT_FOUND",
     405: "METHOD_NOT_ALLOWED",
     413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE",
 }
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count every request and time it by method, route template and final status (outermost, so it sees
+    the status the error middleware rendered). Unmatched paths share one ``route`` label, so a scanner
+    cannot grow the label set.
+    """
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        labels = (request.method if request.method in _METHODS else "other", route, str(status))
+        HTTP_REQUESTS.labels(*labels).inc()
+        HTTP_REQUEST_DURATION.labels(*labels).observe(time.perf_counter() - started)
 
 
 @web.middleware

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.api.metrics import IDEMPOTENCY_CONFLICTS
 from services.api.problems import Problem
 from services.api.repository import operations as repo
 from shared.fingerprint import ExportRequest, fingerprint
@@ -76,13 +77,17 @@ async def submit(
 
 def _replay(earlier: asyncpg.Record, request_fingerprint: str) -> Submitted:
     if earlier["fingerprint"] != request_fingerprint:
-        raise Problem(
-            "IDEMPOTENCY_KEY_REUSED",
-            "This Idempotency-Key was already used for a different request; use a new key.",
+        raise _conflict(
+            "IDEMPOTENCY_KEY_REUSED", "This Idempotency-Key was already used for a different request; use a new key."
         )
     if earlier["expired"]:
-        raise Problem(
+        raise _conflict(
             "IDEMPOTENCY_KEY_EXPIRED",
             "This Idempotency-Key is past its replay window; use a new key to start a new export.",
         )
     return Submitted(operation_id=earlier["operation_id"], replayed=True)
+
+
+def _conflict(code: str, detail: str) -> Problem:
+    IDEMPOTENCY_CONFLICTS.labels(code).inc()
+    return Problem(code, detail)

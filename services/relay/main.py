@@ -12,6 +12,7 @@ from shared import broker
 from shared.db import create_pool_when_ready
 from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
+from shared.monitoring import Monitor, broker_check, database_check, serving
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -22,11 +23,15 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
 
     Waits for the database and the broker if they are not reachable yet.
     """
+    monitor = Monitor("relay", needs=("database", "broker"))
     async with contextlib.AsyncExitStack() as resources:
+        await resources.enter_async_context(serving(monitor, settings))
         pool = await create_pool_when_ready(settings, stop=stop)
         resources.push_async_callback(pool.close)
+        monitor.checks["database"] = database_check(pool)
         connection = await broker.connect_when_ready(settings, name=f"relay {os.getpid()}", stop=stop)
         resources.push_async_callback(connection.close)
+        monitor.checks["broker"] = broker_check(connection)
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         exchange, _ = await broker.declare_topology(channel, settings)
         log.info("relay started", extra={"exchange": settings.amqp_exchange})

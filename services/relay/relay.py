@@ -15,6 +15,7 @@ import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractExchange
 
+from services.relay import metrics
 from services.relay import repository as repo
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.settings import Settings
@@ -36,6 +37,10 @@ class Relay:
 
     async def publish_due(self) -> int:
         """Publish one batch of due rows; return how many rows it handled (0 when none was due)."""
+        with metrics.BATCH_DURATION.time():
+            return await self._publish_batch()
+
+    async def _publish_batch(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await repo.claim_due(conn, limit=self._settings.relay_batch_size)
             if not rows:
@@ -47,6 +52,8 @@ class Relay:
                 await repo.mark_published(conn, outbox_ids=confirmed)
             if failed:
                 await repo.mark_failed(conn, outbox_ids=failed, retry_seconds=FAILED_PUBLISH_RETRY_SECONDS)
+        metrics.PUBLISHED.inc(len(confirmed))
+        log.debug("outbox rows published", extra={"rows": len(confirmed), "held_back": len(failed)})
         if failed:
             log.warning("publish not confirmed; rows held back", extra={"rows": len(failed)})
         return len(rows)
@@ -67,6 +74,7 @@ class Relay:
                 timeout=self._settings.publish_timeout_seconds,
             )
         except (TimeoutError, aio_pika.exceptions.AMQPError, OSError, RuntimeError) as exc:
+            metrics.PUBLISH_FAILURES.labels(type(exc).__name__).inc()
             log.warning(
                 "publish failed",
                 extra={

@@ -17,6 +17,7 @@ import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
+from services.worker import metrics
 from services.worker import repository as repo
 from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
@@ -75,6 +76,11 @@ class Consumer:
         must still be able to end it.
         """
         self._in_background(self._resume())
+
+    @property
+    def registered(self) -> bool:
+        """Ready to take work (contract 6): consuming, or paused only because every slot is busy."""
+        return not self._closing and (self._consumer_tag is not None or self._slots.locked())
 
     async def stop(self) -> None:
         """Stop taking work: cancel the consumer; deliveries still arriving go back to the queue.
@@ -185,6 +191,8 @@ class Consumer:
             )
             if row is None:
                 return None
+            if row["took_over"]:
+                metrics.LEASE_TAKEOVERS.inc()
             lease = Lease.from_row(row)
             member = await repo.holds_membership(conn, conversation_id=lease.conversation_id, user_id=lease.owner_id)
             return lease, member

@@ -20,6 +20,7 @@ from services.worker.artifact import ArtifactWriter, Digest, read_digest
 from services.worker.errors import LeaseLost, PermanentError, access_revoked
 from shared import repository as shared_repo
 from shared.artifacts import remove_artifact
+from shared.logs import update_log_fields
 from shared.settings import Settings
 from shared.storage import artifact_key
 
@@ -178,6 +179,7 @@ class ExportJob:
                     reading = asyncio.create_task(self._read_range(high, span))
                 for chunk in lines:
                     await self._writer.write(chunk)
+                metrics.EXPORTED_BYTES.inc(sum(map(len, lines)))
                 await self._progress("writing")
         finally:
             if reading is not None:
@@ -252,6 +254,7 @@ class ExportJob:
         )
 
     async def _progress(self, phase: str) -> None:
+        update_log_fields(phase=phase)
         lease, digest = self._lease, self._writer.digest()
         async with self._pool.acquire() as conn:
             held = await repo.record_progress(

@@ -14,6 +14,7 @@ from shared import broker
 from shared.db import create_pool_when_ready
 from shared.lifecycle import drain, keep_trying, run_until_signalled
 from shared.logs import configure_logging
+from shared.monitoring import Monitor, Unavailable, broker_check, database_check, serving, storage_check
 from shared.settings import Settings
 from shared.storage import STORAGE_ERRORS, ensure_bucket, s3_client
 
@@ -27,12 +28,18 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     another worker takes them over at once instead of waiting for the lease to expire.
     """
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
+    monitor = Monitor("worker", needs=("database", "broker", "storage", "consumer"))
     async with contextlib.AsyncExitStack() as resources:
+        # Up first, so that an orchestrator sees a live but not-ready worker while it waits for a dependency.
+        await resources.enter_async_context(serving(monitor, settings))
         pool = await create_pool_when_ready(settings, stop=stop)
         resources.push_async_callback(pool.close)
+        monitor.checks["database"] = database_check(pool)
         connection = await broker.connect_when_ready(settings, name=f"worker {worker_id}", stop=stop)
         resources.push_async_callback(connection.close)
+        monitor.checks["broker"] = broker_check(connection)
         s3 = await resources.enter_async_context(s3_client(settings))
+        monitor.checks["storage"] = storage_check(s3, settings.s3_bucket)
         await keep_trying(
             lambda: ensure_bucket(s3, settings.s3_bucket), what="file store", errors=STORAGE_ERRORS, stop=stop
         )
@@ -49,10 +56,16 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         # The consumer keeps the queue referenced: connect_robust restores only consumers it can still
         # reach (PITFALLS).
         consumer.start()
+        monitor.checks["consumer"] = lambda: _consuming(consumer)
         log.info("worker consuming", extra={"worker": worker_id, "queue": settings.amqp_queue})
         await stop.wait()
         await consumer.stop()
         await drain(consumer.running, grace_seconds=settings.shutdown_grace_seconds)
+
+
+async def _consuming(consumer: Consumer) -> None:
+    if not consumer.registered:
+        raise Unavailable("no consumer registered on the queue")
 
 
 def main(settings: Settings) -> None:

@@ -1,8 +1,12 @@
-"""The worker's Prometheus metrics (names follow Prometheus conventions: ``_total`` counters)."""
+"""The worker's Prometheus metrics (names follow Prometheus conventions: units in names, ``_total`` counters).
+
+Shared with other parts: ``shared.metrics.CANCELLATIONS_FINISHED`` (``by="worker"``) and
+``AUTHORIZATION_REFUSALS`` (``stage="execute"``).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 STALE_GENERATION_WRITES = Counter(
     "chatexport_worker_stale_generation_writes_total",
@@ -17,3 +21,26 @@ EARLIER_ARTIFACTS_REMOVED = Counter(
     "chatexport_worker_earlier_artifacts_removed_total",
     "Partial or unverifiable objects and uploads of an earlier generation removed at a takeover.",
 )
+LEASE_TAKEOVERS = Counter(
+    "chatexport_worker_lease_takeovers_total",
+    "Leases taken over from a holder whose lease had expired (its worker lost, frozen or cut off).",
+)
+ATTEMPTS_ENDED = Counter(
+    "chatexport_worker_attempts_ended_total",
+    "Export attempts this worker ended, by outcome: SUCCEEDED, RETRY_AT, FAILED, FAILED_REPAIR, CANCELED,"
+    " HANDED_BACK (shutdown) or LEASE_LOST (a newer generation or a cancel took the operation).",
+    ["outcome"],
+)
+EXPORTS_RUNNING = Gauge(
+    "chatexport_worker_exports_running",
+    "Exports this worker is running now (at most CHATEXPORT_WORKER_CONCURRENCY).",
+)
+EXPORTED_BYTES = Counter(
+    "chatexport_worker_exported_bytes_total",
+    "Bytes of export lines handed to the S3 upload, counted as each range is written.",
+)
+
+ATTEMPT_OUTCOMES = ("SUCCEEDED", "RETRY_AT", "FAILED", "FAILED_REPAIR", "CANCELED", "HANDED_BACK", "LEASE_LOST")
+# Every labelled series exists from the start, at 0, so a rate over it is defined before the first event.
+for _outcome in ATTEMPT_OUTCOMES:
+    ATTEMPTS_ENDED.labels(outcome=_outcome)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -17,6 +18,8 @@ from services.worker.errors import LeaseLost, access_revoked, classify, error_na
 from services.worker.export import ExportJob, Lease
 from shared.artifacts import remove_artifacts
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.logs import log_fields
+from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.outbox import enqueue_run
 from shared.settings import Settings
 from shared.states import State
@@ -38,9 +41,14 @@ class LeaseRunner:
         error only when even recording the outcome failed (the lease then expires and the janitor
         re-enqueues the operation).
         """
+        with _attempt_context(lease):
+            await self._run(lease)
+
+    async def _run(self, lease: Lease) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(lease), name=f"heartbeat-{lease.operation_id}")
         try:
             await ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, lease=lease).run()
+            metrics.ATTEMPTS_ENDED.labels(State.SUCCEEDED).inc()
         except LeaseLost as lost:
             await self._after_lease_lost(lease, write=lost.write)
         except asyncio.CancelledError:
@@ -63,8 +71,11 @@ class LeaseRunner:
         (contract 5.7). Objects that earlier generations left are removed first; what S3 refuses now, the
         janitor removes once the operation has ended.
         """
-        await remove_artifacts(self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=lease.operation_id)
-        await self._end_failed_attempt(lease, access_revoked())
+        with _attempt_context(lease):
+            await remove_artifacts(
+                self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=lease.operation_id
+            )
+            await self._end_failed_attempt(lease, access_revoked())
 
     async def _heartbeat(self, lease: Lease) -> None:
         while True:
@@ -96,6 +107,7 @@ class LeaseRunner:
         if now is not None and now["state"] == State.CANCEL_REQUESTED and now["generation"] == lease.generation:
             await self._finish_cancel(lease)
             return
+        metrics.ATTEMPTS_ENDED.labels("LEASE_LOST").inc()
         _report_rejection(lease, write=write, now=now)
 
     async def _finish_cancel(self, lease: Lease) -> None:
@@ -108,12 +120,17 @@ class LeaseRunner:
         async with self._pool.acquire() as conn:
             if not removed:
                 await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation)
+                metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
                 log.warning("cancel left to the janitor: objects remain", extra=lease.log_extra())
             elif await repo.finish_cancel(conn, operation_id=lease.operation_id, generation=lease.generation):
+                metrics.ATTEMPTS_ENDED.labels(State.CANCELED).inc()
+                CANCELLATIONS_FINISHED.labels("worker").inc()
                 log.info("export canceled by the worker", extra=lease.log_extra())
 
     async def _end_failed_attempt(self, lease: Lease, exc: Exception) -> None:
         outcome = classify(exc, attempt=lease.attempt, settings=self._settings)
+        if outcome.code == "ACCESS_REVOKED":
+            AUTHORIZATION_REFUSALS.labels("execute").inc()
         if is_missing_bucket(exc):
             # Recreated here, so that the retry can succeed once the file store is back.
             with contextlib.suppress(Exception):
@@ -141,13 +158,25 @@ class LeaseRunner:
             return
         if not ended:
             await self._after_lease_lost(lease, write="state")
+        else:
+            metrics.ATTEMPTS_ENDED.labels(outcome.state).inc()
 
     async def _hand_back(self, lease: Lease) -> None:
         with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
             async with self._pool.acquire() as conn, conn.transaction():
                 if await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation):
                     await enqueue_run(conn, operation_id=lease.operation_id)
+                    metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
                     log.info("lease handed back on shutdown", extra=lease.log_extra())
+
+
+@contextlib.contextmanager
+def _attempt_context(lease: Lease) -> Iterator[None]:
+    """While an attempt runs: counted in the running gauge, and every log line names its operation,
+    generation and attempt (the job adds the phase as it goes).
+    """
+    with metrics.EXPORTS_RUNNING.track_inprogress(), log_fields(**lease.log_extra(phase="starting")):
+        yield
 
 
 def _report_rejection(lease: Lease, *, write: str, now: asyncpg.Record | None) -> None:

@@ -10,12 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from shared import corpus
 from shared.devs3 import free_port
@@ -27,6 +30,43 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 120.0
+PARTS = ("api", "relay", "worker-1", "worker-2", "janitor")
+
+
+def free_port_block(size: int) -> int:
+    """The first of ``size`` consecutive ports that are free now (``chatexport dev`` numbers the parts')."""
+    for _ in range(100):
+        first = free_port()
+        if first + size <= 65535 and all(_bindable(first + offset) for offset in range(size)):
+            return first
+    raise RuntimeError(f"no {size} consecutive free ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``/metrics`` of the part on ``port``: ``{"name{label=value,...}": value}``, labels sorted."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{key}={value}" for key, value in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+def printed_ports(lines: list[str]) -> dict[str, int]:
+    """The monitoring ports from the line ``Each part's /metrics, ...: api :9100, relay :9101, ...``."""
+    line = next(line for line in lines if line.startswith("Each part's /metrics"))
+    return {name: int(port) for name, port in (item.split(" :") for item in line.split(": ", 1)[1].split(", "))}
 
 
 @pytest.fixture
@@ -44,6 +84,7 @@ async def dev_env() -> AsyncIterator[dict[str, str]]:
         "CHATEXPORT_S3_BUCKET": f"dev-{tag}",
         "CHATEXPORT_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",  # nothing there: dev starts moto
         "CHATEXPORT_API_PORT": str(free_port()),
+        "CHATEXPORT_METRICS_PORT": str(free_port_block(len(PARTS))),
         "CHATEXPORT_SHUTDOWN_GRACE_SECONDS": "5",
     }
     yield env
@@ -86,6 +127,19 @@ def running(pid: int) -> bool:
         return False
 
 
+def assert_figures_moved(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> None:
+    """One export went through: every part's own figures moved by what it did for it."""
+    grew = {name: {key: value - before[name].get(key, 0.0) for key, value in after[name].items()} for name in after}
+    exports = "chatexport_http_requests_total{method=POST,route=/v3/conversations/{cid}/exports,status=202}"
+    download = "chatexport_http_requests_total{method=GET,route=/v3/exports/{operation_id}/result,status=200}"
+    assert (grew["api"].get(exports), grew["api"].get(download)) == (1, 1)
+    assert grew["relay"]["chatexport_relay_published_total{}"] >= 1
+    workers = [name for name in after if name.startswith("worker")]
+    assert sum(grew[name]["chatexport_worker_exported_bytes_total{}"] for name in workers) > 0
+    assert sum(grew[name]["chatexport_worker_attempts_ended_total{outcome=SUCCEEDED}"] for name in workers) == 1
+    assert grew["janitor"]["chatexport_operations{state=SUCCEEDED}"] == 1
+
+
 def snippet_from(lines: list[str]) -> str:
     start = lines.index("(")
     return "\n".join(lines[start : lines.index(")", start) + 1])
@@ -102,11 +156,26 @@ def test_dev_starts_everything_serves_the_example_and_stops_on_sigterm(
     names = {Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2].decode() for pid in parts}
     assert {"api", "relay", "worker", "janitor"} <= names
 
+    ports = printed_ports(list(dev.tail))
+    assert list(ports) == list(PARTS)
+    before = {name: scrape(port) for name, port in ports.items()}
+
     result = subprocess.run(
         ["bash", "-c", snippet_from(list(dev.tail))], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
+    # The last figures (the download's request count, say) are written just after curl has its last byte.
+    deadline = time.monotonic() + 10
+    while True:
+        after = {name: scrape(port) for name, port in ports.items()}
+        try:
+            assert_figures_moved(before, after)
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)  # polling another process's figures until the deadline
     greetings = corpus.load_file("chinese", corpus.data_dir() / "chinese" / "greetings.yml")
     exported = (tmp_path / "export.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(exported) == len(greetings.lines)

@@ -769,7 +769,10 @@ async def test_healthz_and_readyz(api: Client) -> None:
     ready = await api.get("/readyz")
 
     assert (health.status, await health.json()) == (200, {"status": "ok"})
-    assert (ready.status, await ready.json()) == (200, {"status": "ready"})
+    assert (ready.status, await ready.json()) == (
+        200,
+        {"status": "ready", "checks": {"database": "ok", "storage": "ok"}},
+    )
 
 
 async def test_readyz_is_503_while_the_database_refuses_connections(api: Client, settings: Settings) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -9,7 +10,7 @@ from typing import Any
 
 from aiohttp.http_exceptions import LineTooLong
 
-from shared.logs import JsonFormatter, RedactRequestParseErrors
+from shared.logs import JsonFormatter, RedactRequestParseErrors, log_fields, update_log_fields
 
 
 def emit(logger_name: str, *, extra: dict[str, object] | None = None, exc_info: Any = None) -> dict[str, object]:
@@ -44,3 +45,30 @@ def test_a_parser_error_is_logged_without_the_request_text() -> None:
     assert "SECRET-TOKEN-VALUE" not in text
     assert line["msg"] == "bad HTTP request refused: LineTooLong"
     assert "exc" not in line
+
+
+def test_bound_fields_join_every_line_of_the_block_and_leave_with_it() -> None:
+    with log_fields(operation_id="op_1", generation=3, attempt=2, phase="starting"):
+        update_log_fields(phase="writing")
+        inside = emit("test.bound", extra={"rows": 5})
+    after = emit("test.bound")
+
+    assert (inside["operation_id"], inside["generation"], inside["attempt"]) == ("op_1", 3, 2)
+    assert (inside["phase"], inside["rows"]) == ("writing", 5)
+    assert "operation_id" not in after and "phase" not in after
+
+
+def test_bound_fields_stay_in_their_own_task() -> None:
+    async def export(operation_id: str, started: asyncio.Event, other: asyncio.Event) -> dict[str, object]:
+        with log_fields(operation_id=operation_id):
+            started.set()
+            await other.wait()  # the other task binds its own id meanwhile
+            return emit("test.tasks")
+
+    async def both() -> list[dict[str, object]]:
+        first, second = asyncio.Event(), asyncio.Event()
+        return list(await asyncio.gather(export("op_a", first, second), export("op_b", second, first)))
+
+    lines = asyncio.run(both())
+
+    assert [line["operation_id"] for line in lines] == ["op_a", "op_b"]

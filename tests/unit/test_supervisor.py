@@ -131,7 +131,10 @@ def test_the_demo_prefers_the_chinese_greetings() -> None:
 
 def test_the_printed_example_has_a_token_for_alice() -> None:
     settings = Settings(api_port=8123)
-    text = supervisor._example(settings, "corpus-chinese-greetings")
+    ports = supervisor.metrics_ports(settings, ["api", "relay", "worker-1", "janitor"])
+    text = supervisor._example(settings, "corpus-chinese-greetings", ports)
     assert "export TOKEN='" in text and "http://127.0.0.1:8123" in text
+    assert "api :9100, relay :9101, worker-1 :9102, janitor :9103" in text
+    assert "curl -s http://127.0.0.1:9103/metrics" in text
     token = text.split("export TOKEN='", 1)[1].split("'", 1)[0]
     assert TokenVerifier(settings).verify(f"Bearer {token}").user_id == "alice"

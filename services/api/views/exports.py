@@ -8,12 +8,13 @@ import logging
 from typing import Any
 
 import asyncpg
-from aiohttp import web
+from aiohttp import hdrs, web
 from botocore.exceptions import BotoCoreError, ClientError
 
 from services.api.bodies import read_model
 from services.api.idempotency import HEADER, parse_idempotency_key
 from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
+from services.api.metrics import DOWNLOADS, IDEMPOTENCY_REPLAYS
 from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.repository import operations as repo
@@ -22,8 +23,10 @@ from services.api.representation import RESULT_CONTENT_TYPE, is_terminal, operat
 from services.api.schemas import ExportSubmission
 from services.api.submission import submit
 from services.api.views.operations import NO_STORE, operation_response
+from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.fingerprint import ExportRequest
 from shared.ids import is_operation_id
+from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.states import State
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,7 @@ async def submit_export(request: web.Request) -> web.Response:
     async with request.app[POOL].acquire() as conn:
         async with conn.transaction():
             if not await is_member(conn, conversation_id=conversation_id, user_id=owner_id):
+                AUTHORIZATION_REFUSALS.labels("submit").inc()
                 raise not_found()
             submitted = await submit(
                 conn,
@@ -56,6 +60,7 @@ async def submit_export(request: web.Request) -> web.Response:
     assert row is not None
     headers = {"Location": operation_url(submitted.operation_id)}
     if submitted.replayed:
+        IDEMPOTENCY_REPLAYS.inc()
         headers["Idempotent-Replayed"] = "true"
     response = operation_response(row, status=202, **headers)
     if not is_terminal(row):
@@ -75,10 +80,11 @@ _STATE_REFUSALS: dict[str, tuple[str, str]] = {
 async def download_result(request: web.Request) -> web.StreamResponse:
     """``GET /v3/exports/{id}/result``: checks of contract 5.5, then the file streamed from S3.
 
-    Every attempt is recorded as an access event: ``GRANTED`` once the file is open, else the refusal's
-    code. At most ``download_concurrency`` downloads stream at once per process (503 beyond), and a client
-    that accepts no data for ``download_write_timeout_seconds`` is cut off, so slow readers cannot hold
-    every S3 connection.
+    Every attempt is recorded as an access event with the caller's user id, also for an operation that is
+    not the caller's or does not exist: ``GRANTED`` once the file is open, else the refusal's code (an
+    unexpected failure's too). At most ``download_concurrency`` downloads stream at once per process
+    (503 beyond), and a client that accepts no data for ``download_write_timeout_seconds`` is cut off, so
+    slow readers cannot hold every S3 connection.
     """
     operation_id = request.match_info["operation_id"]
     user_id = request[PRINCIPAL].user_id
@@ -92,9 +98,8 @@ async def download_result(request: web.Request) -> web.StreamResponse:
                 "SERVICE_UNAVAILABLE", "Too many downloads right now; try again soon.", headers={"Retry-After": "5"}
             )
         await slots.acquire()
-    except Problem as refusal:
-        # The id as requested; a U+0000, which Postgres text cannot hold, is stored as U+FFFD.
-        await _record_access(request, operation_id.replace("\x00", "\ufffd"), user_id, refusal.code)
+    except Exception as refusal:
+        await _record_refusal(request, operation_id, user_id, refusal)
         raise
     try:
         return await _send_result(request, row, byte_range)
@@ -103,10 +108,30 @@ async def download_result(request: web.Request) -> web.StreamResponse:
 
 
 async def _record_access(request: web.Request, operation_id: str, user_id: str, outcome: str) -> None:
+    DOWNLOADS.labels(outcome).inc()
+    if outcome == "ACCESS_REVOKED":
+        AUTHORIZATION_REFUSALS.labels("download").inc()
     async with request.app[POOL].acquire() as conn:
         await repo.record_access_event(
             conn, operation_id=operation_id, user_id=user_id, action="download", outcome=outcome
         )
+
+
+async def _record_refusal(request: web.Request, operation_id: str, user_id: str, refusal: Exception) -> None:
+    """Record a download attempt that ``refusal`` ended: a ``Problem`` under its code; any other failure
+    under the code the error middleware answers it with. Recording that other failure is best effort: a
+    database that cannot take the record must not hide the failure itself.
+    """
+    # The id as requested; a U+0000, which Postgres text cannot hold, is stored as U+FFFD.
+    operation_id = operation_id.replace("\x00", "\ufffd")
+    if isinstance(refusal, Problem):
+        await _record_access(request, operation_id, user_id, refusal.code)
+        return
+    outcome = "SERVICE_UNAVAILABLE" if isinstance(refusal, TRANSIENT_DATABASE_ERRORS) else "INTERNAL"
+    try:
+        await _record_access(request, operation_id, user_id, outcome)
+    except TRANSIENT_DATABASE_ERRORS as exc:
+        log.warning("download attempt not recorded", extra={"outcome": outcome, "error": type(exc).__name__})
 
 
 async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, user_id: str) -> asyncpg.Record:
@@ -139,10 +164,13 @@ def _requested_range(request: web.Request, size: int) -> ByteRange | None:
 async def _send_result(request: web.Request, row: asyncpg.Record, byte_range: ByteRange | None) -> web.StreamResponse:
     user_id, operation_id = request[PRINCIPAL].user_id, row["operation_id"]
     length = byte_range.length if byte_range else row["result_size_bytes"]
+    # A HEAD answer has the GET's headers and no body (RFC 9110 9.3.2); a StreamResponse would send whatever
+    # is written, and the client would read the file as the next response, so the file is not even opened.
+    sends_body = length > 0 and request.method != hdrs.METH_HEAD
     try:
-        body = await _open_result(request, row["result_key"], byte_range) if length else None
-    except Problem as refusal:
-        await _record_access(request, operation_id, user_id, refusal.code)
+        body = await _open_result(request, row["result_key"], byte_range) if sends_body else None
+    except Exception as refusal:
+        await _record_refusal(request, operation_id, user_id, refusal)
         raise
     response = web.StreamResponse(status=206 if byte_range else 200, headers=_download_headers(row, byte_range))
     response.content_length = length

@@ -1,0 +1,34 @@
+"""The API's Prometheus metrics (names follow Prometheus conventions: units in names, ``_total`` counters).
+
+Shared with other parts: ``shared.metrics.AUTHORIZATION_REFUSALS`` (stages submit and download).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+HTTP_REQUESTS = Counter(
+    "chatexport_http_requests_total",
+    "HTTP requests answered, by method, route template and status.",
+    ["method", "route", "status"],
+)
+HTTP_REQUEST_DURATION = Histogram(
+    "chatexport_http_request_duration_seconds",
+    "Time from a request's arrival to the end of its response (a download's whole stream), in seconds.",
+    ["method", "route", "status"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+IDEMPOTENCY_REPLAYS = Counter(
+    "chatexport_idempotency_replays_total",
+    "Export submissions answered with the operation an earlier request with the same key created (5.1).",
+)
+IDEMPOTENCY_CONFLICTS = Counter(
+    "chatexport_idempotency_conflicts_total",
+    "Export submissions refused because their Idempotency-Key was used for another request, by code (5.1).",
+    ["code"],
+)
+DOWNLOADS = Counter(
+    "chatexport_downloads_total",
+    "Download attempts by outcome (the access event's outcome: GRANTED, EXPIRED, ACCESS_REVOKED, ...) (5.5).",
+    ["outcome"],
+)

@@ -1,0 +1,22 @@
+"""The relay's Prometheus metrics (names follow Prometheus conventions: units in names, ``_total`` counters).
+
+The outbox backlog and its oldest row's age are system figures, served by the janitor.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+PUBLISHED = Counter(
+    "chatexport_relay_published_total",
+    "Outbox rows the broker confirmed and the relay marked published (contract 6).",
+)
+PUBLISH_FAILURES = Counter(
+    "chatexport_relay_publish_failures_total",
+    "Publishes not confirmed (timeout, returned as unroutable, broker error); the row is retried, by error.",
+    ["error"],
+)
+BATCH_DURATION = Histogram(
+    "chatexport_relay_batch_duration_seconds",
+    "Time to claim, publish and mark one batch of outbox rows, in seconds.",
+)
