@@ -1,10 +1,14 @@
-"""S3 access: the client factory, the bucket, and artifact keys (contract section 6)."""
+"""S3 access: the client factory, the bucket, artifact keys (contract section 6), and resumable listings."""
 
 from __future__ import annotations
 
 import contextlib
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Generic, TypeVar
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -16,6 +20,8 @@ from shared.settings import Settings
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
 # Pooled S3 connections beyond the download cap, for uploads, verification and deletes.
 S3_SPARE_CONNECTIONS = 16
+# The most entries one listing page or one DeleteObjects request holds (S3 API limit).
+S3_BATCH_MAX = 1000
 
 
 def artifact_prefix(settings: Settings, operation_id: str) -> str:
@@ -58,3 +64,117 @@ async def ensure_bucket(client: Any, bucket: str) -> None:
     except ClientError:
         with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             await client.create_bucket(Bucket=bucket)
+
+
+async def delete_keys(s3: Any, *, bucket: str, keys: list[str]) -> list[str]:
+    """Delete ``keys`` (at most ``S3_BATCH_MAX``) with one DeleteObjects request; return the keys S3 reports
+    deleted (a key already gone counts, as S3 has it). A key S3 could not delete is left out; a failed
+    request raises ``STORAGE_ERRORS``.
+    """
+    if not keys:
+        return []
+    response = await s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": key} for key in keys]})
+    return [item["Key"] for item in response.get("Deleted", [])]
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """An object from a listing: its ``key`` and ``age_seconds`` since its LastModified."""
+
+    key: str
+    age_seconds: float
+
+
+@dataclass(frozen=True)
+class ListedUpload:
+    """An open multipart upload from a listing: ``key``, ``upload_id`` and ``age_seconds`` since Initiated."""
+
+    key: str
+    upload_id: str
+    age_seconds: float
+
+
+Entry = TypeVar("Entry", ListedObject, ListedUpload)
+
+
+class Pages(ABC, Generic[Entry]):
+    """A listing under ``prefix`` of ``bucket``, one page per ``next_page`` call, each page resuming after
+    the last entry of the page before; after the last page the walk starts over. Keeping the place across
+    calls lets a caller bounded per round (a janitor pass) still reach every entry in turn.
+
+    Ages are measured by S3's own clock (the response's ``Date`` header minus the entry's time), so the
+    caller's clock may be off without making anything look older than it is.
+    """
+
+    def __init__(self, s3: Any, *, bucket: str, prefix: str) -> None:
+        self._s3 = s3
+        self._bucket = bucket
+        self._prefix = prefix
+        self._resume: dict[str, str] = {}
+
+    async def next_page(self, limit: int) -> tuple[list[Entry], bool]:
+        """Up to ``limit`` entries (at most ``S3_BATCH_MAX``; S3 may return fewer), in S3's order, and
+        whether more follow. Raises ``STORAGE_ERRORS``, keeping the place.
+        """
+        response = await self._list(min(limit, S3_BATCH_MAX), self._resume)
+        entries = self._entries(response, _server_time(response))
+        more = bool(response.get("IsTruncated")) and bool(entries)
+        self._resume = self._resume_after(entries[-1]) if more else {}
+        return entries, more
+
+    @abstractmethod
+    async def _list(self, limit: int, resume: dict[str, str]) -> dict[str, Any]:
+        """One page of S3's answer: at most ``limit`` entries, from the place ``resume`` names."""
+
+    @abstractmethod
+    def _entries(self, response: dict[str, Any], now: datetime) -> list[Entry]:
+        """The entries of ``response``, aged by ``now``."""
+
+    @abstractmethod
+    def _resume_after(self, last: Entry) -> dict[str, str]:
+        """The request parameters that resume the listing after ``last``."""
+
+
+class ObjectPages(Pages[ListedObject]):
+    """The objects under a prefix, page by page (ListObjectsV2), in key order."""
+
+    async def _list(self, limit: int, resume: dict[str, str]) -> dict[str, Any]:
+        response: dict[str, Any] = await self._s3.list_objects_v2(
+            Bucket=self._bucket, Prefix=self._prefix, MaxKeys=limit, **resume
+        )
+        return response
+
+    def _entries(self, response: dict[str, Any], now: datetime) -> list[ListedObject]:
+        return [ListedObject(item["Key"], _age(now, item["LastModified"])) for item in response.get("Contents", [])]
+
+    def _resume_after(self, last: ListedObject) -> dict[str, str]:
+        return {"StartAfter": last.key}
+
+
+class UploadPages(Pages[ListedUpload]):
+    """The open multipart uploads under a prefix, page by page (ListMultipartUploads), by key then id."""
+
+    async def _list(self, limit: int, resume: dict[str, str]) -> dict[str, Any]:
+        response: dict[str, Any] = await self._s3.list_multipart_uploads(
+            Bucket=self._bucket, Prefix=self._prefix, MaxUploads=limit, **resume
+        )
+        return response
+
+    def _entries(self, response: dict[str, Any], now: datetime) -> list[ListedUpload]:
+        return [
+            ListedUpload(item["Key"], item["UploadId"], _age(now, item["Initiated"]))
+            for item in response.get("Uploads", [])
+        ]
+
+    def _resume_after(self, last: ListedUpload) -> dict[str, str]:
+        return {"KeyMarker": last.key, "UploadIdMarker": last.upload_id}
+
+
+def _server_time(response: dict[str, Any]) -> datetime:
+    """S3's clock when it answered (the HTTP ``Date`` header, which every S3 sends); ours if it is absent."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    return parsedate_to_datetime(date) if date else datetime.now(UTC)
+
+
+def _age(now: datetime, then: datetime) -> float:
+    return (now - then).total_seconds()

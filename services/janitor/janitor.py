@@ -1,20 +1,46 @@
 """The janitor's passes. Each is idempotent and safe beside running workers: every state change is a
 conditional UPDATE, and objects are deleted only after Postgres says nobody may serve them.
+
+Artifacts are reconciled from both ends (contract 6: every object or upload that is not the published key
+is an orphan, removed after a grace period):
+
+- from Postgres (``remove_stale_artifacts``): a recorded artifact that can never be published goes through
+  ``shared.artifacts.remove_artifact``, which commits the record as REMOVING before S3 is touched and so
+  conflicts on the artifact's row with an adoption's ``COMPLETE -> PUBLISHED``: exactly one of them wins;
+- from S3 (``remove_orphan_objects``, ``abort_stale_uploads``): the bucket is listed under ``s3_prefix``
+  and what no live record names is removed. This side decides from a listing and a separate read of the
+  records, with no row to conflict on, so it leaves every key with a live record (WRITING, COMPLETE,
+  PUBLISHED, REMOVING) to the record path: deleting such an object here could race an adoption into a
+  SUCCEEDED without its file. A key with no record, or a DELETED one, is safe to delete: a key is recorded
+  before its first byte is uploaded and a record never leaves DELETED, so it can never be published.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import asyncpg
 
+from services.janitor import metrics
 from services.janitor import repository as repo
 from shared.artifacts import remove_artifact, remove_artifacts
 from shared.outbox import enqueue_run
 from shared.settings import Settings
+from shared.storage import (
+    STORAGE_ERRORS,
+    Entry,
+    ListedObject,
+    ListedUpload,
+    ObjectPages,
+    Pages,
+    UploadPages,
+    delete_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -24,65 +50,102 @@ OUTBOX_KEEP_SECONDS = 24 * 3600.0
 
 @dataclass
 class PassReport:
-    """What one pass did, for the pass's log line."""
+    """What one pass did, for the pass's log line; the metrics count the same events.
+
+    ``requeued`` maps each of ``repository.REQUEUE_REASONS`` to the operations re-enqueued for it;
+    ``unknown_state_artifacts`` is the part of ``stale_artifacts_removed`` that attempts left behind.
+    """
 
     expired: int = 0
-    purged: int = 0
-    requeued: int = 0
+    requeued: dict[str, int] = field(default_factory=dict)
     cancellations_finished: int = 0
     stale_artifacts_removed: int = 0
+    unknown_state_artifacts: int = 0
+    orphan_objects_removed: int = 0
+    stale_uploads_aborted: int = 0
+    purged: int = 0
     outbox_rows_deleted: int = 0
+    duration_seconds: float = 0.0
 
 
 class Janitor:
-    """Runs the passes with the janitor's pool, S3 client and settings."""
+    """Runs the passes with the janitor's pool, S3 client and settings.
+
+    Keeps its place in the bucket listings from one pass to the next, so that a bucket larger than
+    ``janitor_batch_size`` is swept in turn rather than always from its first key.
+    """
 
     def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings) -> None:
         self._pool = pool
         self._s3 = s3
         self._settings = settings
+        self._objects = ObjectPages(s3, bucket=settings.s3_bucket, prefix=settings.s3_prefix)
+        self._uploads = UploadPages(s3, bucket=settings.s3_bucket, prefix=settings.s3_prefix)
 
     async def run_pass(self) -> PassReport:
-        """One full pass; returns what it did."""
-        report = PassReport(
-            expired=await self.expire_results(),
-            requeued=await self.requeue_stranded(),
-            cancellations_finished=await self.finish_abandoned_cancellations(),
-            stale_artifacts_removed=await self.remove_stale_artifacts(),
-        )
-        async with self._pool.acquire() as conn:
-            report.purged = await repo.purge(
-                conn,
-                retention_seconds=self._settings.operation_retention_seconds,
-                limit=self._settings.janitor_batch_size,
-            )
-            report.outbox_rows_deleted = await repo.purge_published_outbox(conn, older_than_seconds=OUTBOX_KEEP_SECONDS)
-        log.info("janitor pass", extra=asdict(report))
+        """One full pass; returns what it did, logs it as one line and counts it. Raises the database's
+        errors (the pass then counts as failed); storage errors only cut a step short.
+        """
+        report = PassReport()
+        started = time.monotonic()
+        try:
+            await self._run_steps(report)
+        except Exception:
+            self._close(report, started, outcome="failed")
+            raise
+        self._close(report, started, outcome="ok")
         return report
+
+    async def _run_steps(self, report: PassReport) -> None:
+        report.expired = await self.expire_results()
+        report.requeued = await self.requeue_stranded()
+        report.cancellations_finished = await self.finish_abandoned_cancellations()
+        stale = await self.remove_stale_artifacts()
+        report.stale_artifacts_removed = len(stale)
+        report.unknown_state_artifacts = sum(1 for artifact in stale if artifact["left_behind"])
+        report.orphan_objects_removed = await self.remove_orphan_objects()
+        report.stale_uploads_aborted = await self.abort_stale_uploads()
+        report.purged, report.outbox_rows_deleted = await self.purge()
+
+    @staticmethod
+    def _close(report: PassReport, started: float, *, outcome: str) -> None:
+        report.duration_seconds = round(time.monotonic() - started, 3)
+        metrics.PASSES.labels(outcome=outcome).inc()
+        metrics.PASS_DURATION.observe(report.duration_seconds)
+        level = logging.INFO if outcome == "ok" else logging.WARNING
+        log.log(level, "janitor pass", extra={"outcome": outcome, **asdict(report)})
 
     async def expire_results(self) -> int:
         """SUCCEEDED -> EXPIRED past the result's retention, then delete its objects; return how many."""
-        async with self._pool.acquire() as conn:
+        async with self._pool.acquire() as conn, conn.transaction():
             expired = await repo.expire_results(conn, limit=self._settings.janitor_batch_size)
             for row in expired:
                 await repo.record_deletion(conn, operation_id=row["operation_id"], owner_id=row["owner_id"])
+        metrics.RESULTS_EXPIRED.inc(len(expired))
         for row in expired:
             await self.remove_artifacts(row["operation_id"])
         return len(expired)
 
-    async def requeue_stranded(self) -> int:
-        """Send a new wake-up for expired leases, due retries and QUEUED operations whose message was lost."""
+    async def requeue_stranded(self) -> dict[str, int]:
+        """Send a new wake-up for expired leases, due retries and QUEUED operations whose message was lost;
+        return how many for each of ``repository.REQUEUE_REASONS``.
+        """
         async with self._pool.acquire() as conn, conn.transaction():
             stranded = await repo.stranded_operations(
                 conn,
                 quiet_seconds=self._settings.janitor_requeue_after_seconds,
                 limit=self._settings.janitor_batch_size,
             )
-            for operation_id in stranded:
-                await enqueue_run(conn, operation_id=operation_id)
+            for row in stranded:
+                await enqueue_run(conn, operation_id=row["operation_id"])
+        requeued = dict.fromkeys(repo.REQUEUE_REASONS, 0)
+        for row in stranded:
+            requeued[row["reason"]] += 1
+        for reason, count in requeued.items():
+            metrics.OPERATIONS_REQUEUED.labels(reason=reason).inc(count)
         if stranded:
-            log.info("operations re-enqueued", extra={"count": len(stranded)})
-        return len(stranded)
+            log.info("operations re-enqueued", extra=requeued)
+        return requeued
 
     async def finish_abandoned_cancellations(self) -> int:
         """Remove the objects of CANCEL_REQUESTED operations nobody holds, then mark them CANCELED (5.4)."""
@@ -97,19 +160,112 @@ class Janitor:
                     conn, operation_id=row["operation_id"], generation=row["generation"]
                 ):
                     finished += 1
+                    metrics.CANCELLATIONS_FINISHED_BY_JANITOR.inc()
                     log.info("cancellation finished by the janitor", extra={"operation_id": row["operation_id"]})
         return finished
 
-    async def remove_stale_artifacts(self) -> int:
+    async def remove_stale_artifacts(self) -> list[asyncpg.Record]:
         """Remove recorded artifacts that can never be published (a crashed or superseded attempt's
-        object or open upload) once untouched for ``janitor_orphan_grace_seconds``; return how many.
+        object or open upload) or an expired result's left-over, once untouched for
+        ``janitor_orphan_grace_seconds``; return the removed ones as ``repository.stale_artifacts`` gives
+        them. Those an attempt left behind (``left_behind``) are also counted by the state they were in.
         """
         async with self._pool.acquire() as conn:
             stale = await repo.stale_artifacts(
                 conn, grace_seconds=self._settings.janitor_orphan_grace_seconds, limit=self._settings.janitor_batch_size
             )
-        removed = [await self._remove_artifact(artifact) for artifact in stale]
-        return sum(removed)
+        removed = [artifact for artifact in stale if await self._remove_artifact(artifact)]
+        metrics.STALE_ARTIFACTS_REMOVED.inc(len(removed))
+        for artifact in removed:
+            if artifact["left_behind"]:
+                metrics.UNKNOWN_STATE_ARTIFACTS.labels(state=artifact["state"]).inc()
+        return removed
+
+    async def remove_orphan_objects(self) -> int:
+        """Delete the objects under ``s3_prefix`` older than ``janitor_orphan_grace_seconds`` (by their
+        LastModified, on S3's clock) that no live artifact record names; return how many.
+
+        Looks at up to ``janitor_batch_size`` objects, after those the previous pass looked at. Objects with a
+        live record are the record path's (see the module's docstring); outside the prefix nothing is
+        touched. The grace period keeps the sweep away from anything just written.
+        """
+        return await self._sweep(self._objects, self._delete_orphans)
+
+    async def _delete_orphans(self, objects: list[ListedObject]) -> int:
+        orphans = [item.key for item, record in await self._past_grace_with_records(objects) if record is None]
+        deleted = await delete_keys(self._s3, bucket=self._settings.s3_bucket, keys=orphans)
+        metrics.ORPHAN_OBJECTS_REMOVED.inc(len(deleted))
+        if orphans:
+            log.info("orphan objects removed", extra={"keys": deleted, "failed": len(orphans) - len(deleted)})
+        return len(deleted)
+
+    async def abort_stale_uploads(self) -> int:
+        """Abort the multipart uploads under ``s3_prefix`` initiated more than ``janitor_orphan_grace_seconds``
+        ago (on S3's clock) that nobody can complete; return how many.
+
+        Abandoned: the key has no live record (no record, or DELETED), or its live record is past WRITING
+        and names another upload id (its own upload was completed or is being removed; any other one was
+        never recorded, such as a CreateMultipartUpload repeated after a lost answer). An upload of a live
+        WRITING record is never touched, however old: a long export may upload for longer than the grace
+        period, and its holder, a worker taking over, or the record path once the record is stale removes
+        it. Looks at up to ``janitor_batch_size`` uploads, after those the previous pass looked at.
+        """
+        return await self._sweep(self._uploads, self._abort_abandoned)
+
+    async def _abort_abandoned(self, uploads: list[ListedUpload]) -> int:
+        abandoned = [item for item, record in await self._past_grace_with_records(uploads) if _abandoned(item, record)]
+        for upload in abandoned:
+            # Aborted meanwhile by its holder or a removal: gone all the same.
+            with contextlib.suppress(self._s3.exceptions.NoSuchUpload):
+                await self._s3.abort_multipart_upload(
+                    Bucket=self._settings.s3_bucket, Key=upload.key, UploadId=upload.upload_id
+                )
+            metrics.STALE_UPLOADS_ABORTED.inc()
+        if abandoned:
+            log.info("stale uploads aborted", extra={"keys": [upload.key for upload in abandoned]})
+        return len(abandoned)
+
+    async def _past_grace_with_records(self, entries: list[Entry]) -> list[tuple[Entry, asyncpg.Record | None]]:
+        """The ``entries`` older than the grace period, each with its key's live record (None if none)."""
+        old = [entry for entry in entries if entry.age_seconds > self._settings.janitor_orphan_grace_seconds]
+        if not old:
+            return []
+        async with self._pool.acquire() as conn:
+            live = await repo.live_artifacts(conn, object_keys=[entry.key for entry in old])
+        return [(entry, live.get(entry.key)) for entry in old]
+
+    async def _sweep(self, pages: Pages[Entry], clean: Callable[[list[Entry]], Awaitable[int]]) -> int:
+        """Hand ``pages`` to ``clean`` page by page until ``janitor_batch_size`` entries were listed or the
+        listing ended; return the sum of what ``clean`` returned. A storage error ends the sweep for this
+        pass (logged); the next pass resumes after the last page listed.
+        """
+        budget, done = self._settings.janitor_batch_size, 0
+        try:
+            while budget > 0:
+                entries, more = await pages.next_page(budget)
+                done += await clean(entries)
+                budget -= len(entries)
+                if not more:
+                    break
+        except STORAGE_ERRORS as exc:
+            log.warning(
+                "bucket sweep stopped by a storage error; the next pass goes on", extra={"error": type(exc).__name__}
+            )
+        return done
+
+    async def purge(self) -> tuple[int, int]:
+        """Delete ended records past the record retention and published outbox rows past
+        ``OUTBOX_KEEP_SECONDS``; return (operations purged, outbox rows deleted).
+        """
+        async with self._pool.acquire() as conn:
+            purged = await repo.purge(
+                conn,
+                retention_seconds=self._settings.operation_retention_seconds,
+                limit=self._settings.janitor_batch_size,
+            )
+            outbox_deleted = await repo.purge_published_outbox(conn, older_than_seconds=OUTBOX_KEEP_SECONDS)
+        metrics.RECORDS_PURGED.inc(purged)
+        return purged, outbox_deleted
 
     async def remove_artifacts(self, operation_id: str) -> bool:
         """Delete every object and abort every upload recorded for ``operation_id``; True if all went."""
@@ -130,3 +286,10 @@ class Janitor:
                 extra={"operation_id": artifact["operation_id"], "key": artifact["object_key"]},
             )
             return False
+
+
+def _abandoned(upload: ListedUpload, record: asyncpg.Record | None) -> bool:
+    """True when nobody can complete ``upload``, given its key's live record (see ``abort_stale_uploads``)."""
+    if record is None:
+        return True
+    return record["state"] != "WRITING" and record["upload_id"] != upload.upload_id

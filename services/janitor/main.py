@@ -7,11 +7,13 @@ import logging
 
 import asyncpg
 
+from services.janitor import metrics
 from services.janitor import repository as repo
 from services.janitor.janitor import Janitor
 from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool_when_ready
 from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
+from shared.monitoring import Monitor, database_check, serving, storage_check
 from shared.settings import Settings
 from shared.storage import s3_client
 
@@ -25,18 +27,32 @@ LEADER_IDLE_MIN_SECONDS = 10.0
 async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     """Run passes until ``stop`` is set. Only the holder of the leader lock acts (Postgres advisory lock
     held by a dedicated connection); a failed pass is logged and the next one tries again.
+
+    Every janitor, leader or standby, serves the system gauges (operations by state, outbox backlog),
+    read from Postgres at each scrape.
     """
-    pool = await create_pool_when_ready(settings, stop=stop)
+    monitor = Monitor("janitor", needs=("database", "storage"))
+    async with serving(monitor, settings):
+        pool = await create_pool_when_ready(settings, stop=stop)
+        monitor.checks["database"] = database_check(pool)
+        monitor.before_scrape.append(lambda: metrics.observe_system(pool))
+        await _run(settings, pool, monitor, stop=stop)
+
+
+async def _run(settings: Settings, pool: asyncpg.Pool, monitor: Monitor, *, stop: asyncio.Event) -> None:
     leader: asyncpg.Connection | None = None
     try:
         async with s3_client(settings) as s3:
+            monitor.checks["storage"] = storage_check(s3, settings.s3_bucket)
             janitor = Janitor(pool=pool, s3=s3, settings=settings)
             while not stop.is_set():
                 leader = await _lead(settings, leader)
+                metrics.LEADER.set(1 if leader is not None else 0)
                 if leader is not None:
                     await _pass(janitor)
                 await sleep_unless_stopped(stop, settings.janitor_interval_seconds)
     finally:
+        metrics.LEADER.set(0)
         if leader is not None and not leader.is_closed():
             await leader.close()
         await pool.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from shared.repository import closing_attempt
+
 # The janitor's leader lock: one janitor acts at a time, the others wait for their next pass.
 LEADER_LOCK_KEY = 0x63686A61  # "chja"
 
@@ -44,19 +46,22 @@ async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[asyncp
 async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, limit: int) -> list[asyncpg.Record]:
     """Artifacts whose object must go, untouched for ``grace_seconds``: never publishable (a newer
     generation holds their operation, or it ended without them), or an EXPIRED result whose deletion
-    failed when it expired. Returns (operation_id, generation, object_key).
+    failed when it expired. Returns (operation_id, generation, object_key, state, left_behind), where
+    ``left_behind`` marks the never publishable ones: an attempt ended (crashed, superseded, failed)
+    without either publishing its artifact or finishing its removal, so the outcome it left is unknown.
     """
     rows: list[asyncpg.Record] = await conn.fetch(
         """
-        SELECT a.operation_id, a.generation, a.object_key
-        FROM artifacts a JOIN operations o USING (operation_id)
-        WHERE a.state <> 'DELETED'
-          AND a.updated_at < now() - make_interval(secs => $1)
-          AND (o.state = 'EXPIRED'
-               OR (a.state <> 'PUBLISHED'
-                   AND (a.generation < o.generation
-                        OR o.state IN ('SUCCEEDED', 'CANCELED', 'FAILED', 'FAILED_REPAIR'))))
-        ORDER BY a.updated_at LIMIT $2
+        SELECT operation_id, generation, object_key, state, left_behind FROM (
+            SELECT a.operation_id, a.generation, a.object_key, a.state, a.updated_at,
+                   o.state = 'EXPIRED' AS expired_result,
+                   (a.state <> 'PUBLISHED'
+                    AND (a.generation < o.generation
+                         OR o.state IN ('SUCCEEDED', 'CANCELED', 'FAILED', 'FAILED_REPAIR'))) AS left_behind
+            FROM artifacts a JOIN operations o USING (operation_id)
+            WHERE a.state <> 'DELETED' AND a.updated_at < now() - make_interval(secs => $1)) candidates
+        WHERE expired_result OR left_behind
+        ORDER BY updated_at LIMIT $2
         """,
         grace_seconds,
         limit,
@@ -64,8 +69,27 @@ async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, lim
     return rows
 
 
+async def live_artifacts(conn: asyncpg.Connection, *, object_keys: list[str]) -> dict[str, asyncpg.Record]:
+    """The artifact records among ``object_keys`` that may still be written, published or served, or are
+    being removed (any state but DELETED): object key -> (state, upload_id). A key missing from the
+    result has no record, or a DELETED one, and can never get a live one: a record is made before its
+    key's first byte (contract 6) and never leaves DELETED.
+    """
+    rows = await conn.fetch(
+        """
+        SELECT object_key, state, upload_id FROM artifacts
+        WHERE object_key = ANY($1::text[]) AND state <> 'DELETED'
+        """,
+        object_keys,
+    )
+    return {row["object_key"]: row for row in rows}
+
+
 async def record_deletion(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> None:
-    """Record a result deletion beside the download attempts (contract 5.5's access events)."""
+    """Record a result deletion beside the download attempts (contract 5.5's access events): the owner's
+    result deleted because it expired. Run it in the transaction that moves the operation to EXPIRED, so
+    that no expiry goes unrecorded.
+    """
     await conn.execute(
         "INSERT INTO access_events (operation_id, user_id, action, outcome)"
         " VALUES ($1, $2, 'delete_result', 'EXPIRED')",
@@ -107,13 +131,21 @@ async def purge_published_outbox(conn: asyncpg.Connection, *, older_than_seconds
     return int(status.split()[-1])
 
 
-async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float, limit: int) -> list[str]:
-    """Operations that need a wake-up and have had none for ``quiet_seconds``: expired leases, due
-    retries, and QUEUED ones whose message was lost.
+# Why an operation needs a new wake-up, as ``stranded_operations`` names it.
+REQUEUE_REASONS = ("lease_expired", "retry_due", "message_lost")
+
+
+async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float, limit: int) -> list[asyncpg.Record]:
+    """Operations that need a wake-up and have had none for ``quiet_seconds``, with the reason (one of
+    ``REQUEUE_REASONS``): expired leases, due retries, and QUEUED ones whose message was lost.
+    Returns (operation_id, reason).
     """
-    rows = await conn.fetch(
+    rows: list[asyncpg.Record] = await conn.fetch(
         """
-        SELECT o.operation_id FROM operations o
+        SELECT o.operation_id,
+               CASE o.state WHEN 'RUNNING' THEN 'lease_expired' WHEN 'RETRY_AT' THEN 'retry_due'
+                            ELSE 'message_lost' END AS reason
+        FROM operations o
         WHERE ((o.state = 'RUNNING' AND o.lease_expires_at < now())
                OR (o.state = 'RETRY_AT' AND o.retry_at <= now())
                OR (o.state = 'QUEUED' AND o.updated_at < now() - make_interval(secs => $1)))
@@ -125,7 +157,7 @@ async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float,
         quiet_seconds,
         limit,
     )
-    return [row["operation_id"] for row in rows]
+    return rows
 
 
 async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Record]:
@@ -142,15 +174,47 @@ async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> li
 
 
 async def finish_abandoned_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
-    """CANCEL_REQUESTED -> CANCELED, unless a worker took a lease on it meanwhile."""
-    status = await conn.execute(
-        """
-        UPDATE operations SET state = 'CANCELED', progress_phase = 'canceled', lease_owner = NULL,
-            lease_expires_at = NULL, finished_at = now(), updated_at = now()
-        WHERE operation_id = $1 AND generation = $2 AND state = 'CANCEL_REQUESTED'
-          AND (lease_expires_at IS NULL OR lease_expires_at < now())
-        """,
+    """CANCEL_REQUESTED -> CANCELED, unless a worker took a lease on it meanwhile (contract 5.4).
+
+    An attempt still open is one whose worker was lost before it finished the cancel: closed as LEASE_LOST.
+    """
+    canceled: bool = await conn.fetchval(
+        closing_attempt(
+            """
+            UPDATE operations SET state = 'CANCELED', progress_phase = 'canceled', lease_owner = NULL,
+                lease_expires_at = NULL, finished_at = now(), updated_at = now()
+            WHERE operation_id = $1 AND generation = $2 AND state = 'CANCEL_REQUESTED'
+              AND (lease_expires_at IS NULL OR lease_expires_at < now())
+            """,
+            outcome="'LEASE_LOST'",
+        ),
         operation_id,
         generation,
     )
-    return status == "UPDATE 1"
+    return canceled
+
+
+async def system_figures(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    """Counts for the system gauges, judged by the database clock, in one statement: one row per
+    operation state present, (state, operations, oldest_age_seconds since the oldest ``updated_at`` in
+    that state), each carrying the outbox's (outbox_backlog: unpublished rows, outbox_oldest_age_seconds:
+    how long the longest-waiting DUE row has waited since it became due, 0 when none). A retry's row is
+    not due before its ``not_before``, so a scheduled retry does not look like a stuck relay. With no
+    operation at all, one row whose ``state`` is NULL still carries the outbox figures.
+    """
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        WITH per_state AS (
+            SELECT state, count(*) AS operations,
+                   greatest(extract(epoch FROM now() - min(updated_at))::float8, 0) AS oldest_age_seconds
+            FROM operations GROUP BY state),
+        backlog AS (
+            SELECT count(*) AS outbox_backlog,
+                   coalesce(extract(epoch FROM now() - min(greatest(created_at, not_before))
+                                    FILTER (WHERE not_before <= now()))::float8, 0) AS outbox_oldest_age_seconds
+            FROM outbox WHERE published_at IS NULL)
+        SELECT s.state, s.operations, s.oldest_age_seconds, b.outbox_backlog, b.outbox_oldest_age_seconds
+        FROM backlog b LEFT JOIN per_state s ON true
+        """
+    )
+    return rows

@@ -77,7 +77,7 @@ async def test_unpublishable_artifacts_are_removed_after_the_grace_period_and_no
     for key in (superseded, published, fresh, current):
         await s3.put_object(Bucket=bucket, Key=key, Body=b"{}\n")
 
-    assert await janitor.remove_stale_artifacts() == 2
+    assert len(await janitor.remove_stale_artifacts()) == 2
     assert await keys(s3, settings) == {published, fresh, current}
     assert crashed not in await open_uploads(s3, settings)
     states = dict(await pool.fetch("SELECT object_key, state FROM artifacts"))
@@ -88,7 +88,7 @@ async def test_unpublishable_artifacts_are_removed_after_the_grace_period_and_no
         fresh: "WRITING",
         current: "WRITING",
     }
-    assert await janitor.remove_stale_artifacts() == 0
+    assert await janitor.remove_stale_artifacts() == []
 
 
 async def test_expired_results_lose_their_object_and_old_records_are_purged(
@@ -128,10 +128,10 @@ async def test_stranded_operations_get_one_new_wake_up(janitor: Janitor, pool: a
     await pool.execute("UPDATE operations SET updated_at = now() - interval '2 minutes' WHERE operation_id = 'op_lost'")
     await insert_operation(pool, "op_new", "QUEUED")
 
-    assert await janitor.requeue_stranded() == 2
+    assert await janitor.requeue_stranded() == {"lease_expired": 1, "retry_due": 0, "message_lost": 1}
     woken = {row["operation_id"] for row in await pool.fetch("SELECT operation_id FROM outbox")}
     assert woken == {"op_lease", "op_lost"}
-    assert await janitor.requeue_stranded() == 0  # a wake-up is already on its way
+    assert sum((await janitor.requeue_stranded()).values()) == 0  # a wake-up is already on its way
 
 
 async def test_abandoned_cancellations_are_finished_with_their_objects_removed(
@@ -162,7 +162,7 @@ async def test_an_expired_result_whose_deletion_failed_is_retried_and_keeps_its_
     )
     await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"{}\n")
 
-    assert await janitor.remove_stale_artifacts() == 1
+    assert len(await janitor.remove_stale_artifacts()) == 1
     assert await keys(s3, settings) == set()
     assert (await janitor.run_pass()).purged == 1
 

@@ -1,0 +1,102 @@
+"""The janitor's Prometheus metrics: what its passes do, whether this process leads, and the system gauges
+(operations by state, the outbox backlog) read from Postgres when ``observe_system`` runs.
+
+Counters count what a pass did, each once, when it is done: they move only in the leading janitor.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.janitor import repository as repo
+from shared.metrics import CANCELLATIONS_FINISHED
+from shared.states import State
+
+RESULTS_EXPIRED = Counter(
+    "chatexport_janitor_results_expired_total",
+    "SUCCEEDED operations moved to EXPIRED once their result's retention ended (contract 5.3).",
+)
+OPERATIONS_REQUEUED = Counter(
+    "chatexport_janitor_operations_requeued_total",
+    "New wake-ups sent for stranded operations: lease_expired (RUNNING, its worker gone), retry_due"
+    " (RETRY_AT past retry_at) or message_lost (QUEUED with no wake-up on its way).",
+    ["reason"],
+)
+CANCELLATIONS_FINISHED_BY_JANITOR = CANCELLATIONS_FINISHED.labels(by="janitor")
+STALE_ARTIFACTS_REMOVED = Counter(
+    "chatexport_janitor_stale_artifacts_removed_total",
+    "Recorded artifacts removed once nobody could publish or serve them: left behind by an attempt, or an"
+    " expired result whose deletion had failed.",
+)
+UNKNOWN_STATE_ARTIFACTS = Counter(
+    "chatexport_janitor_unknown_state_artifacts_total",
+    "Of the stale artifacts removed, those an attempt left behind: its operation moved to a newer generation"
+    " or ended without publishing them or finishing their removal; by the state the record was found in.",
+    ["state"],
+)
+ORPHAN_OBJECTS_REMOVED = Counter(
+    "chatexport_janitor_orphan_objects_removed_total",
+    "Objects under the prefix, older than the grace period, deleted because no live artifact record names them.",
+)
+STALE_UPLOADS_ABORTED = Counter(
+    "chatexport_janitor_stale_uploads_aborted_total",
+    "Multipart uploads under the prefix, initiated before the grace period, aborted because nobody can complete them.",
+)
+RECORDS_PURGED = Counter(
+    "chatexport_janitor_records_purged_total",
+    "Ended operation records deleted after the record retention, with their keys and artifact records.",
+)
+PASSES = Counter("chatexport_janitor_passes_total", "Janitor passes, by outcome (ok or failed).", ["outcome"])
+PASS_DURATION = Histogram(
+    "chatexport_janitor_pass_duration_seconds",
+    "Wall time of one janitor pass, failed ones included.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+)
+LEADER = Gauge("chatexport_janitor_leader", "1 while this process holds the janitor's leader lock, else 0.")
+
+OPERATIONS = Gauge("chatexport_operations", "Operation records by state, as Postgres holds them now.", ["state"])
+# States whose operations wait on something: how long the oldest has waited tells work is stuck.
+WAITING_STATES = (State.QUEUED, State.RUNNING, State.RETRY_AT, State.CANCEL_REQUESTED, State.FAILED_REPAIR)
+OPERATION_OLDEST_AGE = Gauge(
+    "chatexport_operation_oldest_age_seconds",
+    "Seconds since the oldest operation in this state was last updated (for RUNNING: its last progress"
+    " write); 0 when there is none.",
+    ["state"],
+)
+OUTBOX_BACKLOG = Gauge("chatexport_outbox_backlog", "Outbox rows not yet published to the broker.")
+OUTBOX_OLDEST_AGE = Gauge(
+    "chatexport_outbox_oldest_age_seconds",
+    "Seconds the longest-waiting due outbox row has waited since it became due (a retry's row is due at its"
+    " not-before time); 0 when there is none.",
+)
+
+# The states a record left behind by an attempt can be found in (see ``repository.stale_artifacts``).
+LEFT_BEHIND_STATES = ("WRITING", "COMPLETE", "REMOVING")
+
+# Every labelled series exists from the start, at 0, so a rate over it is defined before the first event.
+for _reason in repo.REQUEUE_REASONS:
+    OPERATIONS_REQUEUED.labels(reason=_reason)
+for _state in LEFT_BEHIND_STATES:
+    UNKNOWN_STATE_ARTIFACTS.labels(state=_state)
+for _outcome in ("ok", "failed"):
+    PASSES.labels(outcome=_outcome)
+
+
+async def observe_system(pool: asyncpg.Pool) -> None:
+    """Set the system gauges from one short query (``repository.system_figures``, database clock): every
+    state's operation count (0 when none), the oldest age in each of ``WAITING_STATES``, and the outbox
+    backlog with its oldest row's age. Meant to run before each scrape of the metrics endpoint; raises the
+    driver's errors (``asyncpg.PostgresError``, ``OSError``, timeouts), leaving the gauges as they were.
+    """
+    async with pool.acquire() as conn:
+        rows = await repo.system_figures(conn)
+    by_state = {row["state"]: row for row in rows if row["state"] is not None}
+    for state in State:
+        OPERATIONS.labels(state=state).set(by_state[state]["operations"] if state in by_state else 0)
+    for state in WAITING_STATES:
+        OPERATION_OLDEST_AGE.labels(state=state).set(
+            by_state[state]["oldest_age_seconds"] if state in by_state else 0.0
+        )
+    OUTBOX_BACKLOG.set(rows[0]["outbox_backlog"])
+    OUTBOX_OLDEST_AGE.set(rows[0]["outbox_oldest_age_seconds"])
