@@ -1,9 +1,9 @@
 """Benchmark: export a 1,000,000-message conversation through the running system.
 
-Starts its own system (moto server, api, relay, one worker, janitor as processes) on a fresh database,
-imports the conversation through the admin API, exports it, and prints: wall time from 202 to SUCCEEDED,
-messages/s, MB/s, the worker's peak RSS, and the same rows dumped by Postgres itself with
-``COPY (SELECT ...) TO STDOUT`` in the same run, with the ratio. Usage:
+Starts its own system from the compose file (moto server, api, relay, one worker, janitors as processes)
+on a fresh database, imports the conversation through the admin API, exports it, and prints: wall time
+from 202 to SUCCEEDED, messages/s, MB/s, the worker's peak RSS, and the same rows dumped by Postgres
+itself with ``COPY (SELECT ...) TO STDOUT`` in the same run, with the ratio. Usage:
 
     .venv/bin/python bench/export_1m.py [--messages N] [--batch N]
 """
@@ -29,8 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from services.worker.repository import copy_export_lines
 from shared.auth import mint_token
-from shared.db import ensure_database, migrate
-from shared.settings import Settings
 from tests.conftest import delete_broker_objects
 from tests.e2e.system import LocalSystem
 
@@ -103,16 +101,15 @@ async def copy_baseline(database_url: str, last_seq: int) -> tuple[float, int]:
 
 
 async def run(total: int, batch: int) -> None:
+    # Does not exist yet: the compose file's one-shot `migrate` creates and migrates it.
     database_url = f"{PG_SERVER}/chatexport_bench_{uuid.uuid4().hex[:8]}"
-    await ensure_database(database_url)
-    await migrate(database_url)
-    settings = Settings()
+    system = LocalSystem(database_url=database_url, amqp_url=AMQP_URL, log_dir=Path(tempfile.mkdtemp()))
+    settings = system.settings()  # the system's own JWT secret
     admin = {"Authorization": f"Bearer {mint_token(settings, user_id='root', scopes=['admin'])}"}
     user = {"Authorization": f"Bearer {mint_token(settings, user_id='alice')}"}
-    system = LocalSystem(database_url=database_url, amqp_url=AMQP_URL, log_dir=Path(tempfile.mkdtemp()))
     try:
         system.start(workers=1)
-        worker_pid = system.group.pids()["worker-1"]
+        worker_pid = system.group.pids()["worker"]
         async with aiohttp.ClientSession(base_url=system.base_url) as api:
             import_seconds = await import_messages(api, admin, total, batch)
             idle_rss = peak_rss_mb(worker_pid)

@@ -1,4 +1,6 @@
-"""The end-to-end system: one set of real processes for the whole e2e session, on its own database."""
+"""The end-to-end system: the compose file's services as real processes for the whole e2e session, on a
+database of its own.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import aiohttp
 import pytest
 
 from shared.auth import mint_token
-from shared.settings import Settings
 from tests.conftest import AMQP_URL, cloned_database, delete_broker_objects
 from tests.e2e.system import LocalSystem
 
@@ -25,7 +26,9 @@ async def e2e_database(template_db: str) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="session")
 async def system(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalSystem]:
-    """moto, api, relay, two workers and janitor as real processes, stopped at the end of the session."""
+    """moto and every part with the compose file's replica counts (api, relay, three workers, two janitors)
+    as real processes, stopped at the end of the session.
+    """
     log_dir: Path = tmp_path_factory.mktemp("e2e-logs")
     local = LocalSystem(
         database_url=e2e_database,
@@ -38,7 +41,7 @@ async def system(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) ->
         },
     )
     try:
-        local.start(workers=2)
+        local.start()
         yield local
     finally:
         codes = local.stop()
@@ -53,10 +56,10 @@ async def api(system: LocalSystem) -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-@pytest.fixture
-def auth() -> Callable[..., dict[str, str]]:
-    """``auth("u-a")`` -> headers with a token from the system's (development) secret."""
-    settings = Settings()
+@pytest.fixture(scope="session")
+def auth(system: LocalSystem) -> Callable[..., dict[str, str]]:
+    """``auth("u-a")`` -> headers with a token signed with the system's secret; ``admin=True`` adds the scope."""
+    settings = system.settings()
 
     def headers(user_id: str, *, admin: bool = False) -> dict[str, str]:
         token = mint_token(settings, user_id=user_id, scopes=["admin"] if admin else None)

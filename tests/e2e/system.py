@@ -1,72 +1,127 @@
-"""The whole system as real processes on this machine: moto server, api, relay, workers and janitor,
-each started with ``python -m shared.cli <part>`` on its own database, exchange, queue and bucket.
+"""The whole system as real processes on this machine, started the way ``deploy/compose.yaml`` starts it.
 
-Used by the end-to-end tests and by the benchmark. Processes are driven over HTTP and signals only.
+The compose file is the source. Its one-shot services (``migrate``) run to completion first; then every
+long-running service of the project's own image runs with the file's ``command`` (the image's
+``chatexport`` is this interpreter's ``-m shared.cli``), the file's ``environment`` and the file's replica
+count, each replica a local process: ``worker-1``, ``worker-2``... for a service run as several, the
+service's own name (``api``, ``relay``) for one. The three infrastructure images are replaced by what runs
+here (the test's PostgreSQL database, the local RabbitMQ, a moto server of the system's own) by overriding
+exactly the settings that point at them; every process gets a free monitoring port and the api a free
+port, all on 127.0.0.1; the test's overrides come last. The file requires ``CHATEXPORT_JWT_SECRET``: the
+system supplies a random one, so tokens are minted with ``settings()``.
+
+Used by the end-to-end tests, the fault-injection tests and the benchmark. Processes are driven over HTTP
+and signals only.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from shared.devs3 import MotoServer, free_port, start_moto
 from shared.processes import ProcessGroup
 from shared.settings import Settings
+from tests.e2e.compose import SETTINGS_PREFIX, Service, load_compose, one_shots, parts, settings_from_environment
 
+LOCAL_HOST = "127.0.0.1"
 READY_TIMEOUT_SECONDS = 60.0
+READY_POLL_SECONDS = 0.1
+ONE_SHOT_TIMEOUT_SECONDS = 300.0
+JWT_SECRET_BYTES = 48
+# An operator runs a tool as `docker compose run --rm migrate chatexport <command>`.
+CLI_SERVICE = "migrate"
+# In place of the minio service's credentials: moto accepts any, these are the ones its documentation uses.
+MOTO_CREDENTIALS = {"CHATEXPORT_S3_ACCESS_KEY_ID": "testing", "CHATEXPORT_S3_SECRET_ACCESS_KEY": "testing"}
 
 
 class LocalSystem:
-    """Starts and stops the parts; ``env`` is the ``CHATEXPORT_*`` environment they all share."""
+    """Starts and stops the compose file's services as local processes.
+
+    ``env`` holds the ``CHATEXPORT_*`` values laid over the file's environment of every service: the
+    replacements for the infrastructure and the test's ``overrides``; a change affects processes started
+    afterwards. ``metrics_ports`` maps each process name to its monitoring port.
+    """
 
     def __init__(self, *, database_url: str, amqp_url: str, log_dir: Path, overrides: Mapping[str, str] | None = None):
+        secret = secrets.token_urlsafe(JWT_SECRET_BYTES)
+        self.services = load_compose(variables={**os.environ, "CHATEXPORT_JWT_SECRET": secret})
         self.moto: MotoServer | None = None
-        self.api_port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.api_port}"
+        self.api_port = free_port(LOCAL_HOST)
+        self.base_url = f"http://{LOCAL_HOST}:{self.api_port}"
         tag = uuid.uuid4().hex[:10]
         self.env: dict[str, str] = {
-            **os.environ,
             "CHATEXPORT_DATABASE_URL": database_url,
             "CHATEXPORT_AMQP_URL": amqp_url,
+            # Every process shares one host here: loopback only, and a port each (monitoring: start_part).
+            "CHATEXPORT_API_HOST": LOCAL_HOST,
+            "CHATEXPORT_API_PORT": str(self.api_port),
+            "CHATEXPORT_METRICS_HOST": LOCAL_HOST,
+            # The broker and the moto server may be shared with other tests: names of this system's own.
             "CHATEXPORT_AMQP_EXCHANGE": f"chatexport-e2e-{tag}",
             "CHATEXPORT_AMQP_QUEUE": f"chatexport-e2e-{tag}",
             "CHATEXPORT_S3_BUCKET": f"e2e-{tag}",
-            "CHATEXPORT_API_PORT": str(self.api_port),
-            "CHATEXPORT_LOG_LEVEL": "INFO",
             **(overrides or {}),
         }
+        # A container sees only what the file passes: no CHATEXPORT_* of the shell that runs the tests.
+        self._inherited = {key: value for key, value in os.environ.items() if not key.startswith(SETTINGS_PREFIX)}
         self.group = ProcessGroup(log_dir=log_dir)
+        self.metrics_ports: dict[str, int] = {}
 
-    def start(self, *, workers: int = 2) -> None:
-        """Start moto, then every part; return once the API answers ``/readyz``. Raises ``RuntimeError``."""
+    def start(self, *, workers: int | None = None, janitors: int | None = None) -> None:
+        """``start_storage()``, then ``start_parts(...)``. Raises ``RuntimeError``."""
         self.start_storage()
-        self.start_parts(workers=workers)
+        self.start_parts(workers=workers, janitors=janitors)
 
     def start_storage(self) -> MotoServer:
-        """Start this system's own moto server; the parts use it unless ``env`` is changed before they start."""
+        """Start this system's own moto server in place of the ``minio`` service; the parts use it unless
+        ``env`` is changed before they start.
+        """
         self.moto = start_moto()
         self.group.adopt("moto", self.moto.process)
-        self.env["CHATEXPORT_S3_ENDPOINT_URL"] = self.moto.endpoint_url
+        self.env.update({"CHATEXPORT_S3_ENDPOINT_URL": self.moto.endpoint_url, **MOTO_CREDENTIALS})
         return self.moto
 
-    def start_parts(self, *, workers: int = 2) -> None:
-        """Start api, relay, ``workers`` workers (``worker-1``...) and janitor; wait for ``/readyz``."""
-        self.start_part("api")
-        self.start_part("relay")
-        for number in range(1, workers + 1):
-            self.start_part("worker", name=f"worker-{number}")
-        self.start_part("janitor")
-        self.wait_ready()
+    def start_parts(self, *, workers: int | None = None, janitors: int | None = None) -> None:
+        """Run the file's one-shot services to completion, then start every replica of every part and wait
+        until each one is ready. ``workers`` and ``janitors`` replace the file's replica counts (0: none).
+
+        Raises ``RuntimeError`` when storage was not started, a one-shot fails, or a part dies or is not
+        ready within ``READY_TIMEOUT_SECONDS``.
+        """
+        if self.moto is None:
+            raise RuntimeError("start_storage() first: the file's S3 endpoint is a container")
+        for service in one_shots(self.services):
+            self._complete(service.name, service.command, self.environment(service.name), ONE_SHOT_TIMEOUT_SECONDS)
+        counts = {"worker": workers, "janitor": janitors}
+        names = []
+        for service in parts(self.services):
+            for name in replica_names(service, counts.get(service.name)):
+                self.start_part(service.name, name=name)
+                names.append(name)
+        self.wait_ready(names)
 
     def start_part(self, part: str, *, name: str | None = None) -> None:
-        """Start (or restart) one part as ``python -m shared.cli <part>``."""
-        self.group.start(name or part, [sys.executable, "-m", "shared.cli", part], self.env)
+        """Start (or restart) one process of the file's service ``part``, called ``name`` (default: ``part``),
+        on a fresh monitoring port. Raises ``ValueError`` when a process of that name is running.
+        """
+        name = name or part
+        self.metrics_ports[name] = free_port(LOCAL_HOST)
+        env = {**self.environment(part), "CHATEXPORT_METRICS_PORT": str(self.metrics_ports[name])}
+        self.group.start(name, local_command(self.services[part].command), env)
+
+    def environment(self, service: str) -> dict[str, str]:
+        """The complete environment of a process of ``service``: this process's (without its
+        ``CHATEXPORT_*``), then the file's for the service, then ``env``.
+        """
+        return {**self._inherited, **self.services[service].environment, **self.env}
 
     def holder(self, lease_owner: str) -> str:
         """The name of the part whose process holds a lease (``lease_owner`` is ``<host>:<pid>``)."""
@@ -77,38 +132,78 @@ class LocalSystem:
         raise LookupError(f"no running part has pid {pid}")
 
     def run_cli(self, *args: str, timeout: float = 300.0) -> str:
-        """Run ``chatexport <args>`` to completion with the system's environment; return its output."""
+        """Run ``chatexport <args>`` to completion as ``docker compose run --rm migrate`` would; return its
+        output. Raises ``RuntimeError`` when it exits non-zero, ``TimeoutError`` after ``timeout`` seconds.
+        """
         name = f"cli-{uuid.uuid4().hex[:6]}"
-        self.group.start(name, [sys.executable, "-m", "shared.cli", *args], self.env)
+        return self._complete(name, ["chatexport", *args], self.environment(CLI_SERVICE), timeout)
+
+    def wait_ready(self, names: Sequence[str] | None = None, timeout: float = READY_TIMEOUT_SECONDS) -> None:
+        """Poll the monitoring ``/readyz`` of every part in ``names`` (default: every running part) until
+        each has answered 200. Raises ``RuntimeError`` when one of them ends first or time runs out.
+        """
+        running = self.group.pids()
+        pending = list(names) if names is not None else [name for name in self.metrics_ports if name in running]
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = {name: code for name, code in self.group.exited().items() if name in pending}
+            if ended:
+                raise RuntimeError(f"parts died during start-up: {ended}")
+            reasons = {name: reason for name in pending if (reason := _unready(self.metrics_ports[name]))}
+            if not reasons:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"parts not ready within {timeout} s: {reasons}")
+            pending = list(reasons)
+            time.sleep(READY_POLL_SECONDS)  # polling other processes' readiness
+
+    def settings(self, service: str = "api") -> Settings:
+        """The settings a process of ``service`` runs with (the file gives every part the same ones)."""
+        return settings_from_environment(self.environment(service))
+
+    def stop(self) -> dict[str, int]:
+        """SIGTERM every process, SIGKILL what is left after the longest ``stop_grace_period`` of the file's
+        parts (as compose does); return the exit codes.
+        """
+        return self.group.stop_all(timeout=max(service.stop_grace_seconds for service in parts(self.services)))
+
+    def _complete(self, name: str, command: Sequence[str], env: Mapping[str, str], timeout: float) -> str:
+        self.group.start(name, local_command(command), env)
         code = self.group.wait(name, timeout)
         part = self.group.part(name)
         if part.pump is not None:
             part.pump.join(5)  # the rest of its output
         output = "\n".join(part.tail)
         if code != 0:
-            raise RuntimeError(f"chatexport {' '.join(args)} exited {code}: {output[-2000:]}")
+            raise RuntimeError(f"{' '.join(command)} exited {code}: {output[-2000:]}")
         return output
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> None:
-        """Poll the API's ``/readyz`` until 200; raises ``RuntimeError`` if a part dies or time runs out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.group.exited():
-                raise RuntimeError(f"a part died during start-up: {self.group.exited()}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/readyz", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)  # polling another process's readiness
-        raise RuntimeError("the API did not become ready")
 
-    def settings(self) -> Settings:
-        """The settings every part runs with."""
-        names = {key.removeprefix("CHATEXPORT_").lower(): value for key, value in self.env.items()}
-        return Settings.model_validate({key: value for key, value in names.items() if key in Settings.model_fields})
+def replica_names(service: Service, count: int | None = None) -> list[str]:
+    """Process names for ``count`` replicas of ``service`` (default: the file's count): the service's name
+    for one, ``<name>-1``, ``<name>-2``... for several.
+    """
+    count = (service.replicas or 1) if count is None else count
+    return [service.name] if count == 1 else [f"{service.name}-{number}" for number in range(1, count + 1)]
 
-    def stop(self) -> dict[str, int]:
-        """SIGTERM every part, SIGKILL what is left after the grace period; return the exit codes."""
-        return self.group.stop_all(timeout=20)
+
+def local_command(command: Sequence[str]) -> list[str]:
+    """The file's command for this machine: the image's ``chatexport`` is ``python -m shared.cli`` here.
+
+    Raises ``ValueError`` for a command that does not start with ``chatexport``.
+    """
+    if not command or command[0] != "chatexport":
+        raise ValueError(f"not a chatexport command: {list(command)}")
+    return [sys.executable, "-m", "shared.cli", *command[1:]]
+
+
+def _unready(port: int) -> str | None:
+    """None when the monitoring endpoint on ``port`` answers ``/readyz`` with 200; else why not."""
+    try:
+        with urllib.request.urlopen(f"http://{LOCAL_HOST}:{port}/readyz", timeout=1):
+            return None
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return f"{exc.code} {exc.read(300).decode(errors='replace')}"
+    except OSError as exc:  # refused while the part starts
+        return f"unreachable ({exc})"

@@ -20,7 +20,7 @@ import asyncpg
 from shared.auth import mint_token
 from shared.settings import Settings
 from shared.states import TERMINAL
-from shared.storage import artifact_prefix, s3_client
+from shared.storage import artifact_prefix, ensure_bucket, s3_client
 from tests.conftest import delete_broker_objects, wait_for
 from tests.e2e.system import LocalSystem
 from tests.faults.servers import PrivateRabbitMQ, TcpProxy
@@ -160,9 +160,13 @@ async def running(
     database_url: str,
     amqp_url: str,
     workers: int = 2,
+    janitors: int = 1,
     overrides: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Faulty]:
-    """Start moto, a proxy in front of it, and every part (``workers`` workers); stop all on exit."""
+    """Start moto, a proxy in front of it, and every part of the compose file with ``workers`` workers and
+    ``janitors`` janitors (one by default, so that a test knows which one leads and starts any standby by
+    name); stop all on exit.
+    """
     system = LocalSystem(
         database_url=database_url, amqp_url=amqp_url, log_dir=log_dir, overrides={**FAST, **(overrides or {})}
     )
@@ -172,7 +176,6 @@ async def running(
         direct = urllib.parse.urlsplit(moto.endpoint_url)
         proxy = TcpProxy(direct.hostname or "127.0.0.1", direct.port or 80)
         system.env["CHATEXPORT_S3_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
-        system.start_parts(workers=workers)
         settings = system.settings()
         direct_settings = settings.model_copy(update={"s3_endpoint_url": moto.endpoint_url})
         async with (
@@ -180,6 +183,10 @@ async def running(
             s3_client(direct_settings) as s3,
             asyncpg.create_pool(database_url, min_size=1, max_size=4) as pool,
         ):
+            if not workers:
+                # Workers create the bucket on start-up; without one the api and the janitor never get ready.
+                await ensure_bucket(s3, settings.s3_bucket)
+            system.start_parts(workers=workers, janitors=janitors)
             yield Faulty(system=system, proxy=proxy, http=http, s3=s3, pool=pool, settings=settings)
     finally:
         system.stop()
