@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from services.janitor.main import serve as serve_janitor
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
@@ -83,3 +85,13 @@ async def running_pipeline(settings: Settings) -> AsyncIterator[None]:
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """A Prometheus text exposition as ``{"name{label=value,...}": value}``, labels sorted (``name{}`` without)."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{key}={value}" for key, value in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from shared import corpus
 from shared.devs3 import free_port
 from shared.processes import ProcessGroup
 from shared.settings import Settings
 from tests.conftest import AMQP_URL, PG_SERVER, delete_broker_objects
+from tests.helpers import metric_samples
 
 pytestmark = pytest.mark.e2e
 
@@ -52,15 +52,9 @@ def _bindable(port: int) -> bool:
 
 
 def scrape(port: int) -> dict[str, float]:
-    """``/metrics`` of the part on ``port``: ``{"name{label=value,...}": value}``, labels sorted."""
+    """``/metrics`` of the part on ``port`` (see ``metric_samples``)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{key}={value}" for key, value in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}"] = sample.value
-    return samples
+        return metric_samples(response.read().decode())
 
 
 def printed_ports(lines: list[str]) -> dict[str, int]:

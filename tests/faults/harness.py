@@ -24,7 +24,7 @@ from shared.storage import artifact_prefix, ensure_bucket, s3_client
 from tests.conftest import delete_broker_objects, wait_for
 from tests.e2e.system import LocalSystem
 from tests.faults.servers import PrivateRabbitMQ, TcpProxy
-from tests.helpers import expected_file, read_all, submit
+from tests.helpers import expected_file, metric_samples, read_all, submit
 
 # Short leases and passes so that a takeover or a clean-up happens within seconds.
 FAST: dict[str, str] = {
@@ -73,6 +73,12 @@ class Faulty:
         row = await self.pool.fetchrow("SELECT * FROM operations WHERE operation_id = $1", operation_id)
         assert row is not None, operation_id
         return row
+
+    async def metrics(self, part: str) -> dict[str, float]:
+        """What the process ``part`` (``worker-1``, ``janitor``...) serves on ``/metrics`` now."""
+        url = f"http://127.0.0.1:{self.system.metrics_ports[part]}/metrics"
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            return metric_samples(await response.text())
 
     async def wait_state(self, operation_id: str, *states: str, timeout: float = END_TIMEOUT_SECONDS) -> Any:
         """Wait until the operation is in one of ``states``; return its row."""

@@ -28,6 +28,7 @@ SLOW_UPLOADS = {
     "CHATEXPORT_S3_TIMEOUT_SECONDS": "30",
 }
 UPLOAD_BYTES_PER_SECOND = 3 * MIB
+STALE_WRITES = "chatexport_worker_stale_generation_writes_total{"
 
 
 @pytest.fixture
@@ -83,6 +84,8 @@ async def slow_export_in_upload(faulty: Faulty, key: str, *, bytes_per_second: f
 async def test_a_worker_killed_mid_upload_is_taken_over_and_the_export_succeeds_once(faulty: Faulty) -> None:
     export = await slow_export_in_upload(faulty, "kill-1", bytes_per_second=UPLOAD_BYTES_PER_SECOND)
     operation_id = export.operation_id
+    survivors = [name for name in faulty.system.metrics_ports if name.startswith("worker") and name != export.holder]
+    takeovers_before = await takeovers(faulty, survivors)
     assert faulty.system.group.kill(export.holder) == -signal.SIGKILL
     faulty.proxy.throttle(None)
 
@@ -90,6 +93,8 @@ async def test_a_worker_killed_mid_upload_is_taken_over_and_the_export_succeeds_
     row = await faulty.operation(operation_id)
     generation = row["generation"]
     assert generation >= 2 and row["attempt"] == generation
+    # Each generation after the first took the lease over from a dead holder, and says so in its metrics.
+    assert await takeovers(faulty, survivors) == takeovers_before + generation - 1
     assert row["result_key"].endswith(f"/g{generation}.jsonl")
     artifacts = await faulty.pool.fetch(
         "SELECT generation, state FROM artifacts WHERE operation_id = $1 ORDER BY generation", operation_id
@@ -116,6 +121,8 @@ async def test_a_frozen_holder_is_fenced_out_when_it_wakes_up(faulty: Faulty) ->
         holder, lambda line: "a newer generation holds the operation" in line and operation_id in line, timeout=60
     )
     assert '"generation": 1' in rejected
+    figures = await faulty.metrics(holder)
+    assert sum(value for key, value in figures.items() if key.startswith(STALE_WRITES)) >= 1
     await export.check(faulty)
     row = await faulty.operation(operation_id)
     assert row["result_key"].endswith("/g2.jsonl")
@@ -186,9 +193,15 @@ async def test_a_frozen_janitor_leader_loses_the_lead_and_work_goes_on(faulty: F
         faulty.proxy.throttle(None)
         faulty.system.group.wait_for_line("janitor-2", lambda line: "janitor leads" in line, timeout=60)
         await faulty.wait_state(export.operation_id, "SUCCEEDED")
+        assert (await faulty.metrics("janitor-2"))["chatexport_janitor_leader{}"] == 1
     finally:
         faulty.system.group.send("janitor", signal.SIGCONT)
     await export.check(faulty)
+
+
+async def takeovers(faulty: Faulty, workers: list[str]) -> float:
+    """Lease takeovers counted by ``workers`` together."""
+    return sum([(await faulty.metrics(name))["chatexport_worker_lease_takeovers_total{}"] for name in workers])
 
 
 async def _generation_at_least(faulty: Faulty, operation_id: str, generation: int) -> bool:

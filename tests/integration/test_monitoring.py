@@ -15,7 +15,6 @@ import aiohttp
 import asyncpg
 import pytest
 from prometheus_client import Counter
-from prometheus_client.parser import text_string_to_metric_families
 
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
@@ -23,6 +22,7 @@ from shared.devs3 import free_port
 from shared.monitoring import Monitor, broker_check, database_check, serving, storage_check
 from shared.settings import Settings
 from tests.conftest import wait_for
+from tests.helpers import metric_samples
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,7 @@ async def test_metrics_are_refreshed_before_each_scrape_and_served_when_a_refres
     first = await scrape(base)
     second = await scrape(base)
 
-    assert second["chatexport_test_scrape_refreshes_total"] == first["chatexport_test_scrape_refreshes_total"] + 1
+    assert second["chatexport_test_scrape_refreshes_total{}"] == first["chatexport_test_scrape_refreshes_total{}"] + 1
 
 
 def run_health(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -134,15 +134,10 @@ async def test_health_command_asks_the_configured_monitoring_port(monitored: tup
 
 
 async def scrape(base: str) -> dict[str, float]:
-    """Every sample of ``base``/metrics as ``{"name{label=value,...}": value}`` (labels sorted)."""
+    """``base``/metrics (see ``metric_samples``)."""
     status, text = await get(f"{base}/metrics")
     assert status == 200
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{key}={value}" for key, value in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
+    return metric_samples(text)
 
 
 async def serving_part(
@@ -172,7 +167,7 @@ async def test_worker_and_relay_are_ready_once_consuming(settings: Settings, s3:
         relay_checks = (await get(f"{relay_base}/readyz"))[1]["checks"]
         assert set(worker_checks) == {"database", "broker", "storage", "consumer"}
         assert set(relay_checks) == {"database", "broker"}
-        assert "chatexport_worker_exports_running" in await scrape(worker_base)
+        assert "chatexport_worker_exports_running{}" in await scrape(worker_base)
     finally:
         stop_worker.set()
         stop_relay.set()
