@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
@@ -12,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
 
 from shared.settings import Settings
 
@@ -22,6 +23,8 @@ STORAGE_ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
 S3_SPARE_CONNECTIONS = 16
 # The most entries one listing page or one DeleteObjects request holds (S3 API limit).
 S3_BATCH_MAX = 1000
+# An upload slower than this counts as stalled (see ``upload_deadline``).
+MIN_UPLOAD_BYTES_PER_SECOND = 256 * 1024
 
 
 def artifact_prefix(settings: Settings, operation_id: str) -> str:
@@ -55,6 +58,22 @@ async def s3_client(settings: Settings) -> AsyncIterator[Any]:
         config=config,
     ) as client:
         yield client
+
+
+@contextlib.asynccontextmanager
+async def upload_deadline(*, timeout_seconds: float, size_bytes: int) -> AsyncIterator[None]:
+    """Bound one upload request of ``size_bytes`` to ``timeout_seconds`` plus the time it takes at
+    ``MIN_UPLOAD_BYTES_PER_SECOND``; past it, raise botocore's ``ReadTimeoutError`` (a storage error).
+
+    The client's read timeout starts only once the request body is sent, so a server that accepts the
+    connection and then stops reading (frozen, or a black-holed route) would hold the upload, and the
+    export whose heartbeats keep its lease, for ever.
+    """
+    try:
+        async with asyncio.timeout(timeout_seconds + size_bytes / MIN_UPLOAD_BYTES_PER_SECOND):
+            yield
+    except TimeoutError:
+        raise ReadTimeoutError(endpoint_url="the upload stalled") from None
 
 
 async def ensure_bucket(client: Any, bucket: str) -> None:

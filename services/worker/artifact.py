@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shared.storage import upload_deadline
+
 log = logging.getLogger(__name__)
 
 READBACK_CHUNK_BYTES = 1024 * 1024
@@ -32,7 +34,10 @@ class Digest:
 
 
 class ArtifactWriter:
-    """Streams bytes into ``bucket/key``; ``on_upload_started(upload_id)`` runs before any part is sent."""
+    """Streams bytes into ``bucket/key``; ``on_upload_started(upload_id)`` runs before any part is sent.
+
+    Each upload request is bounded by ``shared.storage.upload_deadline`` from ``timeout_seconds``.
+    """
 
     def __init__(
         self,
@@ -41,9 +46,11 @@ class ArtifactWriter:
         bucket: str,
         key: str,
         part_size: int,
+        timeout_seconds: float,
         on_upload_started: Callable[[str], Awaitable[None]],
     ) -> None:
         self._s3 = s3
+        self._timeout_seconds = timeout_seconds
         self._bucket = bucket
         self._key = key
         self._part_size = part_size
@@ -85,9 +92,10 @@ class ArtifactWriter:
         self._in_flight = asyncio.create_task(self._upload_part(part, chunk))
 
     async def _upload_part(self, part: dict[str, Any], chunk: bytes) -> None:
-        uploaded = await self._s3.upload_part(
-            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=part["PartNumber"], Body=chunk
-        )
+        async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=len(chunk)):
+            uploaded = await self._s3.upload_part(
+                Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=part["PartNumber"], Body=chunk
+            )
         part["ETag"] = uploaded["ETag"]
 
     async def _wait_in_flight(self) -> None:
@@ -100,7 +108,8 @@ class ArtifactWriter:
         rest = bytes(self._buffer)
         self._buffer.clear()
         if self._upload_id is None:
-            await self._s3.put_object(Bucket=self._bucket, Key=self._key, Body=rest, ContentType=CONTENT_TYPE)
+            async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=len(rest)):
+                await self._s3.put_object(Bucket=self._bucket, Key=self._key, Body=rest, ContentType=CONTENT_TYPE)
             return self.digest()
         if rest:
             await self._start_part(rest)

@@ -82,6 +82,7 @@ class ExportJob:
             bucket=settings.s3_bucket,
             key=self.key,
             part_size=settings.s3_part_size_bytes,
+            timeout_seconds=settings.s3_timeout_seconds,
             on_upload_started=self._record_upload_id,
         )
 

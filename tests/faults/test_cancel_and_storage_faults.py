@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -137,3 +138,26 @@ async def test_a_short_s3_outage_is_retried_and_a_long_one_parks_until_an_admin_
         requeued = await f.http.post(f"/admin/operations/{long}/requeue", headers=f.auth("root", admin=True))
         assert requeued.status == 202
         await check_ended_correctly(f, "alice", {short: expected, long: expected}, fingerprint=fingerprint)
+
+
+async def test_a_frozen_s3_ends_the_attempt_instead_of_holding_it(database_url: str, tmp_path: Path) -> None:
+    # A server that accepts the connection and stops reading: the body's write blocks, and the client's
+    # read timeout has not started yet. Only the upload's own deadline (5 s + 20 s for a 5 MiB part) ends it.
+    frozen_store = {**SLOW_UPLOADS, "CHATEXPORT_S3_TIMEOUT_SECONDS": "5"}
+    async with running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides=frozen_store) as f:
+        await make_conversation(f, "c-big", ["alice"], messages=40_000, body_bytes=300)
+        fingerprint = await f.messages_fingerprint()
+        expected = await f.expected("alice", "c-big")
+        f.proxy.throttle(UPLOAD_BYTES_PER_SECOND)
+        operation_id = await f.submit("alice", "c-big", "frozen-1")
+        await uploading(f, operation_id)
+
+        f.system.group.send("moto", signal.SIGSTOP)
+        try:
+            row = await f.wait_state(operation_id, "RETRY_AT")
+        finally:
+            f.system.group.send("moto", signal.SIGCONT)
+        f.proxy.throttle(None)
+
+        assert row["error_code"] == "STORAGE_UNAVAILABLE"
+        await check_ended_correctly(f, "alice", {operation_id: expected}, fingerprint=fingerprint)

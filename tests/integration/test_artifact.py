@@ -21,7 +21,12 @@ def writer(s3: Any, settings: Settings, key: str, started: list[str]) -> Artifac
         started.append(upload_id)
 
     return ArtifactWriter(
-        s3, bucket=settings.s3_bucket, key=key, part_size=5 * MIB, on_upload_started=on_upload_started
+        s3,
+        bucket=settings.s3_bucket,
+        key=key,
+        part_size=5 * MIB,
+        timeout_seconds=settings.s3_timeout_seconds,
+        on_upload_started=on_upload_started,
     )
 
 
