@@ -48,7 +48,8 @@ async def mark_failed(conn: asyncpg.Connection, *, outbox_ids: list[int], retry_
 
 async def seconds_until_next_due(conn: asyncpg.Connection) -> float | None:
     """Seconds until the earliest unpublished row is due (0 if one is due now); None when none waits."""
+    # Not greatest(0, ...) in SQL: Postgres' greatest skips NULLs, and an empty outbox would read as due.
     value: float | None = await conn.fetchval(
-        "SELECT greatest(0, extract(epoch FROM min(not_before) - now()))::float8 FROM outbox WHERE published_at IS NULL"
+        "SELECT extract(epoch FROM min(not_before) - now())::float8 FROM outbox WHERE published_at IS NULL"
     )
-    return value
+    return None if value is None else max(value, 0.0)
