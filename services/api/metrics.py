@@ -27,6 +27,9 @@ IDEMPOTENCY_CONFLICTS = Counter(
     "Export submissions refused because their Idempotency-Key was used for another request, by code (5.1).",
     ["code"],
 )
+# Every labelled series exists from the start, at 0, so a rate over it is defined before the first event.
+for _code in ("IDEMPOTENCY_KEY_REUSED", "IDEMPOTENCY_KEY_EXPIRED"):
+    IDEMPOTENCY_CONFLICTS.labels(code=_code)
 DOWNLOADS = Counter(
     "chatexport_downloads_total",
     "Download attempts by outcome (the access event's outcome: GRANTED, EXPIRED, ACCESS_REVOKED, ...) (5.5).",

@@ -65,13 +65,15 @@ async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncp
     live leader touches it before every pass, so only a leader that stopped answering (frozen, or its host
     gone without closing the connection) loses the lock to another janitor.
     """
-    if leader is not None and not leader.is_closed():
-        try:
-            await repo.still_leading(leader)
-            return leader
-        except TRANSIENT_DATABASE_ERRORS:
-            log.warning("leader session lost; janitor tries to lead again")
-            leader.terminate()
+    if leader is not None:
+        if not leader.is_closed():
+            try:
+                await repo.still_leading(leader)
+                return leader
+            except TRANSIENT_DATABASE_ERRORS:
+                leader.terminate()
+        # Ended by the server (idle past _leader_idle_ms, a pass that outlasted it) or by the network.
+        log.warning("leader session lost; janitor tries to lead again")
     try:
         conn = await asyncpg.connect(
             settings.database_url,

@@ -13,9 +13,14 @@ PUBLISHED = Counter(
 )
 PUBLISH_FAILURES = Counter(
     "chatexport_relay_publish_failures_total",
-    "Publishes not confirmed (timeout, returned as unroutable, broker error); the row is retried, by error.",
-    ["error"],
+    "Publishes not confirmed, by reason: timeout (no confirm in time), returned (unroutable or refused by"
+    " the broker) or broker (connection or channel error); the row is retried.",
+    ["reason"],
 )
+PUBLISH_FAILURE_REASONS = ("timeout", "returned", "broker")
+# Every labelled series exists from the start, at 0, so a rate over it is defined before the first event.
+for _reason in PUBLISH_FAILURE_REASONS:
+    PUBLISH_FAILURES.labels(reason=_reason)
 BATCH_DURATION = Histogram(
     "chatexport_relay_batch_duration_seconds",
     "Time to claim, publish and mark one batch of outbox rows, in seconds.",

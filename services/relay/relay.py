@@ -74,7 +74,7 @@ class Relay:
                 timeout=self._settings.publish_timeout_seconds,
             )
         except (TimeoutError, aio_pika.exceptions.AMQPError, OSError, RuntimeError) as exc:
-            metrics.PUBLISH_FAILURES.labels(type(exc).__name__).inc()
+            metrics.PUBLISH_FAILURES.labels(_failure_reason(exc)).inc()
             log.warning(
                 "publish failed",
                 extra={
@@ -135,3 +135,12 @@ class Relay:
             log.warning("LISTEN unavailable; polling only")
             return None
         return listener
+
+
+def _failure_reason(exc: BaseException) -> str:
+    """The ``reason`` label of a failed publish (a bounded set, whatever the driver raises)."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, aio_pika.exceptions.DeliveryError):
+        return "returned"
+    return "broker"

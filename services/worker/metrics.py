@@ -41,6 +41,9 @@ EXPORTED_BYTES = Counter(
 )
 
 ATTEMPT_OUTCOMES = ("SUCCEEDED", "RETRY_AT", "FAILED", "FAILED_REPAIR", "CANCELED", "HANDED_BACK", "LEASE_LOST")
+FENCED_WRITES = ("heartbeat", "progress", "artifact", "result", "state")
 # Every labelled series exists from the start, at 0, so a rate over it is defined before the first event.
 for _outcome in ATTEMPT_OUTCOMES:
     ATTEMPTS_ENDED.labels(outcome=_outcome)
+for _write in FENCED_WRITES:
+    STALE_GENERATION_WRITES.labels(write=_write)

@@ -265,6 +265,10 @@ async def test_list_rejects_a_bad_query_or_cursor_with_422(api: Client, auth: Au
         response = await api.get("/v3/operations", params=query, headers=auth("alice"))
         body = await expect_problem(response, 422, "VALIDATION_FAILED", case=query)
         assert ["query", name] in [error["loc"][:2] for error in body["errors"]], (query, body)
+    # One error per bad parameter, at its own name: no internals of how it is validated.
+    response = await api.get("/v3/operations", params={"state": "DONE"}, headers=auth("alice"))
+    body = await expect_problem(response, 422, "VALIDATION_FAILED")
+    assert [error["loc"] for error in body["errors"]] == [["query", "state"]]
 
 
 async def test_cancel_of_a_queued_operation_is_202_and_idempotent(
