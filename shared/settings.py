@@ -36,11 +36,13 @@ class Settings(BaseSettings):
     amqp_queue: str = "chatexport.exports"
     amqp_delivery_limit: int = Field(20, ge=1)
     amqp_connect_timeout_seconds: float = Field(15.0, gt=0)
+    amqp_heartbeat_seconds: int = Field(15, ge=1)
 
     s3_endpoint_url: str | None = "http://127.0.0.1:9000"
     s3_region: str = "us-east-1"
     s3_bucket: str = Field("chatexport-exports", min_length=3, max_length=63)
-    s3_prefix: str = "exports/"
+    # The janitor deletes what no live record names under it: it must name a folder of the service's own.
+    s3_prefix: str = Field("exports/", pattern=r"^[^/].*/$")
     s3_access_key_id: str = "testing"
     s3_secret_access_key: str = "testing"
     s3_timeout_seconds: float = Field(20.0, gt=0)

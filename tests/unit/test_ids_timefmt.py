@@ -163,3 +163,14 @@ def test_defaults_give_equal_fingerprints() -> None:
 )
 def test_any_other_canonical_request_differs(other: dict[str, Any]) -> None:
     assert _fingerprint(**other) != _fingerprint()
+
+
+@pytest.mark.parametrize("prefix", ["", "exports", "/", "/exports/", "backups/exports"])
+def test_the_export_prefix_must_be_a_folder_of_its_own(prefix: str) -> None:
+    # The janitor deletes what no record names under the prefix: "" or "exports" would reach other data.
+    with pytest.raises(ValidationError, match="s3_prefix"):
+        Settings(s3_prefix=prefix)
+
+
+def test_a_nested_export_prefix_is_a_folder_too() -> None:
+    assert Settings(s3_prefix="chat/exports/").s3_prefix == "chat/exports/"
