@@ -8,7 +8,9 @@ second waits, then finds nothing left to apply.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from importlib import resources
 from urllib.parse import urlsplit, urlunsplit
 
@@ -50,6 +52,24 @@ async def create_pool(settings: Settings, *, min_size: int = 1) -> asyncpg.Pool:
     )
     assert pool is not None
     return pool
+
+
+@contextlib.asynccontextmanager
+async def probing_connection(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """A pooled connection for a probe that the caller bounds with a short deadline (readiness, a scrape).
+
+    When the probe fails or is cancelled mid-statement, the connection is terminated before it goes back:
+    a graceful release would first wait, up to the statement timeout, for a hung server to confirm the
+    cancel, and the probe would answer long after its deadline.
+    """
+    conn = await pool.acquire()
+    try:
+        yield conn
+    except BaseException:
+        conn.terminate()
+        raise
+    finally:
+        await pool.release(conn)
 
 
 async def create_pool_when_ready(settings: Settings, *, stop: asyncio.Event) -> asyncpg.Pool:

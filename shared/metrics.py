@@ -14,6 +14,11 @@ CANCELLATIONS_FINISHED = Counter(
     "Operations moved from CANCEL_REQUESTED to CANCELED, by the part that finished them (contract 5.4).",
     ["by"],
 )
+REFRESH_FAILURES = Counter(
+    "chatexport_metrics_refresh_failures_total",
+    "Scrapes whose refresh of database-backed gauges failed or timed out; those gauges then still show the"
+    " figures of the last refresh that worked.",
+)
 AUTHORIZATION_REFUSALS = Counter(
     "chatexport_authorization_refusals_total",
     "Requests or exports refused because the owner is not (or no longer) a member, by stage (contract 5.7).",

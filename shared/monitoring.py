@@ -23,6 +23,8 @@ from aio_pika.abc import AbstractRobustConnection
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, disable_created_metrics, generate_latest
 
+from shared.db import probing_connection
+from shared.metrics import REFRESH_FAILURES
 from shared.repository import ping
 from shared.settings import Settings
 
@@ -63,6 +65,7 @@ class Monitor:
         self.part = part
         self.checks: dict[str, Check] = dict.fromkeys(needs, _starting)
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []
+        self._failing: list[str] = []
 
     async def readiness(self) -> dict[str, str]:
         """Run every check concurrently; return ``{name: "ok" | "<ErrorClass>"}``."""
@@ -73,10 +76,13 @@ class Monitor:
     async def ready_response(self) -> web.Response:
         """200 ``{"status": "ready", "checks": {...}}``, or 503 problem+json with the same ``checks``."""
         checks = await self.readiness()
-        if all(result == "ok" for result in checks.values()):
-            return web.json_response({"status": "ready", "checks": checks})
         failing = sorted(name for name, result in checks.items() if result != "ok")
-        log.warning("not ready", extra={"failing": failing, "checks": checks})
+        if failing != self._failing:
+            # Once per change, not per probe: an orchestrator probes every few seconds.
+            log.log(logging.WARNING if failing else logging.INFO, "readiness changed", extra={"checks": checks})
+            self._failing = failing
+        if not failing:
+            return web.json_response({"status": "ready", "checks": checks})
         return _not_ready(f"Not ready: {', '.join(failing)} unavailable.", checks)
 
     def app(self) -> web.Application:
@@ -96,7 +102,9 @@ class Monitor:
                 async with asyncio.timeout(REFRESH_TIMEOUT_SECONDS):
                     await refresh()
             except Exception as exc:
-                # Stale gauges beat a failed scrape: the dependency's own alerts tell what is wrong.
+                # Stale gauges beat a failed scrape: the dependency's own alerts tell what is wrong, and
+                # the failure count tells the gauges are stale.
+                REFRESH_FAILURES.inc()
                 log.warning("metrics refresh failed", extra={"error": type(exc).__name__})
         body = generate_latest(REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -140,7 +148,7 @@ def database_check(pool: asyncpg.Pool) -> Check:
     """Ready when a pooled connection answers ``SELECT 1``."""
 
     async def check() -> None:
-        async with pool.acquire() as conn:
+        async with probing_connection(pool) as conn:
             await ping(conn)
 
     return check

@@ -10,6 +10,7 @@ import asyncpg
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.janitor import repository as repo
+from shared.db import probing_connection
 from shared.metrics import CANCELLATIONS_FINISHED
 from shared.states import State
 
@@ -89,7 +90,7 @@ async def observe_system(pool: asyncpg.Pool) -> None:
     backlog with its oldest row's age. Meant to run before each scrape of the metrics endpoint; raises the
     driver's errors (``asyncpg.PostgresError``, ``OSError``, timeouts), leaving the gauges as they were.
     """
-    async with pool.acquire() as conn:
+    async with probing_connection(pool) as conn:
         rows = await repo.system_figures(conn)
     by_state = {row["state"]: row for row in rows if row["state"] is not None}
     for state in State:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import aio_pika
@@ -19,9 +20,10 @@ from prometheus_client import Counter
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
 from shared.devs3 import free_port
-from shared.monitoring import Monitor, broker_check, database_check, serving, storage_check
+from shared.monitoring import CHECK_TIMEOUT_SECONDS, Monitor, broker_check, database_check, serving, storage_check
 from shared.settings import Settings
-from tests.conftest import wait_for
+from tests.conftest import AMQP_URL, PG_SERVER, wait_for
+from tests.faults.servers import TcpProxy
 from tests.helpers import metric_samples
 
 pytestmark = pytest.mark.integration
@@ -172,3 +174,63 @@ async def test_worker_and_relay_are_ready_once_consuming(settings: Settings, s3:
         stop_worker.set()
         stop_relay.set()
         await asyncio.wait_for(asyncio.gather(worker, relay), 30)
+
+
+async def test_readiness_answers_within_its_deadline_while_the_database_hangs(settings: Settings) -> None:
+    # A pooled connection whose server stops answering mid-statement: handing it back gracefully would
+    # wait for the cancel to be confirmed (up to the statement timeout) and the probe would answer late.
+    host, port = PG_SERVER.removeprefix("postgresql://").split("@")[1].split(":")
+    with TcpProxy(host, int(port)) as proxy:
+        database = settings.database_url.rsplit("/", 1)[1]
+        pool = await asyncpg.create_pool(
+            f"postgresql://postgres@127.0.0.1:{proxy.port}/{database}", min_size=1, max_size=1, command_timeout=10
+        )
+        assert pool is not None
+        monitor = Monitor("test", needs=("database",))
+        monitor.checks["database"] = database_check(pool)
+        try:
+            assert (await monitor.readiness())["database"] == "ok"
+            proxy.throttle(1)  # a byte a second: the server seems to hang
+            started = time.monotonic()
+            hung = await monitor.readiness()
+            elapsed = time.monotonic() - started
+        finally:
+            proxy.throttle(None)
+            pool.terminate()
+
+    assert hung == {"database": "TimeoutError"}
+    assert elapsed < CHECK_TIMEOUT_SECONDS + 2  # it took 12 s when the connection was released gracefully
+
+
+async def test_a_hung_broker_turns_readiness_off_after_a_few_heartbeats_and_back_on(
+    settings: Settings, s3: Any
+) -> None:
+    host, port = AMQP_URL.split("@")[1].split("/")[0].split(":")
+    with TcpProxy(host, int(port)) as proxy:
+        through_proxy = settings.model_copy(
+            update={
+                "amqp_url": AMQP_URL.replace(f"{host}:{port}", f"127.0.0.1:{proxy.port}"),
+                "amqp_heartbeat_seconds": 1,
+            }
+        )
+        relay, stop, base = await serving_part(serve_relay, through_proxy)
+
+        async def status() -> int:
+            try:
+                return (await get(f"{base}/readyz"))[0]
+            except aiohttp.ClientConnectionError:
+                return 0
+
+        try:
+            await wait_for(lambda: _is(status(), 200), timeout=30)
+            proxy.throttle(1)  # the broker seems to hang: no close, no answer
+            await wait_for(lambda: _is(status(), 503), timeout=20)
+            proxy.throttle(None)
+            await wait_for(lambda: _is(status(), 200), timeout=60)
+        finally:
+            stop.set()
+            await asyncio.wait_for(relay, 30)
+
+
+async def _is(status: Awaitable[int], expected: int) -> bool:
+    return await status == expected
