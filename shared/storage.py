@@ -87,13 +87,26 @@ async def ensure_bucket(client: Any, bucket: str) -> None:
 
 async def delete_keys(s3: Any, *, bucket: str, keys: list[str]) -> list[str]:
     """Delete ``keys`` (at most ``S3_BATCH_MAX``) with one DeleteObjects request; return the keys S3 reports
-    deleted (a key already gone counts, as S3 has it). A key S3 could not delete is left out; a failed
-    request raises ``STORAGE_ERRORS``.
+    deleted (a key already gone counts, as S3 has it). A key S3 could not delete is left out. When S3
+    refuses the request itself, each key is deleted on its own; an unreachable S3 raises ``STORAGE_ERRORS``.
     """
     if not keys:
         return []
-    response = await s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": key} for key in keys]})
+    try:
+        response = await s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": key} for key in keys]})
+    except ClientError:
+        # A key the batch's XML cannot carry (a control character, say) fails the whole request; one by
+        # one, it fails alone instead of keeping every other orphan in place.
+        return [key for key in keys if await _delete_one(s3, bucket=bucket, key=key)]
     return [item["Key"] for item in response.get("Deleted", [])]
+
+
+async def _delete_one(s3: Any, *, bucket: str, key: str) -> bool:
+    try:
+        await s3.delete_object(Bucket=bucket, Key=key)
+    except ClientError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

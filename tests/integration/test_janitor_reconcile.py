@@ -257,3 +257,16 @@ async def test_observe_system_reports_zeros_on_an_empty_database(pool: asyncpg.P
     assert {gauge("chatexport_operations", state=state.value) for state in State} == {0}
     assert {gauge("chatexport_operation_oldest_age_seconds", state=state) for state in WAITING_STATES} == {0}
     assert gauge("chatexport_outbox_backlog") == gauge("chatexport_outbox_oldest_age_seconds") == 0
+
+
+async def test_a_key_the_batch_delete_refuses_does_not_keep_the_other_orphans(
+    janitor: Janitor, s3: Any, settings: Settings
+) -> None:
+    odd = await put(s3, settings, "exports/op_odd/ctrl\x01key")
+    orphans = {await put(s3, settings, f"exports/op_gone/g{generation}.jsonl") for generation in (1, 2)}
+    await wait_for(lambda: older_than_grace(s3, settings), timeout=GRACE_SECONDS + 10)
+
+    removed = await janitor.remove_orphan_objects()
+
+    assert orphans.isdisjoint(await all_keys(s3, settings))
+    assert removed == len(orphans) + (odd not in await all_keys(s3, settings))
