@@ -128,3 +128,15 @@ def test_module_entry_point_runs_as_a_program() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert verify(result.stdout.strip()).user_id == "bob"
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])
+def test_health_refuses_a_timeout_that_is_not_a_positive_number_of_seconds(
+    timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["health", "--timeout", timeout])
+
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "positive number of seconds" in err or "is not a number of seconds" in err
