@@ -8,13 +8,13 @@ that dies between the steps leaves REMOVING, which nobody can publish and the ja
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
 import asyncpg
 
 from shared import repository as repo
+from shared.storage import abort_upload
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,5 @@ async def remove_object(s3: Any, *, bucket: str, key: str) -> None:
     listing = await s3.list_multipart_uploads(Bucket=bucket, Prefix=key)
     for upload in listing.get("Uploads", []):
         if upload["Key"] == key:
-            with contextlib.suppress(s3.exceptions.NoSuchUpload):
-                await s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload["UploadId"])
+            await abort_upload(s3, bucket=bucket, key=key, upload_id=upload["UploadId"])
     await s3.delete_object(Bucket=bucket, Key=key)

@@ -22,7 +22,7 @@ import pydantic
 
 from shared.ids import is_operation_id, is_valid_id
 from shared.processes import PARENT_PID_ENV, die_with_parent
-from shared.settings import Settings
+from shared.settings import Settings, local_url
 
 # The module whose ``main(settings)`` runs each long-running part.
 PART_MODULES: dict[str, str] = {
@@ -307,10 +307,7 @@ def _cmd_health(args: argparse.Namespace) -> int:
 
 def _monitoring_url(settings: Settings, path: str) -> str:
     """The part's own monitoring endpoint as seen from its host: a wildcard bind is asked on loopback."""
-    host = "127.0.0.1" if settings.metrics_host in ("0.0.0.0", "::", "") else settings.metrics_host
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{settings.metrics_port}{path}"
+    return local_url(settings.metrics_host, settings.metrics_port) + path
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:

@@ -20,8 +20,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from shared.settings import Settings
 
-# Fields every line logged from the current task (and the tasks it starts) carries; a task's changes stay
-# in its own context.
+# Fields every line logged inside a ``log_fields`` block carries, from its task and the tasks started in
+# it. Each block has a dict of its own, shared with those tasks, so a change (a new phase) reaches them.
 _BOUND: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(
     "chatexport_log_fields", default=MappingProxyType({})
 )
@@ -38,8 +38,12 @@ def log_fields(**fields: object) -> Iterator[None]:
 
 
 def update_log_fields(**fields: object) -> None:
-    """Change bound fields (a new ``phase``, say) until the enclosing ``log_fields`` block ends."""
-    _BOUND.set({**_BOUND.get(), **fields})
+    """Change fields of the enclosing ``log_fields`` block (a new ``phase``, say), for every task that
+    shares it, until the block ends; outside any block, nothing is bound and nothing changes.
+    """
+    bound = _BOUND.get()
+    if isinstance(bound, dict):
+        bound.update(fields)
 
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.

@@ -107,3 +107,14 @@ class Settings(BaseSettings):
         if self.idempotency_replay_window_seconds > self.operation_retention_seconds:
             raise ValueError("the idempotency replay window must not exceed the operation retention")
         return self
+
+
+def local_url(host: str, port: int) -> str:
+    """``http://host:port`` for a client on the same machine as a server listening on ``host``: a wildcard
+    listen address (``0.0.0.0``, ``::``, empty) is reached on loopback, and an IPv6 address is bracketed.
+    """
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"

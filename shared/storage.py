@@ -76,6 +76,12 @@ async def upload_deadline(*, timeout_seconds: float, size_bytes: int) -> AsyncIt
         raise ReadTimeoutError(endpoint_url="the upload stalled") from None
 
 
+async def abort_upload(s3: Any, *, bucket: str, key: str, upload_id: str) -> None:
+    """Abort one multipart upload of ``key``; one already aborted or completed is no error."""
+    with contextlib.suppress(s3.exceptions.NoSuchUpload):
+        await s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+
+
 async def ensure_bucket(client: Any, bucket: str) -> None:
     """Create ``bucket`` when it does not exist yet; an existing bucket is left alone."""
     try:
@@ -88,13 +94,16 @@ async def ensure_bucket(client: Any, bucket: str) -> None:
 async def delete_keys(s3: Any, *, bucket: str, keys: list[str]) -> list[str]:
     """Delete ``keys`` (at most ``S3_BATCH_MAX``) with one DeleteObjects request; return the keys S3 reports
     deleted (a key already gone counts, as S3 has it). A key S3 could not delete is left out. When S3
-    refuses the request itself, each key is deleted on its own; an unreachable S3 raises ``STORAGE_ERRORS``.
+    refuses the request itself, each key is deleted on its own; an unreachable or throttling (503) S3
+    raises ``STORAGE_ERRORS``.
     """
     if not keys:
         return []
     try:
         response = await s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": key} for key in keys]})
-    except ClientError:
+    except ClientError as exc:
+        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 503:
+            raise  # S3 asks for less: one request per key would be more
         # A key the batch's XML cannot carry (a control character, say) fails the whole request; one by
         # one, it fails alone instead of keeping every other orphan in place.
         return [key for key in keys if await _delete_one(s3, bucket=bucket, key=key)]

@@ -33,7 +33,7 @@ from shared.corpus import ImportSummary, conversation_id_for, corpus_files, impo
 from shared.db import create_pool
 from shared.devs3 import MotoServer, start_moto
 from shared.processes import ProcessGroup
-from shared.settings import Settings
+from shared.settings import Settings, local_url
 from shared.storage import ensure_bucket, s3_client
 
 __all__ = ["DevOptions", "ProcessGroup", "run_dev"]
@@ -309,12 +309,7 @@ def metrics_ports(settings: Settings, names: Sequence[str]) -> dict[str, int]:
 
 def api_base_url(settings: Settings) -> str:
     """The URL a local client uses for the API: a wildcard listen address becomes loopback."""
-    host = settings.api_host
-    if host in ("", "0.0.0.0", "::"):
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{settings.api_port}"
+    return local_url(settings.api_host, settings.api_port)
 
 
 def _is_ready(url: str) -> bool:

@@ -30,7 +30,8 @@ async def _pg_context(app: web.Application) -> AsyncIterator[None]:
 
 async def _s3_context(app: web.Application) -> AsyncIterator[None]:
     # The API only reads results that workers wrote, so it neither creates the bucket nor needs S3 up to
-    # start: a download while S3 is unreachable is a 5xx problem, not a dead API.
+    # start: a download while S3 is unreachable is a 5xx problem, not a dead API. Readiness still reports
+    # S3, so that an orchestrator sees a replica that cannot serve downloads.
     async with s3_client(app[SETTINGS]) as client:
         app[S3] = client
         app[MONITOR].checks["storage"] = storage_check(client, app[SETTINGS].s3_bucket)

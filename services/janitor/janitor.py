@@ -17,7 +17,6 @@ is an orphan, removed after a grace period):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,6 +38,7 @@ from shared.storage import (
     ObjectPages,
     Pages,
     UploadPages,
+    abort_upload,
     delete_keys,
 )
 
@@ -215,11 +215,8 @@ class Janitor:
     async def _abort_abandoned(self, uploads: list[ListedUpload]) -> int:
         abandoned = [item for item, record in await self._past_grace_with_records(uploads) if _abandoned(item, record)]
         for upload in abandoned:
-            # Aborted meanwhile by its holder or a removal: gone all the same.
-            with contextlib.suppress(self._s3.exceptions.NoSuchUpload):
-                await self._s3.abort_multipart_upload(
-                    Bucket=self._settings.s3_bucket, Key=upload.key, UploadId=upload.upload_id
-                )
+            # One aborted meanwhile by its holder or a removal is gone all the same.
+            await abort_upload(self._s3, bucket=self._settings.s3_bucket, key=upload.key, upload_id=upload.upload_id)
             metrics.STALE_UPLOADS_ABORTED.inc()
         if abandoned:
             log.info("stale uploads aborted", extra={"keys": [upload.key for upload in abandoned]})

@@ -191,11 +191,10 @@ class Consumer:
             )
             if row is None:
                 return None
-            if row["took_over"]:
-                metrics.LEASE_TAKEOVERS.inc()
-            lease = Lease.from_row(row)
-            member = await repo.holds_membership(conn, conversation_id=lease.conversation_id, user_id=lease.owner_id)
-            return lease, member
+            member = await repo.holds_membership(conn, conversation_id=row["conversation_id"], user_id=row["owner_id"])
+        if row["took_over"]:  # counted once the claim has committed
+            metrics.LEASE_TAKEOVERS.inc()
+        return Lease.from_row(row), member
 
 
 async def _settle(message: AbstractIncomingMessage, *, requeue: bool) -> None:

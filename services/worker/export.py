@@ -175,12 +175,13 @@ class ExportJob:
             while reading is not None:
                 low, high, lines = await reading
                 reading = None
+                size = sum(map(len, lines))
                 if high < lease.last_seq:
-                    span = self._next_span(seqs=high - low, size=sum(map(len, lines)))
+                    span = self._next_span(seqs=high - low, size=size)
                     reading = asyncio.create_task(self._read_range(high, span))
                 for chunk in lines:
                     await self._writer.write(chunk)
-                metrics.EXPORTED_BYTES.inc(sum(map(len, lines)))
+                metrics.EXPORTED_BYTES.inc(size)
                 await self._progress("writing")
         finally:
             if reading is not None:

@@ -119,8 +119,8 @@ class LeaseRunner:
         )
         async with self._pool.acquire() as conn:
             if not removed:
-                await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation)
-                metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
+                if await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation):
+                    metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
                 log.warning("cancel left to the janitor: objects remain", extra=lease.log_extra())
             elif await repo.finish_cancel(conn, operation_id=lease.operation_id, generation=lease.generation):
                 metrics.ATTEMPTS_ENDED.labels(State.CANCELED).inc()
@@ -162,12 +162,15 @@ class LeaseRunner:
             metrics.ATTEMPTS_ENDED.labels(outcome.state).inc()
 
     async def _hand_back(self, lease: Lease) -> None:
+        handed_back = False
         with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
             async with self._pool.acquire() as conn, conn.transaction():
-                if await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation):
+                handed_back = await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation)
+                if handed_back:
                     await enqueue_run(conn, operation_id=lease.operation_id)
-                    metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
-                    log.info("lease handed back on shutdown", extra=lease.log_extra())
+        if handed_back:  # counted once the hand-back has committed
+            metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
+            log.info("lease handed back on shutdown", extra=lease.log_extra())
 
 
 @contextlib.contextmanager

@@ -72,3 +72,28 @@ def test_bound_fields_stay_in_their_own_task() -> None:
     lines = asyncio.run(both())
 
     assert [line["operation_id"] for line in lines] == ["op_a", "op_b"]
+
+
+def test_a_changed_field_reaches_the_tasks_started_in_the_block() -> None:
+    async def attempt() -> dict[str, object]:
+        with log_fields(operation_id="op_1", phase="starting"):
+            changed = asyncio.Event()
+
+            async def heartbeat() -> dict[str, object]:
+                await changed.wait()
+                return emit("test.heartbeat")
+
+            beating = asyncio.create_task(heartbeat())
+            update_log_fields(phase="uploading")
+            changed.set()
+            return await beating
+
+    line = asyncio.run(attempt())
+
+    assert (line["operation_id"], line["phase"]) == ("op_1", "uploading")
+
+
+def test_changing_fields_outside_a_block_binds_nothing() -> None:
+    update_log_fields(phase="writing")
+
+    assert "phase" not in emit("test.unbound")

@@ -108,13 +108,14 @@ async def download_result(request: web.Request) -> web.StreamResponse:
 
 
 async def _record_access(request: web.Request, operation_id: str, user_id: str, outcome: str) -> None:
-    DOWNLOADS.labels(outcome).inc()
-    if outcome == "ACCESS_REVOKED":
-        AUTHORIZATION_REFUSALS.labels("download").inc()
     async with request.app[POOL].acquire() as conn:
         await repo.record_access_event(
             conn, operation_id=operation_id, user_id=user_id, action="download", outcome=outcome
         )
+    # Counted once recorded: the figures and the access events tell the same story.
+    DOWNLOADS.labels(outcome).inc()
+    if outcome == "ACCESS_REVOKED":
+        AUTHORIZATION_REFUSALS.labels("download").inc()
 
 
 async def _record_refusal(request: web.Request, operation_id: str, user_id: str, refusal: Exception) -> None:
