@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from shared.metrics import counter_from_zero
+
 HTTP_REQUESTS = Counter(
     "chatexport_http_requests_total",
     "HTTP requests answered, by method, route template and status.",
@@ -22,14 +24,12 @@ IDEMPOTENCY_REPLAYS = Counter(
     "chatexport_idempotency_replays_total",
     "Export submissions answered with the operation an earlier request with the same key created (5.1).",
 )
-IDEMPOTENCY_CONFLICTS = Counter(
+IDEMPOTENCY_CONFLICTS = counter_from_zero(
     "chatexport_idempotency_conflicts_total",
     "Export submissions refused because their Idempotency-Key was used for another request, by code (5.1).",
-    ["code"],
+    "code",
+    ("IDEMPOTENCY_KEY_REUSED", "IDEMPOTENCY_KEY_EXPIRED"),
 )
-# Every labelled series exists from the start, at 0, so a rate over it is defined before the first event.
-for _code in ("IDEMPOTENCY_KEY_REUSED", "IDEMPOTENCY_KEY_EXPIRED"):
-    IDEMPOTENCY_CONFLICTS.labels(code=_code)
 DOWNLOADS = Counter(
     "chatexport_downloads_total",
     "Download attempts by outcome (the access event's outcome: GRANTED, EXPIRED, ACCESS_REVOKED, ...) (5.5).",

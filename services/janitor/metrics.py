@@ -11,18 +11,22 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.janitor import repository as repo
 from shared.db import probing_connection
-from shared.metrics import CANCELLATIONS_FINISHED
+from shared.metrics import CANCELLATIONS_FINISHED, counter_from_zero
 from shared.states import State
+
+# The states a record left behind by an attempt can be found in (see ``repository.stale_artifacts``).
+LEFT_BEHIND_STATES = ("WRITING", "COMPLETE", "REMOVING")
 
 RESULTS_EXPIRED = Counter(
     "chatexport_janitor_results_expired_total",
     "SUCCEEDED operations moved to EXPIRED once their result's retention ended (contract 5.3).",
 )
-OPERATIONS_REQUEUED = Counter(
+OPERATIONS_REQUEUED = counter_from_zero(
     "chatexport_janitor_operations_requeued_total",
     "New wake-ups sent for stranded operations: lease_expired (RUNNING, its worker gone), retry_due"
     " (RETRY_AT past retry_at) or message_lost (QUEUED with no wake-up on its way).",
-    ["reason"],
+    "reason",
+    repo.REQUEUE_REASONS,
 )
 CANCELLATIONS_FINISHED_BY_JANITOR = CANCELLATIONS_FINISHED.labels(by="janitor")
 STALE_ARTIFACTS_REMOVED = Counter(
@@ -30,11 +34,12 @@ STALE_ARTIFACTS_REMOVED = Counter(
     "Recorded artifacts removed once nobody could publish or serve them: left behind by an attempt, or an"
     " expired result whose deletion had failed.",
 )
-UNKNOWN_STATE_ARTIFACTS = Counter(
+UNKNOWN_STATE_ARTIFACTS = counter_from_zero(
     "chatexport_janitor_unknown_state_artifacts_total",
     "Of the stale artifacts removed, those an attempt left behind: its operation moved to a newer generation"
     " or ended without publishing them or finishing their removal; by the state the record was found in.",
-    ["state"],
+    "state",
+    LEFT_BEHIND_STATES,
 )
 ORPHAN_OBJECTS_REMOVED = Counter(
     "chatexport_janitor_orphan_objects_removed_total",
@@ -48,7 +53,12 @@ RECORDS_PURGED = Counter(
     "chatexport_janitor_records_purged_total",
     "Ended operation records deleted after the record retention, with their keys and artifact records.",
 )
-PASSES = Counter("chatexport_janitor_passes_total", "Janitor passes, by outcome (ok or failed).", ["outcome"])
+PASSES = counter_from_zero(
+    "chatexport_janitor_passes_total",
+    "Janitor passes, by outcome (ok or failed).",
+    "outcome",
+    ("ok", "failed"),
+)
 PASS_DURATION = Histogram(
     "chatexport_janitor_pass_duration_seconds",
     "Wall time of one janitor pass, failed ones included.",
@@ -71,17 +81,6 @@ OUTBOX_OLDEST_AGE = Gauge(
     "Seconds the longest-waiting due outbox row has waited since it became due (a retry's row is due at its"
     " not-before time); 0 when there is none.",
 )
-
-# The states a record left behind by an attempt can be found in (see ``repository.stale_artifacts``).
-LEFT_BEHIND_STATES = ("WRITING", "COMPLETE", "REMOVING")
-
-# Every labelled series exists from the start, at 0, so a rate over it is defined before the first event.
-for _reason in repo.REQUEUE_REASONS:
-    OPERATIONS_REQUEUED.labels(reason=_reason)
-for _state in LEFT_BEHIND_STATES:
-    UNKNOWN_STATE_ARTIFACTS.labels(state=_state)
-for _outcome in ("ok", "failed"):
-    PASSES.labels(outcome=_outcome)
 
 
 async def observe_system(pool: asyncpg.Pool) -> None:

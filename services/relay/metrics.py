@@ -7,20 +7,21 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from shared.metrics import counter_from_zero
+
+PUBLISH_FAILURE_REASONS = ("timeout", "returned", "broker")
+
 PUBLISHED = Counter(
     "chatexport_relay_published_total",
     "Outbox rows the broker confirmed and the relay marked published (contract 6).",
 )
-PUBLISH_FAILURES = Counter(
+PUBLISH_FAILURES = counter_from_zero(
     "chatexport_relay_publish_failures_total",
     "Publishes not confirmed, by reason: timeout (no confirm in time), returned (unroutable or refused by"
     " the broker) or broker (connection or channel error); the row is retried.",
-    ["reason"],
+    "reason",
+    PUBLISH_FAILURE_REASONS,
 )
-PUBLISH_FAILURE_REASONS = ("timeout", "returned", "broker")
-# Every labelled series exists from the start, at 0, so a rate over it is defined before the first event.
-for _reason in PUBLISH_FAILURE_REASONS:
-    PUBLISH_FAILURES.labels(reason=_reason)
 BATCH_DURATION = Histogram(
     "chatexport_relay_batch_duration_seconds",
     "Time to claim, publish and mark one batch of outbox rows, in seconds.",

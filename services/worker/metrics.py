@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-STALE_GENERATION_WRITES = Counter(
+from shared.metrics import counter_from_zero
+
+ATTEMPT_OUTCOMES = ("SUCCEEDED", "RETRY_AT", "FAILED", "FAILED_REPAIR", "CANCELED", "HANDED_BACK", "LEASE_LOST")
+FENCED_WRITES = ("heartbeat", "progress", "artifact", "result", "state")
+
+STALE_GENERATION_WRITES = counter_from_zero(
     "chatexport_worker_stale_generation_writes_total",
     "Writes of a lease holder rejected because a newer generation holds the operation (contract 5.3).",
-    ["write"],
+    "write",
+    FENCED_WRITES,
 )
 ARTIFACTS_ADOPTED = Counter(
     "chatexport_worker_artifacts_adopted_total",
@@ -25,11 +31,12 @@ LEASE_TAKEOVERS = Counter(
     "chatexport_worker_lease_takeovers_total",
     "Leases taken over from a holder whose lease had expired (its worker lost, frozen or cut off).",
 )
-ATTEMPTS_ENDED = Counter(
+ATTEMPTS_ENDED = counter_from_zero(
     "chatexport_worker_attempts_ended_total",
     "Export attempts this worker ended, by outcome: SUCCEEDED, RETRY_AT, FAILED, FAILED_REPAIR, CANCELED,"
     " HANDED_BACK (shutdown) or LEASE_LOST (a newer generation or a cancel took the operation).",
-    ["outcome"],
+    "outcome",
+    ATTEMPT_OUTCOMES,
 )
 EXPORTS_RUNNING = Gauge(
     "chatexport_worker_exports_running",
@@ -39,11 +46,3 @@ EXPORTED_BYTES = Counter(
     "chatexport_worker_exported_bytes_total",
     "Bytes of export lines handed to the S3 upload, counted as each range is written.",
 )
-
-ATTEMPT_OUTCOMES = ("SUCCEEDED", "RETRY_AT", "FAILED", "FAILED_REPAIR", "CANCELED", "HANDED_BACK", "LEASE_LOST")
-FENCED_WRITES = ("heartbeat", "progress", "artifact", "result", "state")
-# Every labelled series exists from the start, at 0, so a rate over it is defined before the first event.
-for _outcome in ATTEMPT_OUTCOMES:
-    ATTEMPTS_ENDED.labels(outcome=_outcome)
-for _write in FENCED_WRITES:
-    STALE_GENERATION_WRITES.labels(write=_write)
