@@ -31,9 +31,10 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         monitor.checks["database"] = database_check(pool)
         connection = await broker.connect_when_ready(settings, name=f"relay {os.getpid()}", stop=stop)
         resources.push_async_callback(connection.close)
-        monitor.checks["broker"] = broker_check(connection)
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         exchange, _ = await broker.declare_topology(channel, settings)
+        # Ready once it can publish: the exchange it publishes to exists.
+        monitor.checks["broker"] = broker_check(connection)
         log.info("relay started", extra={"exchange": settings.amqp_exchange})
         await Relay(pool=pool, exchange=exchange, settings=settings).run(stop=stop)
 
