@@ -1,17 +1,20 @@
 """Reading request bodies within the contract's limits and validating them with pydantic models.
 
-Checks run in the contract's order: media type (415), size (413), UTF-8 and JSON syntax (400), then the
-schema (422). Nothing is stored before all of them passed.
+Checks run in the contract's order: media type and content coding (415), size (413), the body arriving
+within its deadline (408) and intact (400), UTF-8 and JSON syntax (400), then the schema (422). Nothing is
+stored before all of them passed. Every route that reads a body reads it through ``read_limited``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from services.api.keys import SETTINGS
 from services.api.problems import Problem, validation_failed
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -20,20 +23,55 @@ JSON_MEDIA_TYPE = "application/json"
 
 
 async def read_limited(request: web.Request, *, max_bytes: int) -> bytes:
-    """Return the raw body, at most ``max_bytes`` bytes; raises ``Problem`` 413 beyond that.
+    """Return the raw body, at most ``max_bytes`` bytes.
 
-    Streams the body so that a lying or absent Content-Length cannot make the server buffer more.
+    Raises ``Problem``: 415 ``UNSUPPORTED_CONTENT_ENCODING`` before reading anything when the body has a
+    content coding (``require_identity_coding``); 413 beyond ``max_bytes``; 408 ``REQUEST_TIMEOUT`` when
+    the whole body has not arrived ``request_body_timeout_seconds`` after reading began, and 400
+    ``MALFORMED_REQUEST`` when its framing breaks (the error middleware closes the connection after either,
+    README: API reference). Streams the body so that a lying or absent Content-Length cannot make the
+    server buffer more.
     """
+    require_identity_coding(request)
     if request.content_length is not None and request.content_length > max_bytes:
         raise _too_large(max_bytes)
+    timeout = request.app[SETTINGS].request_body_timeout_seconds
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(max_bytes)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.content.iter_chunked(64 * 1024):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _too_large(max_bytes)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise Problem("REQUEST_TIMEOUT", f"The request body did not arrive in full within {timeout:g} s.") from None
+    except web.RequestPayloadError:
+        # aiohttp's message quotes the offending bytes: only say what happened.
+        raise Problem("MALFORMED_REQUEST", "The request body's framing is broken.") from None
     return b"".join(chunks)
+
+
+def require_identity_coding(request: web.Request) -> None:
+    """Raise ``Problem`` 415 ``UNSUPPORTED_CONTENT_ENCODING`` with ``Accept-Encoding: identity`` (RFC 9110
+    section 15.5.16) unless every coding ``Content-Encoding`` names is ``identity``: the service takes bodies
+    only as they are (README: API reference). Codings are case-insensitive tokens in comma-separated lists,
+    over any number of fields (RFC 9110 section 8.4); an empty list is no coding.
+    """
+    fields = request.headers.getall("Content-Encoding", ())
+    codings = {coding.strip().lower() for field in fields for coding in field.split(",")}
+    if codings - {"", "identity"}:
+        raise unsupported_content_encoding()
+
+
+def unsupported_content_encoding() -> Problem:
+    """415 ``UNSUPPORTED_CONTENT_ENCODING``, naming the one coding a body may have."""
+    return Problem(
+        "UNSUPPORTED_CONTENT_ENCODING",
+        "Send the request body without a content coding (no Content-Encoding, or identity).",
+        headers={"Accept-Encoding": "identity"},
+    )
 
 
 def _too_large(max_bytes: int) -> Problem:

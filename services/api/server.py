@@ -1,0 +1,132 @@
+"""The API's HTTP server: aiohttp's, with requests that break HTTP itself answered as problems.
+
+aiohttp's HTTP parser refuses such requests (a malformed request line, an invalid header, a line over
+8190 bytes, a bad chunk) before any route or middleware sees them, and ``RequestHandler.handle_error``
+answers them with a plain-text 400 that quotes the offending line back and logs it with a traceback.
+Here they get an RFC 9457 problem with a stable ``code`` and a log line naming only the parser error's class
+(README: API reference, "Requests that break HTTP itself").
+
+aiohttp builds one ``RequestHandler`` per connection from the ``web.Server`` that ``AppRunner`` makes, so
+``ApiRunner`` switches that server to ``_ProblemServer``, whose handlers are ``_ProblemRequestHandler``. Both
+switches reassign ``__class__`` of the object aiohttp built, so every attribute aiohttp set on it (the
+application's handler, the handler's keyword arguments) stays as aiohttp made it; they rely only on
+``AppRunner._make_server`` returning the server, ``web.Server.__call__`` returning the handler, and
+``RequestHandler.handle_error``'s signature. ``tests/integration/test_http_faults.py`` fails if an aiohttp
+upgrade breaks that. (Subclassing ``web.Application`` instead is deprecated by aiohttp.)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError, LineTooLong
+
+from services.api.bodies import unsupported_content_encoding
+from services.api.problems import Problem
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# run_app's default; AppRunner's own (3630 s) would hold an idle connection for an hour.
+KEEPALIVE_TIMEOUT_SECONDS = 75.0
+
+
+def parser_problem(exc: BaseException, *, max_line_bytes: int) -> Problem:
+    """The problem answering a request aiohttp's HTTP parser refused with ``exc``; never quotes the request.
+
+    A line over ``max_line_bytes`` is 431 ``REQUEST_HEADER_TOO_LARGE`` (RFC 6585 section 5; aiohttp does not
+    tell a long request line from a long header field); a ``Content-Encoding`` the parser cannot decode is
+    415 ``UNSUPPORTED_CONTENT_ENCODING`` with ``Accept-Encoding: identity`` (RFC 9110 section 15.5.16); any
+    other parser error is 400 ``MALFORMED_REQUEST``.
+    """
+    if isinstance(exc, LineTooLong):
+        return Problem(
+            "REQUEST_HEADER_TOO_LARGE", f"The request line or a header field is longer than {max_line_bytes} bytes."
+        )
+    if isinstance(exc, ContentEncodingError):
+        return unsupported_content_encoding()
+    return Problem("MALFORMED_REQUEST", "The request is not valid HTTP/1.1; the connection is closed.")
+
+
+class _ProblemRequestHandler(web.RequestHandler):
+    """A connection whose HTTP-level errors are answered as problems and logged without the request."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """Answer a request the parser refused (``exc`` an ``HttpProcessingError``, ``status`` 400) or whose
+        handler failed outside the error middleware (500, or 504 for a timeout) as a problem that closes
+        the connection, as aiohttp's own answer does. ``message`` is the parser's text and is never used.
+
+        Raises ``ConnectionError`` when part of another response was sent already, as aiohttp does.
+        """
+        if isinstance(exc, HttpProcessingError):
+            problem = parser_problem(exc, max_line_bytes=max(self.max_line_size, self.max_field_size))
+            log.info(
+                "request refused by the HTTP parser",
+                extra={"error": type(exc).__name__, "code": problem.code, "status": problem.status},
+            )
+        else:
+            log.error("unhandled error", exc_info=exc, extra={"status": status})
+            problem = Problem("INTERNAL", "An internal error occurred.")
+        if request.writer.output_size > 0:
+            raise ConnectionError("Response is sent already, cannot send another response with the error message")
+        response = problem.response()
+        response.force_close()
+        return response
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """Log as aiohttp does, except that a parser error (a body's broken framing found while aiohttp
+        drains it, say) is named by its class only: its text quotes the request.
+        """
+        error = kw.get("exc_info")
+        if isinstance(error, HttpProcessingError | web.RequestPayloadError):
+            log.info("request refused by the HTTP parser", extra={"error": type(error).__name__})
+            return
+        super().log_exception(*args, **kw)
+
+
+class _ProblemServer(web.Server):
+    """A ``web.Server`` whose connections are ``_ProblemRequestHandler``s."""
+
+    __slots__ = ()
+
+    def __call__(self) -> web.RequestHandler:
+        handler = super().__call__()
+        handler.__class__ = _ProblemRequestHandler
+        return handler
+
+
+class ApiRunner(web.AppRunner):
+    """An ``AppRunner`` whose server answers requests that break HTTP as problems (see the module)."""
+
+    __slots__ = ()
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _ProblemServer
+        return server
+
+
+def api_runner(app: web.Application, settings: Settings, **kwargs: Any) -> ApiRunner:
+    """The runner that serves the API ``app``: on cleanup, in-flight requests get
+    ``settings.shutdown_grace_seconds``; no access log; request bodies are never decoded (the routes that
+    read one refuse a ``Content-Encoding`` other than ``identity``, README: API reference). ``kwargs`` go to
+    ``web.AppRunner`` and override these.
+    """
+    options: dict[str, Any] = {
+        "shutdown_timeout": settings.shutdown_grace_seconds,
+        "keepalive_timeout": KEEPALIVE_TIMEOUT_SECONDS,
+        "access_log": None,
+        "auto_decompress": False,
+        **kwargs,
+    }
+    return ApiRunner(app, **options)
