@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import asyncpg
 from aiohttp import web
 
+from services.api.slots import ConnectionSlots
 from shared.auth import Principal, TokenVerifier
 from shared.monitoring import Monitor
 from shared.settings import Settings
@@ -16,8 +16,8 @@ SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 VERIFIER = web.AppKey("verifier", TokenVerifier)
 S3 = web.AppKey("s3", object)  # an aiobotocore S3 client; typed loosely because botocore is dynamic
-# Bounds the downloads streaming at once in this process (settings.download_concurrency).
-DOWNLOAD_SLOTS = web.AppKey("download_slots", asyncio.Semaphore)
+# Bounds the downloads streaming at once in this process, in all and per user.
+DOWNLOAD_SLOTS = web.AppKey("download_slots", ConnectionSlots)
 MONITOR = web.AppKey("monitor", Monitor)
 PRINCIPAL = web.RequestKey("principal", Principal)
 

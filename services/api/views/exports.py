@@ -15,6 +15,7 @@ from services.api.bodies import read_model
 from services.api.idempotency import HEADER, parse_idempotency_key
 from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
 from services.api.metrics import DOWNLOADS, IDEMPOTENCY_REPLAYS
+from services.api.preconditions import Outcome, Validators
 from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.repository import operations as repo
@@ -22,6 +23,7 @@ from services.api.repository.messages import is_member
 from services.api.representation import RESULT_CONTENT_TYPE, is_terminal, operation_url
 from services.api.schemas import ExportSubmission
 from services.api.submission import submit
+from services.api.transfer import TransferCut, stream
 from services.api.views.operations import NO_STORE, operation_response
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.fingerprint import ExportRequest
@@ -78,13 +80,16 @@ _STATE_REFUSALS: dict[str, tuple[str, str]] = {
 
 
 async def download_result(request: web.Request) -> web.StreamResponse:
-    """``GET /v3/exports/{id}/result``: checks of contract 5.5, then the file streamed from S3.
+    """``GET /v3/exports/{id}/result``: the checks of the README's Download, then the preconditions of
+    RFC 9110 section 13 (304, 412, ``If-Range``), then the file streamed from S3.
 
     Every attempt is recorded as an access event with the caller's user id, also for an operation that is
-    not the caller's or does not exist: ``GRANTED`` once the file is open, else the refusal's code (an
-    unexpected failure's too). At most ``download_concurrency`` downloads stream at once per process
-    (503 beyond), and a client that accepts no data for ``download_write_timeout_seconds`` is cut off, so
-    slow readers cannot hold every S3 connection.
+    not the caller's or does not exist: ``GRANTED`` once the file is open, ``NOT_MODIFIED`` for a 304, else
+    the refusal's code (an unexpected failure's too). Preconditions come after authorization, so a
+    non-member learns nothing from them. Downloads take a slot each (``ConnectionSlots``: 429 over the
+    user's cap, 503 over the process's), and one that moves fewer than ``download_min_bytes_per_second``
+    over a window, or whose client accepts nothing for ``download_write_timeout_seconds``, is cut off, so
+    slow readers cannot hold the slots or S3's connections.
     """
     operation_id = request.match_info["operation_id"]
     user_id = request[PRINCIPAL].user_id
@@ -92,19 +97,21 @@ async def download_result(request: web.Request) -> web.StreamResponse:
     try:
         async with request.app[POOL].acquire() as conn:
             row = await _authorize_download(conn, operation_id=operation_id, user_id=user_id)
-        byte_range = _requested_range(request, row["result_size_bytes"])
-        if slots.locked():
-            raise Problem(
-                "SERVICE_UNAVAILABLE", "Too many downloads right now; try again soon.", headers={"Retry-After": "5"}
-            )
-        await slots.acquire()
+        validators = Validators(etag=row["result_sha256"], last_modified=row["finished_at"])
+        outcome = validators.evaluate(request.headers)
+        if outcome is Outcome.PRECONDITION_FAILED:
+            raise Problem("PRECONDITION_FAILED", "A precondition of the request does not hold for this result.")
+        if outcome is Outcome.NOT_MODIFIED:
+            await _record_access(request, operation_id, user_id, "NOT_MODIFIED")
+            return web.Response(status=304, headers=_validator_headers(validators))
+        wanted = validators.range_applies(request.headers.get("If-Range"))
+        byte_range = _requested_range(request, row["result_size_bytes"]) if wanted else None
+        slots.check(user_id)
     except Exception as refusal:
         await _record_refusal(request, operation_id, user_id, refusal)
         raise
-    try:
-        return await _send_result(request, row, byte_range)
-    finally:
-        slots.release()
+    with slots.take(user_id):
+        return await _send_result(request, row, byte_range, validators)
 
 
 async def _record_access(request: web.Request, operation_id: str, user_id: str, outcome: str) -> None:
@@ -162,7 +169,9 @@ def _requested_range(request: web.Request, size: int) -> ByteRange | None:
         ) from None
 
 
-async def _send_result(request: web.Request, row: asyncpg.Record, byte_range: ByteRange | None) -> web.StreamResponse:
+async def _send_result(
+    request: web.Request, row: asyncpg.Record, byte_range: ByteRange | None, validators: Validators
+) -> web.StreamResponse:
     user_id, operation_id = request[PRINCIPAL].user_id, row["operation_id"]
     length = byte_range.length if byte_range else row["result_size_bytes"]
     # A HEAD answer has the GET's headers and no body (RFC 9110 9.3.2); a StreamResponse would send whatever
@@ -173,7 +182,8 @@ async def _send_result(request: web.Request, row: asyncpg.Record, byte_range: By
     except Exception as refusal:
         await _record_refusal(request, operation_id, user_id, refusal)
         raise
-    response = web.StreamResponse(status=206 if byte_range else 200, headers=_download_headers(row, byte_range))
+    headers = _download_headers(row, byte_range, validators)
+    response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
     response.content_length = length
     async with body if body is not None else contextlib.nullcontext():
         await _record_access(request, operation_id, user_id, "GRANTED")
@@ -185,16 +195,20 @@ async def _send_result(request: web.Request, row: asyncpg.Record, byte_range: By
 
 
 async def _copy(request: web.Request, body: Any, response: web.StreamResponse) -> bool:
-    """Stream ``body`` into ``response``; False when the client went away or stopped reading in time."""
-    timeout = request.app[SETTINGS].download_write_timeout_seconds
-    async for chunk in body.iter_chunks(DOWNLOAD_CHUNK_BYTES):
-        try:
-            await asyncio.wait_for(response.write(chunk), timeout)
-        except (TimeoutError, ConnectionError):
-            log.info("download cut off: the client went away or stopped reading", extra={"route": request.path})
-            if request.transport is not None:
-                request.transport.close()
-            return False
+    """Stream ``body`` into ``response``; False when the transfer was cut (``transfer.stream``)."""
+    settings = request.app[SETTINGS]
+    try:
+        await stream(
+            request,
+            response,
+            body.iter_chunks(DOWNLOAD_CHUNK_BYTES),
+            write_timeout=settings.download_write_timeout_seconds,
+            min_bytes_per_second=settings.download_min_bytes_per_second,
+            window_seconds=settings.download_rate_window_seconds,
+        )
+    except TransferCut as cut:
+        log.info("download cut off", extra={"route": request.path, "reason": str(cut)})
+        return False
     return True
 
 
@@ -203,7 +217,11 @@ async def _open_result(request: web.Request, key: str, byte_range: ByteRange | N
     if byte_range:
         arguments["Range"] = byte_range.s3_range()
     try:
-        s3_object = await s3_client(request.app).get_object(**arguments)
+        # botocore's own timeouts apply per try; the whole opening, retries included, gets one deadline.
+        async with asyncio.timeout(request.app[SETTINGS].s3_timeout_seconds):
+            s3_object = await s3_client(request.app).get_object(**arguments)
+    except TimeoutError as exc:
+        raise _storage_unavailable(key, exc) from None
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") != "NoSuchKey":
             raise _storage_unavailable(key, exc) from None
@@ -224,12 +242,16 @@ def _storage_unavailable(key: str, exc: Exception) -> Problem:
     )
 
 
-def _download_headers(row: asyncpg.Record, byte_range: ByteRange | None) -> dict[str, str]:
+def _validator_headers(validators: Validators) -> dict[str, str]:
+    """The headers a 304 repeats from the 200 it stands for (RFC 9110 section 15.4.5)."""
+    return {**NO_STORE, "ETag": validators.etag_header, "Last-Modified": validators.last_modified_header}
+
+
+def _download_headers(row: asyncpg.Record, byte_range: ByteRange | None, validators: Validators) -> dict[str, str]:
     headers = {
-        **NO_STORE,
+        **_validator_headers(validators),
         "Content-Type": RESULT_CONTENT_TYPE,
         "Content-Disposition": f'attachment; filename="{row["conversation_id"]}-{row["operation_id"]}.jsonl"',
-        "ETag": f'"{row["result_sha256"]}"',
         "Accept-Ranges": "bytes",
     }
     if byte_range:
