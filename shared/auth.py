@@ -1,9 +1,13 @@
-"""Bearer tokens (contract section 2): verification for the API and minting for development."""
+"""Bearer tokens (README: API reference, Authentication): verification for the API and minting for development."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import jwt
 
@@ -12,7 +16,17 @@ from shared.settings import Settings
 
 
 class InvalidToken(Exception):
-    """The token is missing, malformed, expired, badly signed or carries an unusable ``sub``."""
+    """The token is missing, malformed, expired, badly signed or carries an unusable ``sub``.
+
+    ``reason`` names the check that failed, for the log (never the token); ``expired`` is True only for a
+    token whose signature verified and whose ``exp`` has passed, the one failure a client may be told of
+    (README: API reference, Authentication).
+    """
+
+    def __init__(self, reason: str, *, expired: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.expired = expired
 
 
 @dataclass(frozen=True)
@@ -24,7 +38,7 @@ class Principal:
 
     @property
     def is_admin(self) -> bool:
-        """True when the token carries the ``admin`` scope (contract 2)."""
+        """True when the token carries the ``admin`` scope (README: API reference)."""
         return "admin" in self.scopes
 
 
@@ -40,36 +54,76 @@ class TokenVerifier:
             self._algorithms = ["HS256"]
         self._issuer = settings.jwt_issuer
         self._audience = settings.jwt_audience
+        self._leeway = settings.jwt_leeway_seconds
+        self._max_lifetime = settings.jwt_max_lifetime_seconds
 
     def verify(self, authorization: str | None) -> Principal:
         """Return the principal of an ``Authorization: Bearer <JWT>`` header value.
 
-        Raises ``InvalidToken`` for any failure; the reason is never shown to the caller.
+        ``iat``, ``nbf`` and ``exp`` are judged with ``jwt_leeway_seconds`` of clock skew either way, and an
+        ``exp`` more than ``jwt_max_lifetime_seconds`` (plus the leeway) ahead is refused, so that nobody
+        holding the key can mint a token that never expires (README: API reference, Authentication). Raises
+        ``InvalidToken`` for any failure.
         """
         if not authorization:
             raise InvalidToken("missing")
         scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
             raise InvalidToken("not a bearer token")
+        _reject_repeated_names(token)
         try:
             claims = jwt.decode(
-                token.strip(),
+                token,
                 self._key,
                 algorithms=self._algorithms,
                 issuer=self._issuer,
                 audience=self._audience,
+                leeway=self._leeway,
                 options={"require": ["exp", "sub"], "verify_aud": self._audience is not None},
             )
+        except jwt.ExpiredSignatureError:
+            # PyJWT checks the claims only after the signature verified: this token is genuine but old.
+            raise InvalidToken("ExpiredSignatureError", expired=True) from None
         except jwt.PyJWTError as exc:
             raise InvalidToken(type(exc).__name__) from None
-        return _principal(claims)
+        return _principal(claims, latest_exp=time.time() + self._max_lifetime + self._leeway)
 
 
-def _principal(claims: dict[str, object]) -> Principal:
+def _reject_repeated_names(token: str) -> None:
+    """Refuse a JOSE header or claims set that repeats a member name: JSON parsers disagree on which one
+    wins (RFC 7519 section 4 lets a parser reject it), so ``sub`` twice could name two users.
+    """
+    segments = token.split(".")
+    if len(segments) != 3:
+        raise InvalidToken("not three segments")
+    for segment in segments[:2]:
+        try:
+            json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)), object_pairs_hook=_unique)
+        except _RepeatedName:
+            raise InvalidToken("repeated member name") from None
+        except (binascii.Error, ValueError, RecursionError):
+            raise InvalidToken("undecodable segment") from None
+
+
+class _RepeatedName(Exception):
+    """A JSON object of the token repeats a member name."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        raise _RepeatedName
+    return members
+
+
+def _principal(claims: dict[str, object], *, latest_exp: float) -> Principal:
     exp = claims.get("exp")
     # PyJWT casts a numeric string; RFC 7519 makes exp a NumericDate, so anything else is malformed.
     if not isinstance(exp, int | float) or isinstance(exp, bool):
         raise InvalidToken("bad exp")
+    if exp > latest_exp:
+        raise InvalidToken("lifetime over the maximum")
     sub = claims.get("sub")
     if not isinstance(sub, str) or not is_valid_id(sub):
         raise InvalidToken("bad sub")
@@ -80,7 +134,14 @@ def _principal(claims: dict[str, object]) -> Principal:
 
 
 def mint_token(settings: Settings, *, user_id: str, scopes: list[str] | None = None, ttl_seconds: int = 3600) -> str:
-    """Sign an HS256 development token for ``user_id`` valid for ``ttl_seconds`` (contract 2: the CLI)."""
+    """Sign an HS256 development token for ``user_id`` valid for ``ttl_seconds`` (README: Command line).
+
+    Raises ``ValueError`` when ``ttl_seconds`` is over ``jwt_max_lifetime_seconds``: the API would refuse it.
+    """
+    if ttl_seconds > settings.jwt_max_lifetime_seconds:
+        raise ValueError(
+            f"a token may live at most {settings.jwt_max_lifetime_seconds} s (CHATEXPORT_JWT_MAX_LIFETIME_SECONDS)"
+        )
     now = int(time.time())
     claims: dict[str, object] = {"sub": user_id, "iat": now, "exp": now + ttl_seconds}
     if scopes:

@@ -4,6 +4,7 @@ the contract's problem and stores nothing, and the checks run in the contract's 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,10 +12,11 @@ from typing import Any
 import asyncpg
 import jwt
 import pytest
+from multidict import CIMultiDict
 
 from shared.auth import mint_token
 from shared.settings import Settings
-from tests.helpers import make_conversation, submit
+from tests.helpers import challenge, make_conversation, submit
 from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
     GUESSED_ID,
     Auth,
@@ -59,13 +61,30 @@ async def test_bad_or_missing_token_is_401_before_any_other_check(
         # No Idempotency-Key and a broken body: 401 still comes first.
         response = await post_export(api, headers, "c-a", b"{", key=None)
         await expect_problem(response, 401, "UNAUTHENTICATED", case=name)
-        assert response.headers.get("WWW-Authenticate") == 'Bearer error="invalid_token"', name
+        description = "expired" if name == "expired" else "invalid"
+        assert response.headers.get("WWW-Authenticate") == challenge(description), name
         if token is not None:
             assert token not in await response.text(), f"{name}: the token is echoed"
     response = await post_export(api, {"Authorization": "Basic YWxpY2U6cHc="}, "c-a", VALID)
     await expect_problem(response, 401, "UNAUTHENTICATED")
-    assert response.headers.get("WWW-Authenticate") == 'Bearer error="invalid_token"'
+    assert response.headers.get("WWW-Authenticate") == challenge("invalid")
     assert await stored(pool) == NOTHING
+
+
+async def test_two_authorization_fields_are_401_even_when_each_is_valid(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    alice, mallory = auth("alice")["Authorization"], auth("mallory")["Authorization"]
+    for pair in ((alice, mallory), (alice, alice)):
+        headers = CIMultiDict([("Authorization", pair[0]), ("Authorization", pair[1]), ("Idempotency-Key", "k-1")])
+        with caplog.at_level(logging.INFO, logger="services.api.middlewares"):
+            response = await api.post("/v3/conversations/c-a/exports", json=VALID, headers=headers)
+        await expect_problem(response, 401, "UNAUTHENTICATED")
+        assert response.headers["WWW-Authenticate"] == challenge("invalid")
+    assert await stored(pool) == NOTHING
+    reasons = [getattr(record, "reason", None) for record in caplog.records if record.getMessage() == "token refused"]
+    assert reasons == ["several Authorization fields"] * 2
+    assert not any(alice.split()[1] in record.getMessage() + str(record.__dict__) for record in caplog.records)
 
 
 MALFORMED_KEYS = {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import time
 from typing import Any
 
@@ -45,7 +48,7 @@ def test_a_minted_token_verifies_with_its_scopes() -> None:
         "Bearer ",
         "Basic YWxpY2U6c2VjcmV0",
         "Bearer not.a.jwt",
-        f"Bearer {token(valid_claims(exp=int(time.time()) - 10))}",
+        f"Bearer {token(valid_claims(exp=int(time.time()) - 120))}",
         f"Bearer {token(valid_claims(), key='another-secret-also-at-least-32-bytes')}",
         f"Bearer {token(valid_claims(exp=None))}",
         f"Bearer {token(valid_claims(sub=None))}",
@@ -83,3 +86,93 @@ def test_es256_with_a_configured_public_key() -> None:
     assert verifier.verify(f"Bearer {token(valid_claims(), key=private, algorithm='ES256')}").user_id == "alice"
     with pytest.raises(InvalidToken):
         verifier.verify(f"Bearer {token(valid_claims())}")  # HS256 is not accepted once a key is configured
+
+
+def _encode_raw(header: str, payload: str) -> str:
+    """A compact HS256 JWS over the literal JSON texts ``header`` and ``payload`` (repeated names kept)."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    signing_input = f"{b64(header.encode())}.{b64(payload.encode())}"
+    signature = hmac.new(SECRET.encode(), signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{b64(signature)}"
+
+
+@pytest.mark.parametrize("skew", [1, 3, 29])
+def test_iat_and_nbf_a_little_ahead_of_our_clock_are_within_the_leeway(skew: int) -> None:
+    ahead = int(time.time()) + skew
+    verifier = TokenVerifier(SETTINGS)
+    assert SETTINGS.jwt_leeway_seconds == 30
+    assert verifier.verify(f"Bearer {token(valid_claims(iat=ahead, nbf=ahead))}").user_id == "alice"
+
+
+@pytest.mark.parametrize("claim", ["iat", "nbf"])
+@pytest.mark.parametrize("skew", [35, 3600])
+def test_iat_or_nbf_beyond_the_leeway_is_refused(claim: str, skew: int) -> None:
+    with pytest.raises(InvalidToken) as refused:
+        TokenVerifier(SETTINGS).verify(f"Bearer {token(valid_claims(**{claim: int(time.time()) + skew}))}")
+    assert not refused.value.expired
+
+
+def test_exp_just_past_is_within_the_leeway_and_beyond_it_is_expired() -> None:
+    now = int(time.time())
+    verifier = TokenVerifier(SETTINGS)
+    assert verifier.verify(f"Bearer {token(valid_claims(exp=now - 10))}").user_id == "alice"
+    with pytest.raises(InvalidToken) as refused:
+        verifier.verify(f"Bearer {token(valid_claims(exp=now - 40))}")
+    assert refused.value.expired
+
+
+def test_without_leeway_a_token_expired_ten_seconds_ago_is_refused() -> None:
+    strict = Settings(jwt_secret=SECRET, jwt_leeway_seconds=0)
+    with pytest.raises(InvalidToken):
+        TokenVerifier(strict).verify(f"Bearer {token(valid_claims(exp=int(time.time()) - 10))}")
+
+
+def test_only_a_genuine_token_is_called_expired() -> None:
+    old = valid_claims(exp=int(time.time()) - 3600)
+    with pytest.raises(InvalidToken) as forged:
+        TokenVerifier(SETTINGS).verify(f"Bearer {token(old, key='another-secret-also-at-least-32-bytes')}")
+    assert not forged.value.expired
+    with pytest.raises(InvalidToken) as genuine:
+        TokenVerifier(SETTINGS).verify(f"Bearer {token(old)}")
+    assert genuine.value.expired
+
+
+@pytest.mark.parametrize(
+    ("header", "payload"),
+    [
+        ('{"alg":"HS256","typ":"JWT"}', '{"sub":"alice","sub":"mallory","exp":EXP}'),
+        ('{"alg":"HS256","typ":"JWT"}', '{"sub":"alice","exp":EXP,"exp":EXP}'),
+        ('{"alg":"HS256","alg":"HS256"}', '{"sub":"alice","exp":EXP}'),
+        ('{"alg":"HS256","typ":"JWT"}', '{"sub":"alice","exp":EXP,"x":{"a":1,"a":2}}'),
+    ],
+)
+def test_repeated_names_in_header_or_claims_are_refused(header: str, payload: str) -> None:
+    raw = _encode_raw(header, payload.replace("EXP", str(int(time.time()) + 60)))
+    with pytest.raises(InvalidToken) as refused:
+        TokenVerifier(SETTINGS).verify(f"Bearer {raw}")
+    assert refused.value.reason == "repeated member name"
+
+
+def test_the_raw_encoder_makes_tokens_that_verify_without_repeats() -> None:
+    raw = _encode_raw('{"alg":"HS256","typ":"JWT"}', f'{{"sub":"alice","exp":{int(time.time()) + 60}}}')
+    assert TokenVerifier(SETTINGS).verify(f"Bearer {raw}").user_id == "alice"
+
+
+def test_a_token_living_longer_than_the_maximum_is_refused() -> None:
+    now = int(time.time())
+    verifier = TokenVerifier(SETTINGS)
+    longest = SETTINGS.jwt_max_lifetime_seconds
+    assert longest == 24 * 3600
+    assert verifier.verify(f"Bearer {token(valid_claims(exp=now + longest))}").user_id == "alice"
+    for exp in (now + longest + 3600, 10**30):
+        with pytest.raises(InvalidToken) as refused:
+            verifier.verify(f"Bearer {token(valid_claims(exp=exp))}")
+        assert refused.value.reason == "lifetime over the maximum"
+
+
+def test_minting_refuses_a_lifetime_the_api_would_refuse() -> None:
+    with pytest.raises(ValueError, match="at most"):
+        mint_token(SETTINGS, user_id="alice", ttl_seconds=SETTINGS.jwt_max_lifetime_seconds + 1)
