@@ -21,7 +21,7 @@ help:
 	@echo "make test       lint, format check, type check and every test"
 	@echo "make lint       ruff check + ruff format --check + mypy"
 	@echo "make fmt        ruff format + ruff check --fix"
-	@echo "make bench      the export benchmark"
+	@echo "make bench      the benchmarks: the 1M-message export, and cancel and takeover latency"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
 
 $(BIN)/python:
@@ -57,6 +57,7 @@ test: lint
 
 bench: install
 	$(BIN)/python bench/export_1m.py
+	$(BIN)/python bench/recovery.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,13 +25,10 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.running import running_system
 from services.worker.repository import copy_export_lines
 from shared.auth import mint_token
-from tests.conftest import delete_broker_objects
-from tests.e2e.system import LocalSystem
 
-PG_SERVER = os.environ.get("CHATEXPORT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
-AMQP_URL = os.environ.get("CHATEXPORT_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 CID = "bench-1m"
 WORDS = ["hello", "world", "export", "message", "你好", "привет", "café", "naïve", "ok", "😀", '"quoted"']
 WORDS += ["back\\slash", "tab\tnewline\n"]
@@ -101,14 +96,10 @@ async def copy_baseline(database_url: str, last_seq: int) -> tuple[float, int]:
 
 
 async def run(total: int, batch: int) -> None:
-    # Does not exist yet: the compose file's one-shot `migrate` creates and migrates it.
-    database_url = f"{PG_SERVER}/chatexport_bench_{uuid.uuid4().hex[:8]}"
-    system = LocalSystem(database_url=database_url, amqp_url=AMQP_URL, log_dir=Path(tempfile.mkdtemp()))
-    settings = system.settings()  # the system's own JWT secret
-    admin = {"Authorization": f"Bearer {mint_token(settings, user_id='root', scopes=['admin'])}"}
-    user = {"Authorization": f"Bearer {mint_token(settings, user_id='alice')}"}
-    try:
-        system.start(workers=1)
+    async with running_system(workers=1) as system:
+        settings = system.settings()  # the system's own JWT secret
+        admin = {"Authorization": f"Bearer {mint_token(settings, user_id='root', scopes=['admin'])}"}
+        user = {"Authorization": f"Bearer {mint_token(settings, user_id='alice')}"}
         worker_pid = system.group.pids()["worker"]
         async with aiohttp.ClientSession(base_url=system.base_url) as api:
             import_seconds = await import_messages(api, admin, total, batch)
@@ -116,13 +107,7 @@ async def run(total: int, batch: int) -> None:
             export_seconds, operation = await export(api, user)
         assert operation["state"] == "SUCCEEDED", operation
         rss = peak_rss_mb(worker_pid)
-        copy_seconds, copy_bytes = await copy_baseline(database_url, total)
-    finally:
-        system.stop()
-        await delete_broker_objects(system.settings())
-        admin_conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
-        await admin_conn.execute(f'DROP DATABASE IF EXISTS "{database_url.rsplit("/", 1)[1]}" WITH (FORCE)')
-        await admin_conn.close()
+        copy_seconds, copy_bytes = await copy_baseline(settings.database_url, total)
     report(total, import_seconds, export_seconds, operation["result"], rss, idle_rss, copy_seconds, copy_bytes)
 
 

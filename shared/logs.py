@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import logging
 import sys
 from collections.abc import Iterator, Mapping
@@ -18,6 +17,7 @@ from types import MappingProxyType
 
 from aiohttp.http_exceptions import HttpProcessingError
 
+from shared import jsontext
 from shared.settings import Settings
 
 # Fields every line logged inside a ``log_fields`` block carries, from its task and the tasks started in
@@ -70,7 +70,7 @@ class JsonFormatter(logging.Formatter):
         entry.update({key: value for key, value in vars(record).items() if key not in _STANDARD})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return jsontext.dumps(entry, default=str)
 
 
 class RedactRequestParseErrors(logging.Filter):

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
+from shared import jsontext
+
 
 def dumps(body: Any) -> str:
-    """Serialise ``body`` as JSON without escaping non-ASCII characters."""
-    return json.dumps(body, ensure_ascii=False)
+    """Serialise ``body`` as JSON: non-ASCII as is, line-breaking code points escaped (``shared.jsontext``)."""
+    return jsontext.dumps(body)
 
 
 def json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:

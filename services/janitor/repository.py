@@ -136,9 +136,12 @@ REQUEUE_REASONS = ("lease_expired", "retry_due", "message_lost")
 
 
 async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float, limit: int) -> list[asyncpg.Record]:
-    """Operations that need a wake-up and have had none for ``quiet_seconds``, with the reason (one of
-    ``REQUEUE_REASONS``): expired leases, due retries, and QUEUED ones whose message was lost.
-    Returns (operation_id, reason).
+    """Operations that need a wake-up, with the reason (one of ``REQUEUE_REASONS``): expired leases, due
+    retries, and QUEUED ones whose message was lost. Returns (operation_id, reason).
+
+    Skipped: an operation with a wake-up still to publish, or one published within ``quiet_seconds`` (and,
+    for an expired lease, after the lease expired: a wake-up older than the expiry was for the holder that
+    died, so the first pass after the expiry sends a new one; README: States and failure model).
     """
     rows: list[asyncpg.Record] = await conn.fetch(
         """
@@ -151,7 +154,9 @@ async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float,
                OR (o.state = 'QUEUED' AND o.updated_at < now() - make_interval(secs => $1)))
           AND NOT EXISTS (
               SELECT 1 FROM outbox b WHERE b.operation_id = o.operation_id
-                AND (b.published_at IS NULL OR b.published_at > now() - make_interval(secs => $1)))
+                AND (b.published_at IS NULL
+                     OR (b.published_at > now() - make_interval(secs => $1)
+                         AND (o.state <> 'RUNNING' OR b.published_at > o.lease_expires_at))))
         ORDER BY o.updated_at LIMIT $2
         """,
         quiet_seconds,

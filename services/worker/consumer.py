@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Coroutine
+from enum import Enum
 from typing import Any
 
 import aio_pika
@@ -164,19 +165,23 @@ class Consumer:
         await _settle(message, requeue=False)
         if claimed is None:
             return
-        lease, member = claimed
-        if member:
+        lease, task = claimed
+        if task is Task.EXPORT:
             log.info("lease taken", extra=lease.log_extra(worker=self._worker_id))
             await self._runner.run(lease)
-        else:
+        elif task is Task.REFUSE:
             await self._runner.refuse(lease)
+        else:
+            await self._runner.finish_cancellation(lease)
 
-    async def _claim(self, operation_id: str) -> tuple[Lease, bool] | None:
-        """Claim the lease and check membership in one transaction; return (lease, owner still a member),
-        or None when there is nothing to run (contract 5.7: the first of the execution checks).
+    async def _claim(self, operation_id: str) -> tuple[Lease, Task] | None:
+        """Claim the lease and check membership in one transaction; return the lease with what to do with
+        it, or None when there is nothing to do (README: Authorization, the first of the execution checks).
 
-        An operation whose every attempt lost its worker is parked in FAILED_REPAIR instead of taken over.
+        An operation whose every attempt lost its worker is parked in FAILED_REPAIR instead of taken over; a
+        cancellation nobody holds is taken to be finished here (README: States and failure model, Cancel).
         """
+        lease_seconds = self._settings.lease_seconds
         async with self._pool.acquire() as conn, conn.transaction():
             if await repo.park_abandoned(
                 conn, operation_id=operation_id, max_attempts=self._settings.max_attempts, message=WORKER_LOST_MESSAGE
@@ -184,17 +189,36 @@ class Consumer:
                 log.warning("export parked: every attempt lost its worker", extra={"operation_id": operation_id})
                 return None
             row = await repo.claim(
-                conn,
-                operation_id=operation_id,
-                worker_id=self._worker_id,
-                lease_seconds=self._settings.lease_seconds,
+                conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=lease_seconds
             )
             if row is None:
-                return None
+                return await self._claim_cancellation(conn, operation_id)
             member = await repo.holds_membership(conn, conversation_id=row["conversation_id"], user_id=row["owner_id"])
         if row["took_over"]:  # counted once the claim has committed
             metrics.LEASE_TAKEOVERS.inc()
-        return Lease.from_row(row), member
+        return Lease.from_row(row), Task.EXPORT if member else Task.REFUSE
+
+    async def _claim_cancellation(self, conn: asyncpg.Connection, operation_id: str) -> tuple[Lease, Task] | None:
+        """The lease of a cancellation to finish; None, after logging and counting a wake-up that names no
+        operation (a purged one, or one from another deployment), when there is nothing to do.
+        """
+        row = await repo.claim_cancellation(
+            conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=self._settings.lease_seconds
+        )
+        if row is not None:
+            return Lease.from_row(row), Task.CANCEL
+        if await repo.current_state(conn, operation_id=operation_id) is None:
+            metrics.UNKNOWN_WAKEUPS.inc()
+            log.warning("wake-up for an unknown operation acked", extra={"operation_id": operation_id})
+        return None
+
+
+class Task(Enum):
+    """What a claimed lease is for: run the export, refuse it (the owner lost access), or finish a cancel."""
+
+    EXPORT = "export"
+    REFUSE = "refuse"
+    CANCEL = "cancel"
 
 
 async def _settle(message: AbstractIncomingMessage, *, requeue: bool) -> None:

@@ -27,6 +27,10 @@ EARLIER_ARTIFACTS_REMOVED = Counter(
     "chatexport_worker_earlier_artifacts_removed_total",
     "Partial or unverifiable objects and uploads of an earlier generation removed at a takeover.",
 )
+UNKNOWN_WAKEUPS = Counter(
+    "chatexport_worker_unknown_wakeups_total",
+    "Wake-ups naming an operation that does not exist (purged, or from another deployment), acked and logged.",
+)
 LEASE_TAKEOVERS = Counter(
     "chatexport_worker_lease_takeovers_total",
     "Leases taken over from a holder whose lease had expired (its worker lost, frozen or cut off).",

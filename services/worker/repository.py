@@ -15,14 +15,18 @@ from shared.repository import closing_attempt
 from shared.timefmt import SQL_FORMAT
 
 # One export line per message, rendered by Postgres so no row crosses into Python objects. to_json escapes
-# exactly as json.dumps(ensure_ascii=False) does, so the file matches the read API byte for byte (5.6).
+# exactly as json.dumps(ensure_ascii=False) does; the three replace() escape what shared.jsontext escapes
+# (U+0085, U+2028, U+2029, outside JSON's own escapes), so every line is one line for every reader and the
+# file matches the read API byte for byte (README: API reference, The file).
 EXPORT_LINES_SQL = f"""
-SELECT '{{"conversation_id":' || to_json(conversation_id)::text
+SELECT replace(replace(replace(
+    '{{"conversation_id":' || to_json(conversation_id)::text
     || ',"seq":' || seq
     || ',"message_id":' || to_json(message_id)::text
     || ',"sender_id":' || to_json(sender_id)::text
     || ',"sent_at":"' || to_char(sent_at AT TIME ZONE 'UTC', '{SQL_FORMAT}') || '"'
-    || ',"body":' || to_json(body)::text || '}}'
+    || ',"body":' || to_json(body)::text || '}}',
+    chr(133), '\\u0085'), chr(8232), '\\u2028'), chr(8233), '\\u2029')
 FROM messages
 WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
 ORDER BY seq
@@ -59,7 +63,9 @@ async def claim(
     """Take the lease of a runnable operation with generation + 1; None when there is nothing to run.
 
     Runnable: QUEUED, RETRY_AT whose time has come, or RUNNING whose lease expired (a takeover). Times are
-    the database's. ``snapshot_max_seq`` is fixed on the first claim and kept by every retry (5.2). The
+    the database's. ``snapshot_max_seq``, the highest seq the file may hold, is fixed on the first claim and
+    kept by every retry: the conversation's last seq, capped at ``before_seq - 1``, and ``after_seq`` when
+    that leaves the range empty, so that an export of what came next starts there (README: API reference). The
     same statement opens the new generation's attempt, held by ``worker_id``, and closes an older one still
     open as LEASE_LOST: its holder can no longer end it, every write of its generation is fenced off.
     ``took_over`` in the row says whether it did (a takeover).
@@ -70,8 +76,9 @@ async def claim(
             UPDATE operations o SET
                 state = 'RUNNING', generation = o.generation + 1, attempt = o.attempt + 1,
                 lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
-                snapshot_max_seq = coalesce(o.snapshot_max_seq,
-                    (SELECT c.last_seq FROM conversations c WHERE c.conversation_id = o.conversation_id), 0),
+                snapshot_max_seq = coalesce(o.snapshot_max_seq, greatest(o.after_seq, least(
+                    (SELECT c.last_seq FROM conversations c WHERE c.conversation_id = o.conversation_id),
+                    o.before_seq - 1))),
                 progress_phase = 'starting', messages_written = 0, bytes_written = 0,
                 retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
             WHERE o.operation_id = $1 AND (
@@ -89,6 +96,39 @@ async def claim(
             INSERT INTO attempts (operation_id, generation, attempt, worker_id)
             SELECT operation_id, generation, attempt, $2 FROM claimed)
         SELECT claimed.*, EXISTS (SELECT 1 FROM superseded) AS took_over FROM claimed
+        """,
+        operation_id,
+        worker_id,
+        lease_seconds,
+    )
+
+
+async def claim_cancellation(
+    conn: asyncpg.Connection, *, operation_id: str, worker_id: str, lease_seconds: float
+) -> asyncpg.Record | None:
+    """Take the lease of a CANCEL_REQUESTED operation that no live worker holds (never claimed, waiting for
+    a retry, or its holder's lease expired), with generation + 1, so that this worker removes what earlier
+    generations left and writes CANCELED without waiting for a janitor pass (README: States and failure
+    model, Cancel). None when a live holder will finish it itself or it is in another state.
+
+    No attempt is opened (it exports nothing and ``attempt`` stays); an attempt still open for an older
+    generation is closed as LEASE_LOST, as a takeover closes it. Returns the columns of ``claim`` (with
+    ``snapshot_max_seq`` = ``after_seq`` when it was never fixed).
+    """
+    return await conn.fetchrow(
+        """
+        WITH claimed AS (
+            UPDATE operations o SET generation = o.generation + 1, lease_owner = $2,
+                lease_expires_at = now() + make_interval(secs => $3)
+            WHERE o.operation_id = $1 AND o.state = 'CANCEL_REQUESTED'
+              AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+            RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
+                      coalesce(o.snapshot_max_seq, o.after_seq) AS snapshot_max_seq, o.generation, o.attempt),
+        superseded AS (
+            UPDATE attempts a SET ended_at = now(), outcome = 'LEASE_LOST'
+            FROM claimed c
+            WHERE a.operation_id = c.operation_id AND a.generation < c.generation AND a.ended_at IS NULL)
+        SELECT * FROM claimed
         """,
         operation_id,
         worker_id,

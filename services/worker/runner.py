@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
@@ -42,10 +42,30 @@ class LeaseRunner:
         re-enqueues the operation).
         """
         with _attempt_context(lease):
-            await self._run(lease)
+            async with self._heartbeating(lease):
+                await self._attempt(lease)
 
-    async def _run(self, lease: Lease) -> None:
+    async def finish_cancellation(self, lease: Lease) -> None:
+        """Finish the cancel of an operation nobody else holds, whose lease ``claim_cancellation`` took:
+        remove every object, then CANCELED (README: States and failure model, Cancel). If S3 refuses, the
+        lease is left to expire and the janitor finishes it on a later pass.
+        """
+        with _attempt_context(lease):
+            async with self._heartbeating(lease):
+                await self._finish_cancel(lease, attempt_open=False)
+
+    @contextlib.asynccontextmanager
+    async def _heartbeating(self, lease: Lease) -> AsyncIterator[None]:
+        """Extend ``lease`` every ``heartbeat_seconds`` while the block runs."""
         heartbeat = asyncio.create_task(self._heartbeat(lease), name=f"heartbeat-{lease.operation_id}")
+        try:
+            yield
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    async def _attempt(self, lease: Lease) -> None:
         try:
             await ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, lease=lease).run()
             metrics.ATTEMPTS_ENDED.labels(State.SUCCEEDED).inc()
@@ -61,10 +81,6 @@ class LeaseRunner:
                 await asyncio.shield(self._hand_back(lease))
                 raise asyncio.CancelledError from exc
             await self._end_failed_attempt(lease, exc)
-        finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
 
     async def refuse(self, lease: Lease) -> None:
         """End ``lease`` FAILED with ``ACCESS_REVOKED`` before any work: the owner is no longer a member
@@ -105,25 +121,30 @@ class LeaseRunner:
         async with self._pool.acquire() as conn:
             now = await repo.current_state(conn, operation_id=lease.operation_id)
         if now is not None and now["state"] == State.CANCEL_REQUESTED and now["generation"] == lease.generation:
-            await self._finish_cancel(lease)
+            await self._finish_cancel(lease, attempt_open=True)
             return
         metrics.ATTEMPTS_ENDED.labels("LEASE_LOST").inc()
         _report_rejection(lease, write=write, now=now)
 
-    async def _finish_cancel(self, lease: Lease) -> None:
-        """CANCELED once every object of the operation is gone (contract 5.4); if S3 refuses, let the lease
-        go so that the janitor finishes the cancellation on a later pass.
+    async def _finish_cancel(self, lease: Lease, *, attempt_open: bool) -> None:
+        """CANCELED once every object of the operation is gone (README: States and failure model, Cancel);
+        if S3 refuses, let the lease go (handed back when an export attempt holds it, else left to expire)
+        so that the janitor finishes the cancellation on a later pass. ``attempt_open``: the lease is an
+        export attempt's.
         """
         removed = await remove_artifacts(
             self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=lease.operation_id
         )
         async with self._pool.acquire() as conn:
             if not removed:
-                if await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation):
+                if attempt_open and await repo.hand_back(
+                    conn, operation_id=lease.operation_id, generation=lease.generation
+                ):
                     metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
                 log.warning("cancel left to the janitor: objects remain", extra=lease.log_extra())
             elif await repo.finish_cancel(conn, operation_id=lease.operation_id, generation=lease.generation):
-                metrics.ATTEMPTS_ENDED.labels(State.CANCELED).inc()
+                if attempt_open:
+                    metrics.ATTEMPTS_ENDED.labels(State.CANCELED).inc()
                 CANCELLATIONS_FINISHED.labels("worker").inc()
                 log.info("export canceled by the worker", extra=lease.log_extra())
 

@@ -161,3 +161,38 @@ async def test_a_frozen_s3_ends_the_attempt_instead_of_holding_it(database_url: 
 
         assert row["error_code"] == "STORAGE_UNAVAILABLE"
         await check_ended_correctly(f, "alice", {operation_id: expected}, fingerprint=fingerprint)
+
+
+# The janitor runs one pass at start-up and then not again within any test: whatever ends below, a worker
+# ended it (README: States and failure model, Cancel).
+NO_JANITOR_PASSES = {"CHATEXPORT_JANITOR_INTERVAL_SECONDS": "3600"}
+PROMPT_CANCEL_SECONDS = 30.0
+
+
+async def test_a_cancel_of_work_nobody_holds_ends_without_a_janitor_pass(database_url: str, tmp_path: Path) -> None:
+    overrides = {**NO_JANITOR_PASSES, "CHATEXPORT_RETRY_BASE_SECONDS": "600", "CHATEXPORT_RETRY_CAP_SECONDS": "600"}
+    async with running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, workers=0, overrides=overrides) as f:
+        await make_conversation(f, "c-small", ["alice"], messages=20, body_bytes=10)
+        fingerprint = await f.messages_fingerprint()
+        queued = await f.submit("alice", "c-small", "queued-1")
+        status, body = await cancel(f, "alice", queued)
+        assert (status, body["state"]) == (202, "CANCEL_REQUESTED")
+        assert (await f.operation(queued))["state"] == "CANCEL_REQUESTED"
+
+        f.system.start_part("worker", name="worker-1")
+        await f.wait_state(queued, "CANCELED", timeout=PROMPT_CANCEL_SECONDS)
+
+        # A retry waiting ten minutes, whose first attempt recorded an artifact.
+        f.proxy.block()
+        waiting = await f.submit("alice", "c-small", "retry-1")
+        row = await f.wait_state(waiting, "RETRY_AT")
+        assert row["error_code"] == "STORAGE_UNAVAILABLE"
+        f.proxy.unblock()
+        status, body = await cancel(f, "alice", waiting)
+        assert (status, body["state"]) == (202, "CANCEL_REQUESTED")
+        await f.wait_state(waiting, "CANCELED", timeout=PROMPT_CANCEL_SECONDS)
+
+        await check_ended_correctly(f, "alice", {queued: "CANCELED", waiting: "CANCELED"}, fingerprint=fingerprint)
+        finished = await f.metrics("worker-1")
+        assert finished["chatexport_cancellations_finished_total{by=worker}"] == 2
+        assert (await f.metrics("janitor"))["chatexport_cancellations_finished_total{by=janitor}"] == 0

@@ -32,11 +32,14 @@ STALE_WRITES = "chatexport_worker_stale_generation_writes_total{"
 
 
 @pytest.fixture
-async def faulty(template_db: str, tmp_path: Path) -> AsyncIterator[Faulty]:
-    """Two workers on a database of their own; ``c-big`` (about 15 MB of messages) with alice and bob."""
+async def faulty(template_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Faulty]:
+    """Two workers on a database of their own; ``c-big`` (about 15 MB of messages) with alice and bob. A test
+    parametrized indirectly passes more settings.
+    """
+    overrides = {**SLOW_UPLOADS, **getattr(request, "param", {})}
     async with (
         cloned_database(template_db, "chatexport_f") as database_url,
-        running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides=SLOW_UPLOADS) as system,
+        running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides=overrides) as system,
     ):
         await make_conversation(system, "c-big", ["alice", "bob"], messages=40_000, body_bytes=300)
         yield system
@@ -102,6 +105,20 @@ async def test_a_worker_killed_mid_upload_is_taken_over_and_the_export_succeeds_
     assert [tuple(artifact) for artifact in artifacts] == [
         (number, "PUBLISHED" if number == generation else "DELETED") for number in range(1, generation + 1)
     ]
+
+
+@pytest.mark.parametrize("faulty", [{"CHATEXPORT_JANITOR_REQUEUE_AFTER_SECONDS": "3600"}], indirect=True)
+async def test_a_killed_holder_is_taken_over_at_the_first_janitor_pass_after_its_lease(faulty: Faulty) -> None:
+    # The wake-up that started the attempt was published seconds ago, well within the hour that the
+    # janitor waits after a wake-up before it sends another: only the lease's expiry may count here.
+    export = await slow_export_in_upload(faulty, "kill-2", bytes_per_second=UPLOAD_BYTES_PER_SECOND)
+    assert faulty.system.group.kill(export.holder) == -signal.SIGKILL
+    faulty.proxy.throttle(None)
+    settings = faulty.settings
+    # lease + one janitor interval, plus the relay's and a worker's turn (README: States and failure model).
+    deadline = settings.lease_seconds + settings.janitor_interval_seconds + 10
+    await wait_for(lambda: _generation_at_least(faulty, export.operation_id, 2), timeout=deadline)
+    await export.check(faulty)
 
 
 async def test_a_frozen_holder_is_fenced_out_when_it_wakes_up(faulty: Faulty) -> None:

@@ -6,6 +6,7 @@ membership check, and what the file holds.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import asyncpg
@@ -330,3 +331,51 @@ async def test_a_retry_exports_up_to_the_snapshot_its_first_attempt_fixed(
     assert operation["attempt"] == 2
     assert operation["error"] is None
     assert content == expected_file(first_three)
+
+
+async def test_every_line_of_the_file_is_one_line_for_every_reader(api: Client, auth: Auth, pipeline: None) -> None:
+    breaking = ["\u2028", "\u2029", "\u0085", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\r", "\r\n", "\n"]
+    bodies = [f"a{char}b" for char in breaking] + ["".join(breaking), "\u2028\u2029 plain \u00e9\u4f60"]
+    await make_conversation(api, auth, "c-lines", ["alice"])
+    await import_lines(
+        api,
+        auth,
+        "c-lines",
+        [{"message_id": f"m\u2028{n}", "sender_id": "alice", "body": body} for n, body in enumerate(bodies)],
+    )
+    page = await api.get("/v2/conversations/c-lines/messages", headers=auth("alice"))
+    raw_page = await page.text()
+    assert not any(char in raw_page for char in ("\u2028", "\u2029", "\u0085"))
+    messages = (await page.json())["messages"]
+    assert [message["body"] for message in messages] == bodies
+
+    operation = await export(api, auth, "alice", "c-lines", "k-1")
+    assert operation["state"] == "SUCCEEDED", operation
+    content = await (await api.get(operation["result"]["url"], headers=auth("alice"))).read()
+    assert content == expected_file(messages)
+    text = content.decode()
+    assert len(text.splitlines()) == operation["result"]["message_count"] == len(bodies)
+    assert [json.loads(line)["body"] for line in text.splitlines()] == bodies
+    assert [json.loads(line)["message_id"] for line in text.splitlines()] == [m["message_id"] for m in messages]
+
+
+@pytest.mark.parametrize(
+    ("request_body", "max_seq", "seqs"),
+    [
+        ({"before_seq": 9}, 8, list(range(1, 9))),
+        ({"after_seq": 3, "before_seq": 6}, 5, [4, 5]),
+        ({"after_seq": 10}, 10, []),
+        ({"after_seq": 12}, 12, []),
+        ({"before_seq": 40}, 10, list(range(1, 11))),
+    ],
+)
+async def test_the_snapshot_watermark_is_the_highest_seq_the_file_may_hold(
+    api: Client, auth: Auth, pipeline: None, request_body: dict[str, int], max_seq: int, seqs: list[int]
+) -> None:
+    await make_conversation(api, auth, "c-w", ["alice"])
+    await import_lines(api, auth, "c-w", lines("c-w", 10, senders=("alice",)))
+    operation = await export(api, auth, "alice", "c-w", "k-1", {"format": "jsonl", **request_body})
+    assert operation["state"] == "SUCCEEDED", operation
+    assert operation["snapshot"] == {"max_seq": max_seq}
+    content = await (await api.get(operation["result"]["url"], headers=auth("alice"))).read()
+    assert [json.loads(line)["seq"] for line in content.decode().splitlines()] == seqs

@@ -83,6 +83,8 @@ async def test_replay_returns_the_current_representation_for_every_form_of_the_s
     # The operation moves on; a replay must show where it is now, not the first answer.
     cancel = await api.post(f"{location}/cancel", headers=auth("alice"))
     assert cancel.status == 202, await cancel.text()
+    # The cancel's own wake-up is the one more outbox row (README: States and failure model, Cancel).
+    assert await stored(pool) == {**counts(1), "outbox": 2}
 
     same_requests: list[Any] = [
         VALID,
@@ -100,7 +102,7 @@ async def test_replay_returns_the_current_representation_for_every_form_of_the_s
         current = await (await api.get(location, headers=auth("alice"))).json()
         assert await replay.json() == current, body
         assert current["state"] == "CANCEL_REQUESTED"
-    assert await stored(pool) == counts(1)
+    assert await stored(pool) == {**counts(1), "outbox": 2}
 
 
 async def test_same_key_with_another_request_is_409_reused_and_creates_nothing(
@@ -247,4 +249,5 @@ async def test_quota_of_active_exports_is_429_and_counts_only_unfinished_ones(
     assert await Janitor(pool=pool, s3=s3, settings=settings).finish_abandoned_cancellations() == 1
     freed = await submit(api, auth, "alice", "c-a", VALID, "one-too-many")
     assert freed.status == 202, await freed.text()
-    assert await stored(pool) == counts(limit + 2)
+    # Plus the cancel's wake-up.
+    assert await stored(pool) == {**counts(limit + 2), "outbox": limit + 3}

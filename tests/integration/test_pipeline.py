@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import logging
 from typing import Any
 
 import aio_pika
@@ -13,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from services.api.app import init_app
+from services.worker import metrics
 from shared.broker import EXPORT_ROUTING_KEY, declare_topology
 from tests.conftest import wait_for
 from tests.helpers import (
@@ -173,3 +176,27 @@ async def test_undecodable_wake_ups_are_dead_lettered_and_work_goes_on(
             return declared.declaration_result.message_count == len(junk) * 3
 
         assert await wait_for(all_dead_lettered, timeout=20)
+
+
+async def test_a_wake_up_for_an_unknown_operation_is_acked_logged_and_counted(
+    api: TestClient[Any, Any], auth: Headers, pipeline: None, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    unknown = "op_NeverHandedOut0000000000"
+    counted = metrics.UNKNOWN_WAKEUPS._value.get()
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        exchange, _ = await declare_topology(channel, settings)
+        with caplog.at_level(logging.WARNING, logger="services.worker.consumer"):
+            body = json.dumps({"operation_id": unknown}).encode()
+            await exchange.publish(aio_pika.Message(body=body), routing_key=EXPORT_ROUTING_KEY)
+
+            def logged() -> bool:
+                return any(getattr(record, "operation_id", None) == unknown for record in caplog.records)
+
+            assert await wait_for(logged, timeout=20)
+        assert metrics.UNKNOWN_WAKEUPS._value.get() == counted + 1
+        queue = await channel.declare_queue(settings.amqp_queue, passive=True)
+        assert queue.declaration_result.message_count == 0
+        dead = await channel.declare_queue(f"{settings.amqp_queue}.dead", passive=True)
+        assert dead.declaration_result.message_count == 0
