@@ -92,17 +92,10 @@ def _links(operation_id: str, state: str, terminal: bool) -> dict[str, str]:
     return links
 
 
-def represent_for_admin(
-    row: asyncpg.Record,
-    *,
-    attempts: list[asyncpg.Record],
-    artifacts: list[asyncpg.Record],
-    access_events: list[asyncpg.Record],
-    access_events_total: int,
-) -> dict[str, Any]:
-    """The admin view of one operation: the owner's representation (contract 5.2) plus its owner, lease,
-    generation and end time, its attempts, artifacts and access events (``access_events_total`` counts
-    them all when the list holds only the newest). Artifacts show their object key, never a download URL.
+def represent_for_admin_list(row: asyncpg.Record) -> dict[str, Any]:
+    """One operation as the admin list shows it: the owner's representation (``represent``) plus its owner,
+    generation, lease holder and expiry, end time and result expiry (README: API reference, Admin view of
+    an operation). ``row`` needs the columns of ``repository.admin.ADMIN_OPERATION_COLUMNS``.
     """
     return {
         **represent(row),
@@ -112,6 +105,23 @@ def represent_for_admin(
         "lease_expires_at": format_timestamp(row["lease_expires_at"]),
         "finished_at": format_timestamp(row["finished_at"]),
         "result_expires_at": format_timestamp(row["result_expires_at"]),
+    }
+
+
+def represent_for_admin(
+    row: asyncpg.Record,
+    *,
+    attempts: list[asyncpg.Record],
+    artifacts: list[asyncpg.Record],
+    access_events: list[asyncpg.Record],
+    access_events_total: int,
+) -> dict[str, Any]:
+    """The admin view of one operation: ``represent_for_admin_list`` plus its attempts, artifacts and access
+    events (``access_events_total`` counts them all when the list holds only the newest). Artifacts show
+    their object key, never a download URL.
+    """
+    return {
+        **represent_for_admin_list(row),
         "attempts": [_with_timestamps(attempt, "claimed_at", "ended_at") for attempt in attempts],
         "artifacts": [_with_timestamps(artifact, "created_at", "updated_at") for artifact in artifacts],
         "access_events": [_with_timestamps(event, "occurred_at") for event in access_events],

@@ -26,8 +26,10 @@ def setup_routes(app: web.Application) -> None:
     router.add_get(OPENAPI_PATH, docs.openapi_document)
 
     router.add_put("/admin/conversations/{cid}", admin.put_conversation)
+    router.add_get("/admin/conversations/{cid}", admin.get_conversation)
     router.add_put("/admin/conversations/{cid}/members/{uid}", admin.add_member)
     router.add_delete("/admin/conversations/{cid}/members/{uid}", admin.remove_member)
     router.add_post("/admin/conversations/{cid}/messages:import", admin.import_messages)
+    router.add_get("/admin/operations", admin.list_operations)
     router.add_get("/admin/operations/{operation_id}", admin.get_operation)
     router.add_post("/admin/operations/{operation_id}/requeue", admin.requeue_operation)

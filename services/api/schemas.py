@@ -151,6 +151,15 @@ class OperationListQuery(StrictModel):
     cursor: str | SkipJsonSchema[None] = ABSENT
 
 
+class AdminOperationListQuery(OperationListQuery):
+    """Query of ``GET /admin/operations``: the user list's parameters, with the owner and the conversation
+    as filters besides the state (README: API reference, Admin list of operations).
+    """
+
+    conversation_id: Identifier | None = ABSENT_PARAMETER
+    owner_id: Identifier | None = ABSENT_PARAMETER
+
+
 class MemberSet(StrictModel):
     """Body of ``PUT /admin/conversations/{cid}``: the complete member set (contract 4)."""
 

@@ -123,6 +123,20 @@ async def test_health_command_exits_0_when_ready_and_1_otherwise(monitored: tupl
     assert "unreachable" in nobody.stderr
 
 
+async def test_health_command_asks_the_probe_of_a_base_url(monitored: tuple[Monitor, str], s3: Any) -> None:
+    monitor, base = monitored
+
+    ready = await asyncio.to_thread(run_health, "--url", base)
+    monitor.checks["storage"] = storage_check(s3, "no-such-bucket-here")  # not ready, but alive
+    not_ready = await asyncio.to_thread(run_health, "--url", f"{base}/")
+    alive = await asyncio.to_thread(run_health, "--url", f"{base}/", "--live")
+
+    assert (ready.returncode, not_ready.returncode, alive.returncode) == (0, 1, 0)
+    assert '"status": "ready"' in ready.stdout
+    assert f"{base}/readyz: 503" in not_ready.stderr
+    assert '"status": "ok"' in alive.stdout
+
+
 async def test_health_command_asks_the_configured_monitoring_port(monitored: tuple[Monitor, str]) -> None:
     _, base = monitored
     port = base.rsplit(":", 1)[1]

@@ -140,3 +140,20 @@ def test_health_refuses_a_timeout_that_is_not_a_positive_number_of_seconds(
     err = capsys.readouterr().err
     assert exited.value.code == 2
     assert "positive number of seconds" in err or "is not a number of seconds" in err
+
+
+@pytest.mark.parametrize(
+    ("url", "live", "asked"),
+    [
+        ("http://127.0.0.1:9100", False, "http://127.0.0.1:9100/readyz"),
+        ("http://127.0.0.1:9100/", False, "http://127.0.0.1:9100/readyz"),
+        ("http://127.0.0.1:9100/", True, "http://127.0.0.1:9100/healthz"),
+        ("https://api.internal", True, "https://api.internal/healthz"),
+        ("http://[::1]:9100", False, "http://[::1]:9100/readyz"),
+        # A URL with a path is the endpoint itself, whatever --live says.
+        ("http://127.0.0.1:9100/readyz", True, "http://127.0.0.1:9100/readyz"),
+        ("http://127.0.0.1:9100/monitoring/readyz", False, "http://127.0.0.1:9100/monitoring/readyz"),
+    ],
+)
+def test_health_url_asks_a_base_urls_probe_and_a_full_url_as_it_is(url: str, live: bool, asked: str) -> None:
+    assert cli.health_url(url, "/healthz" if live else "/readyz") == asked

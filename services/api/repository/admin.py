@@ -1,5 +1,6 @@
-"""SQL of the admin view of an operation: the operation with its lease, its attempts, artifacts and access
-events. Run them in one repeatable-read transaction to see them as of one moment.
+"""SQL of the admin views of operations: the list of every user's operations, and one operation with its
+lease, its attempts, artifacts and access events (run those in one repeatable-read transaction to see them
+as of one moment).
 """
 
 from __future__ import annotations
@@ -8,16 +9,16 @@ import asyncpg
 
 from services.api.repository.operations import OPERATION_COLUMNS
 
+# The owner's columns plus what only an operator sees: who holds the lease and until when.
+ADMIN_OPERATION_COLUMNS = f"{OPERATION_COLUMNS}, o.lease_owner, o.lease_expires_at"
+
 
 async def get_operation(conn: asyncpg.Connection, *, operation_id: str) -> asyncpg.Record | None:
     """The operation whoever owns it, with its lease (lease_owner, lease_expires_at) and finished_at; None
     when there is no such operation.
     """
     return await conn.fetchrow(
-        f"""
-        SELECT {OPERATION_COLUMNS}, o.lease_owner, o.lease_expires_at, o.finished_at
-        FROM operations o WHERE o.operation_id = $1
-        """,
+        f"SELECT {ADMIN_OPERATION_COLUMNS} FROM operations o WHERE o.operation_id = $1",
         operation_id,
     )
 

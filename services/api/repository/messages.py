@@ -89,6 +89,29 @@ async def put_members(conn: asyncpg.Connection, *, conversation_id: str, members
     )
 
 
+async def conversation_summary(conn: asyncpg.Connection, *, conversation_id: str) -> asyncpg.Record | None:
+    """The admin view of a conversation, ``(conversation_id, members, last_seq, message_count)``, or None
+    when it does not exist (README: API reference, Admin view of a conversation).
+
+    ``members`` are the user ids in code point order; ``last_seq`` is the last seq handed out (recalled
+    messages keep theirs); ``message_count`` counts the messages not recalled, by a scan of the
+    conversation's messages. One statement, so all three are read as of one moment.
+    """
+    # COLLATE "C" sorts by code point, as clients' own sorting does, whatever the database's locale.
+    return await conn.fetchrow(
+        """
+        SELECT c.conversation_id,
+               ARRAY(SELECT m.user_id FROM conversation_members m WHERE m.conversation_id = c.conversation_id
+                     ORDER BY m.user_id COLLATE "C") AS members,
+               c.last_seq,
+               (SELECT count(*) FROM messages g
+                WHERE g.conversation_id = c.conversation_id AND g.recalled_at IS NULL) AS message_count
+        FROM conversations c WHERE c.conversation_id = $1
+        """,
+        conversation_id,
+    )
+
+
 async def add_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
     """Make ``user_id`` a member (idempotent); False when the conversation is missing (for a 404)."""
     exists: bool = await conn.fetchval(

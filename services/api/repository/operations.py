@@ -9,12 +9,13 @@ import asyncpg
 from shared.fingerprint import ExportRequest
 from shared.states import ACTIVE, State, sources_of
 
-# Columns of the operation representation (contract 5.2) plus the database's view of its age.
+# Columns of the operation representation (README: API reference) plus the database's view of its age;
+# ``finished_at`` is when a SUCCEEDED result was published, its download's Last-Modified.
 OPERATION_COLUMNS = """
     o.operation_id, o.kind, o.owner_id, o.conversation_id, o.format, o.before_seq, o.after_seq, o.state,
     o.created_at, o.updated_at, o.attempt, o.generation, o.progress_phase, o.messages_written,
     o.bytes_written, o.snapshot_max_seq, o.retry_at, o.error_code, o.error_message, o.result_key,
-    o.result_size_bytes, o.result_sha256, o.result_message_count, o.result_expires_at,
+    o.result_size_bytes, o.result_sha256, o.result_message_count, o.result_expires_at, o.finished_at,
     extract(epoch FROM now() - o.created_at)::float8 AS age_seconds
 """
 
@@ -107,27 +108,31 @@ async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id
 async def list_operations(
     conn: asyncpg.Connection,
     *,
-    owner_id: str,
+    owner_id: str | None,
     state: str | None,
     limit: int,
     after: tuple[datetime, str] | None,
+    conversation_id: str | None = None,
 ) -> list[asyncpg.Record]:
-    """Up to ``limit`` of the owner's operations, newest first, strictly after the keyset ``after``.
-
-    ``after`` is the (created_at, operation_id) of the last row of the previous page.
+    """Up to ``limit`` operations, newest first, strictly after the keyset ``after`` (the (created_at,
+    operation_id) of the last row of the previous page): those of ``owner_id``, in ``state`` and of
+    ``conversation_id``, a None filter admitting every value (the user's list passes its owner, the admin
+    list any). Rows carry ``OPERATION_COLUMNS`` and the lease (lease_owner, lease_expires_at).
     """
     after_created, after_id = after if after else (None, None)
     rows: list[asyncpg.Record] = await conn.fetch(
         f"""
-        SELECT {OPERATION_COLUMNS} FROM operations o
-        WHERE o.owner_id = $1
+        SELECT {OPERATION_COLUMNS}, o.lease_owner, o.lease_expires_at FROM operations o
+        WHERE ($1::text IS NULL OR o.owner_id = $1)
           AND ($2::text IS NULL OR o.state = $2)
-          AND ($3::timestamptz IS NULL OR (o.created_at, o.operation_id) < ($3, $4))
+          AND ($3::text IS NULL OR o.conversation_id = $3)
+          AND ($4::timestamptz IS NULL OR (o.created_at, o.operation_id) < ($4, $5))
         ORDER BY o.created_at DESC, o.operation_id DESC
-        LIMIT $5
+        LIMIT $6
         """,
         owner_id,
         state,
+        conversation_id,
         after_created,
         after_id,
         limit,

@@ -1,8 +1,9 @@
 """Admin routes: member sets and history import (contract section 4), the requeue of a parked operation
-(5.3) and the admin view of an operation.
+(5.3), the admin view of an operation, the list of every user's operations and the view of a conversation.
 
 The middleware already required the ``admin`` scope. Admins may know which conversations and operations
-exist, so a path id that breaks the id syntax is a 422 naming it, not the members' 404.
+exist, so a path id that breaks the id syntax is a 422 naming it, not the members' 404, and a missing
+conversation is ``CONVERSATION_NOT_FOUND`` rather than the members' ``NOT_FOUND`` (README: API reference).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from pydantic import ValidationError
 
 from services.api.bodies import read_limited, read_model, validation_errors
 from services.api.keys import POOL, SETTINGS
+from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import admin as admin_repo
 from services.api.repository import messages as repo
-from services.api.representation import represent_for_admin
+from services.api.repository import operations as operations_repo
+from services.api.representation import represent_for_admin, represent_for_admin_list
 from services.api.responses import json_response
-from services.api.schemas import EmptyRequest, ImportedMessage, MemberSet
+from services.api.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
 from services.api.views.messages import check_body_bytes
 from services.api.views.operations import NO_STORE
 from shared.ids import is_operation_id, is_valid_id
@@ -46,6 +49,14 @@ def _path_id(request: web.Request, name: str) -> str:
     return value
 
 
+def _conversation_not_found(conversation_id: str) -> Problem:
+    # The id passed the id syntax, so it is safe to echo; the detail tells the operator the next step.
+    return Problem(
+        "CONVERSATION_NOT_FOUND",
+        f"There is no conversation {conversation_id}; create it with PUT /admin/conversations/{conversation_id} first.",
+    )
+
+
 def _operation_path_id(request: web.Request) -> str:
     value = request.match_info["operation_id"]
     if not is_operation_id(value):
@@ -66,13 +77,36 @@ async def put_conversation(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def get_conversation(request: web.Request) -> web.Response:
+    """``GET /admin/conversations/{cid}``: ``{"conversation_id", "members", "last_seq", "message_count"}``
+    with ``members`` sorted by code point and ``message_count`` the messages not recalled, read as of one
+    moment; ``Cache-Control: no-store``. 404 ``CONVERSATION_NOT_FOUND`` when it does not exist.
+    """
+    conversation_id = _path_id(request, "cid")
+    async with request.app[POOL].acquire() as conn:
+        row = await repo.conversation_summary(conn, conversation_id=conversation_id)
+    if row is None:
+        raise _conversation_not_found(conversation_id)
+    body = {
+        "conversation_id": row["conversation_id"],
+        "members": list(row["members"]),
+        "last_seq": row["last_seq"],
+        "message_count": row["message_count"],
+    }
+    return json_response(body, headers=NO_STORE)
+
+
 async def add_member(request: web.Request) -> web.Response:
-    """``PUT /admin/conversations/{cid}/members/{uid}``: add one member (idempotent); 204, or 404."""
+    """``PUT /admin/conversations/{cid}/members/{uid}``: add one member (idempotent); 204, or 404
+    ``CONVERSATION_NOT_FOUND``.
+    """
     return await _change_member(request, repo.add_member)
 
 
 async def remove_member(request: web.Request) -> web.Response:
-    """``DELETE /admin/conversations/{cid}/members/{uid}``: remove one member (idempotent); 204, or 404."""
+    """``DELETE /admin/conversations/{cid}/members/{uid}``: remove one member (idempotent); 204, or 404
+    ``CONVERSATION_NOT_FOUND``.
+    """
     return await _change_member(request, repo.remove_member)
 
 
@@ -80,7 +114,7 @@ async def _change_member(request: web.Request, change: Callable[..., Awaitable[b
     conversation_id, user_id = _path_id(request, "cid"), _path_id(request, "uid")
     async with request.app[POOL].acquire() as conn:
         if not await change(conn, conversation_id=conversation_id, user_id=user_id):
-            raise not_found()
+            raise _conversation_not_found(conversation_id)
     return web.Response(status=204)
 
 
@@ -89,7 +123,8 @@ async def import_messages(request: web.Request) -> web.Response:
 
     Every line is checked before anything is stored: one bad line (not UTF-8, not JSON, or breaking the
     schema) rejects the batch with a 422 naming it, 1-based, with that line's errors. Answers
-    ``{"imported": N, "skipped": M}``; 404 when the conversation is missing.
+    ``{"imported": N, "skipped": M}``; 404 ``CONVERSATION_NOT_FOUND`` when the conversation is missing,
+    checked after the lines, and then nothing is stored.
     """
     settings = request.app[SETTINGS]
     conversation_id = _path_id(request, "cid")
@@ -103,7 +138,7 @@ async def import_messages(request: web.Request) -> web.Response:
         try:
             result = await repo.import_messages(conn, conversation_id=conversation_id, lines=lines)
         except repo.ConversationNotFound:
-            raise not_found() from None
+            raise _conversation_not_found(conversation_id) from None
     log.info(
         "messages imported",
         extra={"conversation_id": conversation_id, "imported": result.imported, "skipped": result.skipped},
@@ -131,6 +166,34 @@ async def requeue_operation(request: web.Request) -> web.Response:
         )
     log.info("operation requeued by an admin", extra={"operation_id": operation_id})
     return json_response({"operation_id": operation_id, "state": outcome.state}, status=202)
+
+
+async def list_operations(request: web.Request) -> web.Response:
+    """``GET /admin/operations?state=&conversation_id=&owner_id=&limit=&cursor=``: every user's operations,
+    newest first, paged and validated like ``GET /v3/operations`` (bad or unknown parameters are 422 at
+    ``["query", name]``); ``{"operations": [...], "next_cursor": str | null}``, ``Cache-Control: no-store``.
+
+    Each item is the admin view of ``get_operation`` without its attempts, artifacts and access events,
+    so that a page is at most ``limit`` rows whatever the operations' histories (README: API reference,
+    Admin list of operations).
+    """
+    try:
+        query = AdminOperationListQuery.model_validate(dict(request.query))
+    except ValidationError as exc:
+        raise validation_failed(validation_errors(exc, prefix=("query",))) from None
+    after = decode_cursor(query.cursor)
+    async with request.app[POOL].acquire() as conn:
+        rows = await operations_repo.list_operations(
+            conn,
+            state=query.state.value if query.state else None,
+            conversation_id=query.conversation_id,
+            owner_id=query.owner_id,
+            limit=query.limit + 1,
+            after=after,
+        )
+    page, next_cursor = split_page(rows, limit=query.limit)
+    body = {"operations": [represent_for_admin_list(row) for row in page], "next_cursor": next_cursor}
+    return json_response(body, headers=NO_STORE)
 
 
 async def get_operation(request: web.Request) -> web.Response:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -14,14 +10,15 @@ from pydantic import ValidationError
 
 from services.api.bodies import read_model, validation_errors
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
+from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import operations as repo
 from services.api.representation import is_terminal, operation_url, represent
 from services.api.responses import json_response
 from services.api.schemas import EmptyRequest, OperationListQuery
 from shared.ids import is_operation_id
+from shared.outbox import enqueue_run
 from shared.states import State
-from shared.timefmt import MAX_YEAR, MIN_YEAR
 
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -53,41 +50,18 @@ async def list_operations(request: web.Request) -> web.Response:
         query = OperationListQuery.model_validate(dict(request.query))
     except ValidationError as exc:
         raise validation_failed(validation_errors(exc, prefix=("query",))) from None
+    after = decode_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
         rows = await repo.list_operations(
             conn,
             owner_id=request[PRINCIPAL].user_id,
             state=query.state.value if query.state else None,
             limit=query.limit + 1,
-            after=_decode_cursor(query.cursor),
+            after=after,
         )
-    page, more = rows[: query.limit], len(rows) > query.limit
-    body: dict[str, Any] = {
-        "operations": [represent(row) for row in page],
-        "next_cursor": _encode_cursor(page[-1]) if more else None,
-    }
+    page, next_cursor = split_page(rows, limit=query.limit)
+    body: dict[str, Any] = {"operations": [represent(row) for row in page], "next_cursor": next_cursor}
     return json_response(body, headers=NO_STORE)
-
-
-def _encode_cursor(row: asyncpg.Record) -> str:
-    raw = json.dumps([row["created_at"].isoformat(), row["operation_id"]]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str | None) -> tuple[datetime, str] | None:
-    if cursor is None:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, operation_id = json.loads(raw)
-        if not (isinstance(operation_id, str) and is_operation_id(operation_id)):
-            raise ValueError("not an operation id")
-        created_at = datetime.fromisoformat(created)
-        if created_at.tzinfo is None or not MIN_YEAR <= created_at.astimezone(UTC).year <= MAX_YEAR:
-            raise ValueError("not a creation time")
-        return created_at, operation_id
-    except (binascii.Error, ValueError, TypeError, OverflowError, RecursionError):
-        raise validation_failed([{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}]) from None
 
 
 async def cancel_operation(request: web.Request) -> web.Response:
@@ -98,7 +72,12 @@ async def cancel_operation(request: web.Request) -> web.Response:
         raise not_found()
     owner_id = request[PRINCIPAL].user_id
     async with request.app[POOL].acquire() as conn:
-        moved = await repo.request_cancel(conn, operation_id=operation_id, owner_id=owner_id)
+        async with conn.transaction():
+            moved = await repo.request_cancel(conn, operation_id=operation_id, owner_id=owner_id)
+            if moved is not None:
+                # A wake-up in the same transaction: a worker finishes a cancellation that no live worker
+                # holds at once, instead of a janitor pass later (README: States and failure model, Cancel).
+                await enqueue_run(conn, operation_id=operation_id)
         row = moved or await repo.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
     if row is None:
         raise not_found()

@@ -1,0 +1,57 @@
+"""Keyset pages of operations, newest first, shared by the user's list (``GET /v3/operations``) and the admin
+list (``GET /admin/operations``) (README: API reference, List).
+
+A page is read with one row more than asked: that row only tells whether another page follows. The cursor
+names the last row shown by its ``(created_at, operation_id)``, the key both lists are ordered by, so the
+next page starts strictly after it whatever was inserted meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import UTC, datetime
+
+import asyncpg
+
+from services.api.problems import validation_failed
+from shared.ids import is_operation_id
+from shared.timefmt import MAX_YEAR, MIN_YEAR
+
+# Where the list's cursor and the last row of a page come from: (created_at, operation_id).
+Keyset = tuple[datetime, str]
+
+
+def split_page(rows: list[asyncpg.Record], *, limit: int) -> tuple[list[asyncpg.Record], str | None]:
+    """``rows`` read with ``limit + 1`` as (the page of at most ``limit`` rows, the next page's cursor or
+    None on the last page).
+    """
+    page = rows[:limit]
+    return page, encode_cursor(page[-1]) if len(rows) > limit else None
+
+
+def encode_cursor(row: asyncpg.Record) -> str:
+    """The opaque cursor after ``row``: unpadded URL-safe base64 of ``[created_at ISO 8601, operation_id]``."""
+    raw = json.dumps([row["created_at"].isoformat(), row["operation_id"]]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> Keyset | None:
+    """The keyset a cursor of ``encode_cursor`` names; None without a cursor. Anything that does not decode
+    to a zoned creation time (years 1000-9999) and an operation id raises ``Problem`` 422 at
+    ``["query", "cursor"]``.
+    """
+    if cursor is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, operation_id = json.loads(raw)
+        if not (isinstance(operation_id, str) and is_operation_id(operation_id)):
+            raise ValueError("not an operation id")
+        created_at = datetime.fromisoformat(created)
+        if created_at.tzinfo is None or not MIN_YEAR <= created_at.astimezone(UTC).year <= MAX_YEAR:
+            raise ValueError("not a creation time")
+        return created_at, operation_id
+    except (binascii.Error, ValueError, TypeError, OverflowError, RecursionError):
+        raise validation_failed([{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}]) from None
