@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 
 import asyncpg
@@ -94,7 +95,12 @@ def _add_health(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "health", help="exit 0 if the part on this host is ready (its monitoring port's /readyz), else 1"
     )
     sub.add_argument("--live", action="store_true", help="ask /healthz (process alive) instead of /readyz")
-    sub.add_argument("--url", type=_http_url, help="endpoint to ask (default: 127.0.0.1, CHATEXPORT_METRICS_PORT)")
+    sub.add_argument(
+        "--url",
+        type=_http_url,
+        help="a part's base URL (its /readyz or /healthz is asked) or a full endpoint URL "
+        "(default: 127.0.0.1, CHATEXPORT_METRICS_PORT)",
+    )
     sub.add_argument(
         "--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS", help="give up after (default 5)"
     )
@@ -225,7 +231,11 @@ def _cmd_token(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     scopes = ["admin"] if args.admin else None
-    print(mint_token(settings, user_id=args.sub, scopes=scopes, ttl_seconds=args.ttl))
+    try:
+        print(mint_token(settings, user_id=args.sub, scopes=scopes, ttl_seconds=args.ttl))
+    except ValueError as exc:
+        print(f"chatexport token: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -292,7 +302,8 @@ def _cmd_health(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
-    url = args.url or _monitoring_url(load_settings(), "/healthz" if args.live else "/readyz")
+    path = "/healthz" if args.live else "/readyz"
+    url = health_url(args.url, path) if args.url else _monitoring_url(load_settings(), path)
     try:
         # The scheme is http(s): ``_http_url`` checked a given URL, ``_monitoring_url`` builds one.
         with urllib.request.urlopen(url, timeout=args.timeout) as response:  # noqa: S310
@@ -303,6 +314,17 @@ def _cmd_health(args: argparse.Namespace) -> int:
     except (urllib.error.URLError, OSError) as exc:
         print(f"{url}: unreachable ({exc})", file=sys.stderr)
     return 1
+
+
+def health_url(url: str, path: str) -> str:
+    """The endpoint ``chatexport health --url URL`` asks: ``path`` (``/readyz`` or ``/healthz``) on a base
+    URL without a path (``http://host:9100`` or ``http://host:9100/``); any other URL as it is, so a full
+    endpoint URL keeps working (README: Command line).
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.path not in ("", "/"):
+        return url
+    return urllib.parse.urlunsplit(parts._replace(path=path))
 
 
 def _monitoring_url(settings: Settings, path: str) -> str:

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     jwt_public_key: str | None = None
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
+    # Clock skew allowed between token issuers and the API, on iat, nbf and exp (README: API reference, Authentication).
+    jwt_leeway_seconds: float = Field(30.0, ge=0, le=300)
+    jwt_max_lifetime_seconds: int = Field(24 * 3600, ge=60)
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=0, le=65535)
@@ -61,13 +64,19 @@ class Settings(BaseSettings):
     export_request_max_bytes: int = Field(1024, ge=1)
     import_request_max_bytes: int = Field(64 * 1024 * 1024, ge=1)
     import_body_max_bytes: int = Field(64 * 1024, ge=1)
+    # A client that stops sending mid-body would otherwise hold its connection open with no answer.
+    request_body_timeout_seconds: float = Field(30.0, gt=0)
 
     idempotency_replay_window_seconds: int = Field(24 * 3600, ge=1)
     operation_retention_seconds: int = Field(30 * 24 * 3600, ge=1)
     result_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)
     max_active_exports: int = Field(5, ge=1)
     download_concurrency: int = Field(32, ge=1)
+    download_per_user_concurrency: int = Field(4, ge=1)
     download_write_timeout_seconds: float = Field(30.0, gt=0)
+    # A download slower than this over a whole window is cut, so a slow reader cannot hold a slot for hours.
+    download_min_bytes_per_second: int = Field(4096, ge=1)
+    download_rate_window_seconds: float = Field(30.0, gt=0)
 
     lease_seconds: float = Field(30.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)

@@ -333,7 +333,9 @@ def _example(settings: Settings, conversation_id: str | None, ports: dict[str, i
     """The text printed once everything is up: URLs, monitoring ports, a token, and a shell snippet for
     one export.
     """
-    token = mint_token(settings, user_id=DEMO_USER, ttl_seconds=DEMO_TOKEN_TTL_SECONDS)
+    token = mint_token(
+        settings, user_id=DEMO_USER, ttl_seconds=min(DEMO_TOKEN_TTL_SECONDS, settings.jwt_max_lifetime_seconds)
+    )
     base = api_base_url(settings)
     lines = [
         "",

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.janitor.main import serve as serve_janitor
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
+from shared import jsontext
 from shared.settings import Settings
 from tests.conftest import wait_for
 
@@ -65,9 +66,8 @@ async def wait_terminal(api: Any, auth: Headers, user: str, location: str, *, ti
 
 
 def expected_file(messages: list[dict[str, Any]]) -> bytes:
-    return b"".join(
-        json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for message in messages
-    )
+    """The export file of ``messages`` as the read API gave them (README: API reference, The file)."""
+    return b"".join(jsontext.dumps(message, separators=(",", ":")).encode() + b"\n" for message in messages)
 
 
 @asynccontextmanager
@@ -85,6 +85,11 @@ async def running_pipeline(settings: Settings) -> AsyncIterator[None]:
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+
+def challenge(description: str) -> str:
+    """The ``WWW-Authenticate`` value of a 401 whose ``error_description`` is ``description``."""
+    return f'Bearer error="invalid_token", error_description="{description}"'
 
 
 def metric_samples(text: str) -> dict[str, float]:

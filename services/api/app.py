@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -11,8 +12,11 @@ from aiohttp import web
 from services.api.keys import DOWNLOAD_SLOTS, MONITOR, POOL, S3, SETTINGS, VERIFIER
 from services.api.middlewares import auth_middleware, error_middleware, metrics_middleware
 from services.api.routes import setup_routes
+from services.api.server import api_runner
+from services.api.slots import ConnectionSlots
 from shared.auth import TokenVerifier
 from shared.db import create_pool
+from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, database_check, serving, storage_check
 from shared.settings import Settings
@@ -54,7 +58,12 @@ def init_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[VERIFIER] = TokenVerifier(settings)
-    app[DOWNLOAD_SLOTS] = asyncio.Semaphore(settings.download_concurrency)
+    app[DOWNLOAD_SLOTS] = ConnectionSlots(
+        total=settings.download_concurrency,
+        per_user=settings.download_per_user_concurrency,
+        what="downloads",
+        code="TOO_MANY_DOWNLOADS",
+    )
     app[MONITOR] = Monitor("api", needs=("database", "storage"))
     app.cleanup_ctx.append(_pg_context)
     app.cleanup_ctx.append(_s3_context)
@@ -63,16 +72,29 @@ def init_app(settings: Settings) -> web.Application:
     return app
 
 
+@contextlib.asynccontextmanager
+async def listening(settings: Settings) -> AsyncIterator[web.AppRunner]:
+    """Serve the API on ``api_host:api_port`` for the duration of the block, as ``main`` does, and yield its
+    runner (``runner.addresses`` names the bound sockets: port 0 picks a free one). On exit the listener
+    closes, in-flight requests get ``shutdown_grace_seconds`` to finish and the application is cleaned up.
+    """
+    runner = api_runner(init_app(settings), settings)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, settings.api_host, settings.api_port).start()
+        yield runner
+    finally:
+        await runner.cleanup()
+
+
+async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set, then drain as ``listening`` does."""
+    async with listening(settings):
+        await stop.wait()
+
+
 def main(settings: Settings) -> None:
     """Serve on ``api_host:api_port`` until SIGINT/SIGTERM; in-flight requests get the grace period."""
     configure_logging(settings, service="api")
-    app = init_app(settings)
     log.info("api starting", extra={"host": settings.api_host, "port": settings.api_port})
-    web.run_app(
-        app,
-        host=settings.api_host,
-        port=settings.api_port,
-        shutdown_timeout=settings.shutdown_grace_seconds,
-        print=None,
-        access_log=None,
-    )
+    asyncio.run(run_until_signalled(serve, settings))

@@ -29,6 +29,10 @@ _HTTP_CODES = {
     415: "UNSUPPORTED_MEDIA_TYPE",
 }
 
+# Refusals that leave the request body unread to its end: where a next request would start on the
+# connection is unknown, so it is closed after the answer (RFC 9110 section 15.5.9 for the 408).
+_CLOSING_CODES = frozenset({"REQUEST_TIMEOUT", "MALFORMED_REQUEST"})
+
 
 @web.middleware
 async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -56,6 +60,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except Problem as problem:
+        if problem.code in _CLOSING_CODES:
+            return await _answer_and_close(request, problem.response())
         return problem.response()
     except ConnectionResetError:
         # The client went away mid-request: not a fault of ours. The answer reaches nobody; aiohttp only
@@ -76,6 +82,20 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unhandled error", extra={"route": request.path, "method": request.method})
         return Problem("INTERNAL", "An internal error occurred.").response()
+
+
+async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Send ``response`` with ``Connection: close``, then close the connection at once."""
+    response.force_close()
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:
+        pass  # The client is gone; closing is all that is left.
+    # Otherwise aiohttp would go on reading the unfinished body for up to 10 s (its lingering close), a
+    # wait a stalled client turns into 10 s of an open socket.
+    request.protocol.force_close()
+    return response
 
 
 def _from_http_exception(exc: web.HTTPException) -> Problem:
@@ -100,14 +120,26 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if not path.startswith(PROTECTED_PREFIXES) or path == OPENAPI_PATH:
         return await handler(request)
     try:
-        principal = request.app[VERIFIER].verify(request.headers.get("Authorization"))
-    except InvalidToken:
+        principal = request.app[VERIFIER].verify(_authorization(request))
+    except InvalidToken as refusal:
+        log.info("token refused", extra={"reason": refusal.reason, "route": request.path})
+        description = "expired" if refusal.expired else "invalid"
         raise Problem(
             "UNAUTHENTICATED",
             "A valid bearer token is required.",
-            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            headers={"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{description}"'},
         ) from None
     if path.startswith("/admin/") and not principal.is_admin:
         raise Problem("FORBIDDEN", "This route needs the admin scope.")
     request[PRINCIPAL] = principal
     return await handler(request)
+
+
+def _authorization(request: web.Request) -> str | None:
+    """The one ``Authorization`` field's value; raises ``InvalidToken`` when there are several, since
+    intermediaries disagree on which one counts (README: API reference, Authentication).
+    """
+    values = request.headers.getall("Authorization", [])
+    if len(values) > 1:
+        raise InvalidToken("several Authorization fields")
+    return values[0] if values else None

@@ -42,10 +42,18 @@ MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serialization"]], ..
     (schemas.OperationPage, "serialization"),
 )
 
-# Problems any authenticated route can answer: a bad token, a busy database, an internal fault (contract 3).
-ALWAYS = ("UNAUTHENTICATED", "SERVICE_UNAVAILABLE", "INTERNAL")
+# Problems any authenticated route can answer: a bad token, a busy database, an internal fault (contract 3),
+# and a request that breaks HTTP itself, which the HTTP server answers before any route (services.api.server).
+ALWAYS = ("UNAUTHENTICATED", "SERVICE_UNAVAILABLE", "INTERNAL", "MALFORMED_REQUEST", "REQUEST_HEADER_TOO_LARGE")
 # Problems of reading a JSON body, in the order they are checked (services.api.bodies).
-JSON_BODY = ("UNSUPPORTED_MEDIA_TYPE", "PAYLOAD_TOO_LARGE", "MALFORMED_JSON", "VALIDATION_FAILED")
+JSON_BODY = (
+    "UNSUPPORTED_MEDIA_TYPE",
+    "UNSUPPORTED_CONTENT_ENCODING",
+    "PAYLOAD_TOO_LARGE",
+    "REQUEST_TIMEOUT",
+    "MALFORMED_JSON",
+    "VALIDATION_FAILED",
+)
 
 
 def _header(description: str, schema: dict[str, Any], *, required: bool = False) -> dict[str, Any]:
@@ -67,9 +75,19 @@ def _retry_after(description: str, *, required: bool) -> dict[str, Any]:
 # Headers that come with a problem code wherever it is answered.
 PROBLEM_HEADERS: dict[str, dict[str, dict[str, Any]]] = {
     "UNAUTHENTICATED": {
-        "WWW-Authenticate": _header("RFC 6750 challenge.", {"const": 'Bearer error="invalid_token"'}, required=True)
+        "WWW-Authenticate": _header(
+            'RFC 6750 challenge; `error_description` is "expired" only for a genuine token past its `exp`.',
+            {"enum": [f'Bearer error="invalid_token", error_description="{why}"' for why in ("invalid", "expired")]},
+            required=True,
+        )
+    },
+    "UNSUPPORTED_CONTENT_ENCODING": {
+        "Accept-Encoding": _header(
+            "With `UNSUPPORTED_CONTENT_ENCODING`: the only coding accepted.", {"const": "identity"}
+        )
     },
     "TOO_MANY_ACTIVE_EXPORTS": {"Retry-After": _retry_after("Seconds before trying again.", required=True)},
+    "TOO_MANY_DOWNLOADS": {"Retry-After": _retry_after("Seconds before trying again.", required=True)},
     "SERVICE_UNAVAILABLE": {"Retry-After": _retry_after("Seconds before trying again.", required=True)},
     "RANGE_NOT_SATISFIABLE": {
         "Content-Range": _header("The file's size.", {"type": "string", "pattern": "^bytes \\*/[0-9]+$"}, required=True)
@@ -291,6 +309,13 @@ def _cancel_operation() -> dict[str, Any]:
     )
 
 
+# The result's validators (RFC 9110 section 8.8), sent with the file and with a 304.
+_VALIDATORS = {
+    "ETag": _header("The file's quoted sha256.", {"type": "string", "pattern": '^"[0-9a-f]{64}"$'}, required=True),
+    "Last-Modified": _header("When the result was published (IMF-fixdate).", {"type": "string"}, required=True),
+}
+
+
 def _file_response(description: str, *, partial: bool) -> dict[str, Any]:
     headers = {
         "Cache-Control": NO_STORE,
@@ -300,7 +325,7 @@ def _file_response(description: str, *, partial: bool) -> dict[str, Any]:
             {"type": "string", "pattern": '^attachment; filename=".+"$'},
             required=True,
         ),
-        "ETag": _header("The file's quoted sha256.", {"type": "string", "pattern": '^"[0-9a-f]{64}"$'}, required=True),
+        **_VALIDATORS,
         "Accept-Ranges": _header("One byte range per request.", {"const": "bytes"}, required=True),
     }
     if partial:
@@ -322,16 +347,28 @@ def _download_result() -> dict[str, Any]:
         "description": "One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n`; several ranges or bad syntax: ignored.",
         "schema": {"type": "string"},
     }
+    conditions = [
+        _condition("If-Match", "412 unless one of these entity-tags matches strongly (or `*`)."),
+        _condition("If-Unmodified-Since", "Without If-Match: 412 if the result was published later."),
+        _condition("If-None-Match", "304 when one of these entity-tags matches weakly (or `*`)."),
+        _condition("If-Modified-Since", "Without If-None-Match: 304 unless the result was published later."),
+        _condition("If-Range", "Range applies only when this is the current ETag or exactly Last-Modified."),
+    ]
     return _operation(
         "downloadResult",
         "Download the file of a SUCCEEDED export",
         tag="exports",
-        description="Checks in this order: token, owner, state, the owner's current membership. Every attempt is "
-        "recorded as an access event.",
-        parameters=[byte_range],
+        description="Checks in this order: token, owner, state, the owner's current membership, then the "
+        "preconditions of RFC 9110 section 13.2.2. Every attempt is recorded as an access event. Each user has "
+        "at most `CHATEXPORT_DOWNLOAD_PER_USER_CONCURRENCY` downloads open (429 beyond).",
+        parameters=[byte_range, *conditions],
         responses={
             "200": _file_response("The whole file.", partial=False),
             "206": _file_response("The requested byte range.", partial=True),
+            "304": {
+                "description": "Not modified: the client's copy is current.",
+                "headers": {"Cache-Control": NO_STORE, **_VALIDATORS},
+            },
         },
         problems=(
             *ALWAYS,
@@ -340,9 +377,15 @@ def _download_result() -> dict[str, Any]:
             "RESULT_NOT_READY",
             "RESULT_NOT_AVAILABLE",
             "ACCESS_REVOKED",
+            "PRECONDITION_FAILED",
             "RANGE_NOT_SATISFIABLE",
+            "TOO_MANY_DOWNLOADS",
         ),
     )
+
+
+def _condition(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": False, "description": description, "schema": {"type": "string"}}
 
 
 def _openapi_document() -> dict[str, Any]:
@@ -394,7 +437,9 @@ INFO_DESCRIPTION = (
     "Export a chat conversation's history without holding a request open: submit an export (202), poll its "
     "operation, cancel it, download the file. Every route but this document needs `Authorization: Bearer <JWT>`. "
     "Every error is `application/problem+json` with a stable `code`. Unknown routes answer 404; a method a route "
-    "does not have answers 405 with `Allow`."
+    "does not have answers 405 with `Allow`. A request body is taken only without a content coding (else 415 "
+    "`UNSUPPORTED_CONTENT_ENCODING`) and must arrive in full within `CHATEXPORT_REQUEST_BODY_TIMEOUT_SECONDS` "
+    "(default 30) of being read (else 408 `REQUEST_TIMEOUT`, and the connection is closed)."
 )
 
 

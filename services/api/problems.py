@@ -6,10 +6,11 @@ token or a signed URL.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
+
+from shared import jsontext
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
@@ -18,13 +19,18 @@ CODES: dict[str, tuple[int, str]] = {
     "UNAUTHENTICATED": (401, "Authentication required"),
     "FORBIDDEN": (403, "Forbidden"),
     "NOT_FOUND": (404, "Not found"),
+    "CONVERSATION_NOT_FOUND": (404, "Conversation not found"),
     "METHOD_NOT_ALLOWED": (405, "Method not allowed"),
     "MALFORMED_JSON": (400, "Malformed JSON"),
     "BAD_REQUEST": (400, "Bad request"),
+    "MALFORMED_REQUEST": (400, "Malformed request"),
+    "REQUEST_HEADER_TOO_LARGE": (431, "Request header fields too large"),
     "IDEMPOTENCY_KEY_MISSING": (400, "Idempotency-Key missing"),
     "IDEMPOTENCY_KEY_INVALID": (400, "Idempotency-Key invalid"),
     "UNSUPPORTED_MEDIA_TYPE": (415, "Unsupported media type"),
+    "UNSUPPORTED_CONTENT_ENCODING": (415, "Unsupported content encoding"),
     "PAYLOAD_TOO_LARGE": (413, "Payload too large"),
+    "REQUEST_TIMEOUT": (408, "Request timeout"),
     "VALIDATION_FAILED": (422, "Validation failed"),
     "DUPLICATE_MESSAGE_ID": (409, "Duplicate message id"),
     "IDEMPOTENCY_KEY_REUSED": (409, "Idempotency-Key reused"),
@@ -36,6 +42,8 @@ CODES: dict[str, tuple[int, str]] = {
     "ACCESS_REVOKED": (403, "Access revoked"),
     "RESULT_EXPIRED": (410, "Result expired"),
     "RANGE_NOT_SATISFIABLE": (416, "Range not satisfiable"),
+    "PRECONDITION_FAILED": (412, "Precondition failed"),
+    "TOO_MANY_DOWNLOADS": (429, "Too many downloads"),
     "TOO_MANY_ACTIVE_EXPORTS": (429, "Too many active exports"),
     "SERVICE_UNAVAILABLE": (503, "Service unavailable"),
     "INTERNAL": (500, "Internal server error"),
@@ -78,7 +86,7 @@ class Problem(Exception):
         }
         return web.Response(
             status=self.status,
-            body=json.dumps(body, ensure_ascii=False).encode(),
+            body=jsontext.dumps(body).encode(),
             content_type=PROBLEM_CONTENT_TYPE,
             headers=self.headers,
         )

@@ -20,7 +20,7 @@ from shared.auth import mint_token
 from shared.devs3 import MotoServer
 from shared.settings import Settings
 from tests.conftest import PG_SERVER, make_settings, wait_for
-from tests.helpers import import_lines, make_conversation
+from tests.helpers import challenge, import_lines, make_conversation
 
 pytestmark = pytest.mark.integration
 
@@ -488,7 +488,7 @@ async def test_bad_token_is_401_with_www_authenticate(
 
     for response in responses:
         await assert_problem(response, 401, "UNAUTHENTICATED")
-        assert response.headers["WWW-Authenticate"] == 'Bearer error="invalid_token"'
+        assert response.headers["WWW-Authenticate"] == challenge("expired" if kind == "expired" else "invalid")
     assert await stored(pool, chat) == (0, 0)
     assert await pool.fetchval("SELECT count(*) FROM conversation_members WHERE user_id = 'u-x'") == 0
 
@@ -594,8 +594,11 @@ async def test_add_and_remove_member(api: Client, auth: Auth, chat: str, pool: a
 async def test_member_routes_on_a_missing_conversation_are_404(api: Client, auth: Auth, pool: asyncpg.Pool) -> None:
     admin = auth("admin", admin=True)
 
-    await assert_problem(await api.put("/admin/conversations/c-none/members/u-a", headers=admin), 404, "NOT_FOUND")
-    await assert_problem(await api.delete("/admin/conversations/c-none/members/u-a", headers=admin), 404, "NOT_FOUND")
+    added = await api.put("/admin/conversations/c-none/members/u-a", headers=admin)
+    removed = await api.delete("/admin/conversations/c-none/members/u-a", headers=admin)
+
+    await assert_problem(added, 404, "CONVERSATION_NOT_FOUND")
+    await assert_problem(removed, 404, "CONVERSATION_NOT_FOUND")
     assert await stored(pool, "c-none") == (0, None)  # not created by the member routes
 
 
@@ -704,7 +707,7 @@ async def test_import_body_limit_is_64_kib_not_6_bytes(api: Client, auth: Auth, 
 async def test_import_into_a_missing_conversation_is_404(api: Client, auth: Auth, pool: asyncpg.Pool) -> None:
     response = await post_import(api, auth, "c-none", history(2))
 
-    await assert_problem(response, 404, "NOT_FOUND")
+    await assert_problem(response, 404, "CONVERSATION_NOT_FOUND")
     assert await stored(pool, "c-none") == (0, None)
 
 
