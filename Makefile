@@ -29,7 +29,7 @@ $(BIN)/python:
 
 # One pip resolution for everything: aiobotocore pins botocore, and moto and boto3 must agree with it.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev,demo]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -40,10 +40,10 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared services tests bench
+	$(BIN)/mypy chatexport devtools shared services tests bench
 
 typecheck: install
-	$(BIN)/mypy shared services tests bench
+	$(BIN)/mypy chatexport devtools shared services tests bench
 
 fmt: install
 	$(BIN)/ruff format .

@@ -111,6 +111,16 @@ async def ensure_database(database_url: str) -> bool:
         await conn.close()
 
 
+async def migrate_database(settings: Settings) -> tuple[bool, list[str]]:
+    """Create the database if missing, then migrate; return (created, versions applied by this call).
+
+    Safe to run twice or concurrently: creation tolerates a race and migrations take an advisory lock.
+    Raises ``OSError`` or ``asyncpg.PostgresError`` when the server cannot be reached or refuses.
+    """
+    created = await ensure_database(settings.database_url)
+    return created, await migrate(settings.database_url)
+
+
 async def migrate(database_url: str) -> list[str]:
     """Apply every pending migration; return the versions applied by this call (possibly none)."""
     conn = await asyncpg.connect(database_url)

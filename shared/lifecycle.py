@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
@@ -87,3 +90,43 @@ async def keep_trying(
         if await sleep_unless_stopped(stop, delay):
             raise Stopped(what)
         delay = min(delay * 2, max_delay_seconds)
+
+
+# Set by the development supervisor on the parts it starts (devtools.processes): its pid.
+PARENT_PID_ENV = "CHATEXPORT_PARENT_PID"
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the thread that started it ends; elsewhere do nothing.
+
+    Only calls ``prctl``, so it is safe as a ``preexec_fn``.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def follow_parent() -> None:
+    """Under a supervisor (``CHATEXPORT_PARENT_PID``), get SIGTERM when it dies, even by SIGKILL.
+
+    Linux only; elsewhere, or without the variable, nothing happens. The variable is removed so that
+    programs this part starts are not tied to the supervisor. Raises ``SystemExit`` when the supervisor
+    is gone already.
+    """
+    expected = os.environ.pop(PARENT_PID_ENV, None)
+    if not expected or not expected.isdigit() or not sys.platform.startswith("linux"):
+        return
+    die_with_parent()
+    # The supervisor may have died before prctl took effect; then no signal will ever come.
+    if os.getppid() != int(expected) and not _alive(int(expected)):
+        raise SystemExit("chatexport: the supervising process is gone; not starting")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists but belongs to someone else
+    return True

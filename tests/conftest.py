@@ -16,10 +16,10 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from devtools.moto import MotoServer, start_moto
 from services.api.app import init_app
 from shared.auth import mint_token
 from shared.db import migrate
-from shared.devs3 import MotoServer, start_moto
 from shared.settings import Settings
 from shared.storage import ensure_bucket, s3_client
 

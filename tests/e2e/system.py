@@ -2,7 +2,7 @@
 
 The compose file is the source. Its one-shot services (``migrate``) run to completion first; then every
 long-running service of the project's own image runs with the file's ``command`` (the image's
-``chatexport`` is this interpreter's ``-m shared.cli``), the file's ``environment`` and the file's replica
+``chatexport`` is this interpreter's ``-m chatexport.cli``), the file's ``environment`` and the file's replica
 count, each replica a local process: ``worker-1``, ``worker-2``... for a service run as several, the
 service's own name (``api``, ``relay``) for one. The three infrastructure images are replaced by what runs
 here (the test's PostgreSQL database, the local RabbitMQ, a moto server of the system's own) by overriding
@@ -26,8 +26,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from shared.devs3 import MotoServer, free_port, start_moto
-from shared.processes import ProcessGroup
+from devtools.moto import MotoServer, free_port, start_moto
+from devtools.processes import ProcessGroup
 from shared.settings import Settings
 from tests.e2e.compose import SETTINGS_PREFIX, Service, load_compose, one_shots, parts, settings_from_environment
 
@@ -188,13 +188,13 @@ def replica_names(service: Service, count: int | None = None) -> list[str]:
 
 
 def local_command(command: Sequence[str]) -> list[str]:
-    """The file's command for this machine: the image's ``chatexport`` is ``python -m shared.cli`` here.
+    """The file's command for this machine: the image's ``chatexport`` is ``python -m chatexport.cli`` here.
 
     Raises ``ValueError`` for a command that does not start with ``chatexport``.
     """
     if not command or command[0] != "chatexport":
         raise ValueError(f"not a chatexport command: {list(command)}")
-    return [sys.executable, "-m", "shared.cli", *command[1:]]
+    return [sys.executable, "-m", "chatexport.cli", *command[1:]]
 
 
 def _unready(port: int) -> str | None:

@@ -19,9 +19,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from shared import corpus
-from shared.devs3 import free_port
-from shared.processes import ProcessGroup
+from devtools import corpus
+from devtools.moto import free_port
+from devtools.processes import ProcessGroup
 from shared.settings import Settings
 from tests.conftest import AMQP_URL, PG_SERVER, delete_broker_objects
 from tests.helpers import metric_samples
@@ -143,7 +143,7 @@ def snippet_from(lines: list[str]) -> str:
 def test_dev_starts_everything_serves_the_example_and_stops_on_sigterm(
     dev_env: dict[str, str], group: ProcessGroup, tmp_path: Path
 ) -> None:
-    command = [sys.executable, "-m", "shared.cli", "dev", "--workers", "2", "--language", "chinese"]
+    command = [sys.executable, "-m", "chatexport.cli", "dev", "--workers", "2", "--language", "chinese"]
     dev = group.start("dev", command, dev_env, cwd=REPO)
     group.wait_for_line("dev", lambda line: line == ")", timeout=START_TIMEOUT)  # the snippet's last line
     parts = children_of(dev.pid)
@@ -182,7 +182,7 @@ def test_dev_reports_a_part_that_dies_and_exits_non_zero(dev_env: dict[str, str]
     with socket.socket() as blocker:  # the API cannot bind its port, so it exits at start-up
         blocker.bind(("127.0.0.1", int(dev_env["CHATEXPORT_API_PORT"])))
         blocker.listen()
-        dev = group.start("dev", [sys.executable, "-m", "shared.cli", "dev", "--no-import"], dev_env, cwd=REPO)
+        dev = group.start("dev", [sys.executable, "-m", "chatexport.cli", "dev", "--no-import"], dev_env, cwd=REPO)
         code = group.wait("dev", START_TIMEOUT)
 
     assert code == 1

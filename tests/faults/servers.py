@@ -37,8 +37,8 @@ from typing import Any, Literal, TypeVar
 import aio_pika
 import asyncpg
 
-from shared.devs3 import free_port
-from shared.processes import die_with_parent
+from devtools.moto import free_port
+from shared.lifecycle import die_with_parent
 
 HOST = "127.0.0.1"
 START_TIMEOUT_SECONDS = 60.0

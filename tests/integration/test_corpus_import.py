@@ -7,7 +7,7 @@ import itertools
 import asyncpg
 import pytest
 
-from shared import corpus
+from devtools import corpus
 
 pytestmark = pytest.mark.integration
 

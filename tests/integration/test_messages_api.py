@@ -14,10 +14,10 @@ import jwt
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from devtools.moto import MotoServer
 from services.api.app import init_app
 from services.api.keys import POOL
 from shared.auth import mint_token
-from shared.devs3 import MotoServer
 from shared.settings import Settings
 from tests.conftest import PG_SERVER, make_settings, wait_for
 from tests.helpers import challenge, import_lines, make_conversation

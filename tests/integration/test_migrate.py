@@ -12,7 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from shared.cli import migrate_database
+from chatexport.cli import migrate_database
 from shared.db import ensure_database, migrate, migration_files
 from shared.settings import Settings
 from tests.conftest import PG_SERVER
@@ -74,7 +74,7 @@ async def test_concurrent_create_and_migrate_both_succeed(fresh_url: str) -> Non
 async def test_the_migrate_command_creates_migrates_and_can_run_concurrently(fresh_url: str) -> None:
     # Two `chatexport migrate` processes at once, as when several containers start together.
     env = {"CHATEXPORT_DATABASE_URL": fresh_url, "PATH": "/usr/bin:/bin"}
-    command = [sys.executable, "-m", "shared.cli", "migrate"]
+    command = [sys.executable, "-m", "chatexport.cli", "migrate"]
     processes = [
         await asyncio.create_subprocess_exec(
             *command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE

@@ -17,9 +17,9 @@ import asyncpg
 import pytest
 from prometheus_client import Counter
 
+from devtools.moto import free_port
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
-from shared.devs3 import free_port
 from shared.monitoring import CHECK_TIMEOUT_SECONDS, Monitor, broker_check, database_check, serving, storage_check
 from shared.settings import Settings
 from tests.conftest import AMQP_URL, PG_SERVER, wait_for
@@ -103,7 +103,7 @@ async def test_metrics_are_refreshed_before_each_scrape_and_served_when_a_refres
 
 def run_health(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", "health", *args], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, "-m", "chatexport.cli", "health", *args], capture_output=True, text=True, timeout=60, env=env
     )
 
 

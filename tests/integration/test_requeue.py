@@ -78,7 +78,7 @@ async def test_the_requeue_command_requeues_and_reports_what_it_left(pool: async
     await parked(pool, "op_1")
     await insert_operation(pool, "op_2", "RUNNING")
     env = {**os.environ, "CHATEXPORT_DATABASE_URL": settings.database_url}
-    command = [sys.executable, "-m", "shared.cli", "requeue", "op_1", "op_2", GUESSED_ID]
+    command = [sys.executable, "-m", "chatexport.cli", "requeue", "op_1", "op_2", GUESSED_ID]
     process = await asyncio.create_subprocess_exec(
         *command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shared import cli
+from chatexport import cli
 from shared.auth import InvalidToken, TokenVerifier
-from shared.processes import PARENT_PID_ENV
+from shared.lifecycle import PARENT_PID_ENV
 from shared.settings import Settings
 
 
@@ -82,22 +81,12 @@ def test_invalid_settings_are_reported_not_raised(
 @pytest.mark.parametrize("part", ["api", "relay", "worker", "janitor"])
 def test_part_subcommands_call_the_parts_main_with_settings(part: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Settings] = []
-    fake = types.ModuleType(cli.PART_MODULES[part])
-    fake.main = calls.append  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, cli.PART_MODULES[part], fake)
+    monkeypatch.setitem(cli.PARTS, part, calls.append)
     monkeypatch.setenv("CHATEXPORT_API_PORT", "18099")
 
     assert cli.main([part]) == 0
     assert len(calls) == 1 and isinstance(calls[0], Settings)
     assert calls[0].api_port == 18099
-
-
-def test_a_missing_part_is_reported_without_a_traceback(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(cli.PART_MODULES, "relay", "services.no_such_part.main")
-    assert cli.main(["relay"]) == 1
-    assert "relay part is not available" in capsys.readouterr().err
 
 
 def test_import_refuses_an_unknown_language_before_connecting(
@@ -118,7 +107,7 @@ def test_import_and_dev_options_are_parsed() -> None:
 
 def test_module_entry_point_runs_as_a_program() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "token", "--sub", "bob"],
+        [sys.executable, "-m", "chatexport.cli", "token", "--sub", "bob"],
         capture_output=True,
         text=True,
         timeout=60,

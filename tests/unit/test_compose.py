@@ -8,6 +8,9 @@ harness starts the system from.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pydantic
 import pytest
 import yaml
 
-from shared.cli import PART_MODULES
+from chatexport.cli import PARTS as PARTS_OF_CLI
 from shared.settings import Settings
 from tests.e2e.compose import (
     COMPOSE_FILE,
@@ -49,8 +52,8 @@ def test_a_misspelt_or_unprefixed_setting_is_caught() -> None:
 
 
 def test_the_project_services_are_the_cli_parts_and_the_one_shot_migrate() -> None:
-    assert set(PARTS) == set(PART_MODULES)
-    assert set(OWN) == {*PART_MODULES, "migrate"}
+    assert set(PARTS) == set(PARTS_OF_CLI)
+    assert set(OWN) == {*PARTS_OF_CLI, "migrate"}
 
 
 @pytest.mark.parametrize("name", OWN)
@@ -169,6 +172,25 @@ def test_replicas_are_numbered_and_a_single_process_takes_the_service_name() -> 
 
 
 def test_the_image_executable_becomes_this_interpreter() -> None:
-    assert local_command(["chatexport", "worker"])[-3:] == ["-m", "shared.cli", "worker"]
+    assert local_command(["chatexport", "worker"])[-3:] == ["-m", "chatexport.cli", "worker"]
     with pytest.raises(ValueError, match="not a chatexport command"):
         local_command(["server", "/data"])
+
+
+def test_the_runtime_path_imports_no_dev_tooling_or_demo_package() -> None:
+    # What a production container imports to run any part: the CLI with every part (README: How it works).
+    probe = (
+        "import sys, chatexport.cli; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('devtools', 'yaml', 'chatterbot_corpus')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
+def test_the_image_carries_the_runtime_packages_and_no_demo_extra() -> None:
+    dockerfile = DOCKERFILE.read_text()
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
+    assert copied == {"pyproject.toml", "chatexport", "shared", "services"}
+    project = tomllib.loads((COMPOSE_FILE.parent.parent / "pyproject.toml").read_text())["project"]
+    assert not any(dependency.lower().startswith(("chatterbot", "pyyaml")) for dependency in project["dependencies"])
+    assert {"chatterbot-corpus==1.3.3", "PyYAML>=6.0,<7"} <= set(project["optional-dependencies"]["demo"])

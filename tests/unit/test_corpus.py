@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import corpus
+from devtools import corpus
 from shared.ids import is_valid_id
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.processes import ProcessGroup
+from devtools.processes import ProcessGroup
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -131,11 +131,14 @@ def test_adopted_process_is_stopped_with_the_group(group: ProcessGroup) -> None:
 def test_parts_die_with_a_supervisor_that_was_sigkilled() -> None:
     # The supervisor: a process with a ProcessGroup whose part follows it like `chatexport <part>` does.
     part = (
-        "from shared.cli import _follow_parent; import os, time; _follow_parent(); print(os.getpid()); time.sleep(600)"
+        "; ".join(
+            ("from shared.lifecycle import follow_parent", "import os, time", "follow_parent()", "print(os.getpid())")
+        )
+        + "; time.sleep(600)"
     )
     supervisor = textwrap.dedent(f"""
         import sys
-        from shared.processes import ProcessGroup
+        from devtools.processes import ProcessGroup
         group = ProcessGroup(sink=lambda name, line: print(line, flush=True))
         group.start("part", [sys.executable, "-c", {part!r}])
         group.wait("part", 600)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shared import supervisor
+from devtools import supervisor
 from shared.auth import TokenVerifier
 from shared.settings import Settings
 

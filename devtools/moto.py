@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from shared.processes import die_with_parent
+from shared.lifecycle import die_with_parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -29,21 +27,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-PARENT_PID_ENV = "CHATEXPORT_PARENT_PID"
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+from shared.lifecycle import PARENT_PID_ENV
+
 TAIL_LINES = 1000  # lines of output kept in memory per part
 
 OutputSink = Callable[[str, str], None]
 """Called as ``sink(part_name, line)`` from the part's pump thread, ``line`` without its newline."""
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the thread that started it ends; elsewhere do nothing.
-
-    Only calls ``prctl``, so it is safe as a ``preexec_fn``.
-    """
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Order of start-up: the database (created if missing, then migrated), S3 (a moto server on the port of
 ``CHATEXPORT_S3_ENDPOINT_URL`` unless something answers there already) and its bucket, then the parts as
-child processes ``python -m shared.cli api|relay|worker|janitor`` with this process's environment, their
+child processes ``python -m chatexport.cli api|relay|worker|janitor`` with this process's environment, their
 output prefixed with the part's name. Once the API's ``/readyz`` answers 200 the demo corpus is loaded and
 a copy-pasteable example is printed.
 
@@ -27,12 +27,11 @@ from types import FrameType
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from devtools.corpus import ImportSummary, conversation_id_for, corpus_files, import_corpus
+from devtools.moto import MotoServer, start_moto
+from devtools.processes import ProcessGroup
 from shared.auth import mint_token
-from shared.cli import migrate_database
-from shared.corpus import ImportSummary, conversation_id_for, corpus_files, import_corpus
-from shared.db import create_pool
-from shared.devs3 import MotoServer, start_moto
-from shared.processes import ProcessGroup
+from shared.db import create_pool, migrate_database
 from shared.settings import Settings, local_url
 from shared.storage import ensure_bucket, s3_client
 
@@ -185,7 +184,7 @@ class _DevRun:
         for name in self.names:
             env = {**os.environ, "CHATEXPORT_METRICS_PORT": str(ports[name])}
             with self.signals.deferred():  # a signal mid-start would leave a child we do not know about
-                self.group.start(name, [sys.executable, "-m", "shared.cli", name.split("-")[0]], env)
+                self.group.start(name, [sys.executable, "-m", "chatexport.cli", name.split("-")[0]], env)
         self._wait_ready()
         conversation_id = self._load_demo() if self.options.load_corpus else None
         self.console.block(_example(self.settings, conversation_id, ports))

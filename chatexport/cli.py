@@ -1,8 +1,10 @@
 """The ``chatexport`` command: run one part, migrate, mint a development token, import demo data, ``dev``,
 requeue, and ``health`` for container healthchecks.
 
-Every subcommand builds ``Settings`` from the ``CHATEXPORT_*`` environment. A part's code is imported only
-by the subcommand that runs it, so a missing or broken part does not break the others.
+Every subcommand builds ``Settings`` from the ``CHATEXPORT_*`` environment. The parts are imported as
+modules, so that the type checker checks each ``main(settings)``; the developer tooling (``devtools``) only
+by ``import`` and ``dev``, since the demo corpus and its YAML parser are an optional extra that the
+production image does not carry (README: How it works).
 
 Exit codes: 0 success; 1 the command failed; 2 usage or configuration error (argparse's convention).
 """
@@ -11,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
-import os
 import sys
 import time
 import urllib.parse
@@ -21,16 +21,23 @@ from collections.abc import Callable, Sequence
 import asyncpg
 import pydantic
 
+from services.api import app as api
+from services.janitor import main as janitor
+from services.relay import main as relay
+from services.worker import main as worker
+from shared.auth import mint_token
+from shared.db import create_pool, migrate_database
 from shared.ids import is_operation_id, is_valid_id
-from shared.processes import PARENT_PID_ENV, die_with_parent
+from shared.lifecycle import follow_parent
+from shared.repair import Requeue, requeue
 from shared.settings import Settings, local_url
 
-# The module whose ``main(settings)`` runs each long-running part.
-PART_MODULES: dict[str, str] = {
-    "api": "services.api.app",
-    "relay": "services.relay.main",
-    "worker": "services.worker.main",
-    "janitor": "services.janitor.main",
+# The ``main(settings)`` that runs each long-running part until SIGTERM/SIGINT.
+PARTS: dict[str, Callable[[Settings], None]] = {
+    "api": api.main,
+    "relay": relay.main,
+    "worker": worker.main,
+    "janitor": janitor.main,
 }
 
 
@@ -38,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand; each sets ``handler`` to a ``(args) -> int`` function."""
     parser = argparse.ArgumentParser(prog="chatexport", description="Asynchronous chat export service.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for part in PART_MODULES:
+    for part in PARTS:
         sub = commands.add_parser(part, help=f"run the {part} until SIGTERM/SIGINT")
         sub.set_defaults(handler=_cmd_part, part=part)
     commands.add_parser("migrate", help="create the database if missing and apply pending migrations").set_defaults(
@@ -166,43 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _cmd_part(args: argparse.Namespace) -> int:
     settings = load_settings()
-    module_name = PART_MODULES[args.part]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        # Only "the part is not there"; an import error INSIDE the part is a bug and keeps its traceback.
-        if exc.name is None or not module_name.startswith(exc.name):
-            raise
-        print(f"chatexport: the {args.part} part is not available ({module_name} not found)", file=sys.stderr)
-        return 1
-    _follow_parent()
-    module.main(settings)
+    follow_parent()
+    PARTS[args.part](settings)
     return 0
-
-
-def _follow_parent() -> None:
-    """Under a supervisor (``CHATEXPORT_PARENT_PID``), get SIGTERM when it dies, even by SIGKILL.
-
-    Linux only; elsewhere, or without the variable, nothing happens. The variable is removed so that
-    programs this part starts are not tied to the supervisor.
-    """
-    expected = os.environ.pop(PARENT_PID_ENV, None)
-    if not expected or not expected.isdigit() or not sys.platform.startswith("linux"):
-        return
-    die_with_parent()
-    # The supervisor may have died before prctl took effect; then no signal will ever come.
-    if os.getppid() != int(expected) and not _alive(int(expected)):
-        raise SystemExit("chatexport: the supervising process is gone; not starting")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only checks that the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists but belongs to someone else
-    return True
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
@@ -214,21 +187,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def migrate_database(settings: Settings) -> tuple[bool, list[str]]:
-    """Create the database if missing, then migrate; return (created, versions applied by this call).
-
-    Safe to run twice or concurrently: creation tolerates a race and migrations take an advisory lock.
-    Raises ``OSError`` or ``asyncpg.PostgresError`` when the server cannot be reached or refuses.
-    """
-    from shared.db import ensure_database, migrate
-
-    created = await ensure_database(settings.database_url)
-    return created, await migrate(settings.database_url)
-
-
 def _cmd_token(args: argparse.Namespace) -> int:
-    from shared.auth import mint_token
-
     settings = load_settings()
     scopes = ["admin"] if args.admin else None
     try:
@@ -240,8 +199,7 @@ def _cmd_token(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from shared.corpus import ImportSummary, corpus_files, import_corpus
-    from shared.db import create_pool
+    from devtools.corpus import ImportSummary, corpus_files, import_corpus
 
     settings = load_settings()
     try:
@@ -272,9 +230,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_requeue(args: argparse.Namespace) -> int:
-    """Requeue each id (contract 5.3); print one line per id; exit 1 if any was not FAILED_REPAIR."""
-    from shared.repair import Requeue, requeue
-
+    """Requeue each id (README: API reference, Admin requeue); print one line per id; exit 1 if any was not
+    FAILED_REPAIR.
+    """
     settings = load_settings()
 
     async def run() -> list[Requeue]:
@@ -333,9 +291,9 @@ def _monitoring_url(settings: Settings, path: str) -> str:
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    from shared.supervisor import DevOptions, run_dev
+    from devtools.supervisor import DevOptions, run_dev
 
-    _follow_parent()  # when a test or another tool supervises `dev`, it must not outlive it either
+    follow_parent()  # when a test or another tool supervises `dev`, it must not outlive it either
     options = DevOptions(
         workers=args.workers,
         languages=args.language,
