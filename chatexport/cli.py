@@ -26,7 +26,7 @@ from services.janitor import main as janitor
 from services.relay import main as relay
 from services.worker import main as worker
 from shared.auth import mint_token
-from shared.db import create_pool, migrate_database
+from shared.db import connect, create_pool, migrate_database
 from shared.ids import is_operation_id, is_valid_id
 from shared.lifecycle import follow_parent
 from shared.repair import Requeue, requeue
@@ -236,11 +236,7 @@ def _cmd_requeue(args: argparse.Namespace) -> int:
     settings = load_settings()
 
     async def run() -> list[Requeue]:
-        conn = await asyncpg.connect(
-            settings.database_url,
-            timeout=settings.database_timeout_seconds,
-            command_timeout=settings.database_timeout_seconds,
-        )
+        conn = await connect(settings)
         try:
             return [await requeue(conn, operation_id=operation_id) for operation_id in args.operation_ids]
         finally:

@@ -1,4 +1,4 @@
-"""Demo data: the ``chatterbot-corpus`` dialogs loaded into the message store (contract section 4).
+"""Demo data: the ``chatterbot-corpus`` dialogs loaded into the message store (README: API reference, Message store).
 
 Every corpus FILE ``chatterbot_corpus/data/<language>/<topic>.yml`` becomes one conversation
 ``corpus-<language>-<topic>`` whose members (``alice``, ``bob``, ``carol``) take turns as senders across the
@@ -162,7 +162,7 @@ def _line_text(raw: Any) -> str | None:
     if raw is None or isinstance(raw, dict | list):
         return None
     text = str(raw)
-    # U+0000 cannot be stored in Postgres text (PITFALLS); the corpus has none, but never fail on it.
+    # U+0000 cannot be stored in Postgres text; the corpus has none, but never fail on it.
     text = text.replace("\x00", "")
     return text if text.strip() else None
 

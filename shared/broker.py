@@ -1,4 +1,4 @@
-"""RabbitMQ topology and connections (contract section 6).
+"""RabbitMQ topology and connections (README: How it works).
 
 A message is only a wake-up: ``{"operation_id": ...}`` on a durable quorum queue with a dead-letter
 exchange. Postgres decides what happens; a lost or duplicated message may delay work but never changes an
@@ -51,7 +51,7 @@ async def declare_topology(channel: AbstractChannel, settings: Settings) -> tupl
     """Declare the work exchange, the quorum work queue and its dead-letter queue; return (exchange, queue).
 
     Idempotent: every part may call it on start-up. Over ``amqp_delivery_limit`` redeliveries a message is
-    dead-lettered rather than dropped (PITFALLS: quorum queues need a DLX).
+    dead-lettered rather than dropped (a quorum queue drops what it cannot dead-letter).
     """
     dlx_name = dead_letter_exchange_name(settings)
     dlx = await channel.declare_exchange(dlx_name, aio_pika.ExchangeType.FANOUT, durable=True)

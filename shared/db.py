@@ -54,6 +54,19 @@ async def create_pool(settings: Settings, *, min_size: int = 1) -> asyncpg.Pool:
     return pool
 
 
+async def connect(settings: Settings, **server_settings: str) -> asyncpg.Connection:
+    """One connection of its own, outside the pool, with the pool's timeouts: for a session that holds
+    state (LISTEN, an advisory lock) or a one-off command. ``server_settings`` are Postgres parameters set
+    for the session (e.g. ``idle_session_timeout``). Raises what ``create_pool`` raises.
+    """
+    return await asyncpg.connect(
+        settings.database_url,
+        timeout=settings.database_timeout_seconds,
+        command_timeout=settings.database_timeout_seconds,
+        server_settings=server_settings or None,
+    )
+
+
 @contextlib.asynccontextmanager
 async def probing_connection(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
     """A pooled connection for a probe that the caller bounds with a short deadline (readiness, a scrape).

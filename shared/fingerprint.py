@@ -1,4 +1,4 @@
-"""The canonical export request and its fingerprint (contract 5.1)."""
+"""The canonical export request and its fingerprint (README: API reference, Submit)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ def counter_from_zero(name: str, documentation: str, label: str, values: Iterabl
 
 CANCELLATIONS_FINISHED = counter_from_zero(
     "chatexport_cancellations_finished_total",
-    "Operations moved from CANCEL_REQUESTED to CANCELED, by the part that finished them (contract 5.4).",
+    "Operations moved from CANCEL_REQUESTED to CANCELED, by the part that finished them.",
     "by",
     ("worker", "janitor"),
 )
@@ -35,7 +35,7 @@ REFRESH_FAILURES = Counter(
 )
 AUTHORIZATION_REFUSALS = counter_from_zero(
     "chatexport_authorization_refusals_total",
-    "Requests or exports refused because the owner is not (or no longer) a member, by stage (contract 5.7).",
+    "Requests or exports refused because the owner is not (or no longer) a member, by stage.",
     "stage",
     ("submit", "execute", "download"),
 )

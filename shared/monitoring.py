@@ -5,7 +5,7 @@ liveness and readiness, for scrapers, orchestrators and ``chatexport health``.
   refresh gauges from Postgres just before (``Monitor.before_scrape``).
 - ``GET /healthz``: 200 while the process's event loop answers; checks no dependency.
 - ``GET /readyz``: 200 when every dependency the part uses answers within ``CHECK_TIMEOUT_SECONDS``;
-  else 503 problem+json naming the failing checks (contract 6: readiness reports not-ready while a part
+  else 503 problem+json naming the failing checks (README: How it works: readiness reports not-ready while a part
   cannot reach a dependency).
 """
 
@@ -127,7 +127,7 @@ async def _run_check(check: Check) -> str:
 
 
 def _not_ready(detail: str, checks: dict[str, str]) -> web.Response:
-    """The 503 problem+json of contract section 3, with the checks as an extension member."""
+    """The 503 problem+json (README: Error codes), with the checks as an extension member."""
     body: dict[str, Any] = {
         "type": "about:blank",
         "title": "Service Unavailable",

@@ -1,4 +1,4 @@
-"""The transactional outbox (contract section 6): scheduling intent written in the caller's transaction.
+"""The transactional outbox (README: How it works): scheduling intent written in the caller's transaction.
 
 A row is a request to publish ``{"operation_id": ...}`` to the work exchange no earlier than
 ``not_before``. The relay publishes it; an insert trigger NOTIFYs the relay so it need not poll.

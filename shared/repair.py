@@ -1,4 +1,5 @@
-"""Putting a parked operation back to work: the admin requeue (contract 5.3, FAILED_REPAIR -> QUEUED).
+"""Putting a parked operation back to work: the admin requeue (README: States and failure model, FAILED_REPAIR ->
+QUEUED).
 
 Shared by ``POST /admin/operations/{id}/requeue`` and ``chatexport requeue``, so both make the same change.
 """
@@ -29,5 +30,5 @@ async def requeue(conn: asyncpg.Connection, *, operation_id: str) -> Requeue:
         if await repo.requeue(conn, operation_id=operation_id):
             await enqueue_run(conn, operation_id=operation_id)
             return Requeue(requeued=True, state="QUEUED")
-        state = await repo.operation_state(conn, operation_id=operation_id)
-    return Requeue(requeued=False, state=state)
+        now = await repo.current_state(conn, operation_id=operation_id)
+    return Requeue(requeued=False, state=None if now is None else now.state)

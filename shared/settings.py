@@ -1,4 +1,4 @@
-"""Settings of every chatexport part, read from ``CHATEXPORT_*`` environment variables (contract section 7).
+"""Settings of every chatexport part, read from ``CHATEXPORT_*`` environment variables (README: Settings).
 
 One class serves all parts so that a deployment configures them alike; each part reads only what it
 needs. Build it once in ``main()`` and pass it down: nothing imports a global instance.
@@ -19,7 +19,7 @@ class Settings(BaseSettings):
     """Typed configuration; durations are in seconds, sizes in bytes.
 
     Raises ``pydantic.ValidationError`` on a bad value, and refuses to build outside development with the
-    placeholder JWT secret (contract section 7).
+    placeholder JWT secret (README: Settings).
     """
 
     model_config = SettingsConfigDict(env_prefix="CHATEXPORT_", extra="ignore")

@@ -1,4 +1,4 @@
-"""The operation state machine of contract section 5.3.
+"""The operation state machine (README: States and failure model).
 
 Every transition is one conditional UPDATE on the expected state (and, for a lease holder, the fencing
 generation). This module lists which moves exist; repositories derive conditions from it where a move has
@@ -11,7 +11,7 @@ from enum import StrEnum
 
 
 class State(StrEnum):
-    """States of an export operation (contract 5.3)."""
+    """States of an export operation (README: States and failure model)."""
 
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
@@ -57,3 +57,21 @@ ACTIVE: frozenset[State] = frozenset(State) - TERMINAL
 def sources_of(target: State) -> list[str]:
     """The states from which ``target`` may be entered, as strings for a SQL ``state = ANY($n)``."""
     return sorted(source.value for source, targets in TRANSITIONS.items() if target in targets)
+
+
+class ArtifactState(StrEnum):
+    """States of an artifact record, one per generation's object (README: States and failure model):
+    WRITING (key recorded, uploading) -> COMPLETE (uploaded and verified) -> PUBLISHED (the result of a
+    SUCCEEDED operation); any but a served PUBLISHED -> REMOVING (committed before S3 is cleaned) ->
+    DELETED.
+    """
+
+    WRITING = "WRITING"
+    COMPLETE = "COMPLETE"
+    PUBLISHED = "PUBLISHED"
+    REMOVING = "REMOVING"
+    DELETED = "DELETED"
+
+
+# Artifacts an attempt can leave behind when its worker is lost: the janitor counts them by state.
+LEFT_BEHIND: tuple[ArtifactState, ...] = (ArtifactState.WRITING, ArtifactState.COMPLETE, ArtifactState.REMOVING)

@@ -1,4 +1,4 @@
-"""S3 access: the client factory, the bucket, artifact keys (contract section 6), and resumable listings."""
+"""S3 access: the client factory, the bucket, artifact keys (README: How it works), and resumable listings."""
 
 from __future__ import annotations
 

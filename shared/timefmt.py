@@ -1,12 +1,10 @@
-"""Timestamps as the contract prints them: RFC 3339, UTC, millisecond precision, ``Z`` suffix (5.6)."""
+"""Timestamps as the API prints them: RFC 3339, UTC, millisecond precision, ``Z`` suffix (README: API reference,
+The file)."""
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-
-# The same format in SQL, for lines that Postgres renders itself (worker export).
-SQL_FORMAT = 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'
 
 
 def format_timestamp(value: datetime | None) -> str | None:

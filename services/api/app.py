@@ -51,7 +51,7 @@ def init_app(settings: Settings) -> web.Application:
     """Build the API application; Postgres, S3 and the monitoring endpoint (``metrics_port``) are opened
     on start-up and closed on cleanup.
     """
-    # The largest per-route limit; each route enforces its own, smaller one while streaming (PITFALLS).
+    # The largest per-route limit; each route enforces its own, smaller one while streaming.
     app = web.Application(
         middlewares=[metrics_middleware, error_middleware, auth_middleware],
         client_max_size=settings.import_request_max_bytes,

@@ -1,6 +1,6 @@
-"""Reading request bodies within the contract's limits and validating them with pydantic models.
+"""Reading request bodies within each route's limits (README: API reference) and validating them with pydantic models.
 
-Checks run in the contract's order: media type and content coding (415), size (413), the body arriving
+Checks run in the documented order: media type and content coding (415), size (413), the body arriving
 within its deadline (408) and intact (400), UTF-8 and JSON syntax (400), then the schema (422). Nothing is
 stored before all of them passed. Every route that reads a body reads it through ``read_limited``.
 """
@@ -140,7 +140,7 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
 
 
 def validation_errors(exc: ValidationError, *, prefix: tuple[Any, ...] = ("body",)) -> list[dict[str, Any]]:
-    """Pydantic errors as the contract's ``[{"loc": [...], "msg": "..."}]``, without the offending input."""
+    """Pydantic errors as the documented ``[{"loc": [...], "msg": "..."}]``, without the offending input."""
     return [{"loc": [*prefix, *error["loc"]], "msg": _message(error)} for error in exc.errors()]
 
 
@@ -150,3 +150,11 @@ def _message(error: Any) -> str:
     if error["type"] in ("model_type", "model_attributes_type", "dict_type"):
         return "Input should be a JSON object"
     return str(error["msg"]).removeprefix("Value error, ")
+
+
+def check_body_bytes(body: str, *, max_bytes: int, loc: list[Any]) -> None:
+    """Raise ``Problem`` 422 at ``loc`` when a message ``body`` is over ``max_bytes`` UTF-8 bytes (README: API
+    reference, Send and Import).
+    """
+    if len(body.encode("utf-8")) > max_bytes:
+        raise validation_failed([{"loc": loc, "msg": f"must be at most {max_bytes} UTF-8 bytes"}])

@@ -1,4 +1,4 @@
-"""The ``Idempotency-Key`` header (contract 5.1)."""
+"""The ``Idempotency-Key`` header (README: API reference, Submit)."""
 
 from __future__ import annotations
 

@@ -22,16 +22,16 @@ HTTP_REQUEST_DURATION = Histogram(
 )
 IDEMPOTENCY_REPLAYS = Counter(
     "chatexport_idempotency_replays_total",
-    "Export submissions answered with the operation an earlier request with the same key created (5.1).",
+    "Export submissions answered with the operation an earlier request with the same key created.",
 )
 IDEMPOTENCY_CONFLICTS = counter_from_zero(
     "chatexport_idempotency_conflicts_total",
-    "Export submissions refused because their Idempotency-Key was used for another request, by code (5.1).",
+    "Export submissions refused because their Idempotency-Key was used for another request, by code.",
     "code",
     ("IDEMPOTENCY_KEY_REUSED", "IDEMPOTENCY_KEY_EXPIRED"),
 )
 DOWNLOADS = Counter(
     "chatexport_downloads_total",
-    "Download attempts by outcome (the access event's outcome: GRANTED, EXPIRED, ACCESS_REVOKED, ...) (5.5).",
+    "Download attempts by outcome (the access event's outcome: GRANTED, EXPIRED, ACCESS_REVOKED, ...).",
     ["outcome"],
 )

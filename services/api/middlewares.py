@@ -1,4 +1,6 @@
-"""Request middlewares: problem rendering and bearer authentication (contract sections 2 and 3)."""
+"""Request middlewares: problem rendering and bearer authentication (README: API reference, Authentication;
+Error codes).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RFC 9457 problem responses with the contract's stable ``code`` strings (contract section 3).
+"""RFC 9457 problem responses with stable ``code`` strings (README: Error codes).
 
 A handler raises ``Problem``; the error middleware renders it. Nothing here may echo a message body, a
 token or a signed URL.
@@ -93,10 +93,10 @@ class Problem(Exception):
 
 
 def not_found() -> Problem:
-    """The one 404 for "does not exist" and "you may not know it exists": identical bodies (contract 3)."""
+    """The one 404 for "does not exist" and "you may not know it exists": identical bodies (README: Error codes)."""
     return Problem("NOT_FOUND", NOT_FOUND_DETAIL)
 
 
 def validation_failed(errors: list[dict[str, Any]], detail: str = "The request breaks the schema.") -> Problem:
-    """A 422 with ``errors: [{"loc": [...], "msg": "..."}]`` (contract 3)."""
+    """A 422 with ``errors: [{"loc": [...], "msg": "..."}]`` (README: Error codes)."""
     return Problem("VALIDATION_FAILED", detail, errors=errors)

@@ -1,4 +1,4 @@
-"""Single byte ranges of RFC 9110 section 14 for downloads (contract 5.5: Range requests give 206)."""
+"""Single byte ranges of RFC 9110 section 14 for downloads (README: API reference, Download)."""
 
 from __future__ import annotations
 

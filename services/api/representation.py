@@ -1,4 +1,6 @@
-"""The operation representation of contract 5.2, built from a repository row, and its admin view."""
+"""The operation representation (README: API reference, Operation), built from a repository row, and its
+admin view.
+"""
 
 from __future__ import annotations
 
@@ -31,12 +33,14 @@ def next_poll_after_seconds(age_seconds: float) -> int:
 
 
 def is_terminal(row: asyncpg.Record) -> bool:
-    """True when the operation will not change without an operator (no Retry-After, contract 5.2)."""
+    """True when the operation will not change without an operator: no Retry-After (README: API reference,
+    Operation).
+    """
     return State(row["state"]) in TERMINAL
 
 
 def represent(row: asyncpg.Record) -> dict[str, Any]:
-    """The JSON object of one operation (contract 5.2)."""
+    """The JSON object of one operation (README: API reference, Operation)."""
     operation_id = row["operation_id"]
     terminal = is_terminal(row)
     body: dict[str, Any] = {
@@ -95,7 +99,7 @@ def _links(operation_id: str, state: str, terminal: bool) -> dict[str, str]:
 def represent_for_admin_list(row: asyncpg.Record) -> dict[str, Any]:
     """One operation as the admin list shows it: the owner's representation (``represent``) plus its owner,
     generation, lease holder and expiry, end time and result expiry (README: API reference, Admin view of
-    an operation). ``row`` needs the columns of ``repository.admin.ADMIN_OPERATION_COLUMNS``.
+    an operation). ``row`` is one of ``repository.operations.get_operation``.
     """
     return {
         **represent(row),
@@ -130,7 +134,7 @@ def represent_for_admin(
 
 
 def _with_timestamps(row: asyncpg.Record, *names: str) -> dict[str, Any]:
-    """``row`` as a dict with its ``names`` columns rendered as contract timestamps."""
+    """``row`` as a dict with its ``names`` columns rendered as API timestamps (``shared.timefmt``)."""
     rendered = dict(row.items())
     for name in names:
         rendered[name] = format_timestamp(row[name])

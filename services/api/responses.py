@@ -1,18 +1,34 @@
-"""JSON success responses: UTF-8 text as is, so the read API prints a body exactly as the export file does."""
+"""JSON success responses, the one module views take them from: UTF-8 text as is, so the read API prints a
+body exactly as the export file does, and the status monitor's headers.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
+from services.api.representation import is_terminal, represent
 from shared import jsontext
 
 
 def dumps(body: Any) -> str:
     """Serialise ``body`` as JSON: non-ASCII as is, line-breaking code points escaped (``shared.jsontext``)."""
     return jsontext.dumps(body)
+
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def operation_response(row: asyncpg.Record, *, status: int = 200, **headers: str) -> web.Response:
+    """The operation as JSON with the status monitor's headers (no-store; Retry-After while active)."""
+    body = represent(row)
+    all_headers = {**NO_STORE, **headers}
+    if not is_terminal(row):
+        all_headers["Retry-After"] = str(body["next_poll_after_seconds"])
+    return json_response(body, status=status, headers=all_headers)
 
 
 def json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:

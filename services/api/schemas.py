@@ -35,7 +35,7 @@ MAX_MEMBERS = 10_000
 
 
 def _clean_text(value: str) -> str:
-    # Postgres text cannot hold U+0000, and json.loads lets lone surrogates through (PITFALLS).
+    # Postgres text cannot hold U+0000, and json.loads lets lone surrogates through.
     if "\x00" in value:
         raise ValueError("must not contain U+0000")
     try:
@@ -48,8 +48,8 @@ def _clean_text(value: str) -> str:
 CleanText = Annotated[StrictStr, AfterValidator(_clean_text)]
 Identifier = Annotated[StrictStr, Field(pattern=f"^{ID_PATTERN}$")]
 MessageId = Annotated[CleanText, Field(min_length=1, max_length=64)]
-# The byte limit depends on the route and the settings; the views check it (contract 4). The length
-# bound comes before the text check so that its message speaks of characters, not "items".
+# The byte limit depends on the route and the settings; the views check it (README: API reference, Message store). The
+# length bound comes before the text check so that its message speaks of characters, not "items".
 MessageBody = Annotated[StrictStr, Field(min_length=1), AfterValidator(_clean_text)]
 
 
@@ -101,13 +101,13 @@ ABSENT_PARAMETER: Any = Field(default=None, json_schema_extra=_not_null)
 
 
 class StrictModel(BaseModel):
-    """Unknown fields are a validation error (contract 3: VALIDATION_FAILED)."""
+    """Unknown fields are a validation error (README: Error codes: VALIDATION_FAILED)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ExportSubmission(StrictModel):
-    """Body of ``POST /v3/conversations/{cid}/exports`` (contract 5.1)."""
+    """Body of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Submit)."""
 
     format: Literal["jsonl"]
     # Bounded by Postgres' bigint: a bigger value is a 422 here, not a driver error (a 500) at insert.
@@ -117,34 +117,34 @@ class ExportSubmission(StrictModel):
     @model_validator(mode="after")
     def _range_not_empty_by_construction(self) -> ExportSubmission:
         # Checked after defaults, so {"before_seq": 1} and {"before_seq": 1, "after_seq": 0}, which are the
-        # same canonical request (5.1), are judged alike: both describe an empty range.
+        # same canonical request (README: API reference, Submit), are judged alike: both describe an empty range.
         if self.before_seq is not None and not self.after_seq < self.before_seq - 1:
             raise PydanticCustomError("seq_range", "after_seq must be less than before_seq - 1")
         return self
 
 
 class EmptyRequest(StrictModel):
-    """Body of ``POST /v3/operations/{id}/cancel`` (contract 5.4) and ``POST /admin/operations/{id}/requeue``:
-    empty or ``{}``.
+    """Body of ``POST /v3/operations/{id}/cancel`` (README: States and failure model, Cancel) and ``POST
+    /admin/operations/{id}/requeue``: empty or ``{}``.
     """
 
 
 class MessageSubmission(StrictModel):
-    """Body of ``POST /v2/conversations/{cid}/messages`` (contract 4)."""
+    """Body of ``POST /v2/conversations/{cid}/messages`` (README: API reference, Message store)."""
 
     message_id: MessageId
     body: MessageBody
 
 
 class MessagePageQuery(StrictModel):
-    """Query of ``GET /v2/conversations/{cid}/messages`` (contract 4: ``limit <= 1000``)."""
+    """Query of ``GET /v2/conversations/{cid}/messages`` (README: API reference, Message store: ``limit <= 1000``)."""
 
     after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ), QUERY_DIGITS] = 0
     limit: Annotated[int, Field(ge=1, le=MAX_PAGE_LIMIT), QUERY_DIGITS] = 100
 
 
 class OperationListQuery(StrictModel):
-    """Query of ``GET /v3/operations?state=&limit=&cursor=`` (contract 5.2)."""
+    """Query of ``GET /v3/operations?state=&limit=&cursor=`` (README: API reference, Operation)."""
 
     state: State | None = ABSENT_PARAMETER
     limit: Annotated[int, Field(ge=1, le=MAX_OPERATIONS_PAGE), QUERY_DIGITS] = 20
@@ -161,13 +161,13 @@ class AdminOperationListQuery(OperationListQuery):
 
 
 class MemberSet(StrictModel):
-    """Body of ``PUT /admin/conversations/{cid}``: the complete member set (contract 4)."""
+    """Body of ``PUT /admin/conversations/{cid}``: the complete member set (README: API reference, Message store)."""
 
     members: Annotated[list[Identifier], Field(max_length=MAX_MEMBERS)]
 
 
 class ImportedMessage(StrictModel):
-    """One NDJSON line of ``POST /admin/conversations/{cid}/messages:import`` (contract 4).
+    """One NDJSON line of ``POST /admin/conversations/{cid}/messages:import`` (README: API reference, Message store).
 
     ``sent_at`` absent or null: the time of the import.
     """
@@ -178,14 +178,15 @@ class ImportedMessage(StrictModel):
     sent_at: Timestamp | None = None
 
 
-# Response models (contract sections 3, 4 and 5.2). Field order is the order the views write.
+# Response models (README: Error codes; API reference, Message store and Operation). Field order is the
+# order the views write.
 
 TimestampText = Annotated[
     str,
     Field(
         pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$",
         json_schema_extra={"format": "date-time"},
-        description="RFC 3339 in UTC with millisecond precision and a Z suffix (contract 5.6).",
+        description="RFC 3339 in UTC with millisecond precision and a Z suffix (README: API reference, The file).",
     ),
 ]
 Seq = Annotated[int, Field(ge=1, le=MAX_SEQ)]
@@ -200,7 +201,7 @@ class FieldError(StrictModel):
 
 
 class Problem(StrictModel):
-    """An RFC 9457 problem (``application/problem+json``) with the contract's stable ``code`` (contract 3).
+    """An RFC 9457 problem (``application/problem+json``) with a stable ``code`` (README: Error codes).
 
     ``errors`` comes with VALIDATION_FAILED only; ``state`` with refusals that depend on an operation's state.
     """
@@ -215,7 +216,8 @@ class Problem(StrictModel):
 
 
 class Message(StrictModel):
-    """A stored message as the read API shows it, identical to a line of the export file (contract 5.6)."""
+    """A stored message as the read API shows it, identical to a line of the export file (README: API reference, The
+    file)."""
 
     conversation_id: str
     seq: Seq
@@ -249,7 +251,8 @@ class RecalledMessage(StrictModel):
 
 
 class OperationRequest(StrictModel):
-    """The export request after defaults: the canonical request without user and conversation (5.1)."""
+    """The export request after defaults: the canonical request without user and conversation (README: API reference,
+    Submit)."""
 
     format: Literal["jsonl"]
     before_seq: Seq | None
@@ -257,7 +260,9 @@ class OperationRequest(StrictModel):
 
 
 class Progress(StrictModel):
-    """What a worker measured: a phase name and counts, never a percentage or an ETA (contract 5.2)."""
+    """What a worker measured: a phase name and counts, never a percentage or an ETA (README: API reference,
+    Operation).
+    """
 
     phase: Annotated[
         str,
@@ -303,7 +308,8 @@ class OperationLinks(StrictModel):
 
 
 class Operation(StrictModel):
-    """The status monitor of one export (contract 5.2); ``next_poll_after_seconds`` only while not terminal."""
+    """The status monitor of one export (README: API reference, Operation); ``next_poll_after_seconds`` only while not
+    terminal."""
 
     operation_id: str
     kind: Literal["conversation_export"]

@@ -1,4 +1,4 @@
-"""Submitting an export (contract 5.1): idempotency, quota, and the one transaction that creates it."""
+"""Submitting an export (README: API reference, Submit): idempotency, quota, and the one transaction that creates it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The janitor's passes. Each is idempotent and safe beside running workers: every state change is a
 conditional UPDATE, and objects are deleted only after Postgres says nobody may serve them.
 
-Artifacts are reconciled from both ends (contract 6: every object or upload that is not the published key
+Artifacts are reconciled from both ends (README: How it works: every object or upload that is not the published key
 is an orphan, removed after a grace period):
 
 - from Postgres (``remove_stale_artifacts``): a recorded artifact that can never be published goes through
@@ -29,7 +29,9 @@ from services.janitor import metrics
 from services.janitor import repository as repo
 from shared.artifacts import remove_artifact, remove_artifacts
 from shared.outbox import enqueue_run
+from shared.repository import finish_cancel, record_access_event
 from shared.settings import Settings
+from shared.states import ArtifactState
 from shared.storage import (
     STORAGE_ERRORS,
     Entry,
@@ -120,7 +122,13 @@ class Janitor:
         async with self._pool.acquire() as conn, conn.transaction():
             expired = await repo.expire_results(conn, limit=self._settings.janitor_batch_size)
             for row in expired:
-                await repo.record_deletion(conn, operation_id=row["operation_id"], owner_id=row["owner_id"])
+                await record_access_event(
+                    conn,
+                    operation_id=row["operation_id"],
+                    user_id=row["owner_id"],
+                    action="delete_result",
+                    outcome="EXPIRED",
+                )
         metrics.RESULTS_EXPIRED.inc(len(expired))
         for row in expired:
             await self.remove_artifacts(row["operation_id"])
@@ -148,7 +156,8 @@ class Janitor:
         return requeued
 
     async def finish_abandoned_cancellations(self) -> int:
-        """Remove the objects of CANCEL_REQUESTED operations nobody holds, then mark them CANCELED (5.4)."""
+        """Remove the objects of CANCEL_REQUESTED operations nobody holds, then mark them CANCELED (README: States and
+        failure model, Cancel)."""
         async with self._pool.acquire() as conn:
             candidates = await repo.abandoned_cancellations(conn, limit=self._settings.janitor_batch_size)
         finished = 0
@@ -156,8 +165,8 @@ class Janitor:
             if not await self.remove_artifacts(row["operation_id"]):
                 continue
             async with self._pool.acquire() as conn:
-                if await repo.finish_abandoned_cancel(
-                    conn, operation_id=row["operation_id"], generation=row["generation"]
+                if await finish_cancel(
+                    conn, operation_id=row["operation_id"], generation=row["generation"], abandoned=True
                 ):
                     finished += 1
                     metrics.CANCELLATIONS_FINISHED_BY_JANITOR.inc()
@@ -289,4 +298,4 @@ def _abandoned(upload: ListedUpload, record: asyncpg.Record | None) -> bool:
     """True when nobody can complete ``upload``, given its key's live record (see ``abort_stale_uploads``)."""
     if record is None:
         return True
-    return record["state"] != "WRITING" and record["upload_id"] != upload.upload_id
+    return record["state"] != ArtifactState.WRITING and record["upload_id"] != upload.upload_id

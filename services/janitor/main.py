@@ -10,7 +10,7 @@ import asyncpg
 from services.janitor import metrics
 from services.janitor import repository as repo
 from services.janitor.janitor import Janitor
-from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool_when_ready
+from shared.db import TRANSIENT_DATABASE_ERRORS, connect, create_pool_when_ready
 from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, database_check, serving, storage_check
@@ -75,12 +75,7 @@ async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncp
         # Ended by the server (idle past _leader_idle_ms, a pass that outlasted it) or by the network.
         log.warning("leader session lost; janitor tries to lead again")
     try:
-        conn = await asyncpg.connect(
-            settings.database_url,
-            timeout=settings.database_timeout_seconds,
-            command_timeout=settings.database_timeout_seconds,
-            server_settings={"idle_session_timeout": str(_leader_idle_ms(settings))},
-        )
+        conn = await connect(settings, idle_session_timeout=str(_leader_idle_ms(settings)))
     except TRANSIENT_DATABASE_ERRORS:
         log.warning("database unavailable; janitor waits")
         return None

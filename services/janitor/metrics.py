@@ -12,14 +12,14 @@ from prometheus_client import Counter, Gauge, Histogram
 from services.janitor import repository as repo
 from shared.db import probing_connection
 from shared.metrics import CANCELLATIONS_FINISHED, counter_from_zero
-from shared.states import State
+from shared.states import LEFT_BEHIND, State
 
 # The states a record left behind by an attempt can be found in (see ``repository.stale_artifacts``).
-LEFT_BEHIND_STATES = ("WRITING", "COMPLETE", "REMOVING")
+LEFT_BEHIND_STATES = tuple(state.value for state in LEFT_BEHIND)
 
 RESULTS_EXPIRED = Counter(
     "chatexport_janitor_results_expired_total",
-    "SUCCEEDED operations moved to EXPIRED once their result's retention ended (contract 5.3).",
+    "SUCCEEDED operations moved to EXPIRED once their result's retention ended.",
 )
 OPERATIONS_REQUEUED = counter_from_zero(
     "chatexport_janitor_operations_requeued_total",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncpg
 
-from shared.repository import closing_attempt
-
 # The janitor's leader lock: one janitor acts at a time, the others wait for their next pass.
 LEADER_LOCK_KEY = 0x63686A61  # "chja"
 
@@ -73,7 +71,7 @@ async def live_artifacts(conn: asyncpg.Connection, *, object_keys: list[str]) ->
     """The artifact records among ``object_keys`` that may still be written, published or served, or are
     being removed (any state but DELETED): object key -> (state, upload_id). A key missing from the
     result has no record, or a DELETED one, and can never get a live one: a record is made before its
-    key's first byte (contract 6) and never leaves DELETED.
+    key's first byte (README: How it works) and never leaves DELETED.
     """
     rows = await conn.fetch(
         """
@@ -85,22 +83,9 @@ async def live_artifacts(conn: asyncpg.Connection, *, object_keys: list[str]) ->
     return {row["object_key"]: row for row in rows}
 
 
-async def record_deletion(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> None:
-    """Record a result deletion beside the download attempts (contract 5.5's access events): the owner's
-    result deleted because it expired. Run it in the transaction that moves the operation to EXPIRED, so
-    that no expiry goes unrecorded.
-    """
-    await conn.execute(
-        "INSERT INTO access_events (operation_id, user_id, action, outcome)"
-        " VALUES ($1, $2, 'delete_result', 'EXPIRED')",
-        operation_id,
-        owner_id,
-    )
-
-
 async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int) -> int:
-    """Delete ended operations created more than ``retention_seconds`` ago, with their idempotency keys
-    and artifacts (cascade) and outbox rows; return how many operations went. Frees their keys (5.1).
+    """Delete ended operations created more than ``retention_seconds`` ago, with their idempotency keys and artifacts
+    (cascade) and outbox rows; return how many operations went. Frees their keys (README: API reference, Submit).
     """
     purged: int = await conn.fetchval(
         """
@@ -176,27 +161,6 @@ async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> li
         limit,
     )
     return rows
-
-
-async def finish_abandoned_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
-    """CANCEL_REQUESTED -> CANCELED, unless a worker took a lease on it meanwhile (contract 5.4).
-
-    An attempt still open is one whose worker was lost before it finished the cancel: closed as LEASE_LOST.
-    """
-    canceled: bool = await conn.fetchval(
-        closing_attempt(
-            """
-            UPDATE operations SET state = 'CANCELED', progress_phase = 'canceled', lease_owner = NULL,
-                lease_expires_at = NULL, finished_at = now(), updated_at = now()
-            WHERE operation_id = $1 AND generation = $2 AND state = 'CANCEL_REQUESTED'
-              AND (lease_expires_at IS NULL OR lease_expires_at < now())
-            """,
-            outcome="'LEASE_LOST'",
-        ),
-        operation_id,
-        generation,
-    )
-    return canceled
 
 
 async def system_figures(conn: asyncpg.Connection) -> list[asyncpg.Record]:

@@ -13,7 +13,7 @@ PUBLISH_FAILURE_REASONS = ("timeout", "returned", "broker")
 
 PUBLISHED = Counter(
     "chatexport_relay_published_total",
-    "Outbox rows the broker confirmed and the relay marked published (contract 6).",
+    "Outbox rows the broker confirmed and the relay marked published.",
 )
 PUBLISH_FAILURES = counter_from_zero(
     "chatexport_relay_publish_failures_total",

@@ -1,4 +1,4 @@
-"""Publishing outbox rows (contract section 6).
+"""Publishing outbox rows (README: How it works).
 
 A batch of due rows is locked with SKIP LOCKED, published with publisher confirms, ``mandatory`` and a
 timeout, and marked published in the same transaction only for the rows the broker confirmed. A crash
@@ -18,7 +18,7 @@ from aio_pika.abc import AbstractExchange
 
 from services.relay import metrics
 from services.relay import repository as repo
-from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.db import TRANSIENT_DATABASE_ERRORS, connect
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class Relay:
             message_id=str(row["outbox_id"]),
         )
         try:
-            # mandatory: an unroutable message comes back as PublishError instead of vanishing (PITFALLS).
+            # mandatory: an unroutable message comes back as PublishError instead of vanishing.
             await self._exchange.publish(
                 message,
                 routing_key=row["routing_key"],
@@ -131,9 +131,7 @@ class Relay:
         if listener is not None and not listener.is_closed():
             return listener
         try:
-            listener = await asyncpg.connect(
-                self._settings.database_url, timeout=self._settings.database_timeout_seconds
-            )
+            listener = await connect(self._settings)
             await listener.add_listener(NOTIFY_CHANNEL, lambda *_: wake.set())
         except TRANSIENT_DATABASE_ERRORS:
             log.warning("LISTEN unavailable; polling only")

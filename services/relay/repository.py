@@ -1,4 +1,4 @@
-"""All SQL of the relay (contract section 6: claimed by the unpublished flag with SKIP LOCKED)."""
+"""All SQL of the relay (README: How it works: claimed by the unpublished flag with SKIP LOCKED)."""
 
 from __future__ import annotations
 

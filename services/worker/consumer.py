@@ -1,6 +1,6 @@
 """Consuming wake-up messages: claim the lease in Postgres, ack, then run the export in the background.
 
-The ack follows the lease commit at once (contract 6), so a long export never sits unacked against the
+The ack follows the lease commit at once (README: How it works), so a long export never sits unacked against the
 broker's consumer timeout; if the worker dies after the ack, the lease expires and the janitor re-enqueues.
 """
 
@@ -24,6 +24,7 @@ from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
+from shared.repository import current_state
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class Consumer:
 
     @property
     def registered(self) -> bool:
-        """Ready to take work (contract 6): consuming, or paused only because every slot is busy."""
+        """Ready to take work (README: How it works): consuming, or paused only because every slot is busy."""
         return not self._closing and (self._consumer_tag is not None or self._slots.locked())
 
     async def stop(self) -> None:
@@ -207,7 +208,7 @@ class Consumer:
         )
         if row is not None:
             return Lease.from_row(row), Task.CANCEL
-        if await repo.current_state(conn, operation_id=operation_id) is None:
+        if await current_state(conn, operation_id=operation_id) is None:
             metrics.UNKNOWN_WAKEUPS.inc()
             log.warning("wake-up for an unknown operation acked", extra={"operation_id": operation_id})
         return None
@@ -222,7 +223,7 @@ class Task(Enum):
 
 
 async def _settle(message: AbstractIncomingMessage, *, requeue: bool) -> None:
-    # After a reconnect the delivery tag belongs to a dead channel (PITFALLS): the broker redelivers the
+    # After a reconnect the delivery tag belongs to a dead channel: the broker redelivers the
     # message, and the lease makes the redelivery a no-op.
     with contextlib.suppress(Exception):
         if requeue:

@@ -1,5 +1,5 @@
-"""One export attempt under a lease: read the messages in seq ranges, stream them into S3, verify,
-and commit SUCCEEDED together with the membership re-check (contract 5.6, 5.7 and 6).
+"""One export attempt under a lease: read the messages in seq ranges, stream them into S3, verify, and commit SUCCEEDED
+together with the membership re-check (README: API reference, The file; States and failure model; How it works).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from shared import repository as shared_repo
 from shared.artifacts import remove_artifact
 from shared.logs import update_log_fields
 from shared.settings import Settings
+from shared.states import ArtifactState
 from shared.storage import artifact_key
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class Lease:
     attempt: int
 
     @classmethod
-    def from_row(cls, row: asyncpg.Record) -> Lease:
+    def from_row(cls, row: Mapping[str, Any]) -> Lease:
         """Build from the row ``repository.claim`` returns."""
         return cls(**{field: row[field] for field in cls.__dataclass_fields__})
 
@@ -112,7 +113,7 @@ class ExportJob:
 
     async def _settle_earlier_generations(self) -> bool:
         """After a takeover, publish an earlier generation's complete object if S3 still holds exactly what
-        was verified (True), and remove every other earlier object and upload (contract 6: unknown outcomes).
+        was verified (True), and remove every other earlier object and upload (README: How it works: unknown outcomes).
         """
         lease = self._lease
         async with self._pool.acquire() as conn:
@@ -120,7 +121,7 @@ class ExportJob:
                 conn, operation_id=lease.operation_id, below_generation=lease.generation
             )
         for artifact in earlier:
-            if artifact["state"] == "COMPLETE" and await self._adopt(artifact):
+            if artifact["state"] == ArtifactState.COMPLETE and await self._adopt(artifact):
                 metrics.ARTIFACTS_ADOPTED.inc()
                 return True
             removed = await self._remove(artifact["generation"])
@@ -208,7 +209,7 @@ class ExportJob:
     async def _finish_and_verify(self) -> Digest:
         await self._progress("uploading")
         written = await self._writer.finish()
-        # SUCCEEDED promises a verified file (contract 5.3): measure what S3 actually holds.
+        # SUCCEEDED promises a verified file (README: States and failure model): measure what S3 actually holds.
         await self._progress("verifying")
         stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=self.key)
         if stored != written:
@@ -227,9 +228,9 @@ class ExportJob:
         return written
 
     async def _publish(self, digest: Digest, *, generation: int, key: str) -> None:
-        """Commit SUCCEEDED with the object ``key`` of ``generation`` (ours, or an adopted earlier one) after
-        the membership re-check, in one transaction (5.7). Raises ``PermanentError`` (access revoked),
-        ``LeaseLost``, or ``ArtifactGone`` when that object was removed meanwhile.
+        """Commit SUCCEEDED with the object ``key`` of ``generation`` (ours, or an adopted earlier one) after the
+        membership re-check, in one transaction (README: States and failure model). Raises ``PermanentError`` (access
+        revoked), ``LeaseLost``, or ``ArtifactGone`` when that object was removed meanwhile.
         """
         lease = self._lease
         async with self._pool.acquire() as conn, conn.transaction():

@@ -54,7 +54,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
             worker_id=worker_id,
         )
         # The consumer keeps the queue referenced: connect_robust restores only consumers it can still
-        # reach (PITFALLS).
+        # reach.
         consumer.start()
         monitor.checks["consumer"] = lambda: _consuming(consumer)
         log.info("worker consuming", extra={"worker": worker_id, "queue": settings.amqp_queue})

@@ -15,7 +15,7 @@ FENCED_WRITES = ("heartbeat", "progress", "artifact", "result", "state")
 
 STALE_GENERATION_WRITES = counter_from_zero(
     "chatexport_worker_stale_generation_writes_total",
-    "Writes of a lease holder rejected because a newer generation holds the operation (contract 5.3).",
+    "Writes of a lease holder rejected because a newer generation holds the operation.",
     "write",
     FENCED_WRITES,
 )

@@ -1,7 +1,8 @@
 """All SQL of the worker. Writes of a lease holder are fenced: they match only while the operation is
-RUNNING under the holder's generation, so a holder that lost its lease changes nothing (contract 5.3).
-A claim opens the generation's row in ``attempts`` and every write that ends an attempt closes it, in the
-same statement (``shared.repository.closing_attempt``).
+RUNNING (or, for the lease itself, CANCEL_REQUESTED: the holder keeps it until it has removed its objects
+and written CANCELED) under the holder's generation, so a holder that lost its lease changes nothing
+(README: States and failure model). A claim opens the generation's row in ``attempts`` and every write
+that ends an attempt closes it, in the same transaction (``shared.repository``).
 """
 
 from __future__ import annotations
@@ -11,21 +12,21 @@ from typing import Any
 
 import asyncpg
 
-from shared.repository import closing_attempt
-from shared.timefmt import SQL_FORMAT
+from shared.repository import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
 
 # One export line per message, rendered by Postgres so no row crosses into Python objects. to_json escapes
 # exactly as json.dumps(ensure_ascii=False) does; the three replace() escape what shared.jsontext escapes
 # (U+0085, U+2028, U+2029, outside JSON's own escapes), so every line is one line for every reader and the
 # file matches the read API byte for byte (README: API reference, The file).
-EXPORT_LINES_SQL = f"""
+# sent_at is printed as shared.timefmt prints timestamps in the API.
+EXPORT_LINES_SQL = """
 SELECT replace(replace(replace(
-    '{{"conversation_id":' || to_json(conversation_id)::text
+    '{"conversation_id":' || to_json(conversation_id)::text
     || ',"seq":' || seq
     || ',"message_id":' || to_json(message_id)::text
     || ',"sender_id":' || to_json(sender_id)::text
-    || ',"sent_at":"' || to_char(sent_at AT TIME ZONE 'UTC', '{SQL_FORMAT}') || '"'
-    || ',"body":' || to_json(body)::text || '}}',
+    || ',"sent_at":"' || to_char(sent_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'
+    || ',"body":' || to_json(body)::text || '}',
     chr(133), '\\u0085'), chr(8232), '\\u2028'), chr(8233), '\\u2029')
 FROM messages
 WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
@@ -33,13 +34,8 @@ ORDER BY seq
 """
 
 # COPY's csv format with quote and delimiter characters that JSON text never contains passes the
-# lines through verbatim; the text format would double every backslash (PITFALLS).
+# lines through verbatim; the text format would double every backslash.
 _COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
-
-_HELD = "operation_id = $1 AND generation = $2 AND state = 'RUNNING'"
-# The lease itself outlives a cancel request: the holder keeps it until it has removed its objects and
-# written CANCELED, so the janitor does not take over a cancellation that a live worker is finishing.
-_LEASED = "operation_id = $1 AND generation = $2 AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
 
 
 async def copy_export_lines(
@@ -52,27 +48,29 @@ async def copy_export_lines(
 ) -> None:
     """Stream the export lines of seqs ``after_seq < seq <= last_seq`` to ``output`` as raw bytes.
 
-    One short statement: no snapshot stays open across the export (PITFALLS: xmin).
+    One short statement: no snapshot stays open across the export (a snapshot held open holds back vacuum
+    of every table, the outbox included).
     """
     await conn.copy_from_query(EXPORT_LINES_SQL, conversation_id, after_seq, last_seq, output=output, **_COPY_OPTIONS)
 
 
 async def claim(
     conn: asyncpg.Connection, *, operation_id: str, worker_id: str, lease_seconds: float
-) -> asyncpg.Record | None:
+) -> dict[str, Any] | None:
     """Take the lease of a runnable operation with generation + 1; None when there is nothing to run.
 
     Runnable: QUEUED, RETRY_AT whose time has come, or RUNNING whose lease expired (a takeover). Times are
     the database's. ``snapshot_max_seq``, the highest seq the file may hold, is fixed on the first claim and
     kept by every retry: the conversation's last seq, capped at ``before_seq - 1``, and ``after_seq`` when
     that leaves the range empty, so that an export of what came next starts there (README: API reference). The
-    same statement opens the new generation's attempt, held by ``worker_id``, and closes an older one still
-    open as LEASE_LOST: its holder can no longer end it, every write of its generation is fenced off.
-    ``took_over`` in the row says whether it did (a takeover).
+    same transaction opens the new generation's attempt, held by ``worker_id``, and closes an older one
+    still open (``shared.repository.supersede_attempts``). Returns the claimed row (operation_id, owner_id,
+    conversation_id, before_seq, after_seq, snapshot_max_seq, generation, attempt) with ``took_over``,
+    whether the claim was a takeover.
     """
-    return await conn.fetchrow(
-        """
-        WITH claimed AS (
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            """
             UPDATE operations o SET
                 state = 'RUNNING', generation = o.generation + 1, attempt = o.attempt + 1,
                 lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
@@ -86,21 +84,19 @@ async def claim(
                 OR (o.state = 'RETRY_AT' AND o.retry_at <= now())
                 OR (o.state = 'RUNNING' AND o.lease_expires_at < now()))
             RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
-                      o.snapshot_max_seq, o.generation, o.attempt),
-        superseded AS (
-            UPDATE attempts a SET ended_at = now(), outcome = 'LEASE_LOST'
-            FROM claimed c
-            WHERE a.operation_id = c.operation_id AND a.generation < c.generation AND a.ended_at IS NULL
-            RETURNING a.generation),
-        opened AS (
-            INSERT INTO attempts (operation_id, generation, attempt, worker_id)
-            SELECT operation_id, generation, attempt, $2 FROM claimed)
-        SELECT claimed.*, EXISTS (SELECT 1 FROM superseded) AS took_over FROM claimed
-        """,
-        operation_id,
-        worker_id,
-        lease_seconds,
-    )
+                      o.snapshot_max_seq, o.generation, o.attempt
+            """,
+            operation_id,
+            worker_id,
+            lease_seconds,
+        )
+        if row is None:
+            return None
+        took_over = await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
+        await open_attempt(
+            conn, operation_id=operation_id, generation=row["generation"], attempt=row["attempt"], worker_id=worker_id
+        )
+    return {**row, "took_over": took_over}
 
 
 async def claim_cancellation(
@@ -115,54 +111,55 @@ async def claim_cancellation(
     generation is closed as LEASE_LOST, as a takeover closes it. Returns the columns of ``claim`` (with
     ``snapshot_max_seq`` = ``after_seq`` when it was never fixed).
     """
-    return await conn.fetchrow(
-        """
-        WITH claimed AS (
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            """
             UPDATE operations o SET generation = o.generation + 1, lease_owner = $2,
                 lease_expires_at = now() + make_interval(secs => $3)
             WHERE o.operation_id = $1 AND o.state = 'CANCEL_REQUESTED'
               AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
             RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
-                      coalesce(o.snapshot_max_seq, o.after_seq) AS snapshot_max_seq, o.generation, o.attempt),
-        superseded AS (
-            UPDATE attempts a SET ended_at = now(), outcome = 'LEASE_LOST'
-            FROM claimed c
-            WHERE a.operation_id = c.operation_id AND a.generation < c.generation AND a.ended_at IS NULL)
-        SELECT * FROM claimed
-        """,
-        operation_id,
-        worker_id,
-        lease_seconds,
-    )
+                      coalesce(o.snapshot_max_seq, o.after_seq) AS snapshot_max_seq, o.generation, o.attempt
+            """,
+            operation_id,
+            worker_id,
+            lease_seconds,
+        )
+        if row is not None:
+            await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
+    return row
 
 
 async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_attempts: int, message: str) -> bool:
-    """RUNNING -> FAILED_REPAIR when its lease expired after ``max_attempts`` attempts: each of them lost
-    its worker, so taking it over again would only risk the next one (contract 5.3: the budget is spent).
-    The last attempt is closed as LEASE_LOST with ``WORKER_LOST``.
+    """RUNNING -> FAILED_REPAIR when its lease expired after ``max_attempts`` attempts: each of them lost its worker, so
+    taking it over again would only risk the next one (README: States and failure model: the budget is spent). The last
+    attempt is closed as LEASE_LOST with ``WORKER_LOST``.
     """
-    parked: bool = await conn.fetchval(
-        closing_attempt(
+    async with conn.transaction():
+        generation = await conn.fetchval(
             """
             UPDATE operations SET state = 'FAILED_REPAIR', error_code = 'WORKER_LOST', error_message = $3,
                 progress_phase = 'failed_repair', lease_owner = NULL, lease_expires_at = NULL,
                 finished_at = now(), updated_at = now()
             WHERE operation_id = $1 AND state = 'RUNNING' AND lease_expires_at < now() AND attempt >= $2
+            RETURNING generation
             """,
-            outcome="'LEASE_LOST'",
-            error_code="'WORKER_LOST'",
-        ),
-        operation_id,
-        max_attempts,
-        message,
-    )
-    return parked
+            operation_id,
+            max_attempts,
+            message,
+        )
+        if generation is None:
+            return False
+        await close_attempt(
+            conn, operation_id=operation_id, generation=generation, outcome="LEASE_LOST", error_code="WORKER_LOST"
+        )
+    return True
 
 
 async def holds_membership(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
     """True when ``user_id`` is a member; the row is share-locked so a removal waits for this transaction.
 
-    That makes "still a member" and "commit SUCCEEDED" one atomic decision (contract 5.7).
+    That makes "still a member" and "commit SUCCEEDED" one atomic decision (README: States and failure model).
     """
     found = await conn.fetchval(
         "SELECT 1 FROM conversation_members WHERE conversation_id = $1 AND user_id = $2 FOR SHARE",
@@ -175,10 +172,14 @@ async def holds_membership(conn: asyncpg.Connection, *, conversation_id: str, us
 async def extend_lease(conn: asyncpg.Connection, *, operation_id: str, generation: int, lease_seconds: float) -> bool:
     """Heartbeat: push the lease end to now + ``lease_seconds``; False when the lease is no longer held.
 
-    Also while CANCEL_REQUESTED: the holder still has objects to remove before CANCELED (contract 5.4).
+    Also while CANCEL_REQUESTED: the holder still has objects to remove before CANCELED (README: States and failure
+    model, Cancel).
     """
     status = await conn.execute(
-        f"UPDATE operations SET lease_expires_at = now() + make_interval(secs => $3) WHERE {_LEASED}",
+        """
+        UPDATE operations SET lease_expires_at = now() + make_interval(secs => $3)
+        WHERE operation_id = $1 AND generation = $2 AND state IN ('RUNNING', 'CANCEL_REQUESTED')
+        """,
         operation_id,
         generation,
         lease_seconds,
@@ -198,10 +199,10 @@ async def record_progress(
 ) -> bool:
     """Store measured progress and extend the lease; False when the lease is no longer held."""
     status = await conn.execute(
-        f"""
+        """
         UPDATE operations SET progress_phase = $3, messages_written = $4, bytes_written = $5,
             lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
-        WHERE {_HELD}
+        WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
         """,
         operation_id,
         generation,
@@ -214,11 +215,12 @@ async def record_progress(
 
 
 async def record_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int, object_key: str) -> bool:
-    """Record the artifact key before its first byte is uploaded (contract 6); False without the lease."""
+    """Record the artifact key before its first byte is uploaded (README: How it works); False without the lease."""
     status = await conn.execute(
-        f"""
+        """
         INSERT INTO artifacts (operation_id, generation, object_key, state)
-        SELECT $1, $2, $3, 'WRITING' FROM operations WHERE {_HELD}
+        SELECT $1, $2, $3, 'WRITING' FROM operations
+        WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
         """,
         operation_id,
         generation,
@@ -286,30 +288,30 @@ async def succeed(
 ) -> bool:
     """RUNNING -> SUCCEEDED with the published key; False when the lease or the state moved on.
 
-    A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (5.4). Closes
-    the attempt as SUCCEEDED.
+    A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (README: States and failure
+    model, Cancel). Closes the attempt as SUCCEEDED.
     """
-    succeeded: bool = await conn.fetchval(
-        closing_attempt(
-            f"""
+    async with conn.transaction():
+        status = await conn.execute(
+            """
             UPDATE operations SET state = 'SUCCEEDED', result_key = $3, result_size_bytes = $4,
                 result_sha256 = $5, result_message_count = $6,
                 result_expires_at = now() + make_interval(secs => $7),
                 progress_phase = 'done', messages_written = $6, bytes_written = $4,
                 lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now()
-            WHERE {_HELD}
+            WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
             """,
-            outcome="'SUCCEEDED'",
-        ),
-        operation_id,
-        generation,
-        object_key,
-        size_bytes,
-        sha256,
-        message_count,
-        float(result_ttl_seconds),
-    )
-    return succeeded
+            operation_id,
+            generation,
+            object_key,
+            size_bytes,
+            sha256,
+            message_count,
+            float(result_ttl_seconds),
+        )
+        return await close_attempt_if_matched(
+            status, conn, operation_id=operation_id, generation=generation, outcome="SUCCEEDED"
+        )
 
 
 async def end_attempt(
@@ -325,26 +327,25 @@ async def end_attempt(
     """RUNNING -> FAILED, FAILED_REPAIR or RETRY_AT (with ``retry_delay_seconds``) and a readable error; the
     attempt is closed with that state as its outcome and ``error_code``.
     """
-    ended: bool = await conn.fetchval(
-        closing_attempt(
-            f"""
+    async with conn.transaction():
+        status = await conn.execute(
+            """
             UPDATE operations SET state = $3, error_code = $4, error_message = $5,
                 retry_at = CASE WHEN $6::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $6) END,
                 progress_phase = lower($3), lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
                 finished_at = CASE WHEN $3 = 'RETRY_AT' THEN NULL ELSE now() END
-            WHERE {_HELD}
+            WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
             """,
-            outcome="$3",
-            error_code="$4",
-        ),
-        operation_id,
-        generation,
-        state,
-        error_code,
-        error_message,
-        retry_delay_seconds,
-    )
-    return ended
+            operation_id,
+            generation,
+            state,
+            error_code,
+            error_message,
+            retry_delay_seconds,
+        )
+        return await close_attempt_if_matched(
+            status, conn, operation_id=operation_id, generation=generation, outcome=state, error_code=error_code
+        )
 
 
 async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
@@ -353,40 +354,16 @@ async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: 
     The interrupted attempt does not count against the retry budget: the next claim runs it again. The
     attempt is closed as HANDED_BACK.
     """
-    handed_back: bool = await conn.fetchval(
-        closing_attempt(
-            f"""
+    async with conn.transaction():
+        status = await conn.execute(
+            """
             UPDATE operations SET lease_expires_at = now() - interval '1 millisecond',
                 progress_phase = 'handed back', attempt = attempt - 1, updated_at = now()
-            WHERE {_LEASED}
+            WHERE operation_id = $1 AND generation = $2 AND state IN ('RUNNING', 'CANCEL_REQUESTED')
             """,
-            outcome="'HANDED_BACK'",
-        ),
-        operation_id,
-        generation,
-    )
-    return handed_back
-
-
-async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
-    """CANCEL_REQUESTED -> CANCELED by the holder of ``generation``, after it removed its objects (5.4); the
-    attempt is closed as CANCELED.
-    """
-    canceled: bool = await conn.fetchval(
-        closing_attempt(
-            """
-            UPDATE operations SET state = 'CANCELED', progress_phase = 'canceled', lease_owner = NULL,
-                lease_expires_at = NULL, finished_at = now(), updated_at = now()
-            WHERE operation_id = $1 AND generation = $2 AND state = 'CANCEL_REQUESTED'
-            """,
-            outcome="'CANCELED'",
-        ),
-        operation_id,
-        generation,
-    )
-    return canceled
-
-
-async def current_state(conn: asyncpg.Connection, *, operation_id: str) -> asyncpg.Record | None:
-    """The operation's state and generation now, to learn why a fenced write matched nothing."""
-    return await conn.fetchrow("SELECT state, generation FROM operations WHERE operation_id = $1", operation_id)
+            operation_id,
+            generation,
+        )
+        return await close_attempt_if_matched(
+            status, conn, operation_id=operation_id, generation=generation, outcome="HANDED_BACK"
+        )

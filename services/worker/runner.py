@@ -21,6 +21,7 @@ from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.outbox import enqueue_run
+from shared.repository import CurrentState, current_state, finish_cancel
 from shared.settings import Settings
 from shared.states import State
 from shared.storage import ensure_bucket
@@ -83,9 +84,9 @@ class LeaseRunner:
             await self._end_failed_attempt(lease, exc)
 
     async def refuse(self, lease: Lease) -> None:
-        """End ``lease`` FAILED with ``ACCESS_REVOKED`` before any work: the owner is no longer a member
-        (contract 5.7). Objects that earlier generations left are removed first; what S3 refuses now, the
-        janitor removes once the operation has ended.
+        """End ``lease`` FAILED with ``ACCESS_REVOKED`` before any work: the owner is no longer a member (README: States
+        and failure model). Objects that earlier generations left are removed first; what S3 refuses now, the janitor
+        removes once the operation has ended.
         """
         with _attempt_context(lease):
             await remove_artifacts(
@@ -104,23 +105,23 @@ class LeaseRunner:
                         generation=lease.generation,
                         lease_seconds=self._settings.lease_seconds,
                     )
-                    now = None if held else await repo.current_state(conn, operation_id=lease.operation_id)
+                    now = None if held else await current_state(conn, operation_id=lease.operation_id)
             except TRANSIENT_DATABASE_ERRORS:
                 log.warning("heartbeat failed; will try again", extra=lease.log_extra())
                 continue
             if not held:
                 # The job itself stops at its next fenced write; a cancel is finished there.
-                if now is not None and now["generation"] > lease.generation:
+                if now is not None and now.generation > lease.generation:
                     _report_rejection(lease, write="heartbeat", now=now)
                 return
 
     async def _after_lease_lost(self, lease: Lease, *, write: str) -> None:
         """A fenced ``write`` matched nothing: finish the cancel it was refused for, or count and log the
-        rejection of a superseded generation's write (contract 5.3).
+        rejection of a superseded generation's write (README: States and failure model).
         """
         async with self._pool.acquire() as conn:
-            now = await repo.current_state(conn, operation_id=lease.operation_id)
-        if now is not None and now["state"] == State.CANCEL_REQUESTED and now["generation"] == lease.generation:
+            now = await current_state(conn, operation_id=lease.operation_id)
+        if now is not None and now.state == State.CANCEL_REQUESTED and now.generation == lease.generation:
             await self._finish_cancel(lease, attempt_open=True)
             return
         metrics.ATTEMPTS_ENDED.labels("LEASE_LOST").inc()
@@ -142,7 +143,9 @@ class LeaseRunner:
                 ):
                     metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
                 log.warning("cancel left to the janitor: objects remain", extra=lease.log_extra())
-            elif await repo.finish_cancel(conn, operation_id=lease.operation_id, generation=lease.generation):
+            elif await finish_cancel(
+                conn, operation_id=lease.operation_id, generation=lease.generation, abandoned=False
+            ):
                 if attempt_open:
                     metrics.ATTEMPTS_ENDED.labels(State.CANCELED).inc()
                 CANCELLATIONS_FINISHED.labels("worker").inc()
@@ -203,14 +206,14 @@ def _attempt_context(lease: Lease) -> Iterator[None]:
         yield
 
 
-def _report_rejection(lease: Lease, *, write: str, now: asyncpg.Record | None) -> None:
+def _report_rejection(lease: Lease, *, write: str, now: CurrentState | None) -> None:
     """Log a fenced write that matched nothing; count it when a newer generation holds the operation."""
-    superseded = now is not None and now["generation"] > lease.generation
+    superseded = now is not None and now.generation > lease.generation
     if superseded:
         metrics.STALE_GENERATION_WRITES.labels(write=write).inc()
     log.warning(
         "fenced write rejected: a newer generation holds the operation" if superseded else "fenced write rejected",
-        extra=lease.log_extra(write=write, state_now=now and now["state"], generation_now=now and now["generation"]),
+        extra=lease.log_extra(write=write, state_now=now and now.state, generation_now=now and now.generation),
     )
 
 

@@ -17,11 +17,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from services.api.app import init_app
-from services.janitor import repository as janitor_repo
 from services.janitor.janitor import Janitor
 from services.worker import repository as repo
 from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
+from shared import repository as shared_repo
 from shared.repair import requeue
 from shared.settings import Settings
 from shared.storage import artifact_key
@@ -275,7 +275,7 @@ def _hand_back(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
 
 
 def _finish_cancel(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return repo.finish_cancel(conn, operation_id="op_1", generation=generation)
+    return shared_repo.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=False)
 
 
 def _park(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
@@ -283,7 +283,7 @@ def _park(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
 
 
 def _janitor_cancel(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return janitor_repo.finish_abandoned_cancel(conn, operation_id="op_1", generation=generation)
+    return shared_repo.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=True)
 
 
 EXPIRED_LEASE = "UPDATE operations SET lease_expires_at = now() - interval '1 second'"

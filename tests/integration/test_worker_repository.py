@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from services.worker import repository as repo
+from shared.repository import finish_cancel
 
 pytestmark = pytest.mark.integration
 
@@ -105,8 +106,8 @@ async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps
         conn, **held, phase="writing", messages_written=1, bytes_written=1, lease_seconds=LEASE
     )
     assert await repo.extend_lease(conn, **held, lease_seconds=LEASE)
-    assert not await repo.finish_cancel(conn, operation_id="op_1", generation=2)
-    assert await repo.finish_cancel(conn, **held)
+    assert not await finish_cancel(conn, operation_id="op_1", generation=2, abandoned=False)
+    assert await finish_cancel(conn, **held, abandoned=False)
     assert (await row(conn))["state"] == "CANCELED"
 
 

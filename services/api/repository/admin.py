@@ -1,26 +1,10 @@
-"""SQL of the admin views of operations: the list of every user's operations, and one operation with its
-lease, its attempts, artifacts and access events (run those in one repeatable-read transaction to see them
-as of one moment).
+"""SQL of the admin view of an operation: its attempts, artifacts and access events (run them with
+``operations.get_operation`` in one repeatable-read transaction to see them as of one moment).
 """
 
 from __future__ import annotations
 
 import asyncpg
-
-from services.api.repository.operations import OPERATION_COLUMNS
-
-# The owner's columns plus what only an operator sees: who holds the lease and until when.
-ADMIN_OPERATION_COLUMNS = f"{OPERATION_COLUMNS}, o.lease_owner, o.lease_expires_at"
-
-
-async def get_operation(conn: asyncpg.Connection, *, operation_id: str) -> asyncpg.Record | None:
-    """The operation whoever owns it, with its lease (lease_owner, lease_expires_at) and finished_at; None
-    when there is no such operation.
-    """
-    return await conn.fetchrow(
-        f"SELECT {ADMIN_OPERATION_COLUMNS} FROM operations o WHERE o.operation_id = $1",
-        operation_id,
-    )
 
 
 async def attempts(conn: asyncpg.Connection, *, operation_id: str) -> list[asyncpg.Record]:

@@ -1,4 +1,4 @@
-"""SQL of the message store (contract section 4): conversations, their members and their messages.
+"""SQL of the message store (README: API reference, Message store): conversations, their members and their messages.
 
 Every function that writes messages first takes the conversation's row lock (``conversations.last_seq``),
 so stores and imports of one conversation run one at a time: seqs are strictly increasing, gapless among
@@ -26,7 +26,7 @@ class ConversationNotFound(Exception):
 
 
 class ImportLine(Protocol):
-    """One message to import: the fields of an admin import NDJSON line (contract 4)."""
+    """One message to import: the fields of an admin import NDJSON line (README: API reference, Message store)."""
 
     @property
     def message_id(self) -> str: ...
@@ -53,7 +53,7 @@ async def is_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: 
 
     An id that breaks the id syntax (``shared.ids``) cannot be stored, so it is answered False without a
     query: a path segment with U+0000 never reaches Postgres, and it gets the same 404 as any other
-    conversation the caller cannot see (contract 3).
+    conversation the caller cannot see (README: Error codes).
     """
     if not (is_valid_id(conversation_id) and is_valid_id(user_id)):
         return False
@@ -66,7 +66,8 @@ async def is_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: 
 
 
 async def put_members(conn: asyncpg.Connection, *, conversation_id: str, members: Sequence[str]) -> None:
-    """Create ``conversation_id`` if it is missing and make ``members`` its exact member set (contract 4).
+    """Create ``conversation_id`` if it is missing and make ``members`` its exact member set (README: API reference,
+    Message store).
 
     One statement, so it is atomic on its own; repeated ids in ``members`` count once. Members that stay
     keep their ``added_at``.
@@ -151,9 +152,9 @@ async def store_message(
 ) -> asyncpg.Record:
     """Store one message with the next seq; return the record ``(seq, sent_at)``.
 
-    ``sent_at`` is the database's ``now()`` cut to milliseconds, the precision the API and the export
-    file print (contract 5.6). Raises ``ConversationNotFound`` and ``DuplicateMessageId`` (contract 4:
-    even when the body is identical); both leave the conversation's ``last_seq`` as it was.
+    ``sent_at`` is the database's ``now()`` cut to milliseconds, the precision the API and the export file print
+    (README: API reference, The file). Raises ``ConversationNotFound`` and ``DuplicateMessageId`` (README: API
+    reference, Message store: even when the body is identical); both leave the conversation's ``last_seq`` as it was.
     """
     async with conn.transaction():
         # The row lock taken here is held until the (outer) transaction ends: one writer at a time.
@@ -183,7 +184,8 @@ async def store_message(
 
 
 async def recall_message(conn: asyncpg.Connection, *, conversation_id: str, message_id: str, sender_id: str) -> bool:
-    """Mark the message recalled; False unless ``sender_id`` sent it (contract 4: anyone else gets 404).
+    """Mark the message recalled; False unless ``sender_id`` sent it (README: API reference, Message store: anyone else
+    gets 404).
 
     Recalling again is a no-op that still answers True and keeps the first ``recalled_at``. The row is
     never deleted: its seq and message_id stay taken.
@@ -254,7 +256,8 @@ RETURNING last_seq - $2
 async def import_messages(
     conn: asyncpg.Connection, *, conversation_id: str, lines: Sequence[ImportLine]
 ) -> ImportResult:
-    """Store ``lines`` with seqs in line order, skipping message_ids already stored (contract 4).
+    """Store ``lines`` with seqs in line order, skipping message_ids already stored (README: API reference, Message
+    store).
 
     A message_id repeated within ``lines`` is stored at its first occurrence and skipped after. A line
     without ``sent_at`` gets the database's ``now()`` cut to milliseconds. Set-based: one INSERT per

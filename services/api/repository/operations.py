@@ -26,7 +26,7 @@ async def lock_owner(conn: asyncpg.Connection, *, owner_id: str) -> None:
     """Serialise submissions of one user until the transaction ends.
 
     Makes "idempotency lookup, quota count, insert" atomic per user, so concurrent identical requests
-    yield one operation and concurrent different ones cannot overrun the quota (contract 5.1).
+    yield one operation and concurrent different ones cannot overrun the quota (README: API reference, Submit).
     """
     await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('submit:' || $1, 0))", owner_id)
 
@@ -48,7 +48,7 @@ async def find_idempotency_key(
 
 
 async def count_active(conn: asyncpg.Connection, *, owner_id: str) -> int:
-    """How many of ``owner_id``'s operations are not terminal (the 429 quota, contract 5.1)."""
+    """How many of ``owner_id``'s operations are not terminal (the 429 quota; README: API reference, Submit)."""
     count: int = await conn.fetchval(
         "SELECT count(*) FROM operations WHERE owner_id = $1 AND state = ANY($2::text[])",
         owner_id,
@@ -96,10 +96,16 @@ async def insert_idempotency_key(
     )
 
 
-async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> asyncpg.Record | None:
-    """The operation if it exists AND belongs to ``owner_id``; otherwise None (one 404 for both)."""
+async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> asyncpg.Record | None:
+    """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, README: API reference), or
+    whoever owns it when ``owner_id`` is None (the admin view); None otherwise. Rows carry
+    ``OPERATION_COLUMNS`` and the lease (lease_owner, lease_expires_at).
+    """
     return await conn.fetchrow(
-        f"SELECT {OPERATION_COLUMNS} FROM operations o WHERE o.operation_id = $1 AND o.owner_id = $2",
+        f"""
+        SELECT {OPERATION_COLUMNS}, o.lease_owner, o.lease_expires_at FROM operations o
+        WHERE o.operation_id = $1 AND ($2::text IS NULL OR o.owner_id = $2)
+        """,
         operation_id,
         owner_id,
     )
@@ -143,9 +149,9 @@ async def list_operations(
 async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> asyncpg.Record | None:
     """Move a QUEUED, RUNNING or RETRY_AT operation to CANCEL_REQUESTED; return it, or None if not moved.
 
-    One conditional UPDATE (contract 5.3): it cannot overtake a SUCCEEDED that committed first, and once
-    it commits the worker's conditional SUCCEEDED update can no longer match. A retry's error goes: it
-    no longer describes what happens next (5.2 shows ``error`` only in RETRY_AT, FAILED, FAILED_REPAIR).
+    One conditional UPDATE (README: States and failure model): it cannot overtake a SUCCEEDED that committed first, and
+    once it commits the worker's conditional SUCCEEDED update can no longer match. A retry's error goes: it no longer
+    describes what happens next (5.2 shows ``error`` only in RETRY_AT, FAILED, FAILED_REPAIR).
     """
     return await conn.fetchrow(
         f"""
@@ -157,17 +163,4 @@ async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_i
         operation_id,
         owner_id,
         sources_of(State.CANCEL_REQUESTED),
-    )
-
-
-async def record_access_event(
-    conn: asyncpg.Connection, *, operation_id: str, user_id: str, action: str, outcome: str
-) -> None:
-    """Record who tried ``action`` on which operation and what came of it (contract 5.5)."""
-    await conn.execute(
-        "INSERT INTO access_events (operation_id, user_id, action, outcome) VALUES ($1, $2, $3, $4)",
-        operation_id,
-        user_id,
-        action,
-        outcome,
     )

@@ -1,5 +1,6 @@
-"""Admin routes: member sets and history import (contract section 4), the requeue of a parked operation
-(5.3), the admin view of an operation, the list of every user's operations and the view of a conversation.
+"""Admin routes: member sets and history import (README: API reference, Message store), the requeue of a parked
+operation (README: States and failure model), the admin view of an operation, the list of every user's operations and
+the view of a conversation.
 
 The middleware already required the ``admin`` scope. Admins may know which conversations and operations
 exist, so a path id that breaks the id syntax is a 422 naming it, not the members' 404, and a missing
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from pydantic import ValidationError
 
-from services.api.bodies import read_limited, read_model, validation_errors
+from services.api.bodies import check_body_bytes, read_limited, read_model, validation_errors
 from services.api.keys import POOL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found, validation_failed
@@ -23,10 +24,8 @@ from services.api.repository import admin as admin_repo
 from services.api.repository import messages as repo
 from services.api.repository import operations as operations_repo
 from services.api.representation import represent_for_admin, represent_for_admin_list
-from services.api.responses import json_response
+from services.api.responses import NO_STORE, json_response
 from services.api.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
-from services.api.views.messages import check_body_bytes
-from services.api.views.operations import NO_STORE
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
 
@@ -34,8 +33,8 @@ log = logging.getLogger(__name__)
 
 # 10,000 member ids of 64 characters with their JSON quoting fit in about 700 KB.
 MEMBERS_REQUEST_MAX_BYTES = 1024 * 1024
-# NDJSON is the import's format; application/json is accepted too, since contract 3 never answers 415 to
-# it, and one JSON object is a one-line NDJSON batch.
+# NDJSON is the import's format; application/json is accepted too, since no route answers 415 to it
+# (README: Error codes), and one JSON object is a one-line NDJSON batch.
 IMPORT_MEDIA_TYPES = ("application/x-ndjson", "application/json")
 # The admin view lists at most this many access events, the newest; a download loop or an id guessed
 # over and over must not make the answer unbounded.
@@ -147,10 +146,10 @@ async def import_messages(request: web.Request) -> web.Response:
 
 
 async def requeue_operation(request: web.Request) -> web.Response:
-    """``POST /admin/operations/{operation_id}/requeue``: FAILED_REPAIR -> QUEUED with a fresh attempt budget
-    (contract 5.3); 202 ``{"operation_id", "state": "QUEUED"}``. The body is empty or ``{}`` (else 415, 400
-    or 422 as for cancel). 404 when unknown; 409 ``NOT_REQUEUEABLE`` with ``state`` from any other state,
-    which is left alone.
+    """``POST /admin/operations/{operation_id}/requeue``: FAILED_REPAIR -> QUEUED with a fresh attempt budget (README:
+    States and failure model); 202 ``{"operation_id", "state": "QUEUED"}``. The body is empty or ``{}`` (else 415, 400
+    or 422 as for cancel). 404 when unknown; 409 ``NOT_REQUEUEABLE`` with ``state`` from any other state, which is left
+    alone.
     """
     await read_model(request, EmptyRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
     operation_id = _operation_path_id(request)
@@ -204,7 +203,7 @@ async def get_operation(request: web.Request) -> web.Response:
     """
     operation_id = _operation_path_id(request)
     async with request.app[POOL].acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        row = await admin_repo.get_operation(conn, operation_id=operation_id)
+        row = await operations_repo.get_operation(conn, operation_id=operation_id, owner_id=None)
         if row is None:
             raise not_found()
         body = represent_for_admin(

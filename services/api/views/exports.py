@@ -21,14 +21,15 @@ from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.repository import operations as repo
 from services.api.repository.messages import is_member
 from services.api.representation import RESULT_CONTENT_TYPE, is_terminal, operation_url
+from services.api.responses import NO_STORE, operation_response
 from services.api.schemas import ExportSubmission
 from services.api.submission import submit
 from services.api.transfer import TransferCut, stream
-from services.api.views.operations import NO_STORE, operation_response
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.fingerprint import ExportRequest
 from shared.ids import is_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
+from shared.repository import record_access_event
 from shared.states import State
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,9 @@ DOWNLOAD_CHUNK_BYTES = 256 * 1024
 
 
 async def submit_export(request: web.Request) -> web.Response:
-    """``POST /v3/conversations/{cid}/exports``: checks in the order of contract 5.1, then 202."""
+    """``POST /v3/conversations/{cid}/exports``: checks in the documented order (README: API reference,
+    Submit), then 202.
+    """
     settings = request.app[SETTINGS]
     owner_id = request[PRINCIPAL].user_id
     key = parse_idempotency_key(request.headers.get(HEADER))
@@ -66,11 +69,11 @@ async def submit_export(request: web.Request) -> web.Response:
         headers["Idempotent-Replayed"] = "true"
     response = operation_response(row, status=202, **headers)
     if not is_terminal(row):
-        response.headers["Retry-After"] = "1"  # contract 5.1: the first poll after a submit
+        response.headers["Retry-After"] = "1"  # the first poll after a submit (README: API reference)
     return response
 
 
-# Refusals of contract 5.5, by state, in the order they are checked.
+# Download refusals (README: API reference, Download), by state, in the order they are checked.
 _STATE_REFUSALS: dict[str, tuple[str, str]] = {
     State.EXPIRED: ("RESULT_EXPIRED", "The result's retention has ended and the file was deleted."),
     State.CANCELED: ("RESULT_NOT_AVAILABLE", "The export was canceled; it has no result."),
@@ -116,9 +119,7 @@ async def download_result(request: web.Request) -> web.StreamResponse:
 
 async def _record_access(request: web.Request, operation_id: str, user_id: str, outcome: str) -> None:
     async with request.app[POOL].acquire() as conn:
-        await repo.record_access_event(
-            conn, operation_id=operation_id, user_id=user_id, action="download", outcome=outcome
-        )
+        await record_access_event(conn, operation_id=operation_id, user_id=user_id, action="download", outcome=outcome)
     # Counted once recorded: the figures and the access events tell the same story.
     DOWNLOADS.labels(outcome).inc()
     if outcome == "ACCESS_REVOKED":

@@ -13,5 +13,5 @@ __all__ = ["healthz", "readyz"]
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """``GET /readyz``: 200 when Postgres and S3 answer in time, else 503 problem+json (contract 6)."""
+    """``GET /readyz``: 200 when Postgres and S3 answer in time, else 503 problem+json (README: How it works)."""
     return await request.app[MONITOR].ready_response()

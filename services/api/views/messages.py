@@ -1,7 +1,7 @@
-"""The message store for members: send, read and recall (contract section 4).
+"""The message store for members: send, read and recall (README: API reference, Message store).
 
-Checks run in the order of contract 5.1: the token (middleware), then the request itself (415 / 413 / 400 /
-422), then membership (404, identical for a missing conversation), then the store (409).
+Checks run in the documented order (README: API reference, Message store): the token (middleware), then the request
+itself (415 / 413 / 400 / 422), then membership (404, identical for a missing conversation), then the store (409).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncpg
 from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
-from services.api.bodies import read_model, validation_errors
+from services.api.bodies import check_body_bytes, read_model, validation_errors
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import messages as repo
@@ -27,14 +27,8 @@ log = logging.getLogger(__name__)
 _MESSAGE_ID = TypeAdapter(MessageId)
 
 
-def check_body_bytes(body: str, *, max_bytes: int, loc: list[Any]) -> None:
-    """Raise ``Problem`` 422 at ``loc`` when ``body`` is over ``max_bytes`` UTF-8 bytes (contract 4)."""
-    if len(body.encode("utf-8")) > max_bytes:
-        raise validation_failed([{"loc": loc, "msg": f"must be at most {max_bytes} UTF-8 bytes"}])
-
-
 def message_json(row: asyncpg.Record) -> dict[str, Any]:
-    """A stored message with the keys, order and values of an export file line (contract 5.6)."""
+    """A stored message with the keys, order and values of an export file line (README: API reference, The file)."""
     return {
         "conversation_id": row["conversation_id"],
         "seq": row["seq"],
@@ -112,8 +106,8 @@ async def read_messages(request: web.Request) -> web.Response:
 async def recall_message(request: web.Request) -> web.Response:
     """``DELETE /v2/conversations/{cid}/messages/{message_id}``: the sender recalls; anyone else 404.
 
-    Only the sender counts, whether or not still a member (contract 4 names no other condition).
-    Recalling an already recalled message answers 200 again (idempotent DELETE).
+    Only the sender counts, whether or not still a member (README: API reference, Message store names no other
+    condition). Recalling an already recalled message answers 200 again (idempotent DELETE).
     """
     conversation_id = request.match_info["cid"]
     message_id = request.match_info["message_id"]

@@ -1,10 +1,10 @@
-"""The status monitor: ``/v3/operations`` and ``/v3/operations/{id}`` (contract 5.2 and 5.4)."""
+"""The status monitor: ``/v3/operations`` and ``/v3/operations/{id}`` (README: API reference, Operation; States and
+failure model, Cancel)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
 from aiohttp import web
 from pydantic import ValidationError
 
@@ -13,23 +13,12 @@ from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found, validation_failed
 from services.api.repository import operations as repo
-from services.api.representation import is_terminal, operation_url, represent
-from services.api.responses import json_response
+from services.api.representation import operation_url, represent
+from services.api.responses import NO_STORE, json_response, operation_response
 from services.api.schemas import EmptyRequest, OperationListQuery
 from shared.ids import is_operation_id
 from shared.outbox import enqueue_run
 from shared.states import State
-
-NO_STORE = {"Cache-Control": "no-store"}
-
-
-def operation_response(row: asyncpg.Record, *, status: int = 200, **headers: str) -> web.Response:
-    """The operation as JSON with the status monitor's headers (no-store; Retry-After while active)."""
-    body = represent(row)
-    all_headers = {**NO_STORE, **headers}
-    if not is_terminal(row):
-        all_headers["Retry-After"] = str(body["next_poll_after_seconds"])
-    return json_response(body, status=status, headers=all_headers)
 
 
 async def get_operation(request: web.Request) -> web.Response:
@@ -65,7 +54,7 @@ async def list_operations(request: web.Request) -> web.Response:
 
 
 async def cancel_operation(request: web.Request) -> web.Response:
-    """``POST /v3/operations/{id}/cancel`` with the outcomes of contract 5.4."""
+    """``POST /v3/operations/{id}/cancel`` with the documented outcomes (README: API reference, Cancel)."""
     await read_model(request, EmptyRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
     operation_id = request.match_info["operation_id"]
     if not is_operation_id(operation_id):
