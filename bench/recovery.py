@@ -32,8 +32,8 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.running import running_system
+from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
-from tests.e2e.system import LocalSystem
 
 LEASE_SECONDS = 5.0
 JANITOR_INTERVAL_SECONDS = 2.0

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import asyncpg
 
-from tests.conftest import delete_broker_objects
-from tests.e2e.system import LocalSystem
+from devtools.broker import delete_broker_objects
+from devtools.localsystem import LocalSystem
 
 PG_SERVER = os.environ.get("CHATEXPORT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("CHATEXPORT_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")

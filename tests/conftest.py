@@ -11,11 +11,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-import aio_pika
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from devtools.broker import delete_broker_objects
 from devtools.moto import MotoServer, start_moto
 from services.api.app import init_app
 from shared.auth import mint_token
@@ -103,19 +103,6 @@ async def settings(database_url: str, moto: MotoServer) -> AsyncIterator[Setting
     test_settings = make_settings(database_url, moto.endpoint_url)
     yield test_settings
     await delete_broker_objects(test_settings)
-
-
-async def delete_broker_objects(settings: Settings) -> None:
-    """Remove the queues and exchanges a test declared, so the shared broker does not fill up."""
-    connection = await aio_pika.connect(settings.amqp_url)
-    try:
-        channel = await connection.channel()
-        for queue in (settings.amqp_queue, f"{settings.amqp_queue}.dead"):
-            await channel.queue_delete(queue)
-        for exchange in (settings.amqp_exchange, f"{settings.amqp_exchange}.dlx"):
-            await channel.exchange_delete(exchange)
-    finally:
-        await connection.close()
 
 
 @pytest.fixture

@@ -21,6 +21,10 @@ from tests.conftest import wait_for
 
 Headers = Callable[..., dict[str, str]]
 
+PROBLEM_TYPE = "application/problem+json"
+# The members every problem has (RFC 9457 and README: API reference, Errors).
+PROBLEM_MEMBERS = {"type", "title", "status", "detail", "code"}
+
 
 async def make_conversation(api: Any, auth: Headers, cid: str, members: list[str]) -> None:
     response = await api.put(f"/admin/conversations/{cid}", json={"members": members}, headers=auth("root", admin=True))
@@ -85,6 +89,27 @@ async def running_pipeline(settings: Settings) -> AsyncIterator[None]:
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+
+async def expect_problem(response: Any, status: int, code: str, *, case: object = None) -> dict[str, Any]:
+    """Assert that ``response`` (an aiohttp client response) is an RFC 9457 problem with ``status`` and
+    ``code``; return its body. ``case`` labels failures.
+    """
+    text = await response.text()
+    return check_problem(response.status, response.headers.get("Content-Type", ""), text, status, code, case=case)
+
+
+def check_problem(
+    actual_status: int, content_type: str, text: str, status: int, code: str, *, case: object = None
+) -> dict[str, Any]:
+    """``expect_problem`` for an answer already read: its status, ``Content-Type`` header and body text."""
+    assert actual_status == status, f"{case}: {actual_status} != {status}: {text}"
+    assert content_type.partition(";")[0] == PROBLEM_TYPE, f"{case}: {content_type}"
+    body: dict[str, Any] = json.loads(text)
+    assert body.keys() >= PROBLEM_MEMBERS, (case, body)
+    assert body["status"] == status, (case, body)
+    assert body["code"] == code, (case, body)
+    return body
 
 
 def challenge(description: str) -> str:

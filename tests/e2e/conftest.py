@@ -10,9 +10,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from devtools.broker import delete_broker_objects
+from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
-from tests.conftest import AMQP_URL, cloned_database, delete_broker_objects
-from tests.e2e.system import LocalSystem
+from tests.conftest import AMQP_URL, cloned_database
 
 pytestmark = pytest.mark.e2e
 

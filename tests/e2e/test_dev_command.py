@@ -20,10 +20,11 @@ import asyncpg
 import pytest
 
 from devtools import corpus
+from devtools.broker import delete_broker_objects
 from devtools.moto import free_port
 from devtools.processes import ProcessGroup
 from shared.settings import Settings
-from tests.conftest import AMQP_URL, PG_SERVER, delete_broker_objects
+from tests.conftest import AMQP_URL, PG_SERVER
 from tests.helpers import metric_samples
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.e2e.system import LocalSystem
+from devtools.localsystem import LocalSystem
 from tests.helpers import Headers, expected_file, import_lines, make_conversation, read_all, submit, wait_terminal
 
 pytestmark = pytest.mark.e2e

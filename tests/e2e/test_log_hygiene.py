@@ -15,9 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from devtools.broker import delete_broker_objects
+from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
-from tests.conftest import AMQP_URL, cloned_database, delete_broker_objects, wait_for
-from tests.e2e.system import LocalSystem
+from tests.conftest import AMQP_URL, cloned_database, wait_for
 
 pytestmark = pytest.mark.e2e
 

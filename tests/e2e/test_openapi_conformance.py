@@ -21,9 +21,9 @@ import pytest
 import schemathesis
 from schemathesis import checks
 
+from devtools.localsystem import LocalSystem
 from services.api.openapi import OPENAPI_PATH, build_document
 from tests.conftest import unique
-from tests.e2e.system import LocalSystem
 from tests.helpers import Headers, import_lines, make_conversation, submit, wait_terminal
 
 pytestmark = pytest.mark.e2e

@@ -17,12 +17,13 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from devtools.broker import delete_broker_objects
+from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
 from shared.settings import Settings
 from shared.states import TERMINAL
 from shared.storage import artifact_prefix, ensure_bucket, s3_client
-from tests.conftest import delete_broker_objects, wait_for
-from tests.e2e.system import LocalSystem
+from tests.conftest import wait_for
 from tests.faults.servers import PrivateRabbitMQ, TcpProxy
 from tests.helpers import expected_file, metric_samples, read_all, submit
 
@@ -43,6 +44,17 @@ FAST: dict[str, str] = {
     "CHATEXPORT_DATABASE_TIMEOUT_SECONDS": "3",
 }
 END_TIMEOUT_SECONDS = 120.0
+
+MIB = 1024 * 1024
+# Settings for exports slow enough to act in the middle of their upload, with S3 throttled through the proxy
+# to UPLOAD_BYTES_PER_SECOND: parts of the minimum size, and about three of them per export.
+SLOW_UPLOADS = {
+    "CHATEXPORT_S3_PART_SIZE_BYTES": str(5 * MIB),
+    "CHATEXPORT_EXPORT_BATCH_ROWS": "2000",
+    # A throttled part takes seconds to send: not a timeout.
+    "CHATEXPORT_S3_TIMEOUT_SECONDS": "30",
+}
+UPLOAD_BYTES_PER_SECOND = 3 * MIB
 
 
 @dataclass
@@ -220,6 +232,21 @@ async def make_conversation(faulty: Faulty, cid: str, members: list[str], *, mes
             headers={**admin, "Content-Type": "application/x-ndjson"},
         )
         assert imported.status == 200, await imported.text()
+
+
+async def uploading(faulty: Faulty, operation_id: str) -> str:
+    """Wait until the first attempt's multipart upload has begun; return the name of the worker holding it."""
+
+    async def started() -> str | None:
+        row = await faulty.pool.fetchrow(
+            "SELECT o.lease_owner FROM operations o JOIN artifacts a USING (operation_id)"
+            " WHERE o.operation_id = $1 AND o.state = 'RUNNING' AND a.generation = 1 AND a.upload_id IS NOT NULL",
+            operation_id,
+        )
+        return None if row is None else faulty.system.holder(row["lease_owner"])
+
+    holder: str = await wait_for(started, timeout=60)
+    return holder
 
 
 async def wait_for_queue_counts(

@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import AMQP_URL, cloned_database
-from tests.faults.harness import Faulty, check_ended_correctly, make_conversation, running
-from tests.faults.test_worker_faults import SLOW_UPLOADS, UPLOAD_BYTES_PER_SECOND, uploading
+from tests.faults.harness import (
+    SLOW_UPLOADS,
+    UPLOAD_BYTES_PER_SECOND,
+    Faulty,
+    check_ended_correctly,
+    make_conversation,
+    running,
+    uploading,
+)
 
 pytestmark = pytest.mark.e2e
 

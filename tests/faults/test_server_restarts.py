@@ -11,9 +11,17 @@ import aio_pika
 import pytest
 
 from tests.conftest import AMQP_URL, cloned_database, wait_for
-from tests.faults.harness import Faulty, check_ended_correctly, make_conversation, running, wait_for_queue_counts
+from tests.faults.harness import (
+    SLOW_UPLOADS,
+    UPLOAD_BYTES_PER_SECOND,
+    Faulty,
+    check_ended_correctly,
+    make_conversation,
+    running,
+    uploading,
+    wait_for_queue_counts,
+)
 from tests.faults.servers import PrivatePostgres, PrivateRabbitMQ
-from tests.faults.test_worker_faults import SLOW_UPLOADS, UPLOAD_BYTES_PER_SECOND, uploading
 
 pytestmark = pytest.mark.e2e
 

@@ -15,19 +15,19 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import AMQP_URL, cloned_database, wait_for
-from tests.faults.harness import Faulty, check_ended_correctly, make_conversation, running
+from tests.faults.harness import (
+    MIB,
+    SLOW_UPLOADS,
+    UPLOAD_BYTES_PER_SECOND,
+    Faulty,
+    check_ended_correctly,
+    make_conversation,
+    running,
+    uploading,
+)
 
 pytestmark = pytest.mark.e2e
 
-MIB = 1024 * 1024
-# Parts of the minimum size, and about three of them per export.
-SLOW_UPLOADS = {
-    "CHATEXPORT_S3_PART_SIZE_BYTES": str(5 * MIB),
-    "CHATEXPORT_EXPORT_BATCH_ROWS": "2000",
-    # A throttled part takes seconds to send: not a timeout.
-    "CHATEXPORT_S3_TIMEOUT_SECONDS": "30",
-}
-UPLOAD_BYTES_PER_SECOND = 3 * MIB
 STALE_WRITES = "chatexport_worker_stale_generation_writes_total{"
 
 
@@ -43,21 +43,6 @@ async def faulty(template_db: str, tmp_path: Path, request: pytest.FixtureReques
     ):
         await make_conversation(system, "c-big", ["alice", "bob"], messages=40_000, body_bytes=300)
         yield system
-
-
-async def uploading(faulty: Faulty, operation_id: str) -> str:
-    """Wait until the first attempt's multipart upload has begun; return the name of the worker holding it."""
-
-    async def started() -> str | None:
-        row = await faulty.pool.fetchrow(
-            "SELECT o.lease_owner FROM operations o JOIN artifacts a USING (operation_id)"
-            " WHERE o.operation_id = $1 AND o.state = 'RUNNING' AND a.generation = 1 AND a.upload_id IS NOT NULL",
-            operation_id,
-        )
-        return None if row is None else faulty.system.holder(row["lease_owner"])
-
-    holder: str = await wait_for(started, timeout=60)
-    return holder
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.helpers import Headers, make_conversation, read_all
+from tests.helpers import Headers, expect_problem, make_conversation, read_all
 
 pytestmark = pytest.mark.integration
-
-
-async def problem(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status == status, await response.text()
-    assert response.content_type == "application/problem+json"
-    body: dict[str, Any] = await response.json()
-    assert body["code"] == code, body
-    return body
 
 
 async def test_deeply_nested_or_huge_number_json_is_malformed(api: Any, auth: Headers, pool: asyncpg.Pool) -> None:
@@ -41,7 +33,7 @@ async def test_deeply_nested_or_huge_number_json_is_malformed(api: Any, auth: He
         ),
     ]
     for method, path, body, headers in cases:
-        await problem(await api.request(method, path, data=body, headers=headers), 400, "MALFORMED_JSON")
+        await expect_problem(await api.request(method, path, data=body, headers=headers), 400, "MALFORMED_JSON")
     assert await pool.fetchval("SELECT count(*) FROM operations") == 0
     assert await pool.fetchval("SELECT count(*) FROM messages") == 0
     assert await pool.fetchval("SELECT count(*) FROM conversation_members WHERE conversation_id = 'c-h'") == 1
@@ -70,7 +62,7 @@ async def test_timestamps_outside_four_digit_years_are_refused(
         data=json.dumps(line).encode() + b"\n",
         headers={**auth("root", admin=True), "Content-Type": "application/x-ndjson"},
     )
-    body = await problem(response, 422, "VALIDATION_FAILED")
+    body = await expect_problem(response, 422, "VALIDATION_FAILED")
     assert body["errors"][0]["loc"] == ["body", 1, "sent_at"]
     assert await pool.fetchval("SELECT count(*) FROM messages") == 0
 
@@ -104,5 +96,5 @@ def cursor(payload: Any) -> str:
 )
 async def test_forged_cursors_are_422(api: Any, auth: Headers, forged: str) -> None:
     response = await api.get("/v3/operations", params={"cursor": forged}, headers=auth("alice"))
-    body = await problem(response, 422, "VALIDATION_FAILED")
+    body = await expect_problem(response, 422, "VALIDATION_FAILED")
     assert body["errors"] == [{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}]

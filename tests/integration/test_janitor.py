@@ -9,49 +9,12 @@ import pytest
 
 from services.janitor.janitor import Janitor
 from shared.settings import Settings
+from tests.integration.bucket import keys, open_uploads
+from tests.integration.rows import insert_artifact, insert_operation, shift
 
 pytestmark = pytest.mark.integration
 
 MIB = 1024 * 1024
-
-
-async def insert_operation(pool: asyncpg.Pool, operation_id: str, state: str, **columns: Any) -> None:
-    values = {"owner_id": "alice", "conversation_id": "c-a", "format": "jsonl", "state": state, **columns}
-    names = ", ".join(["operation_id", *values])
-    marks = ", ".join(f"${n}" for n in range(1, len(values) + 2))
-    await pool.execute(f"INSERT INTO operations ({names}) VALUES ({marks})", operation_id, *values.values())
-
-
-async def shift(pool: asyncpg.Pool, operation_id: str, column: str, interval: str) -> None:
-    """Set a time column of an operation to the database's now() plus ``interval``."""
-    await pool.execute(
-        f"UPDATE operations SET {column} = now() + $2::text::interval WHERE operation_id = $1", operation_id, interval
-    )
-
-
-async def insert_artifact(pool: asyncpg.Pool, operation_id: str, generation: int, state: str, **columns: Any) -> str:
-    key = f"exports/{operation_id}/g{generation}.jsonl"
-    await pool.execute(
-        "INSERT INTO artifacts (operation_id, generation, object_key, state, upload_id, updated_at)"
-        " VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))",
-        operation_id,
-        generation,
-        key,
-        state,
-        columns.get("upload_id"),
-        columns.get("updated_at"),
-    )
-    return key
-
-
-async def keys(s3: Any, settings: Settings) -> set[str]:
-    listing = await s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix="exports/")
-    return {item["Key"] for item in listing.get("Contents", [])}
-
-
-async def open_uploads(s3: Any, settings: Settings) -> set[str]:
-    listing = await s3.list_multipart_uploads(Bucket=settings.s3_bucket)
-    return {item["Key"] for item in listing.get("Uploads", [])}
 
 
 @pytest.fixture

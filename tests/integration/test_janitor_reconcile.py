@@ -16,7 +16,8 @@ from shared.settings import Settings
 from shared.states import State
 from shared.storage import ObjectPages
 from tests.conftest import wait_for
-from tests.integration.test_janitor import insert_artifact, insert_operation, keys, shift
+from tests.integration.bucket import keys
+from tests.integration.rows import insert_artifact, insert_operation, shift
 
 pytestmark = pytest.mark.integration
 

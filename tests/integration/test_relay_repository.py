@@ -6,15 +6,9 @@ import asyncpg
 import pytest
 
 from services.relay import repository as repo
+from tests.integration.rows import insert_outbox_row
 
 pytestmark = pytest.mark.integration
-
-
-async def insert_row(pool: asyncpg.Pool, not_before: str) -> None:
-    await pool.execute(
-        "INSERT INTO outbox (operation_id, routing_key, payload, not_before)"
-        f" VALUES ('op_1', 'k', '{{}}', now() + interval '{not_before}')"
-    )
 
 
 async def test_an_empty_outbox_has_nothing_due_so_the_relay_waits_its_poll_interval(pool: asyncpg.Pool) -> None:
@@ -23,9 +17,9 @@ async def test_an_empty_outbox_has_nothing_due_so_the_relay_waits_its_poll_inter
 
 
 async def test_the_wait_lasts_until_the_earliest_row_is_due_and_never_goes_negative(pool: asyncpg.Pool) -> None:
-    await insert_row(pool, "30 seconds")
-    await insert_row(pool, "10 seconds")
+    await insert_outbox_row(pool, "30 seconds")
+    await insert_outbox_row(pool, "10 seconds")
     async with pool.acquire() as conn:
         assert 9 < (await repo.seconds_until_next_due(conn) or 0) <= 10
-        await insert_row(pool, "-5 seconds")
+        await insert_outbox_row(pool, "-5 seconds")
         assert await repo.seconds_until_next_due(conn) == 0

@@ -12,8 +12,9 @@ import asyncpg
 import pytest
 
 from shared.settings import Settings
-from tests.integration.exports_support import GUESSED_ID, Auth, Client, expect_problem
-from tests.integration.test_janitor import insert_operation
+from tests.helpers import expect_problem
+from tests.integration.exports_support import GUESSED_ID, Auth, Client
+from tests.integration.rows import insert_operation
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,8 @@ from shared.artifacts import remove_artifact
 from shared.settings import Settings
 from shared.storage import artifact_key
 from tests.conftest import wait_for
-from tests.integration.test_janitor import insert_operation, keys, open_uploads
+from tests.integration.bucket import keys, open_uploads
+from tests.integration.rows import insert_artifact, insert_operation
 
 pytestmark = pytest.mark.integration
 
@@ -64,21 +65,6 @@ async def abandoned_at_generation_one(pool: asyncpg.Pool) -> None:
     await pool.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
 
 
-async def record_artifact(pool: asyncpg.Pool, settings: Settings, generation: int, state: str, data: bytes) -> str:
-    key = artifact_key(settings, "op_1", generation)
-    await pool.execute(
-        "INSERT INTO artifacts (operation_id, generation, object_key, state, size_bytes, sha256, message_count)"
-        " VALUES ('op_1', $1, $2, $3, $4, $5, $6)",
-        generation,
-        key,
-        state,
-        len(data),
-        hashlib.sha256(data).hexdigest(),
-        data.count(b"\n"),
-    )
-    return key
-
-
 async def take_over(pool: asyncpg.Pool, s3: Any, settings: Settings, *, then: str | None = None) -> Lease:
     """Claim op_1 as generation 2, run ``then`` (SQL) as if another party acted meanwhile, then run it."""
     async with pool.acquire() as conn:
@@ -96,7 +82,7 @@ async def complete_generation_one(pool: asyncpg.Pool, s3: Any, settings: Setting
     """An abandoned op_1 whose generation 1 uploaded and verified the right file."""
     await abandoned_at_generation_one(pool)
     data = expected_file()
-    key = await record_artifact(pool, settings, 1, "COMPLETE", data)
+    key = await insert_artifact(pool, "op_1", 1, "COMPLETE", data=data)
     await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=data)
     return key
 
@@ -153,7 +139,7 @@ async def test_a_takeover_removes_a_partial_object_and_its_open_upload_then_writ
     pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
 ) -> None:
     await abandoned_at_generation_one(pool)
-    old_key = await record_artifact(pool, settings, 1, "WRITING", b"")
+    old_key = await insert_artifact(pool, "op_1", 1, "WRITING", data=b"")
     await s3.create_multipart_upload(Bucket=settings.s3_bucket, Key=old_key)
 
     await take_over(pool, s3, settings)
@@ -175,7 +161,7 @@ async def test_an_object_whose_removal_died_halfway_is_never_adopted(
     # A removal marked the record REMOVING, then died before deleting the object from S3.
     await abandoned_at_generation_one(pool)
     data = expected_file()
-    key = await record_artifact(pool, settings, 1, "REMOVING", data)
+    key = await insert_artifact(pool, "op_1", 1, "REMOVING", data=data)
     await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=data)
 
     await take_over(pool, s3, settings)
@@ -190,7 +176,7 @@ async def test_a_complete_object_that_no_longer_matches_its_record_is_not_adopte
     pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
 ) -> None:
     await abandoned_at_generation_one(pool)
-    key = await record_artifact(pool, settings, 1, "COMPLETE", expected_file())
+    key = await insert_artifact(pool, "op_1", 1, "COMPLETE", data=expected_file())
     await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"truncated\n")
 
     await take_over(pool, s3, settings)
@@ -206,7 +192,7 @@ async def test_a_served_result_is_never_removed_until_it_expires(
 ) -> None:
     key = artifact_key(settings, "op_1", 1)
     await insert_operation(pool, "op_1", "SUCCEEDED", generation=2, result_key=key)
-    await record_artifact(pool, settings, 1, "PUBLISHED", b"x\n")
+    await insert_artifact(pool, "op_1", 1, "PUBLISHED", data=b"x\n")
     await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"x\n")
 
     # The superseded generation 1 tries to clean up after its rejected publish: refused.
@@ -271,7 +257,7 @@ async def test_the_old_holder_cannot_complete_an_artifact_that_is_being_removed(
     pool: asyncpg.Pool, settings: Settings, conversation: None
 ) -> None:
     await abandoned_at_generation_one(pool)
-    await record_artifact(pool, settings, 1, "WRITING", b"")
+    await insert_artifact(pool, "op_1", 1, "WRITING", data=b"")
     async with pool.acquire() as conn:
         assert await shared_repo.start_removal(conn, operation_id="op_1", generation=1) is not None
         completed = await repo.complete_artifact(

@@ -2,7 +2,7 @@
 make valid production settings; every part runs the command of its CLI subcommand and reports its health
 with ``chatexport health``; workers run as several replicas; the migrations run once, before any part;
 compose waits longer than a part's shutdown grace. Also the reader of the file that the end-to-end
-harness starts the system from.
+harness (``devtools.localsystem``) starts the system from.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import pytest
 import yaml
 
 from chatexport.cli import PARTS as PARTS_OF_CLI
-from shared.settings import Settings
-from tests.e2e.compose import (
+from devtools.compose import (
     COMPOSE_FILE,
     SETTINGS_PREFIX,
     ComposeError,
@@ -31,7 +30,8 @@ from tests.e2e.compose import (
     parts,
     settings_from_environment,
 )
-from tests.e2e.system import local_command, replica_names
+from devtools.localsystem import local_command, replica_names
+from shared.settings import Settings
 
 SECRET = "a-test-secret-of-forty-eight-bytes-0123456789ab"
 SERVICES = load_compose(variables={"CHATEXPORT_JWT_SECRET": SECRET})

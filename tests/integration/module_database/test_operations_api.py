@@ -14,17 +14,14 @@ import pytest
 
 from services.janitor.janitor import Janitor
 from shared.settings import Settings
-from tests.helpers import import_lines, make_conversation, read_all, submit
-from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
+from tests.helpers import expect_problem, import_lines, make_conversation, read_all, submit
+from tests.integration.exports_support import (
     GUESSED_ID,
     REPRESENTATION_KEYS,
     TIMESTAMP,
     Auth,
     Client,
-    database_url,
     download_events,
-    expect_problem,
-    module_database,
     operation_state,
 )
 

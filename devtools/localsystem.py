@@ -11,7 +11,8 @@ port, all on 127.0.0.1; the test's overrides come last. The file requires ``CHAT
 system supplies a random one, so tokens are minted with ``settings()``.
 
 Used by the end-to-end tests, the fault-injection tests and the benchmark. Processes are driven over HTTP
-and signals only.
+and signals only; ``devtools.broker.delete_broker_objects(system.settings())`` removes the system's queues
+and exchanges once it has stopped.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from devtools.compose import SETTINGS_PREFIX, Service, load_compose, one_shots, parts, settings_from_environment
 from devtools.moto import MotoServer, free_port, start_moto
 from devtools.processes import ProcessGroup
 from shared.settings import Settings
-from tests.e2e.compose import SETTINGS_PREFIX, Service, load_compose, one_shots, parts, settings_from_environment
 
 LOCAL_HOST = "127.0.0.1"
 READY_TIMEOUT_SECONDS = 60.0

@@ -13,15 +13,16 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.helpers import expected_file, import_lines, make_conversation, read_all, submit, wait_terminal
-from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
-    Auth,
-    Client,
-    database_url,
-    download_events,
+from tests.helpers import (
     expect_problem,
-    module_database,
+    expected_file,
+    import_lines,
+    make_conversation,
+    read_all,
+    submit,
+    wait_terminal,
 )
+from tests.integration.exports_support import Auth, Client, download_events
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import json
 import logging
 import socket
 import zlib
@@ -24,13 +23,8 @@ from multidict import CIMultiDict
 from services.api.app import listening, serve
 from shared.settings import Settings
 from tests.conftest import wait_for
-from tests.helpers import Headers
-from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
-    database_url,
-    expect_problem,
-    module_database,
-)
-from tests.integration.test_janitor import insert_operation
+from tests.helpers import Headers, check_problem, expect_problem
+from tests.integration.rows import insert_operation
 
 pytestmark = pytest.mark.integration
 
@@ -76,12 +70,9 @@ class Answer:
     def status(self) -> int:
         return int(self.status_line.split()[1])
 
-    def problem(self) -> dict[str, Any]:
-        assert self.headers["content-type"].startswith("application/problem+json"), self.raw
-        body: dict[str, Any] = json.loads(self.body)
-        assert {"type", "title", "status", "detail", "code"} <= body.keys(), body
-        assert body["status"] == self.status
-        return body
+    def expect_problem(self, status: int, code: str) -> dict[str, Any]:
+        """``tests.helpers.expect_problem`` for an answer read off a socket; failures show it raw."""
+        return check_problem(self.status, self.headers["content-type"], self.body.decode(), status, code, case=self.raw)
 
 
 def parse_answer(raw: bytes) -> Answer:
@@ -159,7 +150,7 @@ async def test_a_request_that_breaks_http_is_a_problem_that_quotes_nothing(
         answer = await exchange(served.port, request_bytes)
     assert answer.status_line.startswith(("HTTP/1.0 ", "HTTP/1.1 ")), answer.raw
     assert answer.status == status, answer.raw
-    assert answer.problem()["code"] == code
+    answer.expect_problem(status, code)
     assert b"SECRET" not in answer.raw
     # The log line names the parser error's class, and nothing of the request.
     refused = [record for record in caplog.records if record.getMessage() == "request refused by the HTTP parser"]
@@ -341,7 +332,7 @@ async def test_a_stalled_body_is_408_and_the_connection_closes(
     answer = await exchange(served.port, stalled_request(route, auth, form), timeout=LINGERING_SECONDS - 2)
     assert loop.time() - started >= BODY_TIMEOUT_SECONDS - 0.05
     assert answer.status_line.startswith("HTTP/1.1 408 "), answer.raw
-    assert answer.problem()["code"] == "REQUEST_TIMEOUT"
+    answer.expect_problem(408, "REQUEST_TIMEOUT")
     assert answer.headers["connection"] == "close"
     assert await stored(pool) == before
 
@@ -363,7 +354,7 @@ async def test_a_bad_chunk_after_the_body_began_is_408_at_the_deadline(
     writer.write(b"zz" + SECRET + b"\r\n{}\r\n0\r\n\r\n")
     answer = await answer_and_close(writer, reader, LINGERING_SECONDS - 2)
     assert answer.status == 408, answer.raw
-    assert answer.problem()["code"] == "REQUEST_TIMEOUT"
+    answer.expect_problem(408, "REQUEST_TIMEOUT")
     assert b"SECRET" not in answer.raw
     assert await stored(pool) == before
 

@@ -16,6 +16,7 @@ from services.janitor.janitor import Janitor
 from shared.settings import Settings
 from tests.conftest import wait_for
 from tests.helpers import (
+    expect_problem,
     expected_file,
     import_lines,
     make_conversation,
@@ -24,17 +25,14 @@ from tests.helpers import (
     submit,
     wait_terminal,
 )
-from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
+from tests.integration.bucket import objects_under
+from tests.integration.exports_support import (
     GUESSED_ID,
     NDJSON,
     TIMESTAMP,
     Auth,
     Client,
-    database_url,
     download_events,
-    expect_problem,
-    module_database,
-    objects_under,
     operation_state,
 )
 

@@ -16,17 +16,8 @@ from multidict import CIMultiDict
 
 from shared.auth import mint_token
 from shared.settings import Settings
-from tests.helpers import challenge, make_conversation, submit
-from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
-    GUESSED_ID,
-    Auth,
-    Client,
-    database_url,
-    expect_problem,
-    module_database,
-    post_export,
-    stored,
-)
+from tests.helpers import challenge, expect_problem, make_conversation, submit
+from tests.integration.exports_support import GUESSED_ID, Auth, Client, post_export, stored
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,6 @@
-"""``deploy/compose.yaml`` read the way ``docker compose`` reads it, for the end-to-end harness and the tests
-of the deployment: each service's command, environment, replica count, dependencies and stop grace period.
+"""``deploy/compose.yaml`` read the way ``docker compose`` reads it, for the local system
+(``devtools.localsystem``) and the tests of the deployment: each service's command, environment, replica
+count, dependencies and stop grace period.
 
 Covers what a compose file of this project uses: ``x-`` extension fields shared through YAML anchors and
 ``<<`` merges (PyYAML's safe loader resolves both), ``environment`` as a mapping or a ``KEY=VALUE`` list,
@@ -21,7 +22,7 @@ import yaml
 
 from shared.settings import Settings
 
-COMPOSE_FILE = Path(__file__).resolve().parents[2] / "deploy" / "compose.yaml"
+COMPOSE_FILE = Path(__file__).resolve().parents[1] / "deploy" / "compose.yaml"
 SETTINGS_PREFIX = "CHATEXPORT_"
 # What compose assumes when a service names none (compose specification, "stop_grace_period").
 DEFAULT_STOP_GRACE = "10s"

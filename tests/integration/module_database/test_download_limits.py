@@ -18,15 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from services.api.app import init_app
 from shared.settings import Settings
 from tests.conftest import wait_for
-from tests.helpers import import_lines, make_conversation, submit, wait_terminal
-from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
-    Auth,
-    Client,
-    database_url,
-    download_events,
-    expect_problem,
-    module_database,
-)
+from tests.helpers import expect_problem, import_lines, make_conversation, submit, wait_terminal
+from tests.integration.exports_support import Auth, Client, download_events
 
 pytestmark = pytest.mark.integration
 

@@ -14,17 +14,8 @@ import pytest
 
 from services.janitor.janitor import Janitor
 from shared.settings import Settings
-from tests.helpers import make_conversation, submit
-from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
-    Auth,
-    Client,
-    database_url,
-    expect_problem,
-    module_database,
-    operation_state,
-    post_export,
-    stored,
-)
+from tests.helpers import expect_problem, make_conversation, submit
+from tests.integration.exports_support import Auth, Client, operation_state, post_export, stored
 
 pytestmark = pytest.mark.integration
 

@@ -25,19 +25,9 @@ from shared import repository as shared_repo
 from shared.repair import requeue
 from shared.settings import Settings
 from shared.storage import artifact_key
-from tests.helpers import import_lines, make_conversation, running_pipeline, submit, wait_terminal
-from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
-    GUESSED_ID,
-    REPRESENTATION_KEYS,
-    TIMESTAMP,
-    Auth,
-    Client,
-    database_url,
-    download_events,
-    expect_problem,
-    module_database,
-)
-from tests.integration.test_janitor import insert_operation
+from tests.helpers import expect_problem, import_lines, make_conversation, running_pipeline, submit, wait_terminal
+from tests.integration.exports_support import GUESSED_ID, REPRESENTATION_KEYS, TIMESTAMP, Auth, Client, download_events
+from tests.integration.rows import insert_operation
 
 pytestmark = pytest.mark.integration
 

@@ -13,17 +13,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.helpers import import_lines, make_conversation
-from tests.integration.exports_support import (  # noqa: F401 - database_url and module_database are fixtures
-    NDJSON,
-    REPRESENTATION_KEYS,
-    Auth,
-    Client,
-    database_url,
-    expect_problem,
-    module_database,
-)
-from tests.integration.test_janitor import insert_operation
+from tests.helpers import expect_problem, import_lines, make_conversation
+from tests.integration.exports_support import NDJSON, REPRESENTATION_KEYS, Auth, Client
+from tests.integration.rows import insert_operation
 
 pytestmark = pytest.mark.integration
 
