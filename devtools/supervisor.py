@@ -344,7 +344,7 @@ def _example(settings: Settings, conversation_id: str | None, ports: dict[str, i
         f"  e.g. curl -s http://127.0.0.1:{ports['janitor']}/metrics | grep '^chatexport_operations'",
         f"A token for {DEMO_USER} (12 h):",
         f"  export TOKEN='{token}'",
-        "More tokens: chatexport token --sub USER [--admin]. Stop with Ctrl-C.",
+        "More tokens: .venv/bin/chatexport token --sub USER [--admin]. Stop with Ctrl-C.",
     ]
     if conversation_id is not None:
         lines += [
