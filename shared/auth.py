@@ -7,7 +7,7 @@ import binascii
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import jwt
 
@@ -71,7 +71,7 @@ class TokenVerifier:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise InvalidToken("not a bearer token")
-        _reject_repeated_names(token)
+        unverified = _unverified_claims(token)
         try:
             claims = jwt.decode(
                 token,
@@ -83,27 +83,39 @@ class TokenVerifier:
                 options={"require": ["exp", "sub"], "verify_aud": self._audience is not None},
             )
         except jwt.ExpiredSignatureError:
-            # PyJWT checks the claims only after the signature verified: this token is genuine but old.
+            # PyJWT checks the claims only after the signature verified: this token is genuine and, when
+            # its exp is a NumericDate, old. PyJWT also reads "1000" or true as an exp in the past.
+            if not _is_numeric_date(unverified.get("exp")):
+                raise InvalidToken("bad exp") from None
             raise InvalidToken("ExpiredSignatureError", expired=True) from None
         except jwt.PyJWTError as exc:
             raise InvalidToken(type(exc).__name__) from None
         return _principal(claims, latest_exp=time.time() + self._max_lifetime + self._leeway)
 
 
-def _reject_repeated_names(token: str) -> None:
-    """Refuse a JOSE header or claims set that repeats a member name: JSON parsers disagree on which one
-    wins (RFC 7519 section 4 lets a parser reject it), so ``sub`` twice could name two users.
+def _unverified_claims(token: str) -> dict[str, Any]:
+    """The claims set of ``token`` before any verification, having refused (``InvalidToken``) a JOSE header
+    or claims set that repeats a member name: JSON parsers disagree on which one wins (RFC 7519 section 4
+    lets a parser reject it), so ``sub`` twice could name two users. Never trust what it returns.
     """
     segments = token.split(".")
     if len(segments) != 3:
         raise InvalidToken("not three segments")
+    members: Any = None
     for segment in segments[:2]:
         try:
-            json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)), object_pairs_hook=_unique)
+            decoded = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+            members = json.loads(decoded, object_pairs_hook=_unique)
         except _RepeatedName:
             raise InvalidToken("repeated member name") from None
         except (binascii.Error, ValueError, RecursionError):
             raise InvalidToken("undecodable segment") from None
+    return members if isinstance(members, dict) else {}
+
+
+def _is_numeric_date(value: object) -> TypeGuard[int | float]:
+    """RFC 7519 section 2: a NumericDate is a JSON number (PyJWT would also take a numeric string)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class _RepeatedName(Exception):
@@ -119,8 +131,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _principal(claims: dict[str, object], *, latest_exp: float) -> Principal:
     exp = claims.get("exp")
-    # PyJWT casts a numeric string; RFC 7519 makes exp a NumericDate, so anything else is malformed.
-    if not isinstance(exp, int | float) or isinstance(exp, bool):
+    if not _is_numeric_date(exp):
         raise InvalidToken("bad exp")
     if exp > latest_exp:
         raise InvalidToken("lifetime over the maximum")

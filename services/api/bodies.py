@@ -139,6 +139,20 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
         raise validation_failed(validation_errors(exc)) from None
 
 
+def validate_query(model: type[ModelT], request: web.Request) -> ModelT:
+    """Validate the query string of ``request`` against ``model``. A parameter given more than once is a
+    422 at ``["query", name]`` (which of its values counts would otherwise be a guess); schema errors are
+    422 under ``"query"`` too (README: API reference, Errors). Raises ``Problem``.
+    """
+    repeated = sorted({name for name in request.query if len(request.query.getall(name)) > 1})
+    if repeated:
+        raise validation_failed([{"loc": ["query", name], "msg": "must be given at most once"} for name in repeated])
+    try:
+        return model.model_validate(dict(request.query))
+    except ValidationError as exc:
+        raise validation_failed(validation_errors(exc, prefix=("query",))) from None
+
+
 def validation_errors(exc: ValidationError, *, prefix: tuple[Any, ...] = ("body",)) -> list[dict[str, Any]]:
     """Pydantic errors as the documented ``[{"loc": [...], "msg": "..."}]``, without the offending input."""
     return [{"loc": [*prefix, *error["loc"]], "msg": _message(error)} for error in exc.errors()]

@@ -44,7 +44,14 @@ MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serialization"]], ..
 
 # Problems any authenticated route can answer: a bad token, a busy database, an internal fault (README: Error codes),
 # and a request that breaks HTTP itself, which the HTTP server answers before any route (services.api.server).
-ALWAYS = ("UNAUTHENTICATED", "SERVICE_UNAVAILABLE", "INTERNAL", "MALFORMED_REQUEST", "REQUEST_HEADER_TOO_LARGE")
+ALWAYS = (
+    "UNAUTHENTICATED",
+    "SERVICE_UNAVAILABLE",
+    "INTERNAL",
+    "MALFORMED_REQUEST",
+    "REQUEST_HEADER_TOO_LARGE",
+    "EXPECTATION_FAILED",
+)
 # Problems of reading a JSON body, in the order they are checked (services.api.bodies).
 JSON_BODY = (
     "UNSUPPORTED_MEDIA_TYPE",

@@ -11,13 +11,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from email.utils import format_datetime, parsedate_to_datetime
+from email.utils import format_datetime
 from enum import Enum
 
 from multidict import CIMultiDictProxy
 
-# An entity-tag (RFC 9110 section 8.8.3): an optional weakness prefix and a quoted opaque tag.
-_ENTITY_TAG = re.compile(r'\s*(W/)?"([\x21\x23-\x7e\x80-\xff]*)"\s*(?:,|$)')
+from services.api.fields import field_list, sole_field
+
+# One element of a list of entity-tags (RFC 9110 section 8.8.3): an optional weakness prefix and a quoted
+# opaque tag, or nothing (an empty element), then a comma or the end.
+_LIST_ELEMENT = re.compile(r'[ \t]*(?:(W/)?"([\x21\x23-\x7e\x80-\xff]*)")?[ \t]*(?:,|\Z)')
 
 
 class Outcome(Enum):
@@ -53,47 +56,52 @@ class Validators:
 
     def evaluate(self, headers: CIMultiDictProxy[str]) -> Outcome:
         """Evaluate ``If-Match``, ``If-Unmodified-Since``, ``If-None-Match`` and ``If-Modified-Since`` in the
-        order of RFC 9110 section 13.2.2 for a GET or HEAD (the only methods of a result).
+        order of RFC 9110 section 13.2.2 for a GET or HEAD (the only methods of a result). A list field's
+        lines are one list; a date field sent twice, or holding anything but one HTTP-date, is ignored.
         """
-        if_match = headers.get("If-Match")
+        if_match = field_list(headers, "If-Match")
         if if_match is not None:
             if not self._matches(if_match, weak=False):
                 return Outcome.PRECONDITION_FAILED
         else:
-            since = _http_date(headers.get("If-Unmodified-Since"))
+            since = http_date(sole_field(headers, "If-Unmodified-Since"))
             if since is not None and self._seconds > since:
                 return Outcome.PRECONDITION_FAILED
-        if_none_match = headers.get("If-None-Match")
+        if_none_match = field_list(headers, "If-None-Match")
         if if_none_match is not None:
             if self._matches(if_none_match, weak=True):
                 return Outcome.NOT_MODIFIED
         else:
-            since = _http_date(headers.get("If-Modified-Since"))
+            since = http_date(sole_field(headers, "If-Modified-Since"))
             if since is not None and self._seconds <= since:
                 return Outcome.NOT_MODIFIED
         return Outcome.PROCEED
 
-    def range_applies(self, if_range: str | None) -> bool:
+    def range_applies(self, headers: CIMultiDictProxy[str]) -> bool:
         """True when a ``Range`` may be honoured given ``If-Range`` (RFC 9110 section 13.1.5): absent, a
         strong match of the ETag (a weak tag never matches), or exactly ``Last-Modified`` as an HTTP-date.
-        Anything else, malformed values included, asks for the whole file.
+        Anything else, a malformed or repeated field included, asks for the whole file.
         """
-        if if_range is None:
+        if "If-Range" not in headers:
             return True
-        value = if_range.strip()
+        value = sole_field(headers, "If-Range")
+        if value is None:
+            return False
+        value = value.strip(" \t")
         if value.startswith(('"', "W/")):
             return value == self.etag_header
-        return _http_date(value) == self._seconds
+        return http_date(value) == self._seconds
 
     def _matches(self, field: str, *, weak: bool) -> bool:
-        """Whether the list ``field`` (``*`` or entity-tags) names this representation, comparing strongly
-        (``If-Match``) or weakly (``If-None-Match``). A list that does not parse matches nothing.
+        """Whether the list ``field`` (``*`` or entity-tags; empty elements are allowed, RFC 9110 section
+        5.6.1) names this representation, comparing strongly (``If-Match``) or weakly (``If-None-Match``).
+        A list that does not parse matches nothing.
         """
-        if field.strip() == "*":
+        if field.strip(" \t") == "*":
             return True
-        position, text = 0, field.strip()
+        position, text = 0, field.strip(" \t")
         while position < len(text):
-            found = _ENTITY_TAG.match(text, position)
+            found = _LIST_ELEMENT.match(text, position)
             if found is None:
                 return False
             is_weak, tag = found.groups()
@@ -103,14 +111,48 @@ class Validators:
         return False
 
 
-def _http_date(value: str | None) -> datetime | None:
-    """An HTTP-date as an aware UTC datetime, or None when absent or invalid (which RFC 9110 section 13.1.3
-    and 13.1.4 say to ignore).
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_TIME = r"([0-9]{2}):([0-9]{2}):([0-9]{2})"
+_MONTH = "(" + "|".join(_MONTHS) + ")"
+# The three forms of RFC 9110 section 5.6.7, exactly: IMF-fixdate, the obsolete RFC 850 and asctime forms.
+_IMF_FIXDATE = re.compile(rf"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), ([0-9]{{2}}) {_MONTH} ([0-9]{{4}}) {_TIME} GMT")
+_RFC850_DATE = re.compile(
+    rf"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), ([0-9]{{2}})-{_MONTH}-([0-9]{{2}}) {_TIME} GMT"
+)
+_ASCTIME_DATE = re.compile(rf"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) {_MONTH} ([0-9 ][0-9]) {_TIME} ([0-9]{{4}})")
+
+
+def http_date(value: str | None) -> datetime | None:
+    """An HTTP-date (RFC 9110 section 5.6.7: IMF-fixdate or one of the two obsolete forms, case-sensitive,
+    in GMT) as an aware UTC datetime; None when absent or anything else: another zone, a missing weekday, a
+    list of dates, a date that does not exist. RFC 9110 sections 13.1.3 and 13.1.4 say to ignore such a
+    field rather than guess.
     """
     if value is None:
         return None
+    value = value.strip(" \t")
     try:
-        parsed = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if found := _IMF_FIXDATE.fullmatch(value):
+            day, month, year, *clock = found.groups()
+            return _utc(int(year), month, day, clock)
+        if found := _RFC850_DATE.fullmatch(value):
+            day, month, year, *clock = found.groups()
+            return _utc(_rfc850_year(int(year)), month, day, clock)
+        if found := _ASCTIME_DATE.fullmatch(value):
+            month, day, *clock, year = found.groups()
+            return _utc(int(year), month, day, clock)
+    except ValueError:  # 31 Feb, 25:00:00 and the like
         return None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    return None
+
+
+def _utc(year: int, month: str, day: str, clock: list[str]) -> datetime:
+    hour, minute, second = (int(part) for part in clock)
+    return datetime(year, _MONTHS.index(month) + 1, int(day), hour, minute, second, tzinfo=UTC)
+
+
+def _rfc850_year(two_digits: int) -> int:
+    """RFC 9110 section 5.6.7: a two-digit year more than 50 years ahead is the latest such year past."""
+    this_year = datetime.now(UTC).year
+    year = this_year - this_year % 100 + two_digits
+    return year - 100 if year > this_year + 50 else year

@@ -25,6 +25,7 @@ CODES: dict[str, tuple[int, str]] = {
     "BAD_REQUEST": (400, "Bad request"),
     "MALFORMED_REQUEST": (400, "Malformed request"),
     "REQUEST_HEADER_TOO_LARGE": (431, "Request header fields too large"),
+    "EXPECTATION_FAILED": (417, "Expectation failed"),
     "IDEMPOTENCY_KEY_MISSING": (400, "Idempotency-Key missing"),
     "IDEMPOTENCY_KEY_INVALID": (400, "Idempotency-Key invalid"),
     "UNSUPPORTED_MEDIA_TYPE": (415, "Unsupported media type"),

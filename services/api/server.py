@@ -11,13 +11,15 @@ aiohttp builds one ``RequestHandler`` per connection from the ``web.Server`` tha
 switches reassign ``__class__`` of the object aiohttp built, so every attribute aiohttp set on it (the
 application's handler, the handler's keyword arguments) stays as aiohttp made it; they rely only on
 ``AppRunner._make_server`` returning the server, ``web.Server.__call__`` returning the handler, and
-``RequestHandler.handle_error``'s signature. ``tests/integration/test_http_faults.py`` fails if an aiohttp
-upgrade breaks that. (Subclassing ``web.Application`` instead is deprecated by aiohttp.)
+``RequestHandler.handle_error``'s signature, and on ``web.Server.request_handler`` being the callable each
+new connection serves (wrapped to answer an unmet ``Expect``). ``tests/integration/test_http_faults.py``
+fails if an aiohttp upgrade breaks that. (Subclassing ``web.Application`` instead is deprecated by aiohttp.)
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -105,6 +107,25 @@ class _ProblemServer(web.Server):
         return handler
 
 
+def _answering_expectations(handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]) -> Any:
+    """``handler`` (the application's) with aiohttp's refusal of an ``Expect`` other than ``100-continue``
+    answered as the problem ``417 EXPECTATION_FAILED`` (RFC 9110 section 10.1.1) instead of a plain text
+    that quotes the field. aiohttp raises that refusal before routing reaches any middleware.
+    """
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPExpectationFailed:
+            log.info("request refused for its Expect field", extra={"code": "EXPECTATION_FAILED"})
+            problem = Problem("EXPECTATION_FAILED", "The only expectation this server meets is 100-continue.")
+            response = problem.response()
+            response.force_close()
+            return response
+
+    return handle
+
+
 class ApiRunner(web.AppRunner):
     """An ``AppRunner`` whose server answers requests that break HTTP as problems (see the module)."""
 
@@ -113,6 +134,7 @@ class ApiRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _ProblemServer
+        server.request_handler = _answering_expectations(server.request_handler)
         return server
 
 

@@ -98,3 +98,21 @@ async def test_forged_cursors_are_422(api: Any, auth: Headers, forged: str) -> N
     response = await api.get("/v3/operations", params={"cursor": forged}, headers=auth("alice"))
     body = await expect_problem(response, 422, "VALIDATION_FAILED")
     assert body["errors"] == [{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "name"),
+    [
+        ("/v2/conversations/c-h/messages", "limit=5&limit=0", "limit"),
+        ("/v2/conversations/c-h/messages", "after_seq=0&after_seq=0", "after_seq"),
+        ("/v3/operations", "limit=5&limit=0", "limit"),
+        ("/v3/operations", "state=QUEUED&state=RUNNING", "state"),
+        ("/admin/operations", "owner_id=alice&owner_id=bob", "owner_id"),
+    ],
+)
+async def test_a_query_parameter_given_twice_is_422(api: Any, auth: Headers, path: str, query: str, name: str) -> None:
+    """Which of two values counts would be a guess: the request is refused naming the parameter."""
+    await make_conversation(api, auth, "c-h", ["alice"])
+    headers = auth("root", admin=True) if path.startswith("/admin") else auth("alice")
+    problem = await expect_problem(await api.get(f"{path}?{query}", headers=headers), 422, "VALIDATION_FAILED")
+    assert [error["loc"] for error in problem["errors"]] == [["query", name]]

@@ -1,5 +1,5 @@
-"""The admin import of history (contract 4): seqs in line order, idempotent per message id, a bad line refuses
-the whole batch, and its limits, media types and line endings.
+"""The admin import of history (README: API reference, Import): seqs in line order, idempotent per message
+id, a bad line refuses the whole batch, and its limits, media types and line endings.
 """
 
 from __future__ import annotations
@@ -175,3 +175,25 @@ async def test_import_of_20000_lines(api: Client, auth: Auth, chat: str, pool: a
         "SELECT count(*) FROM messages WHERE conversation_id = $1 AND seq <> substr(message_id, 3)::bigint", chat
     )
     assert gaps == 0  # line order is seq order, no gaps
+
+
+@pytest.mark.parametrize("blank", [" \t\r", "\x0b", "\x0c", "\x1c", "\u00a0"])
+async def test_only_json_whitespace_makes_a_trailing_line_blank(
+    api: Client, auth: Auth, chat: str, pool: asyncpg.Pool, blank: str
+) -> None:
+    """A line is blank when it holds only what JSON itself skips (space, tab, CR), as inside a line: a
+    trailing line of any other white space is a bad line, as it would be anywhere else.
+    """
+    lines = [json.dumps(line) for line in history(2)]
+    headers = {**auth("admin", admin=True), "Content-Type": "application/x-ndjson"}
+    body = ("\n".join([*lines, blank]) + "\n").encode()
+
+    response = await api.post(f"/admin/conversations/{chat}/messages:import", data=body, headers=headers)
+
+    if blank == " \t\r":
+        assert await response.json() == {"imported": 2, "skipped": 0}
+        assert await stored(pool, chat) == (2, 2)
+    else:
+        problem = await expect_problem(response, 422, "VALIDATION_FAILED")
+        assert problem["errors"][0]["loc"][:2] == ["body", 3]
+        assert await stored(pool, chat) == (0, 0)

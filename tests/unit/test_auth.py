@@ -1,4 +1,4 @@
-"""Bearer token verification (contract section 2)."""
+"""Bearer token verification (README: API reference, Authentication)."""
 
 from __future__ import annotations
 
@@ -138,6 +138,14 @@ def test_only_a_genuine_token_is_called_expired() -> None:
     with pytest.raises(InvalidToken) as genuine:
         TokenVerifier(SETTINGS).verify(f"Bearer {token(old)}")
     assert genuine.value.expired
+
+
+@pytest.mark.parametrize("exp", [False, True, "1000", 1000.0, [1000]])
+def test_an_exp_that_is_not_a_numeric_date_is_invalid_not_expired(exp: Any) -> None:
+    """PyJWT reads false, true and "1000" as long-past times; RFC 7519 section 2 makes exp a JSON number."""
+    with pytest.raises(InvalidToken) as refused:
+        TokenVerifier(SETTINGS).verify(f"Bearer {token(valid_claims(exp=exp))}")
+    assert refused.value.expired is (type(exp) is float)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from pydantic import ValidationError
 
-from services.api.bodies import check_body_bytes, read_limited, read_model, validation_errors
+from services.api.bodies import check_body_bytes, read_limited, read_model, validate_query, validation_errors
 from services.api.keys import POOL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found, validation_failed
@@ -176,10 +176,7 @@ async def list_operations(request: web.Request) -> web.Response:
     so that a page is at most ``limit`` rows whatever the operations' histories (README: API reference,
     Admin list of operations).
     """
-    try:
-        query = AdminOperationListQuery.model_validate(dict(request.query))
-    except ValidationError as exc:
-        raise validation_failed(validation_errors(exc, prefix=("query",))) from None
+    query = validate_query(AdminOperationListQuery, request)
     after = decode_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
         rows = await operations_repo.list_operations(
@@ -216,10 +213,14 @@ async def get_operation(request: web.Request) -> web.Response:
     return json_response(body, headers=NO_STORE)
 
 
+_JSON_WHITESPACE = b" \t\r"
+
+
 def _parse_lines(raw: bytes, *, body_max_bytes: int) -> list[ImportedMessage]:
     chunks = raw.split(b"\n")
     # Newlines at the end close the last line rather than open empty ones; an empty line inside is bad.
-    while chunks and not chunks[-1].strip():
+    # Blank means JSON's own whitespace only, as inside a line: bytes.strip() would also drop \v and \f.
+    while chunks and not chunks[-1].strip(_JSON_WHITESPACE):
         chunks.pop()
     return [_parse_line(number, chunk, body_max_bytes=body_max_bytes) for number, chunk in enumerate(chunks, 1)]
 

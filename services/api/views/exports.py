@@ -12,6 +12,7 @@ from aiohttp import hdrs, web
 from botocore.exceptions import BotoCoreError, ClientError
 
 from services.api.bodies import read_model
+from services.api.fields import sole_field
 from services.api.idempotency import HEADER, parse_idempotency_key
 from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
 from services.api.metrics import DOWNLOADS, IDEMPOTENCY_REPLAYS
@@ -107,7 +108,7 @@ async def download_result(request: web.Request) -> web.StreamResponse:
         if outcome is Outcome.NOT_MODIFIED:
             await _record_access(request, operation_id, user_id, "NOT_MODIFIED")
             return web.Response(status=304, headers=_validator_headers(validators))
-        wanted = validators.range_applies(request.headers.get("If-Range"))
+        wanted = validators.range_applies(request.headers)
         byte_range = _requested_range(request, row["result_size_bytes"]) if wanted else None
         slots.check(user_id)
     except Exception as refusal:
@@ -161,7 +162,7 @@ async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, us
 
 def _requested_range(request: web.Request, size: int) -> ByteRange | None:
     try:
-        return parse_range(request.headers.get("Range"), size)
+        return parse_range(sole_field(request.headers, "Range"), size)
     except RangeNotSatisfiable:
         raise Problem(
             "RANGE_NOT_SATISFIABLE",

@@ -13,9 +13,9 @@ import asyncpg
 from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
-from services.api.bodies import check_body_bytes, read_model, validation_errors
+from services.api.bodies import check_body_bytes, read_model, validate_query
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
-from services.api.problems import Problem, not_found, validation_failed
+from services.api.problems import Problem, not_found
 from services.api.repository import messages as repo
 from services.api.responses import json_response
 from services.api.schemas import MessageId, MessagePageQuery, MessageSubmission
@@ -82,10 +82,7 @@ async def read_messages(request: web.Request) -> web.Response:
 
     ``next_after_seq`` is the last seq of the page when more messages followed it at read time, else null.
     """
-    try:
-        page = MessagePageQuery.model_validate(dict(request.query))
-    except ValidationError as exc:
-        raise validation_failed(validation_errors(exc, prefix=("query",))) from None
+    page = validate_query(MessagePageQuery, request)
     conversation_id = request.match_info["cid"]
     async with request.app[POOL].acquire() as conn:
         await _require_member(conn, conversation_id=conversation_id, user_id=request[PRINCIPAL].user_id)

@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
 
-from services.api.bodies import read_model, validation_errors
+from services.api.bodies import read_model, validate_query
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
-from services.api.problems import Problem, not_found, validation_failed
+from services.api.problems import Problem, not_found
 from services.api.repository import operations as repo
 from services.api.representation import operation_url, represent
 from services.api.responses import NO_STORE, json_response, operation_response
@@ -35,10 +34,7 @@ async def get_operation(request: web.Request) -> web.Response:
 
 async def list_operations(request: web.Request) -> web.Response:
     """``GET /v3/operations?state=&limit=&cursor=``: the caller's operations, newest first."""
-    try:
-        query = OperationListQuery.model_validate(dict(request.query))
-    except ValidationError as exc:
-        raise validation_failed(validation_errors(exc, prefix=("query",))) from None
+    query = validate_query(OperationListQuery, request)
     after = decode_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
         rows = await repo.list_operations(

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from multidict import CIMultiDict
 
 from tests.helpers import (
     expect_problem,
@@ -108,3 +109,30 @@ async def test_preconditions_come_after_authorization(
     assert removed.status == 204
     revoked = await api.get(url, headers={**auth("alice"), "If-None-Match": etag})
     await expect_problem(revoked, 403, "ACCESS_REVOKED")
+
+
+async def test_repeated_fields_and_dates_out_of_range(api: Client, auth: Auth, pipeline: None) -> None:
+    """A singleton field sent twice (``Range``, ``If-Range``, a date) is ignored, the lines of a list field
+    make one list, and no date, however far out, is a 500 (README: API reference, Conditional downloads).
+    """
+    url, content = await _published(api, auth)
+    etag = f'"{hashlib.sha256(content).hexdigest()}"'
+    alice = list(auth("alice").items())
+    whole_file = {
+        "two Ranges": [("Range", "bytes=100-"), ("Range", "bytes=100-")],
+        "two If-Ranges": [("Range", "bytes=100-"), ("If-Range", etag), ("If-Range", etag)],
+        "two If-None-Match dates": [("If-Modified-Since", "Mon, 01 Jan 2024 00:00:00 GMT")] * 2,
+        "empty If-Match elements": [("If-Match", f'"x", , {etag}')],
+        "If-Match over two lines": [("If-Match", '"x"'), ("If-Match", etag)],
+    }
+    far_out = ("Mon, 01 Jan 0001 00:00:00 +0100", "Fri, 31 Dec 9999 23:59:59 -2359", "Sat, 01 Jan 10000 00:00:00 GMT")
+    for date in far_out:
+        whole_file[f"If-Range: {date}"] = [("Range", "bytes=100-"), ("If-Range", date)]
+        for name in ("If-Modified-Since", "If-Unmodified-Since"):
+            whole_file[f"{name}: {date}"] = [(name, date)]
+    for case, lines in whole_file.items():
+        response = await api.get(url, headers=CIMultiDict([*alice, *lines]))
+        assert response.status == 200, case
+        assert await response.read() == content, case
+    not_modified = await api.get(url, headers=CIMultiDict([*alice, ("If-None-Match", '"x"'), ("If-None-Match", etag)]))
+    assert not_modified.status == 304

@@ -159,17 +159,51 @@ async def test_a_request_that_breaks_http_is_a_problem_that_quotes_nothing(
     assert all("SECRET" not in repr(vars(record)) for record in caplog.records)
 
 
-async def test_the_connection_still_serves_after_an_ordinary_problem(served: Served) -> None:
-    """Only requests that break HTTP close the connection: a 404 keeps it for the next request."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+async def converse(port: int, request: bytes, *endings: bytes) -> list[bytes]:
+    """Send ``request`` on a new connection and read the answers up to each of ``endings`` in turn."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(request)
         await writer.drain()
-        first = await asyncio.wait_for(reader.readuntil(b'"NOT_FOUND"}'), 10)
-        second = await asyncio.wait_for(reader.readuntil(b'{"status": "ok"}'), 10)
+        return [await asyncio.wait_for(reader.readuntil(ending), 10) for ending in endings]
     finally:
         writer.close()
+
+
+async def test_the_connection_still_serves_after_an_ordinary_problem(served: Served) -> None:
+    """Only requests that break HTTP close the connection: a 404 keeps it for the next request."""
+    first, second = await converse(
+        served.port,
+        b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b'"NOT_FOUND"}',
+        b'{"status": "ok"}',
+    )
     assert first.startswith(b"HTTP/1.1 404 ") and second.startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.parametrize(
+    ("path", "expect"),
+    [
+        ("/v2/conversations/c-f/messages", b"x-" + SECRET),
+        ("/v2/conversations/c-f/messages", b"100-continue, x-" + SECRET),
+        ("/nowhere", b"x-" + SECRET),
+    ],
+)
+async def test_an_unmet_expectation_is_a_problem_that_quotes_nothing(
+    served: Served, caplog: pytest.LogCaptureFixture, path: str, expect: bytes
+) -> None:
+    request = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: ".encode() + expect + b"\r\n\r\n{}"
+    with caplog.at_level(logging.DEBUG):
+        answer = await exchange(served.port, request)
+    answer.expect_problem(417, "EXPECTATION_FAILED")
+    assert b"SECRET" not in answer.raw
+    assert "SECRET" not in caplog.text
+
+
+async def test_100_continue_is_met(served: Served) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n"
+    [answer] = await converse(served.port, request, b'{"status": "ok"}')
+    assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 "), answer
 
 
 # ---- 7. and 8. Routes that read a body ----------------------------------------------------------------------
