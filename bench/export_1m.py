@@ -26,8 +26,8 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.running import running_system
-from services.worker.repository import copy_export_lines
 from shared.auth import mint_token
+from shared.repository.conversations import copy_export_lines
 
 CID = "bench-1m"
 WORDS = ["hello", "world", "export", "message", "你好", "привет", "café", "naïve", "ok", "😀", '"quoted"']

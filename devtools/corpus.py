@@ -25,8 +25,8 @@ from typing import Any
 import asyncpg
 import yaml
 
-from services.api.repository.messages import import_messages, put_members
 from shared.ids import is_valid_id
+from shared.repository.conversations import import_messages, put_members
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,9 @@ _Loader: Any = getattr(yaml, "CBaseLoader", yaml.BaseLoader)
 
 @dataclass(frozen=True)
 class CorpusLine:
-    """One message to import; the field names are those of the admin import's NDJSON lines (section 4)."""
+    """One message to import; the field names are those of the admin import's NDJSON lines (README: API
+    reference, Import).
+    """
 
     message_id: str
     sender_id: str

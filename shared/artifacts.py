@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from shared import repository as repo
+from shared.repository import artifacts as artifact_records
 from shared.storage import abort_upload
 
 log = logging.getLogger(__name__)
@@ -29,12 +29,12 @@ async def remove_artifact(pool: asyncpg.Pool, s3: Any, *, bucket: str, operation
     later pass.
     """
     async with pool.acquire() as conn:
-        key = await repo.start_removal(conn, operation_id=operation_id, generation=generation)
+        key = await artifact_records.start_removal(conn, operation_id=operation_id, generation=generation)
     if key is None:
         return False
     await remove_object(s3, bucket=bucket, key=key)
     async with pool.acquire() as conn:
-        await repo.finish_removal(conn, operation_id=operation_id, generation=generation)
+        await artifact_records.finish_removal(conn, operation_id=operation_id, generation=generation)
     return True
 
 
@@ -44,7 +44,7 @@ async def remove_artifacts(pool: asyncpg.Pool, s3: Any, *, bucket: str, operatio
     Errors are not raised: what could not be removed stays recorded for the janitor's next pass.
     """
     async with pool.acquire() as conn:
-        artifacts = await repo.unremoved_artifacts(conn, operation_id=operation_id)
+        artifacts = await artifact_records.unremoved_artifacts(conn, operation_id=operation_id)
     removed = True
     for artifact in artifacts:
         try:

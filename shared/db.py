@@ -38,6 +38,11 @@ TRANSIENT_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
 MIGRATION_LOCK_KEY = 0x63686578  # "chex"
 
 
+async def ping(conn: asyncpg.Connection) -> None:
+    """Run a trivial query; raises what the driver raises when the database cannot answer."""
+    await conn.fetchval("SELECT 1")
+
+
 async def create_pool(settings: Settings, *, min_size: int = 1) -> asyncpg.Pool:
     """Open a pool to ``settings.database_url``; statements time out after ``database_timeout_seconds``.
 

@@ -23,9 +23,8 @@ from aio_pika.abc import AbstractRobustConnection
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, disable_created_metrics, generate_latest
 
-from shared.db import probing_connection
+from shared.db import ping, probing_connection
 from shared.metrics import REFRESH_FAILURES
-from shared.repository import ping
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)

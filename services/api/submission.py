@@ -9,10 +9,10 @@ import asyncpg
 
 from services.api.metrics import IDEMPOTENCY_CONFLICTS
 from services.api.problems import Problem
-from services.api.repository import operations as repo
 from shared.fingerprint import ExportRequest, fingerprint
 from shared.ids import new_operation_id
-from shared.outbox import enqueue_run
+from shared.repository import idempotency_keys, operations
+from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,9 +43,9 @@ async def submit(
     (409) or TOO_MANY_ACTIVE_EXPORTS (429); on success the operation, its idempotency record and its outbox
     row commit together with the caller's transaction.
     """
-    await repo.lock_owner(conn, owner_id=owner_id)
+    await operations.lock_owner(conn, owner_id=owner_id)
     request_fingerprint = fingerprint(user_id=owner_id, conversation_id=conversation_id, request=request)
-    earlier = await repo.find_idempotency_key(
+    earlier = await idempotency_keys.find_idempotency_key(
         conn,
         owner_id=owner_id,
         idempotency_key=idempotency_key,
@@ -53,17 +53,17 @@ async def submit(
     )
     if earlier is not None:
         return _replay(earlier, request_fingerprint)
-    if await repo.count_active(conn, owner_id=owner_id) >= settings.max_active_exports:
+    if await operations.count_active(conn, owner_id=owner_id) >= settings.max_active_exports:
         raise Problem(
             "TOO_MANY_ACTIVE_EXPORTS",
             f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
             headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)},
         )
     operation_id = new_operation_id()
-    await repo.insert_operation(
+    await operations.insert_operation(
         conn, operation_id=operation_id, owner_id=owner_id, conversation_id=conversation_id, request=request
     )
-    await repo.insert_idempotency_key(
+    await idempotency_keys.insert_idempotency_key(
         conn,
         owner_id=owner_id,
         idempotency_key=idempotency_key,

@@ -26,10 +26,11 @@ from typing import Any
 import asyncpg
 
 from services.janitor import metrics
-from services.janitor import repository as repo
 from shared.artifacts import remove_artifact, remove_artifacts
-from shared.outbox import enqueue_run
-from shared.repository import finish_cancel, record_access_event
+from shared.repository import artifacts, operations, outbox
+from shared.repository.access_events import record_access_event
+from shared.repository.operations import finish_cancel
+from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
 from shared.states import ArtifactState
 from shared.storage import (
@@ -54,7 +55,7 @@ OUTBOX_KEEP_SECONDS = 24 * 3600.0
 class PassReport:
     """What one pass did, for the pass's log line; the metrics count the same events.
 
-    ``requeued`` maps each of ``repository.REQUEUE_REASONS`` to the operations re-enqueued for it;
+    ``requeued`` maps each of ``operations.REQUEUE_REASONS`` to the operations re-enqueued for it;
     ``unknown_state_artifacts`` is the part of ``stale_artifacts_removed`` that attempts left behind.
     """
 
@@ -120,7 +121,7 @@ class Janitor:
     async def expire_results(self) -> int:
         """SUCCEEDED -> EXPIRED past the result's retention, then delete its objects; return how many."""
         async with self._pool.acquire() as conn, conn.transaction():
-            expired = await repo.expire_results(conn, limit=self._settings.janitor_batch_size)
+            expired = await operations.expire_results(conn, limit=self._settings.janitor_batch_size)
             for row in expired:
                 await record_access_event(
                     conn,
@@ -136,17 +137,17 @@ class Janitor:
 
     async def requeue_stranded(self) -> dict[str, int]:
         """Send a new wake-up for expired leases, due retries and QUEUED operations whose message was lost;
-        return how many for each of ``repository.REQUEUE_REASONS``.
+        return how many for each of ``operations.REQUEUE_REASONS``.
         """
         async with self._pool.acquire() as conn, conn.transaction():
-            stranded = await repo.stranded_operations(
+            stranded = await operations.stranded_operations(
                 conn,
                 quiet_seconds=self._settings.janitor_requeue_after_seconds,
                 limit=self._settings.janitor_batch_size,
             )
             for row in stranded:
                 await enqueue_run(conn, operation_id=row["operation_id"])
-        requeued = dict.fromkeys(repo.REQUEUE_REASONS, 0)
+        requeued = dict.fromkeys(operations.REQUEUE_REASONS, 0)
         for row in stranded:
             requeued[row["reason"]] += 1
         for reason, count in requeued.items():
@@ -159,7 +160,7 @@ class Janitor:
         """Remove the objects of CANCEL_REQUESTED operations nobody holds, then mark them CANCELED (README: States and
         failure model, Cancel)."""
         async with self._pool.acquire() as conn:
-            candidates = await repo.abandoned_cancellations(conn, limit=self._settings.janitor_batch_size)
+            candidates = await operations.abandoned_cancellations(conn, limit=self._settings.janitor_batch_size)
         finished = 0
         for row in candidates:
             if not await self.remove_artifacts(row["operation_id"]):
@@ -180,7 +181,7 @@ class Janitor:
         them. Those an attempt left behind (``left_behind``) are also counted by the state they were in.
         """
         async with self._pool.acquire() as conn:
-            stale = await repo.stale_artifacts(
+            stale = await artifacts.stale_artifacts(
                 conn, grace_seconds=self._settings.janitor_orphan_grace_seconds, limit=self._settings.janitor_batch_size
             )
         removed = [artifact for artifact in stale if await self._remove_artifact(artifact)]
@@ -237,7 +238,7 @@ class Janitor:
         if not old:
             return []
         async with self._pool.acquire() as conn:
-            live = await repo.live_artifacts(conn, object_keys=[entry.key for entry in old])
+            live = await artifacts.live_artifacts(conn, object_keys=[entry.key for entry in old])
         return [(entry, live.get(entry.key)) for entry in old]
 
     async def _sweep(self, pages: Pages[Entry], clean: Callable[[list[Entry]], Awaitable[int]]) -> int:
@@ -264,14 +265,16 @@ class Janitor:
         ``OUTBOX_KEEP_SECONDS``; return (operations purged, outbox rows deleted).
         """
         async with self._pool.acquire() as conn:
-            purged = await repo.purge(
-                conn,
-                retention_seconds=self._settings.operation_retention_seconds,
-                limit=self._settings.janitor_batch_size,
-            )
-            outbox_deleted = await repo.purge_published_outbox(conn, older_than_seconds=OUTBOX_KEEP_SECONDS)
-        metrics.RECORDS_PURGED.inc(purged)
-        return purged, outbox_deleted
+            async with conn.transaction():
+                purged = await operations.purge(
+                    conn,
+                    retention_seconds=self._settings.operation_retention_seconds,
+                    limit=self._settings.janitor_batch_size,
+                )
+                await outbox.delete_for(conn, operation_ids=purged)
+            outbox_deleted = await outbox.purge_published(conn, older_than_seconds=OUTBOX_KEEP_SECONDS)
+        metrics.RECORDS_PURGED.inc(len(purged))
+        return len(purged), outbox_deleted
 
     async def remove_artifacts(self, operation_id: str) -> bool:
         """Delete every object and abort every upload recorded for ``operation_id``; True if all went."""

@@ -7,8 +7,7 @@ import logging
 
 import asyncpg
 
-from services.janitor import metrics
-from services.janitor import repository as repo
+from services.janitor import leadership, metrics
 from services.janitor.janitor import Janitor
 from shared.db import TRANSIENT_DATABASE_ERRORS, connect, create_pool_when_ready
 from shared.lifecycle import run_until_signalled, sleep_unless_stopped
@@ -68,7 +67,7 @@ async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncp
     if leader is not None:
         if not leader.is_closed():
             try:
-                await repo.still_leading(leader)
+                await leadership.still_leading(leader)
                 return leader
             except TRANSIENT_DATABASE_ERRORS:
                 leader.terminate()
@@ -79,7 +78,7 @@ async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncp
     except TRANSIENT_DATABASE_ERRORS:
         log.warning("database unavailable; janitor waits")
         return None
-    if await repo.try_lead(conn):
+    if await leadership.try_lead(conn):
         log.info("janitor leads")
         return conn
     await conn.close()

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncpg
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.janitor import repository as repo
 from shared.db import probing_connection
 from shared.metrics import CANCELLATIONS_FINISHED, counter_from_zero
+from shared.repository import operations, outbox
 from shared.states import LEFT_BEHIND, State
 
 # The states a record left behind by an attempt can be found in (see ``repository.stale_artifacts``).
@@ -26,7 +26,7 @@ OPERATIONS_REQUEUED = counter_from_zero(
     "New wake-ups sent for stranded operations: lease_expired (RUNNING, its worker gone), retry_due"
     " (RETRY_AT past retry_at) or message_lost (QUEUED with no wake-up on its way).",
     "reason",
-    repo.REQUEUE_REASONS,
+    operations.REQUEUE_REASONS,
 )
 CANCELLATIONS_FINISHED_BY_JANITOR = CANCELLATIONS_FINISHED.labels(by="janitor")
 STALE_ARTIFACTS_REMOVED = Counter(
@@ -84,19 +84,21 @@ OUTBOX_OLDEST_AGE = Gauge(
 
 
 async def observe_system(pool: asyncpg.Pool) -> None:
-    """Set the system gauges from one short query (``repository.system_figures``, database clock): every
-    state's operation count (0 when none), the oldest age in each of ``WAITING_STATES``, and the outbox
-    backlog with its oldest row's age. Meant to run before each scrape of the metrics endpoint; raises the
-    driver's errors (``asyncpg.PostgresError``, ``OSError``, timeouts), leaving the gauges as they were.
+    """Set the system gauges from two short queries read as of one snapshot (``operations.state_figures``
+    and ``outbox.backlog``, database clock): every state's operation count (0 when none), the oldest age in
+    each of ``WAITING_STATES``, and the outbox backlog with its oldest due row's age. Meant to run before
+    each scrape of the metrics endpoint; raises the driver's errors (``asyncpg.PostgresError``, ``OSError``,
+    timeouts), leaving the gauges as they were.
     """
-    async with probing_connection(pool) as conn:
-        rows = await repo.system_figures(conn)
-    by_state = {row["state"]: row for row in rows if row["state"] is not None}
+    async with probing_connection(pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = await operations.state_figures(conn)
+        backlog, oldest_due = await outbox.backlog(conn)
+    by_state = {row["state"]: row for row in rows}
     for state in State:
         OPERATIONS.labels(state=state).set(by_state[state]["operations"] if state in by_state else 0)
     for state in WAITING_STATES:
         OPERATION_OLDEST_AGE.labels(state=state).set(
             by_state[state]["oldest_age_seconds"] if state in by_state else 0.0
         )
-    OUTBOX_BACKLOG.set(rows[0]["outbox_backlog"])
-    OUTBOX_OLDEST_AGE.set(rows[0]["outbox_oldest_age_seconds"])
+    OUTBOX_BACKLOG.set(backlog)
+    OUTBOX_OLDEST_AGE.set(oldest_due)

@@ -17,8 +17,8 @@ import asyncpg
 from aio_pika.abc import AbstractExchange
 
 from services.relay import metrics
-from services.relay import repository as repo
 from shared.db import TRANSIENT_DATABASE_ERRORS, connect
+from shared.repository import outbox
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,16 +46,16 @@ class Relay:
 
     async def _publish_batch(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await repo.claim_due(conn, limit=self._settings.relay_batch_size)
+            rows = await outbox.claim_due(conn, limit=self._settings.relay_batch_size)
             if not rows:
                 return 0
             results = await asyncio.gather(*(self._publish(row) for row in rows), return_exceptions=True)
             confirmed = [row["outbox_id"] for row, ok in zip(rows, results, strict=True) if ok is True]
             failed = [row["outbox_id"] for row, ok in zip(rows, results, strict=True) if ok is not True]
             if confirmed:
-                await repo.mark_published(conn, outbox_ids=confirmed)
+                await outbox.mark_published(conn, outbox_ids=confirmed)
             if failed:
-                await repo.mark_failed(conn, outbox_ids=failed, retry_seconds=FAILED_PUBLISH_RETRY_SECONDS)
+                await outbox.mark_failed(conn, outbox_ids=failed, retry_seconds=FAILED_PUBLISH_RETRY_SECONDS)
         metrics.PUBLISHED.inc(len(confirmed))
         log.debug("outbox rows published", extra={"rows": len(confirmed), "held_back": len(failed)})
         if failed:
@@ -116,7 +116,7 @@ class Relay:
         # Without the database the poll interval still applies; the next batch reports the outage.
         with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
             async with self._pool.acquire() as conn:
-                due = await repo.seconds_until_next_due(conn)
+                due = await outbox.seconds_until_next_due(conn)
             if due is not None:
                 # A due row that another relay holds locked would otherwise make this loop spin.
                 timeout = min(timeout, max(due, MIN_WAIT_SECONDS))

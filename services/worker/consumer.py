@@ -19,12 +19,12 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from services.worker import metrics
-from services.worker import repository as repo
 from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
-from shared.repository import current_state
+from shared.repository import conversations, operations
+from shared.repository.operations import current_state
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -184,17 +184,19 @@ class Consumer:
         """
         lease_seconds = self._settings.lease_seconds
         async with self._pool.acquire() as conn, conn.transaction():
-            if await repo.park_abandoned(
+            if await operations.park_abandoned(
                 conn, operation_id=operation_id, max_attempts=self._settings.max_attempts, message=WORKER_LOST_MESSAGE
             ):
                 log.warning("export parked: every attempt lost its worker", extra={"operation_id": operation_id})
                 return None
-            row = await repo.claim(
+            row = await operations.claim(
                 conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=lease_seconds
             )
             if row is None:
                 return await self._claim_cancellation(conn, operation_id)
-            member = await repo.holds_membership(conn, conversation_id=row["conversation_id"], user_id=row["owner_id"])
+            member = await conversations.is_member(
+                conn, conversation_id=row["conversation_id"], user_id=row["owner_id"], lock=True
+            )
         if row["took_over"]:  # counted once the claim has committed
             metrics.LEASE_TAKEOVERS.inc()
         return Lease.from_row(row), Task.EXPORT if member else Task.REFUSE
@@ -203,7 +205,7 @@ class Consumer:
         """The lease of a cancellation to finish; None, after logging and counting a wake-up that names no
         operation (a purged one, or one from another deployment), when there is nothing to do.
         """
-        row = await repo.claim_cancellation(
+        row = await operations.claim_cancellation(
             conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=self._settings.lease_seconds
         )
         if row is not None:

@@ -15,12 +15,11 @@ import asyncpg
 from botocore.exceptions import ClientError
 
 from services.worker import metrics
-from services.worker import repository as repo
 from services.worker.artifact import ArtifactWriter, Digest, read_digest
 from services.worker.errors import LeaseLost, PermanentError, access_revoked
-from shared import repository as shared_repo
 from shared.artifacts import remove_artifact
 from shared.logs import update_log_fields
+from shared.repository import artifacts, conversations, operations
 from shared.settings import Settings
 from shared.states import ArtifactState
 from shared.storage import artifact_key
@@ -95,7 +94,7 @@ class ExportJob:
             return
         lease = self._lease
         async with self._pool.acquire() as conn:
-            if not await repo.record_artifact(
+            if not await artifacts.record_artifact(
                 conn, operation_id=lease.operation_id, generation=lease.generation, object_key=self.key
             ):
                 raise LeaseLost("artifact")
@@ -117,7 +116,7 @@ class ExportJob:
         """
         lease = self._lease
         async with self._pool.acquire() as conn:
-            earlier = await shared_repo.unremoved_artifacts(
+            earlier = await artifacts.unremoved_artifacts(
                 conn, operation_id=lease.operation_id, below_generation=lease.generation
             )
         for artifact in earlier:
@@ -196,7 +195,7 @@ class ExportJob:
         high = min(low + min(span, self._settings.export_batch_rows), lease.last_seq)
         lines: list[bytes] = []
         async with self._pool.acquire() as conn:
-            await repo.copy_export_lines(
+            await conversations.copy_export_lines(
                 conn, conversation_id=lease.conversation_id, after_seq=low, last_seq=high, output=_appender(lines)
             )
         return low, high, lines
@@ -216,7 +215,7 @@ class ExportJob:
             raise RuntimeError(f"stored object differs from what was written: {stored} != {written}")
         lease = self._lease
         async with self._pool.acquire() as conn:
-            if not await repo.complete_artifact(
+            if not await artifacts.complete_artifact(
                 conn,
                 operation_id=lease.operation_id,
                 generation=lease.generation,
@@ -234,9 +233,11 @@ class ExportJob:
         """
         lease = self._lease
         async with self._pool.acquire() as conn, conn.transaction():
-            if not await repo.holds_membership(conn, conversation_id=lease.conversation_id, user_id=lease.owner_id):
+            if not await conversations.is_member(
+                conn, conversation_id=lease.conversation_id, user_id=lease.owner_id, lock=True
+            ):
                 raise access_revoked()
-            published = await repo.succeed(
+            published = await operations.succeed(
                 conn,
                 operation_id=lease.operation_id,
                 generation=lease.generation,
@@ -248,7 +249,7 @@ class ExportJob:
             )
             if not published:
                 raise LeaseLost("result")
-            if not await repo.publish_artifact(conn, operation_id=lease.operation_id, generation=generation):
+            if not await artifacts.publish_artifact(conn, operation_id=lease.operation_id, generation=generation):
                 raise ArtifactGone(key)
             self._commit_sent = True
         log.info(
@@ -260,7 +261,7 @@ class ExportJob:
         update_log_fields(phase=phase)
         lease, digest = self._lease, self._writer.digest()
         async with self._pool.acquire() as conn:
-            held = await repo.record_progress(
+            held = await operations.record_progress(
                 conn,
                 operation_id=lease.operation_id,
                 generation=lease.generation,
@@ -274,7 +275,7 @@ class ExportJob:
 
     async def _record_upload_id(self, upload_id: str) -> None:
         async with self._pool.acquire() as conn:
-            await repo.record_upload_id(
+            await artifacts.record_upload_id(
                 conn,
                 operation_id=self._lease.operation_id,
                 generation=self._lease.generation,

@@ -13,15 +13,15 @@ from typing import Any
 import asyncpg
 
 from services.worker import metrics
-from services.worker import repository as repo
 from services.worker.errors import LeaseLost, access_revoked, classify, error_name, is_missing_bucket
 from services.worker.export import ExportJob, Lease
 from shared.artifacts import remove_artifacts
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
-from shared.outbox import enqueue_run
-from shared.repository import CurrentState, current_state, finish_cancel
+from shared.repository import operations
+from shared.repository.operations import CurrentState, current_state, finish_cancel
+from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
 from shared.states import State
 from shared.storage import ensure_bucket
@@ -99,7 +99,7 @@ class LeaseRunner:
             await asyncio.sleep(self._settings.heartbeat_seconds)
             try:
                 async with self._pool.acquire() as conn:
-                    held = await repo.extend_lease(
+                    held = await operations.extend_lease(
                         conn,
                         operation_id=lease.operation_id,
                         generation=lease.generation,
@@ -138,7 +138,7 @@ class LeaseRunner:
         )
         async with self._pool.acquire() as conn:
             if not removed:
-                if attempt_open and await repo.hand_back(
+                if attempt_open and await operations.hand_back(
                     conn, operation_id=lease.operation_id, generation=lease.generation
                 ):
                     metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
@@ -165,7 +165,7 @@ class LeaseRunner:
         )
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                ended = await repo.end_attempt(
+                ended = await operations.end_attempt(
                     conn,
                     operation_id=lease.operation_id,
                     generation=lease.generation,
@@ -189,7 +189,9 @@ class LeaseRunner:
         handed_back = False
         with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
             async with self._pool.acquire() as conn, conn.transaction():
-                handed_back = await repo.hand_back(conn, operation_id=lease.operation_id, generation=lease.generation)
+                handed_back = await operations.hand_back(
+                    conn, operation_id=lease.operation_id, generation=lease.generation
+                )
                 if handed_back:
                     await enqueue_run(conn, operation_id=lease.operation_id)
         if handed_back:  # counted once the hand-back has committed

@@ -1,6 +1,6 @@
-"""Takeovers on real Postgres and a moto server (contract 5.3 and 6): the new generation adopts an earlier
-generation's verified object or removes what it left, and a superseded holder's writes are rejected and
-counted without touching the published object.
+"""Takeovers on real Postgres and a moto server (README: States and failure model, Unknown outcomes): the new generation
+adopts an earlier generation's verified object or removes what it left, and a superseded holder's writes are rejected
+and counted without touching the published object.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from services.worker import repository as repo
 from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
-from shared import repository as shared_repo
 from shared.artifacts import remove_artifact
+from shared.repository import artifacts, operations
 from shared.settings import Settings
 from shared.storage import artifact_key
 from tests.conftest import wait_for
@@ -68,7 +67,7 @@ async def abandoned_at_generation_one(pool: asyncpg.Pool) -> None:
 async def take_over(pool: asyncpg.Pool, s3: Any, settings: Settings, *, then: str | None = None) -> Lease:
     """Claim op_1 as generation 2, run ``then`` (SQL) as if another party acted meanwhile, then run it."""
     async with pool.acquire() as conn:
-        row = await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
+        row = await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
     assert row is not None
     lease = Lease.from_row(row)
     assert lease.generation == 2
@@ -211,10 +210,10 @@ async def test_a_superseded_holders_writes_are_rejected_and_counted(
 ) -> None:
     await insert_operation(pool, "op_1", "QUEUED")
     async with pool.acquire() as conn:
-        first = await repo.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=settings.lease_seconds)
+        first = await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=settings.lease_seconds)
         assert first is not None
         await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
-        second = await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
+        second = await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
         assert second is not None
     sample = "chatexport_worker_stale_generation_writes_total"
     before = REGISTRY.get_sample_value(sample, {"write": "artifact"}) or 0.0
@@ -259,8 +258,8 @@ async def test_the_old_holder_cannot_complete_an_artifact_that_is_being_removed(
     await abandoned_at_generation_one(pool)
     await insert_artifact(pool, "op_1", 1, "WRITING", data=b"")
     async with pool.acquire() as conn:
-        assert await shared_repo.start_removal(conn, operation_id="op_1", generation=1) is not None
-        completed = await repo.complete_artifact(
+        assert await artifacts.start_removal(conn, operation_id="op_1", generation=1) is not None
+        completed = await artifacts.complete_artifact(
             conn, operation_id="op_1", generation=1, size_bytes=1, sha256="0" * 64, message_count=1
         )
     assert not completed
@@ -280,7 +279,7 @@ async def test_a_takeover_refused_at_start_removes_what_earlier_generations_left
     await complete_generation_one(pool, s3, settings)
     await pool.execute("DELETE FROM conversation_members WHERE user_id = 'alice'")
     async with pool.acquire() as conn:
-        row = await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
+        row = await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
     assert row is not None
 
     await LeaseRunner(pool=pool, s3=s3, settings=settings).refuse(Lease.from_row(row))

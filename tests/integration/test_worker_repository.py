@@ -1,5 +1,5 @@
-"""Leases and fencing in the worker's SQL (contract 5.3), on a real Postgres: every write of a holder
-whose generation was superseded changes nothing.
+"""Leases and fencing in the worker's SQL (README: States and failure model), on a real Postgres:
+every write of a holder whose generation was superseded changes nothing.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.worker import repository as repo
-from shared.repository import finish_cancel
+from shared.repository import artifacts, operations
+from shared.repository.operations import finish_cancel
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ async def conn(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
 
 
 async def claim(conn: asyncpg.Connection, worker_id: str) -> asyncpg.Record:
-    claimed = await repo.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
+    claimed = await operations.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
     assert claimed is not None
     return claimed
 
@@ -49,38 +49,39 @@ async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(c
     first = await claim(conn, "w1")
     assert (first["generation"], first["attempt"], first["snapshot_max_seq"]) == (1, 1, 7)
     assert first["took_over"] is False
-    assert await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
+    assert await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
 
     await conn.execute("UPDATE conversations SET last_seq = 9")
     await expire_lease(conn)
     second = await claim(conn, "w2")
     assert (second["generation"], second["attempt"], second["took_over"]) == (2, 2, True)
-    assert second["snapshot_max_seq"] == 7  # fixed by the first attempt, reused by every retry (5.2)
+    # Fixed by the first attempt, reused by every retry (README: API reference, Operation).
+    assert second["snapshot_max_seq"] == 7
 
 
 async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyncpg.Connection) -> None:
-    await repo.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
     await expire_lease(conn)
-    await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE)
+    await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE)
     before = await row(conn)
 
     old: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
-    assert not await repo.extend_lease(conn, **old, lease_seconds=LEASE)
-    assert not await repo.record_progress(
+    assert not await operations.extend_lease(conn, **old, lease_seconds=LEASE)
+    assert not await operations.record_progress(
         conn, **old, phase="writing", messages_written=5, bytes_written=50, lease_seconds=LEASE
     )
-    assert not await repo.record_artifact(conn, **old, object_key="exports/op_1/g1.jsonl")
-    assert not await repo.succeed(
+    assert not await artifacts.record_artifact(conn, **old, object_key="exports/op_1/g1.jsonl")
+    assert not await operations.succeed(
         conn, **old, object_key="k", size_bytes=1, sha256="s", message_count=1, result_ttl_seconds=60
     )
-    assert not await repo.end_attempt(conn, **old, state="FAILED", error_code="X", error_message="x")
-    assert not await repo.hand_back(conn, **old)
+    assert not await operations.end_attempt(conn, **old, state="FAILED", error_code="X", error_message="x")
+    assert not await operations.hand_back(conn, **old)
     assert await row(conn) == before
     assert await conn.fetchval("SELECT count(*) FROM artifacts") == 0
 
     current: dict[str, Any] = {"operation_id": "op_1", "generation": 2}
-    assert await repo.record_artifact(conn, **current, object_key="exports/op_1/g2.jsonl")
-    assert await repo.succeed(
+    assert await artifacts.record_artifact(conn, **current, object_key="exports/op_1/g2.jsonl")
+    assert await operations.succeed(
         conn,
         **current,
         object_key="exports/op_1/g2.jsonl",
@@ -95,17 +96,17 @@ async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyn
 async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps_its_lease(
     conn: asyncpg.Connection,
 ) -> None:
-    await repo.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
     await conn.execute("UPDATE operations SET state = 'CANCEL_REQUESTED'")
     held: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
 
-    assert not await repo.succeed(
+    assert not await operations.succeed(
         conn, **held, object_key="k", size_bytes=1, sha256="s", message_count=1, result_ttl_seconds=60
     )
-    assert not await repo.record_progress(
+    assert not await operations.record_progress(
         conn, **held, phase="writing", messages_written=1, bytes_written=1, lease_seconds=LEASE
     )
-    assert await repo.extend_lease(conn, **held, lease_seconds=LEASE)
+    assert await operations.extend_lease(conn, **held, lease_seconds=LEASE)
     assert not await finish_cancel(conn, operation_id="op_1", generation=2, abandoned=False)
     assert await finish_cancel(conn, **held, abandoned=False)
     assert (await row(conn))["state"] == "CANCELED"
@@ -114,15 +115,15 @@ async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps
 async def test_a_handed_back_lease_is_taken_over_at_once_without_spending_an_attempt(
     conn: asyncpg.Connection,
 ) -> None:
-    await repo.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
-    assert await repo.hand_back(conn, operation_id="op_1", generation=1)
+    await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    assert await operations.hand_back(conn, operation_id="op_1", generation=1)
     taken = await claim(conn, "w2")
     assert (taken["generation"], taken["attempt"], taken["took_over"]) == (2, 1, False)  # given, not taken
 
 
 async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Connection) -> None:
-    await repo.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
-    assert await repo.end_attempt(
+    await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    assert await operations.end_attempt(
         conn,
         operation_id="op_1",
         generation=1,
@@ -131,7 +132,7 @@ async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Co
         error_message="t",
         retry_delay_seconds=60,
     )
-    assert await repo.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
+    assert await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
     await conn.execute("UPDATE operations SET retry_at = now() - interval '1 second'")
     retried = await claim(conn, "w2")
     assert retried["generation"] == 2
@@ -141,11 +142,11 @@ async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Co
 async def test_an_operation_that_lost_its_worker_on_every_attempt_is_parked(conn: asyncpg.Connection) -> None:
     for _ in range(3):
         await expire_lease(conn)
-        assert not await repo.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
+        assert not await operations.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
         await claim(conn, "w")
-    assert not await repo.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")  # lease live
+    assert not await operations.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")  # lease live
     await expire_lease(conn)
-    assert await repo.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
+    assert await operations.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
     parked = await row(conn)
     assert (parked["state"], parked["error_code"], parked["lease_expires_at"]) == ("FAILED_REPAIR", "WORKER_LOST", None)
-    assert await repo.claim(conn, operation_id="op_1", worker_id="w", lease_seconds=LEASE) is None
+    assert await operations.claim(conn, operation_id="op_1", worker_id="w", lease_seconds=LEASE) is None

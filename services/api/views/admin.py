@@ -20,14 +20,12 @@ from services.api.bodies import check_body_bytes, read_limited, read_model, vali
 from services.api.keys import POOL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found, validation_failed
-from services.api.repository import admin as admin_repo
-from services.api.repository import messages as repo
-from services.api.repository import operations as operations_repo
 from services.api.representation import represent_for_admin, represent_for_admin_list
 from services.api.responses import NO_STORE, json_response
 from services.api.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
+from shared.repository import access_events, artifacts, attempts, conversations, operations
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +66,7 @@ async def put_conversation(request: web.Request) -> web.Response:
     conversation_id = _path_id(request, "cid")
     member_set = await read_model(request, MemberSet, max_bytes=MEMBERS_REQUEST_MAX_BYTES)
     async with request.app[POOL].acquire() as conn:
-        await repo.put_members(conn, conversation_id=conversation_id, members=member_set.members)
+        await conversations.put_members(conn, conversation_id=conversation_id, members=member_set.members)
     log.info(
         "conversation members replaced",
         extra={"conversation_id": conversation_id, "members": len(member_set.members)},
@@ -83,7 +81,7 @@ async def get_conversation(request: web.Request) -> web.Response:
     """
     conversation_id = _path_id(request, "cid")
     async with request.app[POOL].acquire() as conn:
-        row = await repo.conversation_summary(conn, conversation_id=conversation_id)
+        row = await conversations.conversation_summary(conn, conversation_id=conversation_id)
     if row is None:
         raise _conversation_not_found(conversation_id)
     body = {
@@ -99,14 +97,14 @@ async def add_member(request: web.Request) -> web.Response:
     """``PUT /admin/conversations/{cid}/members/{uid}``: add one member (idempotent); 204, or 404
     ``CONVERSATION_NOT_FOUND``.
     """
-    return await _change_member(request, repo.add_member)
+    return await _change_member(request, conversations.add_member)
 
 
 async def remove_member(request: web.Request) -> web.Response:
     """``DELETE /admin/conversations/{cid}/members/{uid}``: remove one member (idempotent); 204, or 404
     ``CONVERSATION_NOT_FOUND``.
     """
-    return await _change_member(request, repo.remove_member)
+    return await _change_member(request, conversations.remove_member)
 
 
 async def _change_member(request: web.Request, change: Callable[..., Awaitable[bool]]) -> web.Response:
@@ -135,8 +133,8 @@ async def import_messages(request: web.Request) -> web.Response:
     lines = await asyncio.to_thread(_parse_lines, raw, body_max_bytes=settings.import_body_max_bytes)
     async with request.app[POOL].acquire() as conn:
         try:
-            result = await repo.import_messages(conn, conversation_id=conversation_id, lines=lines)
-        except repo.ConversationNotFound:
+            result = await conversations.import_messages(conn, conversation_id=conversation_id, lines=lines)
+        except conversations.ConversationNotFound:
             raise _conversation_not_found(conversation_id) from None
     log.info(
         "messages imported",
@@ -179,7 +177,7 @@ async def list_operations(request: web.Request) -> web.Response:
     query = validate_query(AdminOperationListQuery, request)
     after = decode_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
-        rows = await operations_repo.list_operations(
+        rows = await operations.list_operations(
             conn,
             state=query.state.value if query.state else None,
             conversation_id=query.conversation_id,
@@ -200,15 +198,17 @@ async def get_operation(request: web.Request) -> web.Response:
     """
     operation_id = _operation_path_id(request)
     async with request.app[POOL].acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        row = await operations_repo.get_operation(conn, operation_id=operation_id, owner_id=None)
+        row = await operations.get_operation(conn, operation_id=operation_id, owner_id=None)
         if row is None:
             raise not_found()
         body = represent_for_admin(
             row,
-            attempts=await admin_repo.attempts(conn, operation_id=operation_id),
-            artifacts=await admin_repo.artifacts(conn, operation_id=operation_id),
-            access_events=await admin_repo.access_events(conn, operation_id=operation_id, limit=ACCESS_EVENTS_SHOWN),
-            access_events_total=await admin_repo.count_access_events(conn, operation_id=operation_id),
+            attempts=await attempts.list_attempts(conn, operation_id=operation_id),
+            artifacts=await artifacts.list_artifacts(conn, operation_id=operation_id),
+            access_events=await access_events.newest_access_events(
+                conn, operation_id=operation_id, limit=ACCESS_EVENTS_SHOWN
+            ),
+            access_events_total=await access_events.count_access_events(conn, operation_id=operation_id),
         )
     return json_response(body, headers=NO_STORE)
 

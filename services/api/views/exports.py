@@ -19,8 +19,6 @@ from services.api.metrics import DOWNLOADS, IDEMPOTENCY_REPLAYS
 from services.api.preconditions import Outcome, Validators
 from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
-from services.api.repository import operations as repo
-from services.api.repository.messages import is_member
 from services.api.representation import RESULT_CONTENT_TYPE, is_terminal, operation_url
 from services.api.responses import NO_STORE, operation_response
 from services.api.schemas import ExportSubmission
@@ -30,7 +28,9 @@ from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.fingerprint import ExportRequest
 from shared.ids import is_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
-from shared.repository import record_access_event
+from shared.repository import operations
+from shared.repository.access_events import record_access_event
+from shared.repository.conversations import is_member
 from shared.states import State
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ async def submit_export(request: web.Request) -> web.Response:
                 request=export,
             )
         # Read after COMMIT: a replay shows the operation's current state.
-        row = await repo.get_operation(conn, operation_id=submitted.operation_id, owner_id=owner_id)
+        row = await operations.get_operation(conn, operation_id=submitted.operation_id, owner_id=owner_id)
     assert row is not None
     headers = {"Location": operation_url(submitted.operation_id)}
     if submitted.replayed:
@@ -147,7 +147,7 @@ async def _record_refusal(request: web.Request, operation_id: str, user_id: str,
 async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, user_id: str) -> asyncpg.Record:
     if not is_operation_id(operation_id):
         raise not_found()
-    row = await repo.get_operation(conn, operation_id=operation_id, owner_id=user_id)
+    row = await operations.get_operation(conn, operation_id=operation_id, owner_id=user_id)
     if row is None:
         raise not_found()
     refusal = _STATE_REFUSALS.get(row["state"])

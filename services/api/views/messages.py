@@ -16,10 +16,10 @@ from pydantic import TypeAdapter, ValidationError
 from services.api.bodies import check_body_bytes, read_model, validate_query
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.problems import Problem, not_found
-from services.api.repository import messages as repo
 from services.api.responses import json_response
 from services.api.schemas import MessageId, MessagePageQuery, MessageSubmission
 from shared.ids import is_valid_id
+from shared.repository import conversations
 from shared.timefmt import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def message_json(row: asyncpg.Record) -> dict[str, Any]:
 
 
 async def _require_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> None:
-    if not await repo.is_member(conn, conversation_id=conversation_id, user_id=user_id):
+    if not await conversations.is_member(conn, conversation_id=conversation_id, user_id=user_id):
         raise not_found()
 
 
@@ -54,14 +54,14 @@ async def send_message(request: web.Request) -> web.Response:
     async with request.app[POOL].acquire() as conn:
         await _require_member(conn, conversation_id=conversation_id, user_id=sender_id)
         try:
-            stored = await repo.store_message(
+            stored = await conversations.store_message(
                 conn,
                 conversation_id=conversation_id,
                 message_id=message.message_id,
                 sender_id=sender_id,
                 body=message.body,
             )
-        except repo.DuplicateMessageId:
+        except conversations.DuplicateMessageId:
             raise Problem(
                 "DUPLICATE_MESSAGE_ID",
                 "A message with this message_id is already stored in the conversation.",
@@ -87,7 +87,7 @@ async def read_messages(request: web.Request) -> web.Response:
     async with request.app[POOL].acquire() as conn:
         await _require_member(conn, conversation_id=conversation_id, user_id=request[PRINCIPAL].user_id)
         # One row more than asked tells whether another page exists without a second query.
-        rows = await repo.read_messages(
+        rows = await conversations.read_messages(
             conn, conversation_id=conversation_id, after_seq=page.after_seq, limit=page.limit + 1
         )
     shown = rows[: page.limit]
@@ -113,7 +113,7 @@ async def recall_message(request: web.Request) -> web.Response:
     if not (is_valid_id(conversation_id) and _is_message_id(message_id)):
         raise not_found()
     async with request.app[POOL].acquire() as conn:
-        recalled = await repo.recall_message(
+        recalled = await conversations.recall_message(
             conn, conversation_id=conversation_id, message_id=message_id, sender_id=sender_id
         )
     if not recalled:

@@ -11,12 +11,12 @@ from services.api.bodies import read_model, validate_query
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found
-from services.api.repository import operations as repo
 from services.api.representation import operation_url, represent
 from services.api.responses import NO_STORE, json_response, operation_response
 from services.api.schemas import EmptyRequest, OperationListQuery
 from shared.ids import is_operation_id
-from shared.outbox import enqueue_run
+from shared.repository import operations
+from shared.repository.outbox import enqueue_run
 from shared.states import State
 
 
@@ -26,7 +26,7 @@ async def get_operation(request: web.Request) -> web.Response:
     if not is_operation_id(operation_id):
         raise not_found()
     async with request.app[POOL].acquire() as conn:
-        row = await repo.get_operation(conn, operation_id=operation_id, owner_id=request[PRINCIPAL].user_id)
+        row = await operations.get_operation(conn, operation_id=operation_id, owner_id=request[PRINCIPAL].user_id)
     if row is None:
         raise not_found()
     return operation_response(row)
@@ -37,7 +37,7 @@ async def list_operations(request: web.Request) -> web.Response:
     query = validate_query(OperationListQuery, request)
     after = decode_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
-        rows = await repo.list_operations(
+        rows = await operations.list_operations(
             conn,
             owner_id=request[PRINCIPAL].user_id,
             state=query.state.value if query.state else None,
@@ -58,12 +58,12 @@ async def cancel_operation(request: web.Request) -> web.Response:
     owner_id = request[PRINCIPAL].user_id
     async with request.app[POOL].acquire() as conn:
         async with conn.transaction():
-            moved = await repo.request_cancel(conn, operation_id=operation_id, owner_id=owner_id)
+            moved = await operations.request_cancel(conn, operation_id=operation_id, owner_id=owner_id)
             if moved is not None:
                 # A wake-up in the same transaction: a worker finishes a cancellation that no live worker
                 # holds at once, instead of a janitor pass later (README: States and failure model, Cancel).
                 await enqueue_run(conn, operation_id=operation_id)
-        row = moved or await repo.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
+        row = moved or await operations.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
     if row is None:
         raise not_found()
     if row["state"] == State.CANCEL_REQUESTED:

@@ -1,6 +1,6 @@
-"""The admin view of an operation (``GET /admin/operations/{id}``) and the history behind it: one attempt per
-claim, closed by the write that ends it (contract 5.3), and an access event for every download attempt and
-result deletion (5.5), on the real Postgres, RabbitMQ and a moto server.
+"""The admin view of an operation (``GET /admin/operations/{id}``) and the history behind it: one attempt per claim,
+closed by the write that ends it (README: States and failure model, Attempts), and an access event for every download
+attempt and result deletion (README: API reference, Access events), on the real Postgres, RabbitMQ and a moto server.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from services.api.app import init_app
 from services.janitor.janitor import Janitor
-from services.worker import repository as repo
 from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
-from shared import repository as shared_repo
 from shared.repair import requeue
+from shared.repository import operations
 from shared.settings import Settings
 from shared.storage import artifact_key
 from tests.helpers import expect_problem, import_lines, make_conversation, running_pipeline, submit, wait_terminal
@@ -127,7 +126,7 @@ async def test_a_takeover_shows_the_lost_generation_and_its_holder_cannot_rewrit
     operation_id = await submitted(api, auth, "c-take")
     # A worker claims generation 1, then freezes until its lease has expired.
     async with pool.acquire() as conn:
-        frozen = await repo.claim(conn, operation_id=operation_id, worker_id="w-frozen", lease_seconds=LEASE)
+        frozen = await operations.claim(conn, operation_id=operation_id, worker_id="w-frozen", lease_seconds=LEASE)
         assert frozen is not None
         await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
     running = await admin_view(api, auth, operation_id)
@@ -233,7 +232,7 @@ Ending = Callable[[asyncpg.Connection, int], Awaitable[bool]]
 
 def _end_attempt(state: str, code: str, delay: float | None = None) -> Ending:
     def end(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-        return repo.end_attempt(
+        return operations.end_attempt(
             conn,
             operation_id="op_1",
             generation=generation,
@@ -248,7 +247,7 @@ def _end_attempt(state: str, code: str, delay: float | None = None) -> Ending:
 
 def _succeed(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
     digest = hashlib.sha256(b"").hexdigest()
-    return repo.succeed(
+    return operations.succeed(
         conn,
         operation_id="op_1",
         generation=generation,
@@ -261,19 +260,19 @@ def _succeed(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
 
 
 def _hand_back(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return repo.hand_back(conn, operation_id="op_1", generation=generation)
+    return operations.hand_back(conn, operation_id="op_1", generation=generation)
 
 
 def _finish_cancel(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return shared_repo.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=False)
+    return operations.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=False)
 
 
 def _park(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return repo.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
+    return operations.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
 
 
 def _janitor_cancel(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return shared_repo.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=True)
+    return operations.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=True)
 
 
 EXPIRED_LEASE = "UPDATE operations SET lease_expires_at = now() - interval '1 second'"
@@ -303,7 +302,7 @@ async def attempt_rows(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
 
 
 async def claimed(conn: asyncpg.Connection, worker_id: str) -> int:
-    row = await repo.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
+    row = await operations.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
     assert row is not None
     generation: int = row["generation"]
     return generation
@@ -350,11 +349,11 @@ async def test_a_requeued_or_handed_back_operation_gets_a_new_attempt_row(pool: 
     await insert_operation(pool, "op_1", "QUEUED")
     async with pool.acquire() as conn:
         first = await claimed(conn, "w1")
-        assert await repo.hand_back(conn, operation_id="op_1", generation=first)
+        assert await operations.hand_back(conn, operation_id="op_1", generation=first)
         # A handed back attempt is not counted: the next claim has the same attempt number.
         await claimed(conn, "w2")
         await conn.execute(EXPIRED_LEASE)
-        assert await repo.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
+        assert await operations.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
         assert (await requeue(conn, operation_id="op_1")).requeued
         # The requeue took generation 3 from any late holder; the next claim is generation 4.
         assert await claimed(conn, "w3") == 4

@@ -1,4 +1,5 @@
-"""SQL of the message store (README: API reference, Message store): conversations, their members and their messages.
+"""The ``conversations``, ``conversation_members`` and ``messages`` tables: the message store (README: API
+reference, Message store), and the export lines read from it.
 
 Every function that writes messages first takes the conversation's row lock (``conversations.last_seq``),
 so stores and imports of one conversation run one at a time: seqs are strictly increasing, gapless among
@@ -8,9 +9,9 @@ transaction, a savepoint when the caller already has one, so the CLI can call th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import asyncpg
 
@@ -48,21 +49,24 @@ class ImportResult(NamedTuple):
     skipped: int
 
 
-async def is_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
+_MEMBER_SQL = "SELECT 1 FROM conversation_members WHERE conversation_id = $1 AND user_id = $2"
+_MEMBER_LOCKED_SQL = "SELECT 1 FROM conversation_members WHERE conversation_id = $1 AND user_id = $2 FOR SHARE"
+
+
+async def is_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str, lock: bool = False) -> bool:
     """True when ``user_id`` is currently a member of ``conversation_id``.
 
     An id that breaks the id syntax (``shared.ids``) cannot be stored, so it is answered False without a
     query: a path segment with U+0000 never reaches Postgres, and it gets the same 404 as any other
-    conversation the caller cannot see (README: Error codes).
+    conversation the caller cannot see (README: Error codes). With ``lock`` the membership row is
+    share-locked until the caller's transaction ends, so a removal waits for it: that makes "still a member"
+    and "commit SUCCEEDED" one atomic decision (README: States and failure model).
     """
     if not (is_valid_id(conversation_id) and is_valid_id(user_id)):
         return False
-    found: bool = await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM conversation_members WHERE conversation_id = $1 AND user_id = $2)",
-        conversation_id,
-        user_id,
-    )
-    return found
+    query = _MEMBER_LOCKED_SQL if lock else _MEMBER_SQL
+    found = await conn.fetchval(query, conversation_id, user_id)
+    return found is not None
 
 
 async def put_members(conn: asyncpg.Connection, *, conversation_id: str, members: Sequence[str]) -> None:
@@ -285,3 +289,43 @@ async def import_messages(
                 [line.sent_at for line in chunk],
             )
     return ImportResult(imported=imported, skipped=len(lines) - imported)
+
+
+# One export line per message, rendered by Postgres so no row crosses into Python objects. to_json escapes
+# exactly as json.dumps(ensure_ascii=False) does; the three replace() escape what shared.jsontext escapes
+# (U+0085, U+2028, U+2029, outside JSON's own escapes), so every line is one line for every reader and the
+# file matches the read API byte for byte (README: API reference, The file).
+# sent_at is printed as shared.timefmt prints timestamps in the API.
+EXPORT_LINES_SQL = """
+SELECT replace(replace(replace(
+    '{"conversation_id":' || to_json(conversation_id)::text
+    || ',"seq":' || seq
+    || ',"message_id":' || to_json(message_id)::text
+    || ',"sender_id":' || to_json(sender_id)::text
+    || ',"sent_at":"' || to_char(sent_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'
+    || ',"body":' || to_json(body)::text || '}',
+    chr(133), '\\u0085'), chr(8232), '\\u2028'), chr(8233), '\\u2029')
+FROM messages
+WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
+ORDER BY seq
+"""
+
+# COPY's csv format with quote and delimiter characters that JSON text never contains passes the
+# lines through verbatim; the text format would double every backslash.
+_COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
+
+
+async def copy_export_lines(
+    conn: asyncpg.Connection,
+    *,
+    conversation_id: str,
+    after_seq: int,
+    last_seq: int,
+    output: Callable[[bytes], Awaitable[None]],
+) -> None:
+    """Stream the export lines of seqs ``after_seq < seq <= last_seq`` to ``output`` as raw bytes.
+
+    One short statement: no snapshot stays open across the export (a snapshot held open holds back vacuum
+    of every table, the outbox included).
+    """
+    await conn.copy_from_query(EXPORT_LINES_SQL, conversation_id, after_seq, last_seq, output=output, **_COPY_OPTIONS)

@@ -1,0 +1,554 @@
+"""The ``operations`` table: every statement that writes it, and its reads (README: States and failure model).
+
+Each transition is one function named by what it does, one conditional ``UPDATE`` whose ``WHERE`` names the
+states it leaves (``shared.states``), so a transition that lost a race matches nothing. Writes of a lease
+holder are fenced: they match only under the holder's generation while the operation is RUNNING (or, for
+the lease itself and the cancellation's end, CANCEL_REQUESTED), so a holder that lost its lease changes
+nothing. A transition that ends an attempt closes it in the same transaction (``attempts``). Every
+function runs on the caller's connection, in the caller's transaction if any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from shared.fingerprint import ExportRequest
+from shared.repository.attempts import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
+from shared.states import ACTIVE, State, sources_of
+
+# Columns of the operation representation (README: API reference) plus the database's view of its age;
+# ``finished_at`` is when a SUCCEEDED result was published, its download's Last-Modified.
+OPERATION_COLUMNS = """
+    o.operation_id, o.kind, o.owner_id, o.conversation_id, o.format, o.before_seq, o.after_seq, o.state,
+    o.created_at, o.updated_at, o.attempt, o.generation, o.progress_phase, o.messages_written,
+    o.bytes_written, o.snapshot_max_seq, o.retry_at, o.error_code, o.error_message, o.result_key,
+    o.result_size_bytes, o.result_sha256, o.result_message_count, o.result_expires_at, o.finished_at,
+    extract(epoch FROM now() - o.created_at)::float8 AS age_seconds
+"""
+
+
+_ACTIVE_STATES = sorted(state.value for state in ACTIVE)
+
+
+async def lock_owner(conn: asyncpg.Connection, *, owner_id: str) -> None:
+    """Serialise submissions of one user until the transaction ends.
+
+    Makes "idempotency lookup, quota count, insert" atomic per user, so concurrent identical requests
+    yield one operation and concurrent different ones cannot overrun the quota (README: API reference, Submit).
+    """
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('submit:' || $1, 0))", owner_id)
+
+
+async def count_active(conn: asyncpg.Connection, *, owner_id: str) -> int:
+    """How many of ``owner_id``'s operations are not terminal (the 429 quota; README: API reference, Submit)."""
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM operations WHERE owner_id = $1 AND state = ANY($2::text[])",
+        owner_id,
+        _ACTIVE_STATES,
+    )
+    return count
+
+
+async def insert_operation(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    owner_id: str,
+    conversation_id: str,
+    request: ExportRequest,
+) -> None:
+    """Store a new QUEUED operation (the outbox row and idempotency record go in the same transaction)."""
+    await conn.execute(
+        """
+        INSERT INTO operations (operation_id, owner_id, conversation_id, format, before_seq, after_seq, state)
+        VALUES ($1, $2, $3, $4, $5, $6, 'QUEUED')
+        """,
+        operation_id,
+        owner_id,
+        conversation_id,
+        request.format,
+        request.before_seq,
+        request.after_seq,
+    )
+
+
+async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> asyncpg.Record | None:
+    """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, README: API reference), or
+    whoever owns it when ``owner_id`` is None (the admin view); None otherwise. Rows carry
+    ``OPERATION_COLUMNS`` and the lease (lease_owner, lease_expires_at).
+    """
+    return await conn.fetchrow(
+        f"""
+        SELECT {OPERATION_COLUMNS}, o.lease_owner, o.lease_expires_at FROM operations o
+        WHERE o.operation_id = $1 AND ($2::text IS NULL OR o.owner_id = $2)
+        """,
+        operation_id,
+        owner_id,
+    )
+
+
+async def list_operations(
+    conn: asyncpg.Connection,
+    *,
+    owner_id: str | None,
+    state: str | None,
+    limit: int,
+    after: tuple[datetime, str] | None,
+    conversation_id: str | None = None,
+) -> list[asyncpg.Record]:
+    """Up to ``limit`` operations, newest first, strictly after the keyset ``after`` (the (created_at,
+    operation_id) of the last row of the previous page): those of ``owner_id``, in ``state`` and of
+    ``conversation_id``, a None filter admitting every value (the user's list passes its owner, the admin
+    list any). Rows carry ``OPERATION_COLUMNS`` and the lease (lease_owner, lease_expires_at).
+    """
+    after_created, after_id = after if after else (None, None)
+    rows: list[asyncpg.Record] = await conn.fetch(
+        f"""
+        SELECT {OPERATION_COLUMNS}, o.lease_owner, o.lease_expires_at FROM operations o
+        WHERE ($1::text IS NULL OR o.owner_id = $1)
+          AND ($2::text IS NULL OR o.state = $2)
+          AND ($3::text IS NULL OR o.conversation_id = $3)
+          AND ($4::timestamptz IS NULL OR (o.created_at, o.operation_id) < ($4, $5))
+        ORDER BY o.created_at DESC, o.operation_id DESC
+        LIMIT $6
+        """,
+        owner_id,
+        state,
+        conversation_id,
+        after_created,
+        after_id,
+        limit,
+    )
+    return rows
+
+
+@dataclass(frozen=True)
+class CurrentState:
+    """Where an operation is now: its ``state`` and the fencing ``generation`` of its current or last lease."""
+
+    state: State
+    generation: int
+
+
+async def current_state(conn: asyncpg.Connection, *, operation_id: str) -> CurrentState | None:
+    """The operation's state and generation now; None when there is no such operation. Tells why a fenced
+    write matched nothing, or whether a requeue may apply.
+    """
+    row = await conn.fetchrow("SELECT state, generation FROM operations WHERE operation_id = $1", operation_id)
+    return None if row is None else CurrentState(State(row["state"]), row["generation"])
+
+
+async def claim(
+    conn: asyncpg.Connection, *, operation_id: str, worker_id: str, lease_seconds: float
+) -> dict[str, Any] | None:
+    """Take the lease of a runnable operation with generation + 1; None when there is nothing to run.
+
+    Runnable: QUEUED, RETRY_AT whose time has come, or RUNNING whose lease expired (a takeover). Times are
+    the database's. ``snapshot_max_seq``, the highest seq the file may hold, is fixed on the first claim and
+    kept by every retry: the conversation's last seq, capped at ``before_seq - 1``, and ``after_seq`` when
+    that leaves the range empty, so that an export of what came next starts there (README: API reference). The
+    same transaction opens the new generation's attempt, held by ``worker_id``, and closes an older one
+    still open (``attempts.supersede_attempts``). Returns the claimed row (operation_id, owner_id,
+    conversation_id, before_seq, after_seq, snapshot_max_seq, generation, attempt) with ``took_over``,
+    whether the claim was a takeover.
+    """
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            """
+            UPDATE operations o SET
+                state = 'RUNNING', generation = o.generation + 1, attempt = o.attempt + 1,
+                lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
+                snapshot_max_seq = coalesce(o.snapshot_max_seq, greatest(o.after_seq, least(
+                    (SELECT c.last_seq FROM conversations c WHERE c.conversation_id = o.conversation_id),
+                    o.before_seq - 1))),
+                progress_phase = 'starting', messages_written = 0, bytes_written = 0,
+                retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
+            WHERE o.operation_id = $1 AND (
+                o.state = 'QUEUED'
+                OR (o.state = 'RETRY_AT' AND o.retry_at <= now())
+                OR (o.state = 'RUNNING' AND o.lease_expires_at < now()))
+            RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
+                      o.snapshot_max_seq, o.generation, o.attempt
+            """,
+            operation_id,
+            worker_id,
+            lease_seconds,
+        )
+        if row is None:
+            return None
+        took_over = await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
+        await open_attempt(
+            conn, operation_id=operation_id, generation=row["generation"], attempt=row["attempt"], worker_id=worker_id
+        )
+    return {**row, "took_over": took_over}
+
+
+async def claim_cancellation(
+    conn: asyncpg.Connection, *, operation_id: str, worker_id: str, lease_seconds: float
+) -> asyncpg.Record | None:
+    """Take the lease of a CANCEL_REQUESTED operation that no live worker holds (never claimed, waiting for
+    a retry, or its holder's lease expired), with generation + 1, so that this worker removes what earlier
+    generations left and writes CANCELED without waiting for a janitor pass (README: States and failure
+    model, Cancel). None when a live holder will finish it itself or it is in another state.
+
+    No attempt is opened (it exports nothing and ``attempt`` stays); an attempt still open for an older
+    generation is closed as LEASE_LOST, as a takeover closes it. Returns the columns of ``claim`` (with
+    ``snapshot_max_seq`` = ``after_seq`` when it was never fixed).
+    """
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            """
+            UPDATE operations o SET generation = o.generation + 1, lease_owner = $2,
+                lease_expires_at = now() + make_interval(secs => $3)
+            WHERE o.operation_id = $1 AND o.state = 'CANCEL_REQUESTED'
+              AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+            RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
+                      coalesce(o.snapshot_max_seq, o.after_seq) AS snapshot_max_seq, o.generation, o.attempt
+            """,
+            operation_id,
+            worker_id,
+            lease_seconds,
+        )
+        if row is not None:
+            await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
+    return row
+
+
+async def extend_lease(conn: asyncpg.Connection, *, operation_id: str, generation: int, lease_seconds: float) -> bool:
+    """Heartbeat: push the lease end to now + ``lease_seconds``; False when the lease is no longer held.
+
+    Also while CANCEL_REQUESTED: the holder still has objects to remove before CANCELED (README: States and failure
+    model, Cancel).
+    """
+    status = await conn.execute(
+        """
+        UPDATE operations SET lease_expires_at = now() + make_interval(secs => $3)
+        WHERE operation_id = $1 AND generation = $2 AND state IN ('RUNNING', 'CANCEL_REQUESTED')
+        """,
+        operation_id,
+        generation,
+        lease_seconds,
+    )
+    return status == "UPDATE 1"
+
+
+async def record_progress(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    generation: int,
+    phase: str,
+    messages_written: int,
+    bytes_written: int,
+    lease_seconds: float,
+) -> bool:
+    """Store measured progress and extend the lease; False when the lease is no longer held."""
+    status = await conn.execute(
+        """
+        UPDATE operations SET progress_phase = $3, messages_written = $4, bytes_written = $5,
+            lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
+        WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
+        """,
+        operation_id,
+        generation,
+        phase,
+        messages_written,
+        bytes_written,
+        lease_seconds,
+    )
+    return status == "UPDATE 1"
+
+
+async def succeed(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    generation: int,
+    object_key: str,
+    size_bytes: int,
+    sha256: str,
+    message_count: int,
+    result_ttl_seconds: int,
+) -> bool:
+    """RUNNING -> SUCCEEDED with the published key; False when the lease or the state moved on.
+
+    A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (README: States and failure
+    model, Cancel). Closes the attempt as SUCCEEDED.
+    """
+    async with conn.transaction():
+        status = await conn.execute(
+            """
+            UPDATE operations SET state = 'SUCCEEDED', result_key = $3, result_size_bytes = $4,
+                result_sha256 = $5, result_message_count = $6,
+                result_expires_at = now() + make_interval(secs => $7),
+                progress_phase = 'done', messages_written = $6, bytes_written = $4,
+                lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now()
+            WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
+            """,
+            operation_id,
+            generation,
+            object_key,
+            size_bytes,
+            sha256,
+            message_count,
+            float(result_ttl_seconds),
+        )
+        return await close_attempt_if_matched(
+            status, conn, operation_id=operation_id, generation=generation, outcome="SUCCEEDED"
+        )
+
+
+async def end_attempt(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    generation: int,
+    state: str,
+    error_code: str,
+    error_message: str,
+    retry_delay_seconds: float | None = None,
+) -> bool:
+    """RUNNING -> FAILED, FAILED_REPAIR or RETRY_AT (with ``retry_delay_seconds``) and a readable error; the
+    attempt is closed with that state as its outcome and ``error_code``.
+    """
+    async with conn.transaction():
+        status = await conn.execute(
+            """
+            UPDATE operations SET state = $3, error_code = $4, error_message = $5,
+                retry_at = CASE WHEN $6::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $6) END,
+                progress_phase = lower($3), lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+                finished_at = CASE WHEN $3 = 'RETRY_AT' THEN NULL ELSE now() END
+            WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
+            """,
+            operation_id,
+            generation,
+            state,
+            error_code,
+            error_message,
+            retry_delay_seconds,
+        )
+        return await close_attempt_if_matched(
+            status, conn, operation_id=operation_id, generation=generation, outcome=state, error_code=error_code
+        )
+
+
+async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
+    """End our lease now, on a graceful stop, so another worker can take over at once (generation + 1).
+
+    The interrupted attempt does not count against the retry budget: the next claim runs it again. The
+    attempt is closed as HANDED_BACK.
+    """
+    async with conn.transaction():
+        status = await conn.execute(
+            """
+            UPDATE operations SET lease_expires_at = now() - interval '1 millisecond',
+                progress_phase = 'handed back', attempt = attempt - 1, updated_at = now()
+            WHERE operation_id = $1 AND generation = $2 AND state IN ('RUNNING', 'CANCEL_REQUESTED')
+            """,
+            operation_id,
+            generation,
+        )
+        return await close_attempt_if_matched(
+            status, conn, operation_id=operation_id, generation=generation, outcome="HANDED_BACK"
+        )
+
+
+async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_attempts: int, message: str) -> bool:
+    """RUNNING -> FAILED_REPAIR when its lease expired after ``max_attempts`` attempts: each of them lost its worker, so
+    taking it over again would only risk the next one (README: States and failure model: the budget is spent). The last
+    attempt is closed as LEASE_LOST with ``WORKER_LOST``.
+    """
+    async with conn.transaction():
+        generation = await conn.fetchval(
+            """
+            UPDATE operations SET state = 'FAILED_REPAIR', error_code = 'WORKER_LOST', error_message = $3,
+                progress_phase = 'failed_repair', lease_owner = NULL, lease_expires_at = NULL,
+                finished_at = now(), updated_at = now()
+            WHERE operation_id = $1 AND state = 'RUNNING' AND lease_expires_at < now() AND attempt >= $2
+            RETURNING generation
+            """,
+            operation_id,
+            max_attempts,
+            message,
+        )
+        if generation is None:
+            return False
+        await close_attempt(
+            conn, operation_id=operation_id, generation=generation, outcome="LEASE_LOST", error_code="WORKER_LOST"
+        )
+    return True
+
+
+async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> asyncpg.Record | None:
+    """Move a QUEUED, RUNNING or RETRY_AT operation to CANCEL_REQUESTED; return it, or None if not moved.
+
+    One conditional UPDATE (README: States and failure model): it cannot overtake a SUCCEEDED that committed first, and
+    once it commits the worker's conditional SUCCEEDED update can no longer match. A retry's error goes: it no longer
+    describes what happens next (5.2 shows ``error`` only in RETRY_AT, FAILED, FAILED_REPAIR).
+    """
+    return await conn.fetchrow(
+        f"""
+        UPDATE operations o SET state = 'CANCEL_REQUESTED', updated_at = now(), retry_at = NULL,
+            error_code = NULL, error_message = NULL
+        WHERE o.operation_id = $1 AND o.owner_id = $2 AND o.state = ANY($3::text[])
+        RETURNING {OPERATION_COLUMNS}
+        """,
+        operation_id,
+        owner_id,
+        sources_of(State.CANCEL_REQUESTED),
+    )
+
+
+async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int, abandoned: bool) -> bool:
+    """CANCEL_REQUESTED -> CANCELED once every object is gone (README: States and failure model, Cancel);
+    False when the operation moved on. By the holder of ``generation`` (its attempt closed as CANCELED), or,
+    ``abandoned``, by the janitor for a cancellation nobody holds: then only while no live lease exists (a
+    worker that took one finishes it itself) and an attempt still open, whose worker was lost, is closed as
+    LEASE_LOST.
+    """
+    async with conn.transaction():
+        status = await conn.execute(
+            """
+            UPDATE operations SET state = 'CANCELED', progress_phase = 'canceled', lease_owner = NULL,
+                lease_expires_at = NULL, finished_at = now(), updated_at = now()
+            WHERE operation_id = $1 AND generation = $2 AND state = 'CANCEL_REQUESTED'
+              AND (NOT $3 OR lease_expires_at IS NULL OR lease_expires_at < now())
+            """,
+            operation_id,
+            generation,
+            abandoned,
+        )
+        outcome = "LEASE_LOST" if abandoned else "CANCELED"
+        return await close_attempt_if_matched(
+            status, conn, operation_id=operation_id, generation=generation, outcome=outcome
+        )
+
+
+async def requeue(conn: asyncpg.Connection, *, operation_id: str) -> bool:
+    """FAILED_REPAIR -> QUEUED with a fresh attempt budget; False (nothing changed) from any other state.
+
+    The generation moves on, so a worker that still holds an old lease (a frozen one, parked as WORKER_LOST) matches
+    none of the fenced writes afterwards, not even those allowed while CANCEL_REQUESTED (README: States and failure
+    model). No attempt is open here (the write that parked the operation closed it), so the attempt history is left as
+    it is; the next claim opens the new generation's attempt.
+    """
+    status = await conn.execute(
+        """
+        UPDATE operations SET state = 'QUEUED', attempt = 0, generation = generation + 1, retry_at = NULL,
+            error_code = NULL, error_message = NULL, progress_phase = NULL, messages_written = 0,
+            bytes_written = 0, lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL, updated_at = now()
+        WHERE operation_id = $1 AND state = 'FAILED_REPAIR'
+        """,
+        operation_id,
+    )
+    return status == "UPDATE 1"
+
+
+async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Record]:
+    """SUCCEEDED -> EXPIRED for results past ``result_expires_at``; return (operation_id, owner_id).
+
+    The state moves first, so a download is refused (410) before the object disappears; an object whose
+    deletion then fails stays recorded and ``stale_artifacts`` returns it later, so there is never a
+    SUCCEEDED without its file.
+    """
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        UPDATE operations o SET state = 'EXPIRED', progress_phase = 'expired', updated_at = now()
+        WHERE o.operation_id IN (
+            SELECT operation_id FROM operations
+            WHERE state = 'SUCCEEDED' AND result_expires_at <= now()
+            ORDER BY result_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+          AND o.state = 'SUCCEEDED'
+        RETURNING o.operation_id, o.owner_id
+        """,
+        limit,
+    )
+    return rows
+
+
+# Why an operation needs a new wake-up, as ``stranded_operations`` names it.
+REQUEUE_REASONS = ("lease_expired", "retry_due", "message_lost")
+
+
+async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float, limit: int) -> list[asyncpg.Record]:
+    """Operations that need a wake-up, with the reason (one of ``REQUEUE_REASONS``): expired leases, due
+    retries, and QUEUED ones whose message was lost. Returns (operation_id, reason).
+
+    Skipped: an operation with a wake-up still to publish, or one published within ``quiet_seconds`` (and,
+    for an expired lease, after the lease expired: a wake-up older than the expiry was for the holder that
+    died, so the first pass after the expiry sends a new one; README: States and failure model).
+    """
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        SELECT o.operation_id,
+               CASE o.state WHEN 'RUNNING' THEN 'lease_expired' WHEN 'RETRY_AT' THEN 'retry_due'
+                            ELSE 'message_lost' END AS reason
+        FROM operations o
+        WHERE ((o.state = 'RUNNING' AND o.lease_expires_at < now())
+               OR (o.state = 'RETRY_AT' AND o.retry_at <= now())
+               OR (o.state = 'QUEUED' AND o.updated_at < now() - make_interval(secs => $1)))
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox b WHERE b.operation_id = o.operation_id
+                AND (b.published_at IS NULL
+                     OR (b.published_at > now() - make_interval(secs => $1)
+                         AND (o.state <> 'RUNNING' OR b.published_at > o.lease_expires_at))))
+        ORDER BY o.updated_at LIMIT $2
+        """,
+        quiet_seconds,
+        limit,
+    )
+    return rows
+
+
+async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Record]:
+    """CANCEL_REQUESTED operations that no live lease holder will finish: (operation_id, generation)."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        SELECT operation_id, generation FROM operations
+        WHERE state = 'CANCEL_REQUESTED' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+        ORDER BY updated_at LIMIT $1
+        """,
+        limit,
+    )
+    return rows
+
+
+async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int) -> list[str]:
+    """Delete ended operations created more than ``retention_seconds`` ago, with their idempotency keys,
+    attempts and artifacts (cascade); return their ids, whose outbox rows the caller deletes in the same
+    transaction (``outbox.delete_for``). Frees their keys (README: API reference, Submit).
+    """
+    rows = await conn.fetch(
+        """
+        DELETE FROM operations WHERE operation_id IN (
+            SELECT operation_id FROM operations
+            WHERE created_at < now() - make_interval(secs => $1)
+              AND state IN ('EXPIRED', 'CANCELED', 'FAILED', 'FAILED_REPAIR')
+              -- Keep the record of an object not yet removed: it is the only pointer to it.
+              AND NOT EXISTS (SELECT 1 FROM artifacts a
+                              WHERE a.operation_id = operations.operation_id AND a.state <> 'DELETED')
+            LIMIT $2)
+        RETURNING operation_id
+        """,
+        float(retention_seconds),
+        limit,
+    )
+    return [row["operation_id"] for row in rows]
+
+
+async def state_figures(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    """Counts for the system gauges, judged by the database clock: one row per operation state present,
+    (state, operations, oldest_age_seconds since the oldest ``updated_at`` in that state).
+    """
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        SELECT state, count(*) AS operations,
+               greatest(extract(epoch FROM now() - min(updated_at))::float8, 0) AS oldest_age_seconds
+        FROM operations GROUP BY state
+        """
+    )
+    return rows

@@ -1,0 +1,111 @@
+"""The ``outbox`` table (README: How it works): scheduling intent written in the caller's transaction, and
+the relay's claim of it.
+
+A row is a request to publish ``{"operation_id": ...}`` to the work exchange no earlier than
+``not_before``. The relay publishes it; an insert trigger NOTIFYs the relay so it need not poll. Relays
+claim rows by the unpublished flag with ``SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+
+from shared.broker import EXPORT_ROUTING_KEY
+
+
+async def enqueue_run(conn: asyncpg.Connection, *, operation_id: str, delay_seconds: float = 0.0) -> None:
+    """Add an outbox row that wakes a worker for ``operation_id`` after ``delay_seconds``.
+
+    Runs in the caller's transaction, so the intent commits or vanishes together with the state change.
+    """
+    await conn.execute(
+        """
+        INSERT INTO outbox (operation_id, routing_key, payload, not_before)
+        VALUES ($1, $2, $3::jsonb, now() + make_interval(secs => $4))
+        """,
+        operation_id,
+        EXPORT_ROUTING_KEY,
+        json.dumps({"operation_id": operation_id}),
+        delay_seconds,
+    )
+
+
+async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Record]:
+    """Lock up to ``limit`` due, unpublished rows, oldest first; other relays skip them.
+
+    Must run inside the transaction that later marks them, so the locks hold until then.
+    """
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        SELECT outbox_id, operation_id, routing_key, payload::text AS payload
+        FROM outbox
+        WHERE published_at IS NULL AND not_before <= now()
+        ORDER BY not_before, outbox_id
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+        """,
+        limit,
+    )
+    return rows
+
+
+async def mark_published(conn: asyncpg.Connection, *, outbox_ids: list[int]) -> None:
+    """Mark rows published: only after the broker confirmed them."""
+    await conn.execute(
+        "UPDATE outbox SET published_at = now(), publish_attempts = publish_attempts + 1"
+        " WHERE outbox_id = ANY($1::bigint[])",
+        outbox_ids,
+    )
+
+
+async def mark_failed(conn: asyncpg.Connection, *, outbox_ids: list[int], retry_seconds: float) -> None:
+    """Count a failed publish and hold the rows back ``retry_seconds`` so a bad row cannot block the rest."""
+    await conn.execute(
+        """
+        UPDATE outbox SET publish_attempts = publish_attempts + 1,
+            not_before = now() + make_interval(secs => $2)
+        WHERE outbox_id = ANY($1::bigint[])
+        """,
+        outbox_ids,
+        retry_seconds,
+    )
+
+
+async def seconds_until_next_due(conn: asyncpg.Connection) -> float | None:
+    """Seconds until the earliest unpublished row is due (0 if one is due now); None when none waits."""
+    # Not greatest(0, ...) in SQL: Postgres' greatest skips NULLs, and an empty outbox would read as due.
+    value: float | None = await conn.fetchval(
+        "SELECT extract(epoch FROM min(not_before) - now())::float8 FROM outbox WHERE published_at IS NULL"
+    )
+    return None if value is None else max(value, 0.0)
+
+
+async def purge_published(conn: asyncpg.Connection, *, older_than_seconds: float) -> int:
+    """Delete outbox rows published more than ``older_than_seconds`` ago; return how many."""
+    status = await conn.execute(
+        "DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)", older_than_seconds
+    )
+    return int(status.split()[-1])
+
+
+async def delete_for(conn: asyncpg.Connection, *, operation_ids: list[str]) -> None:
+    """Delete every outbox row of ``operation_ids``, in the transaction that purges those operations."""
+    await conn.execute("DELETE FROM outbox WHERE operation_id = ANY($1::text[])", operation_ids)
+
+
+async def backlog(conn: asyncpg.Connection) -> tuple[int, float]:
+    """The outbox gauges, by the database clock: (unpublished rows, how long the longest-waiting DUE row
+    has waited since it became due, 0 when none). A retry's row is not due before its ``not_before``, so a
+    scheduled retry does not look like a stuck relay.
+    """
+    row = await conn.fetchrow(
+        """
+        SELECT count(*) AS waiting,
+               coalesce(extract(epoch FROM now() - min(greatest(created_at, not_before))
+                                FILTER (WHERE not_before <= now()))::float8, 0) AS oldest_age_seconds
+        FROM outbox WHERE published_at IS NULL
+        """
+    )
+    return row["waiting"], row["oldest_age_seconds"]
