@@ -1,4 +1,4 @@
-"""No part ever logs a message body, a token or a signed URL (contract 3), even at DEBUG: a known body
+"""No part ever logs a message body, a token or a signed URL (README: Monitoring), even at DEBUG: a known body
 and token go through the whole pipeline (send, import, refusals, export, download, janitor passes) of a
 system of its own, then every line every part wrote is searched for them. The lines of an attempt carry
 its operation id, generation, attempt and phase.

@@ -1,4 +1,6 @@
-"""Cancel in every state and racing completion, and S3 outages, on real processes (contract 5.3 and 5.4)."""
+"""Cancel in every state and racing completion, and S3 outages, on real processes (README: API reference,
+Cancel; States and failure model).
+"""
 
 from __future__ import annotations
 

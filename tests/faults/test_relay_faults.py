@@ -1,5 +1,5 @@
-"""The relay killed between the broker's confirm and marking the row published (contract 6): the row is
-published again, and the duplicate wake-up changes nothing.
+"""The relay killed between the broker's confirm and marking the row published (README: States and failure model): the
+row is published again, and the duplicate wake-up changes nothing.
 """
 
 from __future__ import annotations

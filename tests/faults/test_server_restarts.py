@@ -1,5 +1,5 @@
-"""RabbitMQ and PostgreSQL restarted under running exports (contract 6): every part reconnects by itself,
-consumers come back, and every export finishes. Each test restarts a private server of its own.
+"""RabbitMQ and PostgreSQL restarted under running exports (README: States and failure model): every part reconnects by
+itself, consumers come back, and every export finishes. Each test restarts a private server of its own.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Workers killed, frozen and refused mid-export, and a frozen janitor leader, on real processes (contract
-5.3, 5.7 and 6).
+"""Workers killed, frozen and refused mid-export, and a frozen janitor leader, on real processes (README:
+States and failure model; How it works).
 
 S3 is reached through a throttled proxy so that an upload of a few MiB lasts seconds: long enough to act
 in its middle, whatever the machine's speed.

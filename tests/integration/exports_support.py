@@ -1,4 +1,4 @@
-"""Helpers of the exports API tests (contract 5): raw submissions, stored-row counts, the access events of
+"""Helpers of the exports API tests (README: API reference): raw submissions, stored-row counts, the access events of
 downloads, and the constants their checks share. Problems are checked with ``tests.helpers.expect_problem``,
 rows arranged with ``tests.integration.rows``; the fixtures are in the ``conftest.py`` files.
 """
@@ -19,7 +19,7 @@ Auth = Callable[..., dict[str, str]]
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-# What a submission stores (contract 5.1): a refused request must leave all three untouched.
+# What a submission stores (README: How it works): a refused request must leave all three untouched.
 STORED_TABLES = ("operations", "idempotency_keys", "outbox")
 REPRESENTATION_KEYS = {
     "operation_id",

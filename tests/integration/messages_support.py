@@ -1,5 +1,5 @@
-"""Helpers of the message store tests (contract sections 3 and 4): sends, reads and imports as the API takes
-them, the rows they leave, and another instance of the app with some settings changed.
+"""Helpers of the message store tests (README: API reference, Message store): sends, reads and imports as the
+API takes them, the rows they leave, and another instance of the app with some settings changed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The admin conversation routes (contract 4): the member set put whole, and members added and removed."""
+"""The admin conversation routes (README: API reference, Admin): the member set put whole, and members added and
+removed.
+"""
 
 from __future__ import annotations
 

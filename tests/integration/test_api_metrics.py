@@ -65,7 +65,7 @@ async def test_refusals_at_submit_and_download_are_counted_by_stage(
     assert (await submit(api, auth, "mallory", "c-refused", {"format": "jsonl"}, "k-1")).status == 404
     response = await submit(api, auth, "alice", "c-refused", {"format": "jsonl"}, "k-2")
     operation_id = (await response.json())["operation_id"]
-    # Ended states written directly: what the download answers depends only on them (contract 5.5).
+    # Ended states written directly: what the download answers depends only on them (README: Error codes).
     await pool.execute(
         "UPDATE operations SET state = 'SUCCEEDED', result_key = 'k', result_size_bytes = 0,"
         " result_sha256 = '', result_message_count = 0, result_expires_at = now() + interval '1 day'"

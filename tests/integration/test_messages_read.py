@@ -1,4 +1,4 @@
-"""Reading a conversation (contract 4): export lines in seq order, pages, and refused queries."""
+"""Reading a conversation (README: API reference, Read): export lines in seq order, pages, and refused queries."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Recalling a message (contract 3): only its sender may, it is marked and never deleted, and reads skip it."""
+"""Recalling a message (README: API reference, Recall): only its sender may, it is marked and never deleted,
+and reads skip it.
+"""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ async def test_export_matches_the_read_api_byte_for_byte(
     replay = await submit(api, auth, "alice", "c-a", {"format": "jsonl"}, "key-1")
     assert replay.status == 202
     assert replay.headers["Idempotent-Replayed"] == "true"
-    assert "Retry-After" not in replay.headers  # only while non-terminal (5.2)
+    assert "Retry-After" not in replay.headers  # only while non-terminal (README: API reference, Operation)
     download = await api.get(operation["result"]["url"], headers=auth("alice"))
     assert download.status == 200
     content = await download.read()

@@ -1,4 +1,6 @@
-"""The admin requeue (contract 5.3: FAILED_REPAIR -> QUEUED) over HTTP and from the command line."""
+"""The admin requeue, FAILED_REPAIR -> QUEUED (README: API reference, Admin requeue; States and failure model,
+FAILED_REPAIR, for operators), over HTTP and from the command line.
+"""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def test_heartbeat_must_be_shorter_than_the_lease(heartbeat: float) -> None:
         Settings(lease_seconds=30.0, heartbeat_seconds=heartbeat)
 
 
-def test_defaults_match_the_contract() -> None:
+def test_defaults_match_the_documented_settings() -> None:
     settings = Settings()
 
     assert (settings.api_host, settings.api_port) == ("127.0.0.1", 8080)

@@ -1,5 +1,5 @@
-"""The README documents every setting with its default (contract 7), every error code with its status, and
-keeps its two set-up commands.
+"""The README documents every setting with its default (README: Settings), every error code with its status
+(README: Error codes), and keeps its two set-up commands.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The state machine of contract 5.3 and the worker's retry decisions."""
+"""The state machine (README: States and failure model) and the worker's retry decisions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from services.worker.errors import PermanentError, backoff_seconds, classify, er
 from shared.settings import Settings
 from shared.states import ACTIVE, TERMINAL, TRANSITIONS, State, sources_of
 
-CONTRACT_TRANSITIONS = {
+DOCUMENTED_TRANSITIONS = {
     ("QUEUED", "RUNNING"),
     ("QUEUED", "CANCEL_REQUESTED"),
     ("RUNNING", "SUCCEEDED"),
@@ -27,9 +27,9 @@ CONTRACT_TRANSITIONS = {
 }
 
 
-def test_transitions_are_exactly_the_contracts() -> None:
+def test_transitions_are_exactly_the_documented_ones() -> None:
     listed = {(source.value, target.value) for source, targets in TRANSITIONS.items() for target in targets}
-    assert listed == CONTRACT_TRANSITIONS
+    assert listed == DOCUMENTED_TRANSITIONS
     assert set(TRANSITIONS) == set(State)
 
 

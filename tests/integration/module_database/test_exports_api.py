@@ -1,6 +1,6 @@
-"""Accepted submissions of ``POST /v3/conversations/{cid}/exports`` (contract 5.1): what a 202 promises,
-idempotent replays, key reuse and expiry, and the active-export quota. No pipeline runs here, so every
-operation stays QUEUED unless the test moves it.
+"""Accepted submissions of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Submit and Idempotency-Key):
+what a 202 promises, idempotent replays, key reuse and expiry, and the active-export quota. No pipeline runs here, so
+every operation stays QUEUED unless the test moves it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Refused submissions of ``POST /v3/conversations/{cid}/exports`` (contract 2, 3 and 5.1): each answers
-the contract's problem and stores nothing, and the checks run in the contract's order.
+"""Refused submissions of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Authentication,
+Idempotency-Key and Submit): each answers its problem (README: Error codes) and stores nothing, and the
+checks run in one fixed order: the key's syntax, the body, membership, then the key's reuse.
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ async def test_body_of_another_media_type_is_415(api: Client, auth: Auth, pool: 
         assert response.status == 202, (content_type, await response.text())
 
 
-async def test_checks_run_in_the_order_of_the_contract(
+async def test_checks_run_key_syntax_then_body_then_membership_then_key_reuse(
     api: Client, auth: Auth, pool: asyncpg.Pool, members: None
 ) -> None:
     alice = auth("alice")

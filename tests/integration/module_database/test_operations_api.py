@@ -1,6 +1,6 @@
-"""The status monitor and cancel without a pipeline (contract 5.2, 5.3 and 5.4): the representation, who may
-see it, the list, and cancel from the states an operation can be in. State changes that only a worker or
-the janitor makes are written into Postgres directly, as they would have left them.
+"""The status monitor and cancel without a pipeline (README: API reference, Operation, List and Cancel; States and
+failure model): the representation, who may see it, the list, and cancel from the states an operation can be in. State
+changes that only a worker or the janitor makes are written into Postgres directly, as they would have left them.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ async def set_state(pool: asyncpg.Pool, operation_id: str, state: str) -> None:
         await conn.execute("UPDATE operations SET state = $2 WHERE operation_id = $1", operation_id, state)
 
 
-async def test_owner_sees_the_representation_of_the_contract(
+async def test_owner_sees_the_documented_representation(
     api: Client, auth: Auth, pool: asyncpg.Pool, members: None
 ) -> None:
     response = await submit(api, auth, "alice", "c-a", {"format": "jsonl", "before_seq": 9, "after_seq": 2}, "k-1")
@@ -298,7 +298,7 @@ async def test_cancel_of_a_queued_operation_is_202_and_idempotent(
     assert await read_all(api, auth, "alice", "c-a") == messages
 
 
-async def test_cancel_by_state_of_the_contract_table(
+async def test_cancel_answers_by_state_as_documented(
     api: Client, auth: Auth, pool: asyncpg.Pool, members: None
 ) -> None:
     for number, state in enumerate(["FAILED", "FAILED_REPAIR", "EXPIRED"]):
