@@ -49,12 +49,12 @@ async def remove_artifacts(pool: asyncpg.Pool, s3: Any, *, bucket: str, operatio
     for artifact in artifacts:
         try:
             gone = await remove_artifact(
-                pool, s3, bucket=bucket, operation_id=operation_id, generation=artifact["generation"]
+                pool, s3, bucket=bucket, operation_id=operation_id, generation=artifact.generation
             )
         except Exception as exc:
             log.warning(
                 "could not remove artifact; a later pass retries",
-                extra={"operation_id": operation_id, "generation": artifact["generation"], "error": type(exc).__name__},
+                extra={"operation_id": operation_id, "generation": artifact.generation, "error": type(exc).__name__},
             )
             gone = False
         removed = removed and gone

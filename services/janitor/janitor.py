@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from services.janitor import metrics
 from shared.artifacts import remove_artifact, remove_artifacts
 from shared.repository import artifacts, operations, outbox
 from shared.repository.access_events import record_access_event
+from shared.repository.artifacts import LiveArtifact, StaleArtifact
 from shared.repository.operations import finish_cancel
 from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
@@ -105,7 +106,7 @@ class Janitor:
         report.cancellations_finished = await self.finish_abandoned_cancellations()
         stale = await self.remove_stale_artifacts()
         report.stale_artifacts_removed = len(stale)
-        report.unknown_state_artifacts = sum(1 for artifact in stale if artifact["left_behind"])
+        report.unknown_state_artifacts = sum(1 for artifact in stale if artifact.left_behind)
         report.orphan_objects_removed = await self.remove_orphan_objects()
         report.stale_uploads_aborted = await self.abort_stale_uploads()
         report.purged, report.outbox_rows_deleted = await self.purge()
@@ -125,14 +126,14 @@ class Janitor:
             for row in expired:
                 await record_access_event(
                     conn,
-                    operation_id=row["operation_id"],
-                    user_id=row["owner_id"],
+                    operation_id=row.operation_id,
+                    user_id=row.owner_id,
                     action="delete_result",
                     outcome="EXPIRED",
                 )
         metrics.RESULTS_EXPIRED.inc(len(expired))
         for row in expired:
-            await self.remove_artifacts(row["operation_id"])
+            await self.remove_artifacts(row.operation_id)
         return len(expired)
 
     async def requeue_stranded(self) -> dict[str, int]:
@@ -146,10 +147,10 @@ class Janitor:
                 limit=self._settings.janitor_batch_size,
             )
             for row in stranded:
-                await enqueue_run(conn, operation_id=row["operation_id"])
+                await enqueue_run(conn, operation_id=row.operation_id)
         requeued = dict.fromkeys(operations.REQUEUE_REASONS, 0)
         for row in stranded:
-            requeued[row["reason"]] += 1
+            requeued[row.reason] += 1
         for reason, count in requeued.items():
             metrics.OPERATIONS_REQUEUED.labels(reason=reason).inc(count)
         if stranded:
@@ -163,15 +164,13 @@ class Janitor:
             candidates = await operations.abandoned_cancellations(conn, limit=self._settings.janitor_batch_size)
         finished = 0
         for row in candidates:
-            if not await self.remove_artifacts(row["operation_id"]):
+            if not await self.remove_artifacts(row.operation_id):
                 continue
             async with self._pool.acquire() as conn:
-                if await finish_cancel(
-                    conn, operation_id=row["operation_id"], generation=row["generation"], abandoned=True
-                ):
+                if await finish_cancel(conn, operation_id=row.operation_id, generation=row.generation, abandoned=True):
                     finished += 1
                     metrics.CANCELLATIONS_FINISHED_BY_JANITOR.inc()
-                    log.info("cancellation finished by the janitor", extra={"operation_id": row["operation_id"]})
+                    log.info("cancellation finished by the janitor", extra={"operation_id": row.operation_id})
         return finished
 
     async def remove_stale_artifacts(self) -> list[asyncpg.Record]:
@@ -187,8 +186,8 @@ class Janitor:
         removed = [artifact for artifact in stale if await self._remove_artifact(artifact)]
         metrics.STALE_ARTIFACTS_REMOVED.inc(len(removed))
         for artifact in removed:
-            if artifact["left_behind"]:
-                metrics.UNKNOWN_STATE_ARTIFACTS.labels(state=artifact["state"]).inc()
+            if artifact.left_behind:
+                metrics.UNKNOWN_STATE_ARTIFACTS.labels(state=artifact.state).inc()
         return removed
 
     async def remove_orphan_objects(self) -> int:
@@ -280,25 +279,25 @@ class Janitor:
         """Delete every object and abort every upload recorded for ``operation_id``; True if all went."""
         return await remove_artifacts(self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=operation_id)
 
-    async def _remove_artifact(self, artifact: Mapping[str, Any]) -> bool:
+    async def _remove_artifact(self, artifact: StaleArtifact) -> bool:
         try:
             return await remove_artifact(
                 self._pool,
                 self._s3,
                 bucket=self._settings.s3_bucket,
-                operation_id=artifact["operation_id"],
-                generation=artifact["generation"],
+                operation_id=artifact.operation_id,
+                generation=artifact.generation,
             )
         except Exception:
             log.warning(
                 "could not remove artifact",
-                extra={"operation_id": artifact["operation_id"], "key": artifact["object_key"]},
+                extra={"operation_id": artifact.operation_id, "key": artifact.object_key},
             )
             return False
 
 
-def _abandoned(upload: ListedUpload, record: asyncpg.Record | None) -> bool:
+def _abandoned(upload: ListedUpload, record: LiveArtifact | None) -> bool:
     """True when nobody can complete ``upload``, given its key's live record (see ``abort_stale_uploads``)."""
     if record is None:
         return True
-    return record["state"] != ArtifactState.WRITING and record["upload_id"] != upload.upload_id
+    return record.state != ArtifactState.WRITING and record.upload_id != upload.upload_id

@@ -91,14 +91,12 @@ async def observe_system(pool: asyncpg.Pool) -> None:
     timeouts), leaving the gauges as they were.
     """
     async with probing_connection(pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = await operations.state_figures(conn)
+        figures = await operations.state_figures(conn)
         backlog, oldest_due = await outbox.backlog(conn)
-    by_state = {row["state"]: row for row in rows}
+    by_state = {figure.state: figure for figure in figures}
     for state in State:
-        OPERATIONS.labels(state=state).set(by_state[state]["operations"] if state in by_state else 0)
+        OPERATIONS.labels(state=state).set(by_state[state].operations if state in by_state else 0)
     for state in WAITING_STATES:
-        OPERATION_OLDEST_AGE.labels(state=state).set(
-            by_state[state]["oldest_age_seconds"] if state in by_state else 0.0
-        )
+        OPERATION_OLDEST_AGE.labels(state=state).set(by_state[state].oldest_age_seconds if state in by_state else 0.0)
     OUTBOX_BACKLOG.set(backlog)
     OUTBOX_OLDEST_AGE.set(oldest_due)

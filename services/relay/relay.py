@@ -50,8 +50,8 @@ class Relay:
             if not rows:
                 return 0
             results = await asyncio.gather(*(self._publish(row) for row in rows), return_exceptions=True)
-            confirmed = [row["outbox_id"] for row, ok in zip(rows, results, strict=True) if ok is True]
-            failed = [row["outbox_id"] for row, ok in zip(rows, results, strict=True) if ok is not True]
+            confirmed = [row.outbox_id for row, ok in zip(rows, results, strict=True) if ok is True]
+            failed = [row.outbox_id for row, ok in zip(rows, results, strict=True) if ok is not True]
             if confirmed:
                 await outbox.mark_published(conn, outbox_ids=confirmed)
             if failed:
@@ -64,16 +64,16 @@ class Relay:
 
     async def _publish(self, row: asyncpg.Record) -> bool:
         message = aio_pika.Message(
-            body=row["payload"].encode(),
+            body=row.payload.encode(),
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=str(row["outbox_id"]),
+            message_id=str(row.outbox_id),
         )
         try:
             # mandatory: an unroutable message comes back as PublishError instead of vanishing.
             await self._exchange.publish(
                 message,
-                routing_key=row["routing_key"],
+                routing_key=row.routing_key,
                 mandatory=True,
                 timeout=self._settings.publish_timeout_seconds,
             )
@@ -82,8 +82,8 @@ class Relay:
             log.warning(
                 "publish failed",
                 extra={
-                    "outbox_id": row["outbox_id"],
-                    "operation_id": row["operation_id"],
+                    "outbox_id": row.outbox_id,
+                    "operation_id": row.operation_id,
                     "error": type(exc).__name__,
                 },
             )

@@ -19,12 +19,11 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from services.worker import metrics
-from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
 from shared.repository import conversations, operations
-from shared.repository.operations import current_state
+from shared.repository.operations import ClaimedOperation, current_state
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -157,27 +156,27 @@ class Consumer:
 
     async def _claim_and_run(self, message: AbstractIncomingMessage, operation_id: str) -> None:
         try:
-            claimed = await self._claim(operation_id)
+            work = await self._claim(operation_id)
         except TRANSIENT_DATABASE_ERRORS:
             log.warning("claim failed; message requeued", extra={"operation_id": operation_id})
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
             await _settle(message, requeue=True)
             return
         await _settle(message, requeue=False)
-        if claimed is None:
+        if work is None:
             return
-        lease, task = claimed
+        claimed, task = work
         if task is Task.EXPORT:
-            log.info("lease taken", extra=lease.log_extra(worker=self._worker_id))
-            await self._runner.run(lease)
+            log.info("lease taken", extra=claimed.log_extra(worker=self._worker_id))
+            await self._runner.run(claimed)
         elif task is Task.REFUSE:
-            await self._runner.refuse(lease)
+            await self._runner.refuse(claimed)
         else:
-            await self._runner.finish_cancellation(lease)
+            await self._runner.finish_cancellation(claimed)
 
-    async def _claim(self, operation_id: str) -> tuple[Lease, Task] | None:
-        """Claim the lease and check membership in one transaction; return the lease with what to do with
-        it, or None when there is nothing to do (README: Authorization, the first of the execution checks).
+    async def _claim(self, operation_id: str) -> tuple[ClaimedOperation, Task] | None:
+        """Claim the lease and check membership in one transaction; return the claimed operation with what to
+        do with it, or None when there is nothing to do (README: Authorization, the first of the execution checks).
 
         An operation whose every attempt lost its worker is parked in FAILED_REPAIR instead of taken over; a
         cancellation nobody holds is taken to be finished here (README: States and failure model, Cancel).
@@ -189,27 +188,29 @@ class Consumer:
             ):
                 log.warning("export parked: every attempt lost its worker", extra={"operation_id": operation_id})
                 return None
-            row = await operations.claim(
+            claimed = await operations.claim(
                 conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=lease_seconds
             )
-            if row is None:
+            if claimed is None:
                 return await self._claim_cancellation(conn, operation_id)
             member = await conversations.is_member(
-                conn, conversation_id=row["conversation_id"], user_id=row["owner_id"], lock=True
+                conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id, lock=True
             )
-        if row["took_over"]:  # counted once the claim has committed
+        if claimed.took_over:  # counted once the claim has committed
             metrics.LEASE_TAKEOVERS.inc()
-        return Lease.from_row(row), Task.EXPORT if member else Task.REFUSE
+        return claimed, Task.EXPORT if member else Task.REFUSE
 
-    async def _claim_cancellation(self, conn: asyncpg.Connection, operation_id: str) -> tuple[Lease, Task] | None:
+    async def _claim_cancellation(
+        self, conn: asyncpg.Connection, operation_id: str
+    ) -> tuple[ClaimedOperation, Task] | None:
         """The lease of a cancellation to finish; None, after logging and counting a wake-up that names no
         operation (a purged one, or one from another deployment), when there is nothing to do.
         """
-        row = await operations.claim_cancellation(
+        claimed = await operations.claim_cancellation(
             conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=self._settings.lease_seconds
         )
-        if row is not None:
-            return Lease.from_row(row), Task.CANCEL
+        if claimed is not None:
+            return claimed, Task.CANCEL
         if await current_state(conn, operation_id=operation_id) is None:
             metrics.UNKNOWN_WAKEUPS.inc()
             log.warning("wake-up for an unknown operation acked", extra={"operation_id": operation_id})

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -20,6 +19,7 @@ from services.worker.errors import LeaseLost, PermanentError, access_revoked
 from shared.artifacts import remove_artifact
 from shared.logs import update_log_fields
 from shared.repository import artifacts, conversations, operations
+from shared.repository.operations import ClaimedOperation
 from shared.settings import Settings
 from shared.states import ArtifactState
 from shared.storage import artifact_key
@@ -30,50 +30,15 @@ log = logging.getLogger(__name__)
 FIRST_RANGE_SEQS = 1000
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A claimed operation: what to export, and the fencing ``generation`` that guards every write."""
-
-    operation_id: str
-    owner_id: str
-    conversation_id: str
-    after_seq: int
-    before_seq: int | None
-    snapshot_max_seq: int
-    generation: int
-    attempt: int
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Lease:
-        """Build from the row ``repository.claim`` returns."""
-        return cls(**{field: row[field] for field in cls.__dataclass_fields__})
-
-    @property
-    def last_seq(self) -> int:
-        """The highest seq the file may hold: below ``before_seq`` and within the snapshot."""
-        if self.before_seq is None:
-            return self.snapshot_max_seq
-        return min(self.snapshot_max_seq, self.before_seq - 1)
-
-    def log_extra(self, **more: Any) -> dict[str, Any]:
-        """The fields every log line about this attempt carries."""
-        return {
-            "operation_id": self.operation_id,
-            "generation": self.generation,
-            "attempt": self.attempt,
-            **more,
-        }
-
-
 class ExportJob:
-    """Runs one attempt for ``lease``; raises ``LeaseLost``, ``PermanentError`` or a transient error."""
+    """Runs one attempt for ``claimed``; raises ``LeaseLost``, ``PermanentError`` or a transient error."""
 
-    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, lease: Lease) -> None:
+    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, claimed: ClaimedOperation) -> None:
         self._pool = pool
         self._s3 = s3
         self._settings = settings
-        self._lease = lease
-        self.key = artifact_key(settings, lease.operation_id, lease.generation)
+        self._claimed = claimed
+        self.key = artifact_key(settings, claimed.operation_id, claimed.generation)
         # Once the SUCCEEDED commit was sent its outcome may be unknown (a lost connection): from then on
         # the object must not be deleted here; the janitor removes it if it was not published.
         self._commit_sent = False
@@ -92,16 +57,16 @@ class ExportJob:
         """
         if await self._settle_earlier_generations():
             return
-        lease = self._lease
+        claimed = self._claimed
         async with self._pool.acquire() as conn:
             if not await artifacts.record_artifact(
-                conn, operation_id=lease.operation_id, generation=lease.generation, object_key=self.key
+                conn, operation_id=claimed.operation_id, generation=claimed.generation, object_key=self.key
             ):
                 raise LeaseLost("artifact")
         try:
             await self._write_messages()
             digest = await self._finish_and_verify()
-            await self._publish(digest, generation=lease.generation, key=self.key)
+            await self._publish(digest, generation=claimed.generation, key=self.key)
         except (LeaseLost, PermanentError):
             await asyncio.shield(self._discard())
             raise
@@ -114,28 +79,28 @@ class ExportJob:
         """After a takeover, publish an earlier generation's complete object if S3 still holds exactly what
         was verified (True), and remove every other earlier object and upload (README: How it works: unknown outcomes).
         """
-        lease = self._lease
+        claimed = self._claimed
         async with self._pool.acquire() as conn:
             earlier = await artifacts.unremoved_artifacts(
-                conn, operation_id=lease.operation_id, below_generation=lease.generation
+                conn, operation_id=claimed.operation_id, below_generation=claimed.generation
             )
         for artifact in earlier:
-            if artifact["state"] == ArtifactState.COMPLETE and await self._adopt(artifact):
+            if artifact.state == ArtifactState.COMPLETE and await self._adopt(artifact):
                 metrics.ARTIFACTS_ADOPTED.inc()
                 return True
-            removed = await self._remove(artifact["generation"])
+            removed = await self._remove(artifact.generation)
             if removed:
                 metrics.EARLIER_ARTIFACTS_REMOVED.inc()
             log.info(
                 "earlier generation's artifact removed" if removed else "earlier generation's artifact kept",
-                extra=lease.log_extra(artifact_generation=artifact["generation"], artifact_state=artifact["state"]),
+                extra=claimed.log_extra(artifact_generation=artifact.generation, artifact_state=artifact.state),
             )
         return False
 
     async def _adopt(self, artifact: asyncpg.Record) -> bool:
-        recorded = Digest(artifact["size_bytes"], artifact["sha256"], artifact["message_count"])
+        recorded = Digest(artifact.size_bytes, artifact.sha256, artifact.message_count)
         try:
-            stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=artifact["object_key"])
+            stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=artifact.object_key)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
                 raise
@@ -143,7 +108,7 @@ class ExportJob:
         if stored != recorded:
             return False
         try:
-            await self._publish(recorded, generation=artifact["generation"], key=artifact["object_key"])
+            await self._publish(recorded, generation=artifact.generation, key=artifact.object_key)
         except ArtifactGone:
             return False
         except (LeaseLost, PermanentError):
@@ -151,9 +116,9 @@ class ExportJob:
             # newer generation's adoption is safe: a published object is never removed). A failed removal
             # is left to the janitor and must not hide why the attempt ended.
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._remove(artifact["generation"]))
+                await asyncio.shield(self._remove(artifact.generation))
             raise
-        log.info("earlier generation's artifact adopted", extra=self._lease.log_extra(adopted=artifact["generation"]))
+        log.info("earlier generation's artifact adopted", extra=self._claimed.log_extra(adopted=artifact.generation))
         return True
 
     async def _write_messages(self) -> None:
@@ -165,18 +130,18 @@ class ExportJob:
         that memory near one part per range whatever the messages' size, each range is sized from the bytes
         per seq of the one before (at most ``export_batch_rows`` seqs, the first one ``FIRST_RANGE_SEQS``).
         """
-        lease = self._lease
-        if lease.after_seq >= lease.last_seq:
+        claimed = self._claimed
+        if claimed.after_seq >= claimed.last_seq:
             return
         reading: asyncio.Task[tuple[int, int, list[bytes]]] | None = asyncio.create_task(
-            self._read_range(lease.after_seq, FIRST_RANGE_SEQS)
+            self._read_range(claimed.after_seq, FIRST_RANGE_SEQS)
         )
         try:
             while reading is not None:
                 low, high, lines = await reading
                 reading = None
                 size = sum(map(len, lines))
-                if high < lease.last_seq:
+                if high < claimed.last_seq:
                     span = self._next_span(seqs=high - low, size=size)
                     reading = asyncio.create_task(self._read_range(high, span))
                 for chunk in lines:
@@ -191,12 +156,12 @@ class ExportJob:
 
     async def _read_range(self, low: int, span: int) -> tuple[int, int, list[bytes]]:
         """The export lines of seqs ``low < seq <= low + span`` (within the lease's range): (low, high, lines)."""
-        lease = self._lease
-        high = min(low + min(span, self._settings.export_batch_rows), lease.last_seq)
+        claimed = self._claimed
+        high = min(low + min(span, self._settings.export_batch_rows), claimed.last_seq)
         lines: list[bytes] = []
         async with self._pool.acquire() as conn:
             await conversations.copy_export_lines(
-                conn, conversation_id=lease.conversation_id, after_seq=low, last_seq=high, output=_appender(lines)
+                conn, conversation_id=claimed.conversation_id, after_seq=low, last_seq=high, output=_appender(lines)
             )
         return low, high, lines
 
@@ -213,12 +178,12 @@ class ExportJob:
         stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=self.key)
         if stored != written:
             raise RuntimeError(f"stored object differs from what was written: {stored} != {written}")
-        lease = self._lease
+        claimed = self._claimed
         async with self._pool.acquire() as conn:
             if not await artifacts.complete_artifact(
                 conn,
-                operation_id=lease.operation_id,
-                generation=lease.generation,
+                operation_id=claimed.operation_id,
+                generation=claimed.generation,
                 size_bytes=written.size_bytes,
                 sha256=written.sha256,
                 message_count=written.line_count,
@@ -231,16 +196,16 @@ class ExportJob:
         membership re-check, in one transaction (README: States and failure model). Raises ``PermanentError`` (access
         revoked), ``LeaseLost``, or ``ArtifactGone`` when that object was removed meanwhile.
         """
-        lease = self._lease
+        claimed = self._claimed
         async with self._pool.acquire() as conn, conn.transaction():
             if not await conversations.is_member(
-                conn, conversation_id=lease.conversation_id, user_id=lease.owner_id, lock=True
+                conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id, lock=True
             ):
                 raise access_revoked()
             published = await operations.succeed(
                 conn,
-                operation_id=lease.operation_id,
-                generation=lease.generation,
+                operation_id=claimed.operation_id,
+                generation=claimed.generation,
                 object_key=key,
                 size_bytes=digest.size_bytes,
                 sha256=digest.sha256,
@@ -249,22 +214,24 @@ class ExportJob:
             )
             if not published:
                 raise LeaseLost("result")
-            if not await artifacts.publish_artifact(conn, operation_id=lease.operation_id, generation=generation):
+            if not await artifacts.publish_artifact(conn, operation_id=claimed.operation_id, generation=generation):
                 raise ArtifactGone(key)
             self._commit_sent = True
         log.info(
             "export succeeded",
-            extra=lease.log_extra(size_bytes=digest.size_bytes, messages=digest.line_count, key_generation=generation),
+            extra=claimed.log_extra(
+                size_bytes=digest.size_bytes, messages=digest.line_count, key_generation=generation
+            ),
         )
 
     async def _progress(self, phase: str) -> None:
         update_log_fields(phase=phase)
-        lease, digest = self._lease, self._writer.digest()
+        claimed, digest = self._claimed, self._writer.digest()
         async with self._pool.acquire() as conn:
             held = await operations.record_progress(
                 conn,
-                operation_id=lease.operation_id,
-                generation=lease.generation,
+                operation_id=claimed.operation_id,
+                generation=claimed.generation,
                 phase=phase,
                 messages_written=digest.line_count,
                 bytes_written=digest.size_bytes,
@@ -277,8 +244,8 @@ class ExportJob:
         async with self._pool.acquire() as conn:
             await artifacts.record_upload_id(
                 conn,
-                operation_id=self._lease.operation_id,
-                generation=self._lease.generation,
+                operation_id=self._claimed.operation_id,
+                generation=self._claimed.generation,
                 upload_id=upload_id,
             )
 
@@ -290,9 +257,9 @@ class ExportJob:
         """
         await self._writer.abandon()
         try:
-            await self._remove(self._lease.generation)
+            await self._remove(self._claimed.generation)
         except Exception:
-            log.warning("could not remove artifact; left to the janitor", extra=self._lease.log_extra(key=self.key))
+            log.warning("could not remove artifact; left to the janitor", extra=self._claimed.log_extra(key=self.key))
 
     async def _remove(self, generation: int) -> bool:
         """``remove_artifact`` for this operation's ``generation``; raises what it raises."""
@@ -300,7 +267,7 @@ class ExportJob:
             self._pool,
             self._s3,
             bucket=self._settings.s3_bucket,
-            operation_id=self._lease.operation_id,
+            operation_id=self._claimed.operation_id,
             generation=generation,
         )
 

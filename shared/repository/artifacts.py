@@ -5,7 +5,11 @@ its life WRITING -> COMPLETE -> PUBLISHED, and -> REMOVING -> DELETED when it mu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import asyncpg
+
+from shared.repository.rows import Row
 
 
 async def record_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int, object_key: str) -> bool:
@@ -103,14 +107,27 @@ async def finish_removal(conn: asyncpg.Connection, *, operation_id: str, generat
     )
 
 
+@dataclass(frozen=True)
+class ArtifactRecord(Row):
+    """The record of one generation's object: its key and state, and, once COMPLETE, the verified size
+    (bytes), sha256 (hex) and message count (None before).
+    """
+
+    generation: int
+    object_key: str
+    state: str
+    size_bytes: int | None
+    sha256: str | None
+    message_count: int | None
+
+
 async def unremoved_artifacts(
     conn: asyncpg.Connection, *, operation_id: str, below_generation: int | None = None
-) -> list[asyncpg.Record]:
+) -> list[ArtifactRecord]:
     """Artifacts of ``operation_id`` (only generations below ``below_generation`` when given) that may still
-    have an object or upload in S3, newest first: (generation, object_key, state, size_bytes, sha256,
-    message_count).
+    have an object or upload in S3, newest first.
     """
-    rows: list[asyncpg.Record] = await conn.fetch(
+    rows = await conn.fetch(
         """
         SELECT generation, object_key, state, size_bytes, sha256, message_count FROM artifacts
         WHERE operation_id = $1 AND state <> 'DELETED' AND ($2::bigint IS NULL OR generation < $2)
@@ -119,17 +136,29 @@ async def unremoved_artifacts(
         operation_id,
         below_generation,
     )
-    return rows
+    return [ArtifactRecord.from_row(row) for row in rows]
 
 
-async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, limit: int) -> list[asyncpg.Record]:
+@dataclass(frozen=True)
+class StaleArtifact(Row):
+    """An artifact whose object must go; ``left_behind`` when it was never publishable: an attempt ended
+    (crashed, superseded, failed) without either publishing it or finishing its removal, so the outcome it
+    left is unknown. Otherwise it is an EXPIRED result whose deletion failed when it expired.
+    """
+
+    operation_id: str
+    generation: int
+    object_key: str
+    state: str
+    left_behind: bool
+
+
+async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, limit: int) -> list[StaleArtifact]:
     """Artifacts whose object must go, untouched for ``grace_seconds``: never publishable (a newer
     generation holds their operation, or it ended without them), or an EXPIRED result whose deletion
-    failed when it expired. Returns (operation_id, generation, object_key, state, left_behind), where
-    ``left_behind`` marks the never publishable ones: an attempt ended (crashed, superseded, failed)
-    without either publishing its artifact or finishing its removal, so the outcome it left is unknown.
+    failed when it expired.
     """
-    rows: list[asyncpg.Record] = await conn.fetch(
+    rows = await conn.fetch(
         """
         SELECT operation_id, generation, object_key, state, left_behind FROM (
             SELECT a.operation_id, a.generation, a.object_key, a.state, a.updated_at,
@@ -145,12 +174,20 @@ async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, lim
         grace_seconds,
         limit,
     )
-    return rows
+    return [StaleArtifact.from_row(row) for row in rows]
 
 
-async def live_artifacts(conn: asyncpg.Connection, *, object_keys: list[str]) -> dict[str, asyncpg.Record]:
+@dataclass(frozen=True)
+class LiveArtifact(Row):
+    """An artifact's state (not DELETED) and the multipart upload it recorded, if any."""
+
+    state: str
+    upload_id: str | None
+
+
+async def live_artifacts(conn: asyncpg.Connection, *, object_keys: list[str]) -> dict[str, LiveArtifact]:
     """The artifact records among ``object_keys`` that may still be written, published or served, or are
-    being removed (any state but DELETED): object key -> (state, upload_id). A key missing from the
+    being removed (any state but DELETED), by object key. A key missing from the
     result has no record, or a DELETED one, and can never get a live one: a record is made before its
     key's first byte (README: How it works) and never leaves DELETED.
     """
@@ -161,7 +198,7 @@ async def live_artifacts(conn: asyncpg.Connection, *, object_keys: list[str]) ->
         """,
         object_keys,
     )
-    return {row["object_key"]: row for row in rows}
+    return {row["object_key"]: LiveArtifact.from_row(row) for row in rows}
 
 
 async def list_artifacts(conn: asyncpg.Connection, *, operation_id: str) -> list[asyncpg.Record]:

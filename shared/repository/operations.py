@@ -18,18 +18,8 @@ import asyncpg
 
 from shared.fingerprint import ExportRequest
 from shared.repository.attempts import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
+from shared.repository.rows import Row
 from shared.states import ACTIVE, State, sources_of
-
-# Columns of the operation representation (README: API reference) plus the database's view of its age;
-# ``finished_at`` is when a SUCCEEDED result was published, its download's Last-Modified.
-OPERATION_COLUMNS = """
-    o.operation_id, o.kind, o.owner_id, o.conversation_id, o.format, o.before_seq, o.after_seq, o.state,
-    o.created_at, o.updated_at, o.attempt, o.generation, o.progress_phase, o.messages_written,
-    o.bytes_written, o.snapshot_max_seq, o.retry_at, o.error_code, o.error_message, o.result_key,
-    o.result_size_bytes, o.result_sha256, o.result_message_count, o.result_expires_at, o.finished_at,
-    extract(epoch FROM now() - o.created_at)::float8 AS age_seconds
-"""
-
 
 _ACTIVE_STATES = sorted(state.value for state in ACTIVE)
 
@@ -78,13 +68,13 @@ async def insert_operation(
 
 async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> asyncpg.Record | None:
     """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, README: API reference), or
-    whoever owns it when ``owner_id`` is None (the admin view); None otherwise. Rows carry
-    ``OPERATION_COLUMNS`` and the lease (lease_owner, lease_expires_at).
+    whoever owns it when ``owner_id`` is None (the admin view); None otherwise. The row has the columns of
+    the view ``operation_representations`` (migration 0004).
     """
     return await conn.fetchrow(
-        f"""
-        SELECT {OPERATION_COLUMNS}, o.lease_owner, o.lease_expires_at FROM operations o
-        WHERE o.operation_id = $1 AND ($2::text IS NULL OR o.owner_id = $2)
+        """
+        SELECT * FROM operation_representations
+        WHERE operation_id = $1 AND ($2::text IS NULL OR owner_id = $2)
         """,
         operation_id,
         owner_id,
@@ -103,17 +93,17 @@ async def list_operations(
     """Up to ``limit`` operations, newest first, strictly after the keyset ``after`` (the (created_at,
     operation_id) of the last row of the previous page): those of ``owner_id``, in ``state`` and of
     ``conversation_id``, a None filter admitting every value (the user's list passes its owner, the admin
-    list any). Rows carry ``OPERATION_COLUMNS`` and the lease (lease_owner, lease_expires_at).
+    list any). Rows have the columns of ``get_operation``'s.
     """
     after_created, after_id = after if after else (None, None)
     rows: list[asyncpg.Record] = await conn.fetch(
-        f"""
-        SELECT {OPERATION_COLUMNS}, o.lease_owner, o.lease_expires_at FROM operations o
-        WHERE ($1::text IS NULL OR o.owner_id = $1)
-          AND ($2::text IS NULL OR o.state = $2)
-          AND ($3::text IS NULL OR o.conversation_id = $3)
-          AND ($4::timestamptz IS NULL OR (o.created_at, o.operation_id) < ($4, $5))
-        ORDER BY o.created_at DESC, o.operation_id DESC
+        """
+        SELECT * FROM operation_representations
+        WHERE ($1::text IS NULL OR owner_id = $1)
+          AND ($2::text IS NULL OR state = $2)
+          AND ($3::text IS NULL OR conversation_id = $3)
+          AND ($4::timestamptz IS NULL OR (created_at, operation_id) < ($4, $5))
+        ORDER BY created_at DESC, operation_id DESC
         LIMIT $6
         """,
         owner_id,
@@ -142,19 +132,47 @@ async def current_state(conn: asyncpg.Connection, *, operation_id: str) -> Curre
     return None if row is None else CurrentState(State(row["state"]), row["generation"])
 
 
+@dataclass(frozen=True)
+class ClaimedOperation(Row):
+    """An operation whose lease a worker holds: what to export, the fencing ``generation`` that guards every
+    write of the holder, and ``took_over``, whether the claim took the lease from a holder whose lease had
+    expired.
+    """
+
+    operation_id: str
+    owner_id: str
+    conversation_id: str
+    after_seq: int
+    before_seq: int | None
+    snapshot_max_seq: int
+    generation: int
+    attempt: int
+    took_over: bool
+
+    @property
+    def last_seq(self) -> int:
+        """The highest seq the file may hold: below ``before_seq`` and within the snapshot."""
+        if self.before_seq is None:
+            return self.snapshot_max_seq
+        return min(self.snapshot_max_seq, self.before_seq - 1)
+
+    def log_extra(self, **more: Any) -> dict[str, Any]:
+        """The fields every log line about this attempt carries, and ``more``."""
+        return {"operation_id": self.operation_id, "generation": self.generation, "attempt": self.attempt, **more}
+
+
 async def claim(
     conn: asyncpg.Connection, *, operation_id: str, worker_id: str, lease_seconds: float
-) -> dict[str, Any] | None:
+) -> ClaimedOperation | None:
     """Take the lease of a runnable operation with generation + 1; None when there is nothing to run.
 
-    Runnable: QUEUED, RETRY_AT whose time has come, or RUNNING whose lease expired (a takeover). Times are
-    the database's. ``snapshot_max_seq``, the highest seq the file may hold, is fixed on the first claim and
-    kept by every retry: the conversation's last seq, capped at ``before_seq - 1``, and ``after_seq`` when
-    that leaves the range empty, so that an export of what came next starts there (README: API reference). The
-    same transaction opens the new generation's attempt, held by ``worker_id``, and closes an older one
-    still open (``attempts.supersede_attempts``). Returns the claimed row (operation_id, owner_id,
-    conversation_id, before_seq, after_seq, snapshot_max_seq, generation, attempt) with ``took_over``,
-    whether the claim was a takeover.
+    Runnable (the SQL function ``operation_is_runnable``, migration 0004): QUEUED, RETRY_AT whose time has
+    come, or RUNNING whose lease expired (a takeover). Times are the database's. ``snapshot_max_seq``, the
+    highest seq the file may hold, is fixed on the first claim and kept by every retry: the conversation's
+    last seq, capped at ``before_seq - 1``, and ``after_seq`` when that leaves the range empty, so that an
+    export of what came next starts there (README: API reference). The same transaction opens the new
+    generation's attempt, held by ``worker_id``, and closes an older one still open
+    (``attempts.supersede_attempts``); ``took_over`` tells whether it closed one.
     """
     async with conn.transaction():
         row = await conn.fetchrow(
@@ -167,10 +185,7 @@ async def claim(
                     o.before_seq - 1))),
                 progress_phase = 'starting', messages_written = 0, bytes_written = 0,
                 retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
-            WHERE o.operation_id = $1 AND (
-                o.state = 'QUEUED'
-                OR (o.state = 'RETRY_AT' AND o.retry_at <= now())
-                OR (o.state = 'RUNNING' AND o.lease_expires_at < now()))
+            WHERE o.operation_id = $1 AND operation_is_runnable(o.state, o.retry_at, o.lease_expires_at)
             RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
                       o.snapshot_max_seq, o.generation, o.attempt
             """,
@@ -184,20 +199,20 @@ async def claim(
         await open_attempt(
             conn, operation_id=operation_id, generation=row["generation"], attempt=row["attempt"], worker_id=worker_id
         )
-    return {**row, "took_over": took_over}
+    return ClaimedOperation.from_row({**row, "took_over": took_over})
 
 
 async def claim_cancellation(
     conn: asyncpg.Connection, *, operation_id: str, worker_id: str, lease_seconds: float
-) -> asyncpg.Record | None:
+) -> ClaimedOperation | None:
     """Take the lease of a CANCEL_REQUESTED operation that no live worker holds (never claimed, waiting for
     a retry, or its holder's lease expired), with generation + 1, so that this worker removes what earlier
     generations left and writes CANCELED without waiting for a janitor pass (README: States and failure
     model, Cancel). None when a live holder will finish it itself or it is in another state.
 
     No attempt is opened (it exports nothing and ``attempt`` stays); an attempt still open for an older
-    generation is closed as LEASE_LOST, as a takeover closes it. Returns the columns of ``claim`` (with
-    ``snapshot_max_seq`` = ``after_seq`` when it was never fixed).
+    generation is closed as LEASE_LOST, as a takeover closes it (``took_over`` then). ``snapshot_max_seq``
+    is ``after_seq`` when it was never fixed.
     """
     async with conn.transaction():
         row = await conn.fetchrow(
@@ -213,9 +228,10 @@ async def claim_cancellation(
             worker_id,
             lease_seconds,
         )
-        if row is not None:
-            await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
-    return row
+        if row is None:
+            return None
+        took_over = await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
+    return ClaimedOperation.from_row({**row, "took_over": took_over})
 
 
 async def extend_lease(conn: asyncpg.Connection, *, operation_id: str, generation: int, lease_seconds: float) -> bool:
@@ -383,24 +399,26 @@ async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_att
     return True
 
 
-async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> asyncpg.Record | None:
-    """Move a QUEUED, RUNNING or RETRY_AT operation to CANCEL_REQUESTED; return it, or None if not moved.
+async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> bool:
+    """Move a QUEUED, RUNNING or RETRY_AT operation of ``owner_id`` to CANCEL_REQUESTED; False when it was
+    not moved (unknown, not the owner's, or in another state).
 
-    One conditional UPDATE (README: States and failure model): it cannot overtake a SUCCEEDED that committed first, and
-    once it commits the worker's conditional SUCCEEDED update can no longer match. A retry's error goes: it no longer
-    describes what happens next (5.2 shows ``error`` only in RETRY_AT, FAILED, FAILED_REPAIR).
+    One conditional UPDATE (README: States and failure model): it cannot overtake a SUCCEEDED that committed
+    first, and once it commits the worker's conditional SUCCEEDED update can no longer match. A retry's error
+    goes: it no longer describes what happens next (an operation shows ``error`` only in RETRY_AT, FAILED and
+    FAILED_REPAIR, README: API reference).
     """
-    return await conn.fetchrow(
-        f"""
-        UPDATE operations o SET state = 'CANCEL_REQUESTED', updated_at = now(), retry_at = NULL,
+    status = await conn.execute(
+        """
+        UPDATE operations SET state = 'CANCEL_REQUESTED', updated_at = now(), retry_at = NULL,
             error_code = NULL, error_message = NULL
-        WHERE o.operation_id = $1 AND o.owner_id = $2 AND o.state = ANY($3::text[])
-        RETURNING {OPERATION_COLUMNS}
+        WHERE operation_id = $1 AND owner_id = $2 AND state = ANY($3::text[])
         """,
         operation_id,
         owner_id,
         sources_of(State.CANCEL_REQUESTED),
     )
+    return status == "UPDATE 1"
 
 
 async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int, abandoned: bool) -> bool:
@@ -448,14 +466,22 @@ async def requeue(conn: asyncpg.Connection, *, operation_id: str) -> bool:
     return status == "UPDATE 1"
 
 
-async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Record]:
+@dataclass(frozen=True)
+class ExpiredResult(Row):
+    """A result ``expire_results`` moved to EXPIRED, and its owner."""
+
+    operation_id: str
+    owner_id: str
+
+
+async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[ExpiredResult]:
     """SUCCEEDED -> EXPIRED for results past ``result_expires_at``; return (operation_id, owner_id).
 
     The state moves first, so a download is refused (410) before the object disappears; an object whose
     deletion then fails stays recorded and ``stale_artifacts`` returns it later, so there is never a
     SUCCEEDED without its file.
     """
-    rows: list[asyncpg.Record] = await conn.fetch(
+    rows = await conn.fetch(
         """
         UPDATE operations o SET state = 'EXPIRED', progress_phase = 'expired', updated_at = now()
         WHERE o.operation_id IN (
@@ -467,14 +493,22 @@ async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[asyncp
         """,
         limit,
     )
-    return rows
+    return [ExpiredResult.from_row(row) for row in rows]
 
 
 # Why an operation needs a new wake-up, as ``stranded_operations`` names it.
 REQUEUE_REASONS = ("lease_expired", "retry_due", "message_lost")
 
 
-async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float, limit: int) -> list[asyncpg.Record]:
+@dataclass(frozen=True)
+class StrandedOperation(Row):
+    """An operation that needs a new wake-up, and why: one of ``REQUEUE_REASONS``."""
+
+    operation_id: str
+    reason: str
+
+
+async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float, limit: int) -> list[StrandedOperation]:
     """Operations that need a wake-up, with the reason (one of ``REQUEUE_REASONS``): expired leases, due
     retries, and QUEUED ones whose message was lost. Returns (operation_id, reason).
 
@@ -482,15 +516,14 @@ async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float,
     for an expired lease, after the lease expired: a wake-up older than the expiry was for the holder that
     died, so the first pass after the expiry sends a new one; README: States and failure model).
     """
-    rows: list[asyncpg.Record] = await conn.fetch(
+    rows = await conn.fetch(
         """
         SELECT o.operation_id,
                CASE o.state WHEN 'RUNNING' THEN 'lease_expired' WHEN 'RETRY_AT' THEN 'retry_due'
                             ELSE 'message_lost' END AS reason
         FROM operations o
-        WHERE ((o.state = 'RUNNING' AND o.lease_expires_at < now())
-               OR (o.state = 'RETRY_AT' AND o.retry_at <= now())
-               OR (o.state = 'QUEUED' AND o.updated_at < now() - make_interval(secs => $1)))
+        WHERE operation_is_runnable(o.state, o.retry_at, o.lease_expires_at)
+          AND (o.state <> 'QUEUED' OR o.updated_at < now() - make_interval(secs => $1))
           AND NOT EXISTS (
               SELECT 1 FROM outbox b WHERE b.operation_id = o.operation_id
                 AND (b.published_at IS NULL
@@ -501,12 +534,20 @@ async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float,
         quiet_seconds,
         limit,
     )
-    return rows
+    return [StrandedOperation.from_row(row) for row in rows]
 
 
-async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Record]:
+@dataclass(frozen=True)
+class OperationGeneration(Row):
+    """An operation and the fencing generation of its current or last lease."""
+
+    operation_id: str
+    generation: int
+
+
+async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> list[OperationGeneration]:
     """CANCEL_REQUESTED operations that no live lease holder will finish: (operation_id, generation)."""
-    rows: list[asyncpg.Record] = await conn.fetch(
+    rows = await conn.fetch(
         """
         SELECT operation_id, generation FROM operations
         WHERE state = 'CANCEL_REQUESTED' AND (lease_expires_at IS NULL OR lease_expires_at < now())
@@ -514,7 +555,7 @@ async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> li
         """,
         limit,
     )
-    return rows
+    return [OperationGeneration.from_row(row) for row in rows]
 
 
 async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int) -> list[str]:
@@ -540,15 +581,24 @@ async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int)
     return [row["operation_id"] for row in rows]
 
 
-async def state_figures(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+@dataclass(frozen=True)
+class StateFigure(Row):
+    """How many operations are in ``state``, and the age of the oldest ``updated_at`` among them."""
+
+    state: str
+    operations: int
+    oldest_age_seconds: float
+
+
+async def state_figures(conn: asyncpg.Connection) -> list[StateFigure]:
     """Counts for the system gauges, judged by the database clock: one row per operation state present,
     (state, operations, oldest_age_seconds since the oldest ``updated_at`` in that state).
     """
-    rows: list[asyncpg.Record] = await conn.fetch(
+    rows = await conn.fetch(
         """
         SELECT state, count(*) AS operations,
                greatest(extract(epoch FROM now() - min(updated_at))::float8, 0) AS oldest_age_seconds
         FROM operations GROUP BY state
         """
     )
-    return rows
+    return [StateFigure.from_row(row) for row in rows]

@@ -9,10 +9,12 @@ claim rows by the unpublished flag with ``SKIP LOCKED``.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import asyncpg
 
 from shared.broker import EXPORT_ROUTING_KEY
+from shared.repository.rows import Row
 
 
 async def enqueue_run(conn: asyncpg.Connection, *, operation_id: str, delay_seconds: float = 0.0) -> None:
@@ -32,12 +34,22 @@ async def enqueue_run(conn: asyncpg.Connection, *, operation_id: str, delay_seco
     )
 
 
-async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Record]:
+@dataclass(frozen=True)
+class OutboxRow(Row):
+    """A wake-up to publish: ``payload`` (JSON text) to ``routing_key`` of the work exchange."""
+
+    outbox_id: int
+    operation_id: str
+    routing_key: str
+    payload: str
+
+
+async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[OutboxRow]:
     """Lock up to ``limit`` due, unpublished rows, oldest first; other relays skip them.
 
     Must run inside the transaction that later marks them, so the locks hold until then.
     """
-    rows: list[asyncpg.Record] = await conn.fetch(
+    rows = await conn.fetch(
         """
         SELECT outbox_id, operation_id, routing_key, payload::text AS payload
         FROM outbox
@@ -48,7 +60,7 @@ async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[asyncpg.Rec
         """,
         limit,
     )
-    return rows
+    return [OutboxRow.from_row(row) for row in rows]
 
 
 async def mark_published(conn: asyncpg.Connection, *, outbox_ids: list[int]) -> None:

@@ -13,10 +13,10 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
 from shared.artifacts import remove_artifact
 from shared.repository import artifacts, operations
+from shared.repository.operations import ClaimedOperation
 from shared.settings import Settings
 from shared.storage import artifact_key
 from tests.conftest import wait_for
@@ -64,17 +64,18 @@ async def abandoned_at_generation_one(pool: asyncpg.Pool) -> None:
     await pool.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
 
 
-async def take_over(pool: asyncpg.Pool, s3: Any, settings: Settings, *, then: str | None = None) -> Lease:
+async def take_over(pool: asyncpg.Pool, s3: Any, settings: Settings, *, then: str | None = None) -> ClaimedOperation:
     """Claim op_1 as generation 2, run ``then`` (SQL) as if another party acted meanwhile, then run it."""
     async with pool.acquire() as conn:
-        row = await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
-    assert row is not None
-    lease = Lease.from_row(row)
-    assert lease.generation == 2
+        claimed = await operations.claim(
+            conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds
+        )
+    assert claimed is not None
+    assert claimed.generation == 2
     if then is not None:
         await pool.execute(then)
-    await LeaseRunner(pool=pool, s3=s3, settings=settings).run(lease)
-    return lease
+    await LeaseRunner(pool=pool, s3=s3, settings=settings).run(claimed)
+    return claimed
 
 
 async def complete_generation_one(pool: asyncpg.Pool, s3: Any, settings: Settings) -> str:
@@ -219,7 +220,7 @@ async def test_a_superseded_holders_writes_are_rejected_and_counted(
     before = REGISTRY.get_sample_value(sample, {"write": "artifact"}) or 0.0
 
     # The old holder wakes up and runs its lease: its very first fenced write is refused.
-    await LeaseRunner(pool=pool, s3=s3, settings=settings).run(Lease.from_row(first))
+    await LeaseRunner(pool=pool, s3=s3, settings=settings).run(first)
 
     row = await operation(pool)
     assert (row["state"], row["generation"], row["lease_owner"]) == ("RUNNING", 2, "w2")
@@ -282,7 +283,7 @@ async def test_a_takeover_refused_at_start_removes_what_earlier_generations_left
         row = await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
     assert row is not None
 
-    await LeaseRunner(pool=pool, s3=s3, settings=settings).refuse(Lease.from_row(row))
+    await LeaseRunner(pool=pool, s3=s3, settings=settings).refuse(row)
 
     row = await operation(pool)
     assert (row["state"], row["error_code"], row["generation"]) == ("FAILED", "ACCESS_REVOKED", 2)

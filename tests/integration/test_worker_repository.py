@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from shared.repository import artifacts, operations
-from shared.repository.operations import finish_cancel
+from shared.repository.operations import ClaimedOperation, finish_cancel
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ async def conn(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
         yield connection
 
 
-async def claim(conn: asyncpg.Connection, worker_id: str) -> asyncpg.Record:
+async def claim(conn: asyncpg.Connection, worker_id: str) -> ClaimedOperation:
     claimed = await operations.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
     assert claimed is not None
     return claimed
@@ -47,16 +47,16 @@ async def row(conn: asyncpg.Connection) -> asyncpg.Record:
 
 async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(conn: asyncpg.Connection) -> None:
     first = await claim(conn, "w1")
-    assert (first["generation"], first["attempt"], first["snapshot_max_seq"]) == (1, 1, 7)
-    assert first["took_over"] is False
+    assert (first.generation, first.attempt, first.snapshot_max_seq) == (1, 1, 7)
+    assert first.took_over is False
     assert await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
 
     await conn.execute("UPDATE conversations SET last_seq = 9")
     await expire_lease(conn)
     second = await claim(conn, "w2")
-    assert (second["generation"], second["attempt"], second["took_over"]) == (2, 2, True)
+    assert (second.generation, second.attempt, second.took_over) == (2, 2, True)
     # Fixed by the first attempt, reused by every retry (README: API reference, Operation).
-    assert second["snapshot_max_seq"] == 7
+    assert second.snapshot_max_seq == 7
 
 
 async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyncpg.Connection) -> None:
@@ -118,7 +118,7 @@ async def test_a_handed_back_lease_is_taken_over_at_once_without_spending_an_att
     await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
     assert await operations.hand_back(conn, operation_id="op_1", generation=1)
     taken = await claim(conn, "w2")
-    assert (taken["generation"], taken["attempt"], taken["took_over"]) == (2, 1, False)  # given, not taken
+    assert (taken.generation, taken.attempt, taken.took_over) == (2, 1, False)  # given, not taken
 
 
 async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Connection) -> None:
@@ -135,7 +135,7 @@ async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Co
     assert await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
     await conn.execute("UPDATE operations SET retry_at = now() - interval '1 second'")
     retried = await claim(conn, "w2")
-    assert retried["generation"] == 2
+    assert retried.generation == 2
     assert (await row(conn))["error_code"] is None
 
 

@@ -56,14 +56,13 @@ async def cancel_operation(request: web.Request) -> web.Response:
     if not is_operation_id(operation_id):
         raise not_found()
     owner_id = request[PRINCIPAL].user_id
-    async with request.app[POOL].acquire() as conn:
-        async with conn.transaction():
-            moved = await operations.request_cancel(conn, operation_id=operation_id, owner_id=owner_id)
-            if moved is not None:
-                # A wake-up in the same transaction: a worker finishes a cancellation that no live worker
-                # holds at once, instead of a janitor pass later (README: States and failure model, Cancel).
-                await enqueue_run(conn, operation_id=operation_id)
-        row = moved or await operations.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
+    async with request.app[POOL].acquire() as conn, conn.transaction():
+        if await operations.request_cancel(conn, operation_id=operation_id, owner_id=owner_id):
+            # A wake-up in the same transaction: a worker finishes a cancellation that no live worker
+            # holds at once, instead of a janitor pass later (README: States and failure model, Cancel).
+            await enqueue_run(conn, operation_id=operation_id)
+        # Read in the transaction: a request that moved it sees its own CANCEL_REQUESTED.
+        row = await operations.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
     if row is None:
         raise not_found()
     if row["state"] == State.CANCEL_REQUESTED:

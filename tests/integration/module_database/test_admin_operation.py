@@ -18,7 +18,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from services.api.app import init_app
 from services.janitor.janitor import Janitor
-from services.worker.export import Lease
 from services.worker.runner import LeaseRunner
 from shared.repair import requeue
 from shared.repository import operations
@@ -143,7 +142,7 @@ async def test_a_takeover_shows_the_lost_generation_and_its_holder_cannot_rewrit
     assert [(item["generation"], item["state"]) for item in view["artifacts"]] == [(2, "PUBLISHED")]
 
     # The frozen worker wakes up and runs its lease: every write of generation 1 is fenced off.
-    await LeaseRunner(pool=pool, s3=s3, settings=settings).run(Lease.from_row(frozen))
+    await LeaseRunner(pool=pool, s3=s3, settings=settings).run(frozen)
     again = await admin_view(api, auth, operation_id)
     assert again["attempts"] == view["attempts"]
     assert (again["state"], again["generation"]) == ("SUCCEEDED", 2)
@@ -304,8 +303,7 @@ async def attempt_rows(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
 async def claimed(conn: asyncpg.Connection, worker_id: str) -> int:
     row = await operations.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
     assert row is not None
-    generation: int = row["generation"]
-    return generation
+    return row.generation
 
 
 @pytest.mark.parametrize("name", list(ENDINGS))

@@ -235,7 +235,7 @@ async def test_body_of_another_media_type_is_415(api: Client, auth: Auth, pool: 
         assert response.status == 202, (content_type, await response.text())
 
 
-async def test_checks_run_key_syntax_then_body_then_membership_then_key_reuse(
+async def test_checks_run_in_the_documented_order(
     api: Client, auth: Auth, pool: asyncpg.Pool, members: None
 ) -> None:
     alice = auth("alice")
