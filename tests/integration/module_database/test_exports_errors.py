@@ -235,9 +235,7 @@ async def test_body_of_another_media_type_is_415(api: Client, auth: Auth, pool: 
         assert response.status == 202, (content_type, await response.text())
 
 
-async def test_checks_run_in_the_documented_order(
-    api: Client, auth: Auth, pool: asyncpg.Pool, members: None
-) -> None:
+async def test_checks_run_in_the_documented_order(api: Client, auth: Auth, pool: asyncpg.Pool, members: None) -> None:
     alice = auth("alice")
     too_large = b'{"format":"jsonl"' + b" " * 2048 + b"}"
     # Idempotency-Key syntax before the body.
