@@ -22,8 +22,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError, LineTooLong
+from multidict import CIMultiDict
 
 from services.api.bodies import unsupported_content_encoding
 from services.api.problems import Problem
@@ -108,20 +109,32 @@ class _ProblemServer(web.Server):
 
 
 def _answering_expectations(handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]) -> Any:
-    """``handler`` (the application's) with aiohttp's refusal of an ``Expect`` other than ``100-continue``
-    answered as the problem ``417 EXPECTATION_FAILED`` (RFC 9110 section 10.1.1) instead of a plain text
-    that quotes the field. aiohttp raises that refusal before routing reaches any middleware.
+    """``handler`` (the application's) behind a check of ``Expect`` (RFC 9110 section 10.1.1): its lines are
+    one list, in which empty elements do not count; any member but ``100-continue`` is answered with the
+    problem ``417 EXPECTATION_FAILED``, which quotes nothing, before routing. aiohttp itself reads only the
+    first line and refuses any spelling but one exact ``100-continue`` with a plain text that quotes it, so a
+    request that expects only ``100-continue`` reaches it with the field in that one spelling.
     """
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
-        try:
+        lines = request.headers.getall(hdrs.EXPECT, [])
+        if not lines:
             return await handler(request)
-        except web.HTTPExpectationFailed:
+        members = [member.strip(" \t").lower() for line in lines for member in line.split(",")]
+        members = [member for member in members if member]
+        if any(member != "100-continue" for member in members):
             log.info("request refused for its Expect field", extra={"code": "EXPECTATION_FAILED"})
             problem = Problem("EXPECTATION_FAILED", "The only expectation this server meets is 100-continue.")
             response = problem.response()
             response.force_close()
             return response
+        if lines != ["100-continue"]:
+            headers = CIMultiDict(request.headers)
+            headers.popall(hdrs.EXPECT)
+            if members:
+                headers[hdrs.EXPECT] = "100-continue"
+            request = request.clone(headers=headers)
+        return await handler(request)
 
     return handle
 

@@ -187,6 +187,9 @@ async def test_the_connection_still_serves_after_an_ordinary_problem(served: Ser
         ("/v2/conversations/c-f/messages", b"x-" + SECRET),
         ("/v2/conversations/c-f/messages", b"100-continue, x-" + SECRET),
         ("/nowhere", b"x-" + SECRET),
+        # The lines of a list field are one list, whichever comes first.
+        ("/v2/conversations/c-f/messages", b"100-continue\r\nExpect: x-" + SECRET),
+        ("/healthz", b"100-continue\r\nExpect: x-" + SECRET),
     ],
 )
 async def test_an_unmet_expectation_is_a_problem_that_quotes_nothing(
@@ -200,10 +203,21 @@ async def test_an_unmet_expectation_is_a_problem_that_quotes_nothing(
     assert "SECRET" not in caplog.text
 
 
-async def test_100_continue_is_met(served: Served) -> None:
-    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n"
+@pytest.mark.parametrize(
+    "expect",
+    [b"100-continue", b"100-Continue", b",100-continue", b"100-continue, 100-continue", b"100-continue\r\nExpect: "],
+)
+async def test_100_continue_is_met_in_any_list_spelling(served: Served, expect: bytes) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: " + expect + b"\r\n\r\n"
     [answer] = await converse(served.port, request, b'{"status": "ok"}')
     assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 "), answer
+
+
+async def test_an_expect_of_empty_elements_only_expects_nothing(served: Served) -> None:
+    [answer] = await converse(
+        served.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: ,\r\n\r\n", b'{"status": "ok"}'
+    )
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
 
 
 # ---- 7. and 8. Routes that read a body ----------------------------------------------------------------------
