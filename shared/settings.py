@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     # A download slower than this over a whole window is cut, so a slow reader cannot hold a slot for hours.
     download_min_bytes_per_second: int = Field(4096, ge=1)
     download_rate_window_seconds: float = Field(30.0, gt=0)
+    # Long polls and event streams waiting at once in one API process, and per user.
+    wait_concurrency: int = Field(1000, ge=1)
+    wait_per_user_concurrency: int = Field(10, ge=1)
+    event_heartbeat_seconds: float = Field(15.0, gt=0)
 
     lease_seconds: float = Field(30.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from services.api.keys import DOWNLOAD_SLOTS, MONITOR, POOL, S3, SETTINGS, VERIFIER
+from services.api.changes import OperationChanges
+from services.api.keys import CHANGES, DOWNLOAD_SLOTS, MONITOR, POOL, S3, SETTINGS, VERIFIER, WAIT_SLOTS
 from services.api.middlewares import auth_middleware, error_middleware, metrics_middleware
 from services.api.routes import setup_routes
 from services.api.server import api_runner
@@ -42,6 +43,18 @@ async def _s3_context(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _changes_context(app: web.Application) -> AsyncIterator[None]:
+    app[CHANGES] = OperationChanges(app[SETTINGS])
+    await app[CHANGES].start()
+    yield
+    await app[CHANGES].close()
+
+
+async def _release_waiters(app: web.Application) -> None:
+    # On shutdown, before in-flight requests get their grace: long polls answer and event streams end now.
+    await app[CHANGES].close()
+
+
 async def _monitoring_context(app: web.Application) -> AsyncIterator[None]:
     async with serving(app[MONITOR], app[SETTINGS]):
         yield
@@ -64,8 +77,16 @@ def init_app(settings: Settings) -> web.Application:
         what="downloads",
         code="TOO_MANY_DOWNLOADS",
     )
+    app[WAIT_SLOTS] = ConnectionSlots(
+        total=settings.wait_concurrency,
+        per_user=settings.wait_per_user_concurrency,
+        what="waiting requests",
+        code="TOO_MANY_WAITERS",
+    )
     app[MONITOR] = Monitor("api", needs=("database", "storage"))
     app.cleanup_ctx.append(_pg_context)
+    app.cleanup_ctx.append(_changes_context)
+    app.on_shutdown.append(_release_waiters)
     app.cleanup_ctx.append(_s3_context)
     app.cleanup_ctx.append(_monitoring_context)
     setup_routes(app)

@@ -7,6 +7,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from services.api.changes import OperationChanges
 from services.api.slots import ConnectionSlots
 from shared.auth import Principal, TokenVerifier
 from shared.monitoring import Monitor
@@ -18,6 +19,9 @@ VERIFIER = web.AppKey("verifier", TokenVerifier)
 S3 = web.AppKey("s3", object)  # an aiobotocore S3 client; typed loosely because botocore is dynamic
 # Bounds the downloads streaming at once in this process, in all and per user.
 DOWNLOAD_SLOTS = web.AppKey("download_slots", ConnectionSlots)
+# Bounds the long polls and event streams waiting at once in this process, in all and per user.
+WAIT_SLOTS = web.AppKey("wait_slots", ConnectionSlots)
+CHANGES = web.AppKey("changes", OperationChanges)
 MONITOR = web.AppKey("monitor", Monitor)
 PRINCIPAL = web.RequestKey("principal", Principal)
 

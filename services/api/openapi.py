@@ -20,10 +20,11 @@ from pydantic.json_schema import models_json_schema
 from services.api import schemas
 from services.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from services.api.problems import CODES, PROBLEM_CONTENT_TYPE
-from services.api.representation import RESULT_CONTENT_TYPE
+from services.api.representation import EVENT_STREAM, RESULT_CONTENT_TYPE
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
 
 OPENAPI_PATH = "/v3/openapi.json"
+EVENTS_PATH = "/v3/operations/{operation_id}/events"
 REF_TEMPLATE = "#/components/schemas/{model}"
 JSON_MEDIA_TYPE = "application/json"
 
@@ -34,6 +35,7 @@ MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serialization"]], ..
     (schemas.ExportSubmission, "validation"),
     (schemas.EmptyRequest, "validation"),
     (schemas.OperationListQuery, "validation"),
+    (schemas.OperationQuery, "validation"),
     (schemas.Problem, "serialization"),
     (schemas.StoredMessage, "serialization"),
     (schemas.MessagePage, "serialization"),
@@ -275,12 +277,16 @@ def _list_operations(components: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _get_operation() -> dict[str, Any]:
+def _get_operation(components: dict[str, Any]) -> dict[str, Any]:
     poll = _retry_after("Seconds before polling again, while not terminal.", required=False)
     return _operation(
         "getOperation",
         "The status monitor of an export",
         tag="operations",
+        description="With `wait` (1-60 seconds) a long poll: answered as soon as the state differs from the one "
+        "it had when the request arrived, at once when it is terminal, else after `wait` seconds; progress alone "
+        "does not end it. The caller's waiting requests are capped: 429 `TOO_MANY_WAITERS` beyond.",
+        parameters=query_parameters(schemas.OperationQuery, components),
         responses={
             "200": _json_response(
                 "The operation's current representation.",
@@ -288,7 +294,51 @@ def _get_operation() -> dict[str, Any]:
                 **{"Cache-Control": NO_STORE, "Retry-After": poll},
             )
         },
-        problems=(*ALWAYS, "NOT_FOUND"),
+        problems=(*ALWAYS, "NOT_FOUND", "VALIDATION_FAILED", "TOO_MANY_WAITERS"),
+    )
+
+
+def _operation_events() -> dict[str, Any]:
+    # OpenAPI 3.2's convention, which schemathesis checks: the schema of one event; comments are not events.
+    stream_schema = {
+        "description": "One server-sent event; `: heartbeat` comments come between events.",
+        "type": "object",
+        "properties": {
+            "event": {"const": "operation"},
+            "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The operation's version."},
+            "data": {
+                "type": "string",
+                "description": "The `Operation` as one line of JSON.",
+                "contentMediaType": JSON_MEDIA_TYPE,
+                "contentSchema": ref(schemas.Operation),
+            },
+        },
+        "required": ["event", "id", "data"],
+    }
+    return _operation(
+        "streamOperationEvents",
+        "The operation's changes as server-sent events",
+        tag="operations",
+        description="The representation on connect (unless `Last-Event-ID` is its version already) and on every "
+        "change, progress at most twice a second, until a terminal state ends the stream. A wake-up hint: "
+        "`getOperation` stays the source of truth.",
+        parameters=[
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "The `id` of the last event received; anything but a version is ignored.",
+            }
+        ],
+        responses={
+            "200": {
+                "description": "The event stream.",
+                "headers": {"Cache-Control": NO_STORE},
+                "content": {EVENT_STREAM: {"schema": stream_schema}},
+            }
+        },
+        problems=(*ALWAYS, "NOT_FOUND", "VALIDATION_FAILED", "TOO_MANY_WAITERS"),
     )
 
 
@@ -432,12 +482,15 @@ def paths(components: dict[str, Any]) -> dict[str, Any]:
         "/v2/conversations/{cid}/messages/{message_id}": {"parameters": [CID, MESSAGE_ID], "delete": _recall_message()},
         "/v3/conversations/{cid}/exports": {"parameters": [CID], "post": _submit_export()},
         "/v3/operations": {"get": _list_operations(components)},
-        "/v3/operations/{operation_id}": {"parameters": [OPERATION_ID], "get": _get_operation()},
+        "/v3/operations/{operation_id}": {"parameters": [OPERATION_ID], "get": _get_operation(components)},
         "/v3/operations/{operation_id}/cancel": {"parameters": [OPERATION_ID], "post": _cancel_operation()},
         "/v3/exports/{operation_id}/result": {"parameters": [OPERATION_ID], "get": _download_result()},
         OPENAPI_PATH: {"get": _openapi_document()},
     }
-    return {path: {**item, "head": _head(item["get"])} if "get" in item else item for path, item in items.items()}
+    with_head = {path: {**item, "head": _head(item["get"])} if "get" in item else item for path, item in items.items()}
+    # A stream has no HEAD: its headers would wait for the end of the stream.
+    with_head[EVENTS_PATH] = {"parameters": [OPERATION_ID], "get": _operation_events()}
+    return with_head
 
 
 INFO_DESCRIPTION = (

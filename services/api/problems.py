@@ -45,6 +45,7 @@ CODES: dict[str, tuple[int, str]] = {
     "RANGE_NOT_SATISFIABLE": (416, "Range not satisfiable"),
     "PRECONDITION_FAILED": (412, "Precondition failed"),
     "TOO_MANY_DOWNLOADS": (429, "Too many downloads"),
+    "TOO_MANY_WAITERS": (429, "Too many waiting requests"),
     "TOO_MANY_ACTIVE_EXPORTS": (429, "Too many active exports"),
     "SERVICE_UNAVAILABLE": (503, "Service unavailable"),
     "INTERNAL": (500, "Internal server error"),

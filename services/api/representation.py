@@ -13,6 +13,7 @@ from shared.states import TERMINAL, State
 from shared.timefmt import format_timestamp
 
 RESULT_CONTENT_TYPE = "application/x-ndjson"
+EVENT_STREAM = "text/event-stream"
 # Shown before a worker has measured anything.
 WAITING_PHASE = "waiting"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.api.openapi import OPENAPI_PATH
+from services.api.openapi import EVENTS_PATH, OPENAPI_PATH
 from services.api.views import admin, docs, exports, health, messages, operations
 
 
@@ -22,6 +22,7 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/v3/exports/{operation_id}/result", exports.download_result)
     router.add_get("/v3/operations", operations.list_operations)
     router.add_get("/v3/operations/{operation_id}", operations.get_operation)
+    router.add_get(EVENTS_PATH, operations.stream_operation_events, allow_head=False)
     router.add_post("/v3/operations/{operation_id}/cancel", operations.cancel_operation)
     router.add_get(OPENAPI_PATH, docs.openapi_document)
 

@@ -31,6 +31,7 @@ from shared.timefmt import parse_timestamp
 MAX_SEQ = 2**63 - 1
 MAX_PAGE_LIMIT = 1000
 MAX_OPERATIONS_PAGE = 100
+MAX_WAIT_SECONDS = 60
 MAX_MEMBERS = 10_000
 
 
@@ -149,6 +150,18 @@ class OperationListQuery(StrictModel):
     state: State | None = ABSENT_PARAMETER
     limit: Annotated[int, Field(ge=1, le=MAX_OPERATIONS_PAGE), QUERY_DIGITS] = 20
     cursor: str | SkipJsonSchema[None] = ABSENT
+
+
+class EmptyQuery(StrictModel):
+    """A query string with no parameters: any parameter is unknown (422)."""
+
+
+class OperationQuery(StrictModel):
+    """Query of ``GET /v3/operations/{id}?wait=``: ``wait`` seconds (1-60) to wait for the state to change
+    (README: API reference, Waiting for a change).
+    """
+
+    wait: Annotated[int, Field(ge=1, le=MAX_WAIT_SECONDS), QUERY_DIGITS] | None = ABSENT_PARAMETER
 
 
 class AdminOperationListQuery(OperationListQuery):

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from services.api import schemas
 from services.api.keys import VERIFIER
 from services.api.middlewares import auth_middleware, error_middleware
-from services.api.openapi import MODELS, OPENAPI_PATH, REF_TEMPLATE, build_document, document_bytes
+from services.api.openapi import EVENTS_PATH, MODELS, OPENAPI_PATH, REF_TEMPLATE, build_document, document_bytes
 from services.api.problems import CODES, PROBLEM_CONTENT_TYPE
 from services.api.routes import setup_routes
 from shared.auth import TokenVerifier
@@ -129,13 +129,19 @@ def test_errors_are_problems_with_codes_of_their_status() -> None:
 
 
 def test_head_answers_as_get_without_bodies() -> None:
-    for item in DOCUMENT["paths"].values():
-        if "get" not in item:
+    for path, item in DOCUMENT["paths"].items():
+        if "get" not in item or path == EVENTS_PATH:
             continue
         get, head = item["get"]["responses"], item["head"]["responses"]
         assert set(head) == set(get)
         assert all("content" not in response for response in head.values())
         assert all(head[status].get("headers") == response.get("headers") for status, response in get.items())
+
+
+def test_the_event_stream_has_no_head_and_streams_events() -> None:
+    events = DOCUMENT["paths"][EVENTS_PATH]
+    assert set(events) == {"parameters", "get"}
+    assert list(events["get"]["responses"]["200"]["content"]) == ["text/event-stream"]
 
 
 def test_submit_documents_its_headers() -> None:

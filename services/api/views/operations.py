@@ -1,19 +1,21 @@
-"""The status monitor: ``/v3/operations`` and ``/v3/operations/{id}`` (README: API reference, Operation; States and
-failure model, Cancel)."""
+"""The status monitor: ``/v3/operations``, ``/v3/operations/{id}`` and its event stream (README: API reference,
+Operation and Waiting for a change; States and failure model, Cancel)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
 from services.api.bodies import read_model, validate_query
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found
-from services.api.representation import operation_url, represent
-from services.api.responses import NO_STORE, json_response, operation_response
-from services.api.schemas import EmptyRequest, OperationListQuery
+from services.api.representation import EVENT_STREAM, operation_url, represent
+from services.api.responses import NO_STORE, dumps, json_response, operation_response
+from services.api.schemas import EmptyQuery, EmptyRequest, OperationListQuery, OperationQuery
+from services.api.waiting import Reader, operation_events, wait_for_state_change, watching
 from shared.ids import is_operation_id
 from shared.repository import operations
 from shared.repository.outbox import enqueue_run
@@ -21,15 +23,63 @@ from shared.states import State
 
 
 async def get_operation(request: web.Request) -> web.Response:
-    """``GET /v3/operations/{id}``: the owner's view; anyone else the same 404 as for a missing id."""
-    operation_id = request.match_info["operation_id"]
-    if not is_operation_id(operation_id):
-        raise not_found()
-    async with request.app[POOL].acquire() as conn:
-        row = await operations.get_operation(conn, operation_id=operation_id, owner_id=request[PRINCIPAL].user_id)
-    if row is None:
-        raise not_found()
+    """``GET /v3/operations/{id}[?wait=N]``: the owner's view; anyone else the same 404 as for a missing id.
+    With ``wait``, answered once the state changes or after ``wait`` seconds (``waiting``).
+    """
+    query = validate_query(OperationQuery, request)
+    read = _reader(request)
+    if query.wait is None:
+        row = await read()
+        if row is None:
+            raise not_found()
+    else:
+        row = await wait_for_state_change(request, read, wait_seconds=query.wait)
     return operation_response(row)
+
+
+async def stream_operation_events(request: web.Request) -> web.StreamResponse:
+    """``GET /v3/operations/{id}/events``: ``text/event-stream`` of ``operation`` events, one representation
+    each with the operation's version as ``id``, until a terminal state (README: API reference, Waiting for a
+    change). A ``Last-Event-ID`` that is not a version is ignored.
+    """
+    validate_query(EmptyQuery, request)
+    read = _reader(request)
+    async with watching(request, read) as (row, subscription):
+        response = web.StreamResponse(headers={**NO_STORE, "Content-Type": EVENT_STREAM, "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+        events = operation_events(request, read, row, subscription, last_event_id=_last_event_id(request))
+        try:
+            async for event in events:
+                await response.write(_event(event))
+        except ConnectionError:
+            return response
+    await response.write_eof()
+    return response
+
+
+def _reader(request: web.Request) -> Reader:
+    operation_id = request.match_info["operation_id"]
+    owner_id = request[PRINCIPAL].user_id
+
+    async def read() -> asyncpg.Record | None:
+        if not is_operation_id(operation_id):
+            return None
+        async with request.app[POOL].acquire() as conn:
+            return await operations.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
+
+    return read
+
+
+def _last_event_id(request: web.Request) -> int | None:
+    value = request.headers.get("Last-Event-ID", "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
+
+
+def _event(row: asyncpg.Record | None) -> bytes:
+    """One event of the stream: the representation as an ``operation`` event, or a heartbeat comment."""
+    if row is None:
+        return b": heartbeat\n\n"
+    return f"id: {row['version']}\nevent: operation\ndata: {dumps(represent(row))}\n\n".encode()
 
 
 async def list_operations(request: web.Request) -> web.Response:

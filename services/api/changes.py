@@ -1,0 +1,161 @@
+"""Operation changes for long polls and event streams: one Postgres ``LISTEN`` per API process on a
+connection of its own, fanned out in memory to the requests that wait (README: API reference, Waiting for a
+change).
+
+The trigger of migration 0005 announces every change a client can see as ``<operation_id> <version>
+<state>``. A subscription remembers the newest change of its operation and wakes its waiter; it never
+queues, so a slow reader cannot make memory grow. While the connection is down nothing is announced:
+every subscription is woken as ``missed`` (its waiter reads the operation again) and the connection is
+opened again after ``RECONNECT_SECONDS``. Changes are hints; the database stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from shared.db import TRANSIENT_DATABASE_ERRORS, connect
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "chatexport_operation_changes"
+# Between attempts to open the LISTEN connection again after it was lost.
+RECONNECT_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Change:
+    """One announced change: the operation's ``version`` after it, and its ``state``."""
+
+    version: int
+    state: str
+
+
+class Subscription:
+    """The changes of one operation as one waiter sees them: the newest only."""
+
+    def __init__(self) -> None:
+        self._woken = asyncio.Event()
+        self.latest: Change | None = None
+        self.missed = False
+        self.closed = False
+
+    def _deliver(self, change: Change | None) -> None:
+        if change is None:
+            self.missed = True
+        elif self.latest is None or change.version > self.latest.version:
+            self.latest = change
+        self._woken.set()
+
+    def _close(self) -> None:
+        self.closed = True
+        self._woken.set()
+
+    async def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a change, a missed stretch or the close; True when woken.
+        The caller reads ``latest``, ``missed`` and ``closed``, and resets ``missed`` once it has read the
+        operation again.
+        """
+        try:
+            await asyncio.wait_for(self._woken.wait(), seconds)
+        except TimeoutError:
+            return False
+        self._woken.clear()
+        return True
+
+
+class OperationChanges:
+    """The process's listener: ``start`` it, ``subscribe`` per waiting request, ``close`` it on shutdown
+    (which wakes every waiter as ``closed``).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._subscriptions: defaultdict[str, set[Subscription]] = defaultdict(set)
+        self._connection: asyncpg.Connection | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._lost = asyncio.Event()
+        self._closed = False
+
+    @property
+    def listening(self) -> bool:
+        """True while the LISTEN connection is open."""
+        return self._connection is not None and not self._connection.is_closed()
+
+    @property
+    def waiters(self) -> int:
+        """Subscriptions open right now."""
+        return sum(len(subscriptions) for subscriptions in self._subscriptions.values())
+
+    async def start(self) -> None:
+        """Open the LISTEN connection in the background and keep it open until ``close``."""
+        self._keeper = asyncio.create_task(self._keep_listening(), name="operation-changes")
+
+    async def close(self) -> None:
+        """Stop listening and wake every subscription as ``closed``."""
+        self._closed = True
+        for subscriptions in self._subscriptions.values():
+            for subscription in subscriptions:
+                subscription._close()
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+        if self._connection is not None and not self._connection.is_closed():
+            await self._connection.close()
+
+    @contextlib.contextmanager
+    def subscribe(self, operation_id: str) -> Iterator[Subscription]:
+        """A subscription to the changes of ``operation_id`` for the block; closed at once after ``close``."""
+        subscription = Subscription()
+        if self._closed:
+            subscription._close()
+        self._subscriptions[operation_id].add(subscription)
+        try:
+            yield subscription
+        finally:
+            self._subscriptions[operation_id].discard(subscription)
+            if not self._subscriptions[operation_id]:
+                del self._subscriptions[operation_id]
+
+    async def _keep_listening(self) -> None:
+        while True:
+            try:
+                self._connection = await connect(self._settings)
+                self._lost.clear()
+                self._connection.add_termination_listener(lambda _connection: self._lost.set())
+                await self._connection.add_listener(CHANNEL, self._on_notification)
+            except TRANSIENT_DATABASE_ERRORS as exc:
+                log.warning(
+                    "operation changes unavailable; waits end at their deadline", extra={"error": type(exc).__name__}
+                )
+            else:
+                # Announcements made before the LISTEN took effect were lost: every waiter reads again.
+                self._wake_all_missed()
+                await self._lost.wait()
+                log.warning("operation changes connection lost; reconnecting")
+            self._wake_all_missed()
+            await asyncio.sleep(RECONNECT_SECONDS)
+
+    def _wake_all_missed(self) -> None:
+        for subscriptions in self._subscriptions.values():
+            for subscription in subscriptions:
+                subscription._deliver(None)
+
+    def _on_notification(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            operation_id, version, state = payload.split(" ")
+            change = Change(int(version), state)
+        except ValueError:
+            log.warning("malformed operation change ignored")
+            return
+        for subscription in self._subscriptions.get(operation_id, ()):
+            subscription._deliver(change)

@@ -1,0 +1,119 @@
+"""Waiting for an operation to change without polling: the long poll of ``GET /v3/operations/{id}?wait=N``
+and the event stream of ``GET /v3/operations/{id}/events`` (README: API reference, Waiting for a change).
+
+Both subscribe to the process's ``OperationChanges`` before they read the operation, so no change can slip
+between the read and the wait, and both hold one of the caller's wait slots. aiohttp does not cancel a
+handler whose client went away, so a waiter looks at its connection every ``CONNECTION_CHECK_SECONDS`` and
+gives its slot back once the connection is closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import asyncpg
+from aiohttp import web
+
+from services.api.changes import Subscription
+from services.api.keys import CHANGES, PRINCIPAL, SETTINGS, WAIT_SLOTS
+from services.api.problems import not_found
+from services.api.representation import is_terminal
+
+CONNECTION_CHECK_SECONDS = 1.0
+# Progress alone is streamed at most this often; a change of state goes out at once.
+PROGRESS_INTERVAL_SECONDS = 0.5
+
+Reader = Callable[[], Awaitable[asyncpg.Record | None]]
+
+
+def client_gone(request: web.BaseRequest) -> bool:
+    """True once the client's connection is closed or closing."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+@contextlib.asynccontextmanager
+async def watching(request: web.Request, read: Reader) -> AsyncIterator[tuple[asyncpg.Record, Subscription]]:
+    """Hold one of the caller's wait slots and a subscription to the operation ``read`` returns for the
+    block; yield the operation as read once subscribed, and the subscription. Raises ``Problem`` 404 when
+    ``read`` finds nothing, and what ``ConnectionSlots.take`` raises (429 ``TOO_MANY_WAITERS``, 503).
+    """
+    row = await _read_or_404(read)
+    with (
+        request.app[WAIT_SLOTS].take(request[PRINCIPAL].user_id),
+        request.app[CHANGES].subscribe(row["operation_id"]) as subscription,
+    ):
+        yield await _read_or_404(read), subscription
+
+
+async def wait_for_state_change(request: web.Request, read: Reader, *, wait_seconds: int) -> asyncpg.Record:
+    """The operation ``read`` returns, once its state differs from the one it had on arrival, at once when
+    that is terminal, else after ``wait_seconds``; progress alone does not end the wait. Raises what
+    ``watching`` raises.
+    """
+    row = await _read_or_404(read)
+    if is_terminal(row):
+        return row
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    async with watching(request, read) as (row, subscription):
+        arrived_in = row["state"]
+        while row["state"] == arrived_in and not subscription.closed and not client_gone(request):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            if await subscription.wait(min(remaining, CONNECTION_CHECK_SECONDS)) and _may_have_moved(
+                subscription, arrived_in
+            ):
+                subscription.missed = False
+                row = await _read_or_404(read)
+    return await _read_or_404(read)
+
+
+def _may_have_moved(subscription: Subscription, state: str) -> bool:
+    latest = subscription.latest
+    return subscription.missed or subscription.closed or (latest is not None and latest.state != state)
+
+
+async def operation_events(
+    request: web.Request, read: Reader, row: asyncpg.Record, subscription: Subscription, *, last_event_id: int | None
+) -> AsyncIterator[asyncpg.Record | None]:
+    """For an event stream inside ``watching``: ``row`` (unless ``last_event_id`` is its version already),
+    then the operation ``read`` returns whenever its version grows, progress alone at most every
+    ``PROGRESS_INTERVAL_SECONDS``; it ends after a terminal state, on shutdown or when the client goes. A
+    None between them asks for a heartbeat, every ``event_heartbeat_seconds``.
+    """
+    heartbeat = request.app[SETTINGS].event_heartbeat_seconds
+    loop = asyncio.get_running_loop()
+    sent = last_event_id if last_event_id is not None else 0
+    if row["version"] > sent:
+        yield row
+        sent = row["version"]
+    heartbeat_at, sent_at = loop.time() + heartbeat, loop.time()
+    while not is_terminal(row) and not subscription.closed and not client_gone(request):
+        woken = await subscription.wait(min(max(heartbeat_at - loop.time(), 0.0), CONNECTION_CHECK_SECONDS))
+        if loop.time() >= heartbeat_at:
+            heartbeat_at = loop.time() + heartbeat
+            yield None
+        latest = subscription.latest
+        if not woken or not (subscription.missed or (latest is not None and latest.version > sent)):
+            continue
+        if latest is not None and latest.state == row["state"]:
+            await asyncio.sleep(max(0.0, sent_at + PROGRESS_INTERVAL_SECONDS - loop.time()))
+        subscription.missed = False
+        fresh = await read()
+        if fresh is None:
+            return
+        row = fresh
+        if row["version"] > sent:
+            yield row
+            sent, sent_at = row["version"], loop.time()
+
+
+async def _read_or_404(read: Reader) -> asyncpg.Record:
+    row = await read()
+    if row is None:
+        raise not_found()
+    return row
