@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import asyncpg
 import pydantic
 
+from chatexport.client import commands as client
 from services.api import app as api
 from services.janitor import main as janitor
 from services.relay import main as relay
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dev(commands)
     _add_requeue(commands)
     _add_health(commands)
+    client.add_commands(commands)
     return parser
 
 

@@ -329,8 +329,8 @@ def _demo_conversation(languages: Sequence[str] | None) -> str | None:
 
 
 def _example(settings: Settings, conversation_id: str | None, ports: dict[str, int]) -> str:
-    """The text printed once everything is up: URLs, monitoring ports, a token, and a shell snippet for
-    one export.
+    """The text printed once everything is up: URLs, monitoring ports, the client's settings with a token,
+    and the client command that exports one conversation.
     """
     token = mint_token(
         settings, user_id=DEMO_USER, ttl_seconds=min(DEMO_TOKEN_TTL_SECONDS, settings.jwt_max_lifetime_seconds)
@@ -342,47 +342,24 @@ def _example(settings: Settings, conversation_id: str | None, ports: dict[str, i
         f"chatexport is running: API {base}, S3 {settings.s3_endpoint_url}, bucket {settings.s3_bucket}",
         "Each part's /metrics, /healthz and /readyz: " + ", ".join(f"{name} :{port}" for name, port in ports.items()),
         f"  e.g. curl -s http://127.0.0.1:{ports['janitor']}/metrics | grep '^chatexport_operations'",
-        f"A token for {DEMO_USER} (12 h):",
-        f"  export TOKEN='{token}'",
+        f"The client's settings, with a token for {DEMO_USER} (12 h):",
+        client_settings_line(base, token),
         "More tokens: .venv/bin/chatexport token --sub USER [--admin]. Stop with Ctrl-C.",
     ]
     if conversation_id is not None:
         lines += [
-            "",
-            f"Export {conversation_id} as {DEMO_USER}: paste this into a shell (needs curl and python3).",
-            "",
-            demo_script(base, token, conversation_id),
+            f"Then export {conversation_id} as {DEMO_USER} (interrupted, the same command resumes it):",
+            client_command_line(conversation_id),
         ]
     lines += ["=" * 78, ""]
     return "\n".join(lines)
 
 
-# A subshell, so that `exit` on failure does not close the user's shell. It (a) submits the export with
-# an Idempotency-Key, (b) polls the operation as often as next_poll_after_seconds says, and (c) downloads.
-_DEMO_SCRIPT = """\
-(
-set -eu
-API='{base}'
-AUTH='Authorization: Bearer {token}'
-OP=$(curl -sS -X POST "$API/v3/conversations/{cid}/exports" -H "$AUTH" \\
-  -H 'Content-Type: application/json' -H "Idempotency-Key: demo-$(date +%s)" -d '{{"format": "jsonl"}}' \\
-  | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("operation_id") or sys.exit(d))')
-echo "operation: $API/v3/operations/$OP"
-while :; do
-  set -- $(curl -sS -H "$AUTH" "$API/v3/operations/$OP" \\
-    | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["state"], d.get("next_poll_after_seconds") or 0)')
-  echo "state: $1"
-  case "$1" in
-    SUCCEEDED) break ;;
-    QUEUED|RUNNING|RETRY_AT|CANCEL_REQUESTED) sleep "$2" ;;
-    *) curl -sS -H "$AUTH" "$API/v3/operations/$OP"; echo; exit 1 ;;
-  esac
-done
-curl -sS -f -H "$AUTH" -o export.jsonl "$API/v3/exports/$OP/result"
-echo "downloaded export.jsonl: $(wc -l < export.jsonl) messages"; head -n 3 export.jsonl
-)"""
+def client_settings_line(base_url: str, token: str) -> str:
+    """The shell line that gives the client the API's ``base_url`` and ``token``."""
+    return f"  export CHATEXPORT_API_URL='{base_url}' CHATEXPORT_TOKEN='{token}'"
 
 
-def demo_script(base_url: str, token: str, conversation_id: str) -> str:
-    """A POSIX shell snippet that exports ``conversation_id``, polls until done and downloads the file."""
-    return _DEMO_SCRIPT.format(base=base_url, token=token, cid=conversation_id)
+def client_command_line(conversation_id: str) -> str:
+    """The shell line that exports ``conversation_id`` with the client into ``<conversation_id>.jsonl``."""
+    return f"  .venv/bin/chatexport export {conversation_id} -o {conversation_id}.jsonl"

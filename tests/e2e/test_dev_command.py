@@ -1,4 +1,4 @@
-"""``chatexport dev`` as ``make run`` starts it: everything comes up, the printed snippet works, a SIGTERM
+"""``chatexport dev`` as ``make run`` starts it: everything comes up, the printed client command works, a SIGTERM
 stops every process, and a part that dies is reported with a non-zero exit.
 """
 
@@ -135,18 +135,22 @@ def assert_figures_moved(before: dict[str, dict[str, float]], after: dict[str, d
     assert grew["janitor"]["chatexport_operations{state=SUCCEEDED}"] == 1
 
 
-def snippet_from(lines: list[str]) -> str:
-    start = lines.index("(")
-    return "\n".join(lines[start : lines.index(")", start) + 1])
+def client_lines_from(lines: list[str]) -> str:
+    """The printed client settings and export command, as one shell script run from a clone's root."""
+    settings = next(line for line in lines if line.startswith("  export CHATEXPORT_API_URL="))
+    command = next(line for line in lines if line.startswith("  .venv/bin/chatexport export "))
+    # The command names the clone's own .venv; the test runs it in a scratch folder with this interpreter's.
+    return f"{settings}\n{command.replace('.venv/bin/chatexport', str(Path(sys.executable).parent / 'chatexport'))}"
 
 
-@pytest.mark.skipif(not (shutil.which("curl") and shutil.which("bash")), reason="the snippet needs curl and bash")
+@pytest.mark.skipif(not shutil.which("bash"), reason="the printed lines are run by bash")
 def test_dev_starts_everything_serves_the_example_and_stops_on_sigterm(
     dev_env: dict[str, str], group: ProcessGroup, tmp_path: Path
 ) -> None:
     command = [sys.executable, "-m", "chatexport.cli", "dev", "--workers", "2", "--language", "chinese"]
     dev = group.start("dev", command, dev_env, cwd=REPO)
-    group.wait_for_line("dev", lambda line: line == ")", timeout=START_TIMEOUT)  # the snippet's last line
+    # The client's command is the example's last line but the rule.
+    group.wait_for_line("dev", lambda line: line.startswith("  .venv/bin/chatexport export "), timeout=START_TIMEOUT)
     parts = children_of(dev.pid)
     names = {Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2].decode() for pid in parts}
     assert {"api", "relay", "worker", "janitor"} <= names
@@ -156,7 +160,7 @@ def test_dev_starts_everything_serves_the_example_and_stops_on_sigterm(
     before = {name: scrape(port) for name, port in ports.items()}
 
     result = subprocess.run(
-        ["bash", "-c", snippet_from(list(dev.tail))], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        ["bash", "-c", client_lines_from(list(dev.tail))], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
@@ -172,7 +176,7 @@ def test_dev_starts_everything_serves_the_example_and_stops_on_sigterm(
                 raise
         time.sleep(0.2)  # polling another process's figures until the deadline
     greetings = corpus.load_file("chinese", corpus.data_dir() / "chinese" / "greetings.yml")
-    exported = (tmp_path / "export.jsonl").read_text(encoding="utf-8").splitlines()
+    exported = (tmp_path / "corpus-chinese-greetings.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(exported) == len(greetings.lines)
     assert group.stop("dev", signal.SIGTERM, timeout=60) == 0
     assert [pid for pid in parts if running(pid)] == []

@@ -1,0 +1,1 @@
+"""The command-line client of the chatexport API: HTTP only, no server code (README: Command-line client)."""

@@ -1,0 +1,141 @@
+"""The API as the client sees it: HTTP calls that answer JSON, and the problems they raise.
+
+Nothing here imports server code: the client knows the API from its documentation alone (README: API
+reference), so it works against any deployment.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+# Time to connect, and between two reads of an answer; a stream's heartbeats come well within it.
+READ_TIMEOUT_SECONDS = 60.0
+
+
+class ApiError(Exception):
+    """The API answered with a problem (RFC 9457): its HTTP ``status``, stable ``code`` and ``detail``;
+    ``retry_after`` in seconds when the answer carried one.
+    """
+
+    def __init__(self, status: int, code: str, detail: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A submit's answer: the operation, and whether it replayed an earlier submit of the same key."""
+
+    operation: dict[str, Any]
+    replayed: bool
+
+
+class Api:
+    """A session on the API at ``base_url`` with the bearer ``token``; use it as an async context manager."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Api:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=READ_TIMEOUT_SECONDS, sock_read=READ_TIMEOUT_SECONDS)
+        # Proxies from the environment are honoured as any HTTP client honours them (trust_env).
+        self._session = aiohttp.ClientSession(timeout=timeout, trust_env=True)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The open session; raises ``RuntimeError`` outside the ``async with`` block."""
+        if self._session is None:
+            raise RuntimeError("Api used outside its async with block")
+        return self._session
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of every request."""
+        return dict(self._headers)
+
+    def url(self, path: str) -> str:
+        """The absolute URL of an API ``path`` such as ``/v3/operations/op_1``."""
+        return f"{self._base_url}{path}"
+
+    async def submit(self, conversation_id: str, request: dict[str, Any], *, idempotency_key: str) -> Submitted:
+        """``POST /v3/conversations/{cid}/exports`` with ``idempotency_key``; raises ``ApiError``."""
+        headers = {**self._headers, "Idempotency-Key": idempotency_key}
+        async with self.session.post(
+            self.url(f"/v3/conversations/{conversation_id}/exports"), json=request, headers=headers
+        ) as response:
+            operation = await _json(response)
+            return Submitted(operation, replayed=response.headers.get("Idempotent-Replayed") == "true")
+
+    async def operation(self, operation_id: str, *, wait_seconds: int | None = None) -> dict[str, Any]:
+        """``GET /v3/operations/{id}``, a long poll of ``wait_seconds`` when given; raises ``ApiError``."""
+        params = {"wait": str(wait_seconds)} if wait_seconds else None
+        async with self.session.get(
+            self.url(f"/v3/operations/{operation_id}"), params=params, headers=self._headers
+        ) as response:
+            return await _json(response)
+
+    async def operations(self, *, state: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The caller's newest ``limit`` operations (one page), in ``state`` when given."""
+        params = {"limit": str(limit), **({"state": state} if state else {})}
+        async with self.session.get(self.url("/v3/operations"), params=params, headers=self._headers) as response:
+            page = await _json(response)
+        operations: list[dict[str, Any]] = page["operations"]
+        return operations
+
+    async def cancel(self, operation_id: str) -> dict[str, Any]:
+        """``POST /v3/operations/{id}/cancel``; raises ``ApiError`` (409 ``ALREADY_TERMINAL`` and others)."""
+        async with self.session.post(
+            self.url(f"/v3/operations/{operation_id}/cancel"), json={}, headers=self._headers
+        ) as response:
+            return await _json(response)
+
+    async def events(self, operation_id: str) -> AsyncIterator[dict[str, Any]]:
+        """The operation's representations from ``GET /v3/operations/{id}/events`` until the stream ends;
+        raises ``ApiError`` when refused and ``aiohttp.ClientError`` when the stream breaks.
+        """
+        async with self.session.get(
+            self.url(f"/v3/operations/{operation_id}/events"), headers=self._headers
+        ) as response:
+            if response.status != 200:
+                await _json(response)
+            data: list[str] = []
+            async for raw in response.content:
+                line = raw.decode().rstrip("\r\n")
+                if line.startswith("data:"):
+                    data.append(line.removeprefix("data:").removeprefix(" "))
+                elif not line and data:
+                    yield json.loads("\n".join(data))
+                    data = []
+
+
+async def _json(response: aiohttp.ClientResponse) -> Any:
+    """The JSON body of a 2xx answer; raises ``ApiError`` for any other."""
+    if 200 <= response.status < 300:
+        return await response.json()
+    raise await problem_of(response)
+
+
+async def problem_of(response: aiohttp.ClientResponse) -> ApiError:
+    """The ``ApiError`` of an answer that is not a success, from its problem body when it has one."""
+    retry_after = response.headers.get("Retry-After", "")
+    seconds = float(retry_after) if retry_after.isdigit() else None
+    try:
+        body = await response.json(content_type=None)
+        return ApiError(response.status, str(body["code"]), str(body.get("detail", "")), seconds)
+    except (ValueError, KeyError, TypeError, aiohttp.ContentTypeError):
+        return ApiError(response.status, f"HTTP_{response.status}", response.reason or "", seconds)

@@ -1,0 +1,156 @@
+"""The command-line client (README: Command-line client), run as the ``chatexport`` command in its own
+process against the real API, relay, worker and janitor: a verified file, a rerun that follows the same
+operation, a resumed download guarded by If-Range, and the exit codes of refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from chatexport.client.api import Api
+from chatexport.client.exporting import state_path
+from tests.helpers import expected_file, import_lines, make_conversation, read_all, submit, wait_terminal
+from tests.integration.messages_support import Auth, Client
+
+pytestmark = pytest.mark.integration
+
+CID = "c-cli"
+REQUEST = {"format": "jsonl"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the command: its exit code and what it printed."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+async def chatexport(api: Client, token: str | None, *args: str) -> Run:
+    """Run ``chatexport ARGS`` against ``api`` with ``token`` in CHATEXPORT_TOKEN; fail after 60 s."""
+    env = {**os.environ, "CHATEXPORT_API_URL": str(api.make_url("")).rstrip("/")}
+    env.pop("CHATEXPORT_TOKEN", None)
+    if token is not None:
+        env["CHATEXPORT_TOKEN"] = token
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "chatexport.cli",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return Run(process.returncode, stdout.decode(), stderr.decode())
+
+
+def token_of(auth: Auth, user: str) -> str:
+    return auth(user)["Authorization"].removeprefix("Bearer ")
+
+
+async def conversation(api: Client, auth: Auth) -> bytes:
+    """``c-cli`` of alice with 40 messages; the file its export must be."""
+    await make_conversation(api, auth, CID, ["alice"])
+    await import_lines(
+        api, auth, CID, [{"message_id": f"m{n}", "sender_id": "alice", "body": f"body {n}"} for n in range(40)]
+    )
+    return expected_file(await read_all(api, auth, "alice", CID))
+
+
+async def test_export_writes_a_verified_file_and_leaves_nothing_behind(
+    api: Client, auth: Auth, pipeline: None, tmp_path: Path
+) -> None:
+    content = await conversation(api, auth)
+    output = tmp_path / "out.jsonl"
+
+    run = await chatexport(api, token_of(auth, "alice"), "export", CID, "-o", str(output))
+
+    assert run.code == 0, run
+    assert output.read_bytes() == content
+    assert "(verified)" in run.stdout
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.jsonl"]
+
+
+async def test_a_rerun_follows_the_operation_an_earlier_run_submitted(
+    api: Client, auth: Auth, pool: asyncpg.Pool, pipeline: None, tmp_path: Path
+) -> None:
+    content = await conversation(api, auth)
+    output = tmp_path / "out.jsonl"
+    # An earlier run stored its key and submitted, then died before it saw the 202.
+    key = "cli-earlier-run"
+    state_path(output).write_text(
+        f'{{"idempotency_key": "{key}", "conversation_id": "{CID}", "request": {{"format": "jsonl"}}}}'
+    )
+    async with Api(str(api.make_url("")), token_of(auth, "alice")) as client:
+        earlier = await client.submit(CID, REQUEST, idempotency_key=key)
+
+    run = await chatexport(api, token_of(auth, "alice"), "export", CID, "-o", str(output))
+
+    assert run.code == 0, run
+    assert output.read_bytes() == content
+    assert await pool.fetchval("SELECT array_agg(operation_id) FROM operations") == [earlier.operation["operation_id"]]
+
+
+async def test_a_state_file_of_another_export_is_a_usage_error(api: Client, auth: Auth, tmp_path: Path) -> None:
+    output = tmp_path / "out.jsonl"
+    state_path(output).write_text(
+        '{"idempotency_key": "k", "conversation_id": "c-other", "request": {"format": "jsonl"}}'
+    )
+    run = await chatexport(api, token_of(auth, "alice"), "export", CID, "-o", str(output))
+    assert run.code == 2, run
+    assert "c-other" in run.stderr
+
+
+async def test_download_resumes_a_part_file_and_refuses_one_that_does_not_verify(
+    api: Client, auth: Auth, pipeline: None, tmp_path: Path
+) -> None:
+    content = await conversation(api, auth)
+    response = await submit(api, auth, "alice", CID, REQUEST, "k-download")
+    operation = await wait_terminal(api, auth, "alice", response.headers["Location"])
+    assert operation["state"] == "SUCCEEDED"
+    output = tmp_path / "result.jsonl"
+    part = tmp_path / "result.jsonl.part"
+
+    part.write_bytes(content[:100])
+    resumed = await chatexport(
+        api, token_of(auth, "alice"), "operations", "download", operation["operation_id"], "-o", str(output)
+    )
+    assert resumed.code == 0, resumed
+    assert output.read_bytes() == content and not part.exists()
+
+    output.unlink()
+    part.write_bytes(b"X" * 100)  # not the file's first bytes: the rest fetched after it cannot verify
+    spliced = await chatexport(
+        api, token_of(auth, "alice"), "operations", "download", operation["operation_id"], "-o", str(output)
+    )
+    assert spliced.code == 5, spliced
+    assert "part file was deleted" in spliced.stderr
+    assert not part.exists() and not output.exists()
+
+
+async def test_refusals_exit_with_their_code_and_print_the_problem(api: Client, auth: Auth, tmp_path: Path) -> None:
+    await make_conversation(api, auth, CID, ["alice"])
+    output = str(tmp_path / "out.jsonl")
+
+    outsider = await chatexport(api, token_of(auth, "mallory"), "export", CID, "-o", output)
+    assert outsider.code == 3, outsider
+    assert "NOT_FOUND" in outsider.stderr and "Traceback" not in outsider.stderr
+
+    no_token = await chatexport(api, None, "export", CID, "-o", output)
+    assert no_token.code == 2, no_token
+
+    unreachable = await chatexport(
+        api, token_of(auth, "alice"), "export", CID, "-o", output, "--api", "http://127.0.0.1:9"
+    )
+    assert unreachable.code == 4, unreachable
+    assert "Traceback" not in unreachable.stderr
