@@ -345,6 +345,7 @@ def _example(settings: Settings, conversation_id: str | None, ports: dict[str, i
         f"The client's settings, with a token for {DEMO_USER} (12 h):",
         client_settings_line(base, token),
         "More tokens: .venv/bin/chatexport token --sub USER [--admin]. Stop with Ctrl-C.",
+        f"The web page (paste the token there): {base}/ui/",
     ]
     if conversation_id is not None:
         lines += [

@@ -35,6 +35,7 @@ MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serialization"]], ..
     (schemas.ExportSubmission, "validation"),
     (schemas.EmptyRequest, "validation"),
     (schemas.OperationListQuery, "validation"),
+    (schemas.ConversationListQuery, "validation"),
     (schemas.OperationQuery, "validation"),
     (schemas.Problem, "serialization"),
     (schemas.StoredMessage, "serialization"),
@@ -42,6 +43,7 @@ MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serialization"]], ..
     (schemas.RecalledMessage, "serialization"),
     (schemas.Operation, "serialization"),
     (schemas.OperationPage, "serialization"),
+    (schemas.ConversationPage, "serialization"),
 )
 
 # Problems any authenticated route can answer: a bad token, a busy database, an internal fault (README: Error codes),
@@ -199,6 +201,27 @@ def _send_message() -> dict[str, Any]:
     )
 
 
+def _cursor_page(
+    operation_id: str,
+    summary: str,
+    *,
+    tag: str,
+    query: type[BaseModel],
+    page: type[BaseModel],
+    components: dict[str, Any],
+) -> dict[str, Any]:
+    """A GET of one keyset page: its query's parameters, the page with ``no-store``, and a 422 for a bad cursor."""
+    return _operation(
+        operation_id,
+        summary,
+        tag=tag,
+        description="`cursor` is a `next_cursor` passed back as it is; anything else is a 422.",
+        parameters=query_parameters(query, components),
+        responses={"200": _json_response("One page.", page, **{"Cache-Control": NO_STORE})},
+        problems=(*ALWAYS, "VALIDATION_FAILED"),
+    )
+
+
 def _read_messages(components: dict[str, Any]) -> dict[str, Any]:
     return _operation(
         "readMessages",
@@ -260,20 +283,6 @@ def _submit_export() -> dict[str, Any]:
             "IDEMPOTENCY_KEY_EXPIRED",
             "TOO_MANY_ACTIVE_EXPORTS",
         ),
-    )
-
-
-def _list_operations(components: dict[str, Any]) -> dict[str, Any]:
-    return _operation(
-        "listOperations",
-        "The caller's operations, newest first",
-        tag="operations",
-        description="`cursor` is a `next_cursor` passed back as it is; anything else is a 422.",
-        parameters=query_parameters(schemas.OperationListQuery, components),
-        responses={
-            "200": _json_response("One page of operations.", schemas.OperationPage, **{"Cache-Control": NO_STORE})
-        },
-        problems=(*ALWAYS, "VALIDATION_FAILED"),
     )
 
 
@@ -474,6 +483,16 @@ def _head(get: dict[str, Any]) -> dict[str, Any]:
 def paths(components: dict[str, Any]) -> dict[str, Any]:
     """The path items of every ``/v2`` and ``/v3`` route; ``components`` are the component schemas."""
     items: dict[str, dict[str, Any]] = {
+        "/v2/conversations": {
+            "get": _cursor_page(
+                "listConversations",
+                "The conversations the caller is a member of, by id",
+                tag="messages",
+                query=schemas.ConversationListQuery,
+                page=schemas.ConversationPage,
+                components=components,
+            )
+        },
         "/v2/conversations/{cid}/messages": {
             "parameters": [CID],
             "post": _send_message(),
@@ -481,7 +500,16 @@ def paths(components: dict[str, Any]) -> dict[str, Any]:
         },
         "/v2/conversations/{cid}/messages/{message_id}": {"parameters": [CID, MESSAGE_ID], "delete": _recall_message()},
         "/v3/conversations/{cid}/exports": {"parameters": [CID], "post": _submit_export()},
-        "/v3/operations": {"get": _list_operations(components)},
+        "/v3/operations": {
+            "get": _cursor_page(
+                "listOperations",
+                "The caller's operations, newest first",
+                tag="operations",
+                query=schemas.OperationListQuery,
+                page=schemas.OperationPage,
+                components=components,
+            )
+        },
         "/v3/operations/{operation_id}": {"parameters": [OPERATION_ID], "get": _get_operation(components)},
         "/v3/operations/{operation_id}/cancel": {"parameters": [OPERATION_ID], "post": _cancel_operation()},
         "/v3/exports/{operation_id}/result": {"parameters": [OPERATION_ID], "get": _download_result()},

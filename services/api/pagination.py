@@ -1,5 +1,6 @@
-"""Keyset pages of operations, newest first, shared by the user's list (``GET /v3/operations``) and the admin
-list (``GET /admin/operations``) (README: API reference, List).
+"""Keyset pages: of operations, newest first, shared by the user's list (``GET /v3/operations``) and the admin
+list (``GET /admin/operations``) (README: API reference, List); and of the caller's conversations, by id
+(``GET /v2/conversations``).
 
 A page is read with one row more than asked: that row only tells whether another page follows. The cursor
 names the last row shown by its ``(created_at, operation_id)``, the key both lists are ordered by, so the
@@ -15,8 +16,8 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.api.problems import validation_failed
-from shared.ids import is_operation_id
+from services.api.problems import Problem, validation_failed
+from shared.ids import is_operation_id, is_valid_id
 from shared.timefmt import MAX_YEAR, MIN_YEAR
 
 # Where the list's cursor and the last row of a page come from: (created_at, operation_id).
@@ -37,6 +38,30 @@ def encode_cursor(row: asyncpg.Record) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+def encode_conversation_cursor(conversation_id: str) -> str:
+    """The opaque cursor after the conversation ``conversation_id``: unpadded URL-safe base64 of the id."""
+    return base64.urlsafe_b64encode(conversation_id.encode()).decode().rstrip("=")
+
+
+def decode_conversation_cursor(cursor: str | None) -> str | None:
+    """The conversation id a cursor of ``encode_conversation_cursor`` names; None without a cursor. Raises
+    ``Problem`` 422 at ``["query", "cursor"]`` for anything else.
+    """
+    if cursor is None:
+        return None
+    try:
+        conversation_id = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (binascii.Error, ValueError):
+        conversation_id = ""
+    if not is_valid_id(conversation_id):
+        raise _not_a_cursor()
+    return conversation_id
+
+
+def _not_a_cursor() -> Problem:
+    return validation_failed([{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}])
+
+
 def decode_cursor(cursor: str | None) -> Keyset | None:
     """The keyset a cursor of ``encode_cursor`` names; None without a cursor. Anything that does not decode
     to a zoned creation time (years 1000-9999) and an operation id raises ``Problem`` 422 at
@@ -54,4 +79,4 @@ def decode_cursor(cursor: str | None) -> Keyset | None:
             raise ValueError("not a creation time")
         return created_at, operation_id
     except (binascii.Error, ValueError, TypeError, OverflowError, RecursionError):
-        raise validation_failed([{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}]) from None
+        raise _not_a_cursor() from None

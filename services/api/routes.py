@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from services.api.openapi import EVENTS_PATH, OPENAPI_PATH
-from services.api.views import admin, docs, exports, health, messages, operations
+from services.api.views import admin, docs, exports, health, messages, operations, page
 
 
 def setup_routes(app: web.Application) -> None:
@@ -14,6 +14,7 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/healthz", health.healthz)
     router.add_get("/readyz", health.readyz)
 
+    router.add_get("/v2/conversations", messages.list_conversations)
     router.add_post("/v2/conversations/{cid}/messages", messages.send_message)
     router.add_get("/v2/conversations/{cid}/messages", messages.read_messages)
     router.add_delete("/v2/conversations/{cid}/messages/{message_id:[^/]+}", messages.recall_message)
@@ -25,6 +26,8 @@ def setup_routes(app: web.Application) -> None:
     router.add_get(EVENTS_PATH, operations.stream_operation_events, allow_head=False)
     router.add_post("/v3/operations/{operation_id}/cancel", operations.cancel_operation)
     router.add_get(OPENAPI_PATH, docs.openapi_document)
+    router.add_get("/ui", page.to_page)
+    router.add_get(page.PAGE_ROUTE, page.page_file)
 
     router.add_put("/admin/conversations/{cid}", admin.put_conversation)
     router.add_get("/admin/conversations/{cid}", admin.get_conversation)

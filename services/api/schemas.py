@@ -32,6 +32,7 @@ MAX_SEQ = 2**63 - 1
 MAX_PAGE_LIMIT = 1000
 MAX_OPERATIONS_PAGE = 100
 MAX_WAIT_SECONDS = 60
+MAX_CONVERSATIONS_PAGE = 100
 MAX_MEMBERS = 10_000
 
 
@@ -144,6 +145,13 @@ class MessagePageQuery(StrictModel):
     limit: Annotated[int, Field(ge=1, le=MAX_PAGE_LIMIT), QUERY_DIGITS] = 100
 
 
+class ConversationListQuery(StrictModel):
+    """Query of ``GET /v2/conversations?limit=&cursor=`` (README: API reference, Message store)."""
+
+    limit: Annotated[int, Field(ge=1, le=MAX_CONVERSATIONS_PAGE), QUERY_DIGITS] = 50
+    cursor: str | SkipJsonSchema[None] = ABSENT
+
+
 class OperationListQuery(StrictModel):
     """Query of ``GET /v3/operations?state=&limit=&cursor=`` (README: API reference, Operation)."""
 
@@ -245,6 +253,23 @@ class MessagePage(StrictModel):
 
     messages: list[Message]
     next_after_seq: Seq | None
+
+
+class Conversation(StrictModel):
+    """A conversation the caller is a member of: its last seq and the time of its newest message (null
+    when it has none).
+    """
+
+    conversation_id: str
+    last_seq: Seq
+    last_message_at: TimestampText | None
+
+
+class ConversationPage(StrictModel):
+    """``GET /v2/conversations``: ordered by id; ``next_cursor`` is opaque and null on the last page."""
+
+    conversations: list[Conversation]
+    next_cursor: str | None
 
 
 class StoredMessage(StrictModel):

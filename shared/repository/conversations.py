@@ -207,6 +207,30 @@ async def recall_message(conn: asyncpg.Connection, *, conversation_id: str, mess
     return recalled is not None
 
 
+async def list_conversations(
+    conn: asyncpg.Connection, *, user_id: str, after: str | None, limit: int
+) -> list[asyncpg.Record]:
+    """Up to ``limit`` conversations ``user_id`` is a member of, ordered by id, after the id ``after``:
+    (conversation_id, last_seq, last_message_at: the sent_at of the newest message not recalled, or NULL).
+    """
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        SELECT c.conversation_id, c.last_seq,
+               (SELECT g.sent_at FROM messages g
+                WHERE g.conversation_id = c.conversation_id AND g.recalled_at IS NULL
+                ORDER BY g.seq DESC LIMIT 1) AS last_message_at
+        FROM conversation_members m JOIN conversations c USING (conversation_id)
+        WHERE m.user_id = $1 AND ($2::text IS NULL OR c.conversation_id > $2)
+        ORDER BY c.conversation_id
+        LIMIT $3
+        """,
+        user_id,
+        after,
+        limit,
+    )
+    return rows
+
+
 async def read_messages(
     conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, limit: int
 ) -> list[asyncpg.Record]:

@@ -4,11 +4,15 @@ database of its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
@@ -67,3 +71,33 @@ def auth(system: LocalSystem) -> Callable[..., dict[str, str]]:
         return {"Authorization": f"Bearer {token}"}
 
     return headers
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@dataclass(frozen=True)
+class Browser:
+    """A headless chromium and the folder its downloads land in."""
+
+    driver: WebDriver
+    downloads: Path
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    """Headless chromium whose downloads land in ``tmp_path / "downloads"``."""
+    assert Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(), "install chromium and chromium-driver"
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
+        options.add_argument(argument)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield Browser(driver, downloads)
+    finally:
+        driver.quit()

@@ -15,9 +15,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from services.api.bodies import check_body_bytes, read_model, validate_query
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
+from services.api.pagination import decode_conversation_cursor, encode_conversation_cursor
 from services.api.problems import Problem, not_found
-from services.api.responses import json_response
-from services.api.schemas import MessageId, MessagePageQuery, MessageSubmission
+from services.api.responses import NO_STORE, json_response
+from services.api.schemas import ConversationListQuery, MessageId, MessagePageQuery, MessageSubmission
 from shared.ids import is_valid_id
 from shared.repository import conversations
 from shared.timefmt import format_timestamp
@@ -74,6 +75,34 @@ async def send_message(request: web.Request) -> web.Response:
             "seq": stored["seq"],
             "sent_at": format_timestamp(stored["sent_at"]),
         }
+    )
+
+
+async def list_conversations(request: web.Request) -> web.Response:
+    """``GET /v2/conversations?limit=&cursor=``: the conversations the caller is a member of, by id, with
+    their last seq and the time of their newest message (README: API reference, Message store).
+    """
+    query = validate_query(ConversationListQuery, request)
+    after = decode_conversation_cursor(query.cursor)
+    async with request.app[POOL].acquire() as conn:
+        rows = await conversations.list_conversations(
+            conn, user_id=request[PRINCIPAL].user_id, after=after, limit=query.limit + 1
+        )
+    shown = rows[: query.limit]
+    more = len(rows) > query.limit
+    return json_response(
+        {
+            "conversations": [
+                {
+                    "conversation_id": row["conversation_id"],
+                    "last_seq": row["last_seq"],
+                    "last_message_at": format_timestamp(row["last_message_at"]),
+                }
+                for row in shown
+            ],
+            "next_cursor": encode_conversation_cursor(shown[-1]["conversation_id"]) if more else None,
+        },
+        headers=NO_STORE,
     )
 
 

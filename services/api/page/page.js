@@ -1,0 +1,157 @@
+// The page of chatexport (README: API reference, Web page). It talks to the API with fetch only: the token
+// pasted in lives in this script's memory and travels in the Authorization header, never in a URL; the
+// event stream is read with fetch; a result is fetched and saved as a blob. Everything shown is set as
+// text (textContent), never parsed as HTML.
+"use strict";
+
+const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELED", "FAILED_REPAIR", "EXPIRED"]);
+let token = null;
+const watched = new Map();
+
+function element(tag, text, attributes) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, value);
+  return node;
+}
+
+function say(text) {
+  document.getElementById("message").textContent = text;
+}
+
+async function call(path, options) {
+  const init = Object.assign({}, options || {});
+  init.headers = Object.assign({ Authorization: "Bearer " + token }, init.headers || {});
+  const response = await fetch(path, init);
+  if (!response.ok) {
+    let problem = { code: "HTTP_" + response.status, detail: response.statusText };
+    try { problem = await response.json(); } catch (ignored) { /* not a problem body */ }
+    throw new Error(problem.code + ": " + (problem.detail || ""));
+  }
+  return response;
+}
+
+async function loadConversations() {
+  const body = document.querySelector("#conversations tbody");
+  body.replaceChildren();
+  let cursor = null;
+  do {
+    const query = cursor ? "?cursor=" + encodeURIComponent(cursor) : "";
+    const page = await (await call("/v2/conversations" + query)).json();
+    for (const conversation of page.conversations) {
+      const row = element("tr", null, { "data-cid": conversation.conversation_id });
+      row.append(element("td", conversation.conversation_id), element("td", conversation.last_seq),
+                 element("td", conversation.last_message_at || "no messages"));
+      const button = element("button", "Export", { type: "button", class: "export" });
+      button.addEventListener("click", () => submitExport(conversation.conversation_id).catch((e) => say(e.message)));
+      const actions = element("td");
+      actions.append(button);
+      row.append(actions);
+      body.append(row);
+    }
+    cursor = page.next_cursor;
+  } while (cursor);
+}
+
+async function loadOperations() {
+  const page = await (await call("/v3/operations?limit=50")).json();
+  document.querySelector("#operations tbody").replaceChildren();
+  for (const operation of page.operations.reverse()) show(operation);
+}
+
+async function submitExport(conversationId) {
+  const response = await call("/v3/conversations/" + encodeURIComponent(conversationId) + "/exports", {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "Idempotency-Key": crypto.randomUUID() },
+    body: JSON.stringify({ format: "jsonl" }),
+  });
+  show(await response.json());
+  say("");
+}
+
+function show(operation) {
+  const id = operation.operation_id;
+  const body = document.querySelector("#operations tbody");
+  let row = body.querySelector('tr[data-operation-id="' + CSS.escape(id) + '"]');
+  if (!row) {
+    row = element("tr", null, { "data-operation-id": id });
+    body.prepend(row);
+  }
+  const progress = operation.progress;
+  const actions = element("td");
+  if (operation.links && operation.links.cancel) {
+    const cancel = element("button", "Cancel", { type: "button", class: "cancel" });
+    cancel.addEventListener("click", () => cancelExport(id).catch((e) => say(e.message)));
+    actions.append(cancel);
+  }
+  if (operation.state === "SUCCEEDED") {
+    const download = element("button", "Download", { type: "button", class: "download" });
+    download.addEventListener("click", () => downloadResult(operation).catch((e) => say(e.message)));
+    actions.append(download);
+  }
+  row.replaceChildren(
+    element("td", id), element("td", operation.conversation_id), element("td", operation.state, { class: "state" }),
+    element("td", progress.phase + ": " + progress.messages_written + " messages, " + progress.bytes_written + " bytes"),
+    actions);
+  if (!TERMINAL.has(operation.state) && !watched.has(id)) {
+    watched.set(id, true);
+    watch(id).finally(() => watched.delete(id));
+  }
+}
+
+async function watch(id) {
+  try {
+    const response = await call("/v3/operations/" + encodeURIComponent(id) + "/events");
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value;
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const data = buffer.slice(0, end).split("\n").filter((line) => line.startsWith("data:"));
+        buffer = buffer.slice(end + 2);
+        if (data.length) show(JSON.parse(data.map((line) => line.slice(5).trim()).join("\n")));
+      }
+    }
+  } catch (error) {
+    // The stream is a hint: when it cannot be had, poll the status monitor as it asks.
+    for (;;) {
+      const operation = await (await call("/v3/operations/" + encodeURIComponent(id))).json();
+      show(operation);
+      if (TERMINAL.has(operation.state)) return;
+      await new Promise((resolve) => setTimeout(resolve, 1000 * (operation.next_poll_after_seconds || 1)));
+    }
+  }
+}
+
+async function cancelExport(id) {
+  const response = await call("/v3/operations/" + encodeURIComponent(id) + "/cancel", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
+  });
+  show(await response.json());
+}
+
+async function downloadResult(operation) {
+  const blob = await (await call(operation.result.url)).blob();
+  const link = element("a", null, { download: operation.conversation_id + "-" + operation.operation_id + ".jsonl" });
+  link.href = URL.createObjectURL(blob);
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+}
+
+document.getElementById("use-token").addEventListener("click", async () => {
+  token = document.getElementById("token").value.trim();
+  document.getElementById("token").value = "";
+  try {
+    await loadConversations();
+    await loadOperations();
+    document.getElementById("signed-in").hidden = false;
+    say("");
+  } catch (error) {
+    say(error.message);
+  }
+});

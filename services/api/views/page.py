@@ -1,0 +1,42 @@
+"""The web page at ``/ui/``: three static files, sent with a strict Content-Security-Policy (README: API
+reference, Web page). The page holds no secret: it asks for a token and calls the API like any client.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from aiohttp import web
+
+# Only this origin's own files and fetches; no inline script or style, no framing, no form posts.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+# Path under /ui/ -> (file of services/api/page, media type).
+FILES = {
+    "": ("index.html", "text/html"),
+    "page.js": ("page.js", "text/javascript"),
+    "page.css": ("page.css", "text/css"),
+}
+PAGE_ROUTE = "/ui/{name:(|page\\.js|page\\.css)}"
+
+
+def _read(name: str) -> bytes:
+    return (resources.files("services.api") / "page" / name).read_bytes()
+
+
+CONTENTS = {path: (_read(name), media_type) for path, (name, media_type) in FILES.items()}
+
+
+async def page_file(request: web.Request) -> web.Response:
+    """``GET /ui/``, ``/ui/page.js``, ``/ui/page.css``: the page's files, read once at start."""
+    body, media_type = CONTENTS[request.match_info["name"]]
+    return web.Response(body=body, content_type=media_type, charset="utf-8", headers=HEADERS)
+
+
+async def to_page(request: web.Request) -> web.Response:
+    """``GET /ui``: to ``/ui/``, where the page's relative links resolve."""
+    raise web.HTTPPermanentRedirect("/ui/")
