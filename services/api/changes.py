@@ -129,10 +129,7 @@ class OperationChanges:
     async def _keep_listening(self) -> None:
         while True:
             try:
-                self._connection = await connect(self._settings)
-                self._lost.clear()
-                self._connection.add_termination_listener(lambda _connection: self._lost.set())
-                await self._connection.add_listener(CHANNEL, self._on_notification)
+                await self._listen()
             except TRANSIENT_DATABASE_ERRORS as exc:
                 log.warning(
                     "operation changes unavailable; waits end at their deadline", extra={"error": type(exc).__name__}
@@ -144,6 +141,18 @@ class OperationChanges:
                 log.warning("operation changes connection lost; reconnecting")
             self._wake_all_missed()
             await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def _listen(self) -> None:
+        """Open the connection and LISTEN on it; a connection that cannot LISTEN is closed again."""
+        self._lost.clear()
+        connection = await connect(self._settings)
+        try:
+            connection.add_termination_listener(lambda _connection: self._lost.set())
+            await connection.add_listener(CHANNEL, self._on_notification)
+        except BaseException:
+            connection.terminate()
+            raise
+        self._connection = connection
 
     def _wake_all_missed(self) -> None:
         for subscriptions in self._subscriptions.values():
