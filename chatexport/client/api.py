@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -76,7 +77,7 @@ class Api:
         """``POST /v3/conversations/{cid}/exports`` with ``idempotency_key``; raises ``ApiError``."""
         headers = {**self._headers, "Idempotency-Key": idempotency_key}
         async with self.session.post(
-            self.url(f"/v3/conversations/{conversation_id}/exports"), json=request, headers=headers
+            self.url(f"/v3/conversations/{quote(conversation_id, safe='')}/exports"), json=request, headers=headers
         ) as response:
             operation = await _json(response)
             return Submitted(operation, replayed=response.headers.get("Idempotent-Replayed") == "true")
@@ -85,7 +86,7 @@ class Api:
         """``GET /v3/operations/{id}``, a long poll of ``wait_seconds`` when given; raises ``ApiError``."""
         params = {"wait": str(wait_seconds)} if wait_seconds else None
         async with self.session.get(
-            self.url(f"/v3/operations/{operation_id}"), params=params, headers=self._headers
+            self.url(f"/v3/operations/{quote(operation_id, safe='')}"), params=params, headers=self._headers
         ) as response:
             return await _json(response)
 
@@ -100,7 +101,7 @@ class Api:
     async def cancel(self, operation_id: str) -> dict[str, Any]:
         """``POST /v3/operations/{id}/cancel``; raises ``ApiError`` (409 ``ALREADY_TERMINAL`` and others)."""
         async with self.session.post(
-            self.url(f"/v3/operations/{operation_id}/cancel"), json={}, headers=self._headers
+            self.url(f"/v3/operations/{quote(operation_id, safe='')}/cancel"), json={}, headers=self._headers
         ) as response:
             return await _json(response)
 
@@ -109,7 +110,7 @@ class Api:
         raises ``ApiError`` when refused and ``aiohttp.ClientError`` when the stream breaks.
         """
         async with self.session.get(
-            self.url(f"/v3/operations/{operation_id}/events"), headers=self._headers
+            self.url(f"/v3/operations/{quote(operation_id, safe='')}/events"), headers=self._headers
         ) as response:
             if response.status != 200:
                 await _json(response)

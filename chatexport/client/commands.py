@@ -3,7 +3,8 @@
 
 Exit codes: 0 done; 1 the export ended FAILED, CANCELED, FAILED_REPAIR or EXPIRED; 2 usage; 3 the API
 refused the request (its problem's ``code`` and ``detail`` are printed); 4 the API could not be reached;
-5 the downloaded file did not match its status (the part file is deleted). Never a traceback.
+5 the downloaded file did not match its status (the part file is deleted); 6 a local file could not be
+read or written; 130 interrupted. Never a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -22,11 +25,14 @@ from rich.console import Console
 
 from chatexport.client.api import Api, ApiError
 from chatexport.client.download import NotVerified, download_result
-from chatexport.client.exporting import ExportMismatch, export
+from chatexport.client.exporting import UnusableStateFile, export
 from chatexport.client.progress import Progress, human_bytes
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
-EXIT_ENDED_BADLY, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_NOT_VERIFIED = 1, 2, 3, 4, 5
+EXIT_ENDED_BADLY, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_NOT_VERIFIED, EXIT_LOCAL_FILE = 1, 2, 3, 4, 5, 6
+EXIT_INTERRUPTED = 130
+# The API's operation id syntax (README: API reference): anything else is a usage error, never a path.
+OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -36,7 +42,7 @@ def add_commands(commands: Subparsers) -> None:
     sub = commands.add_parser("export", help="export a conversation into a file, resumably")
     _connection_arguments(sub)
     sub.add_argument("conversation_id", metavar="CONVERSATION")
-    sub.add_argument("-o", "--output", type=Path, help="the file to write (default: CONVERSATION.jsonl)")
+    sub.add_argument("-o", "--output", type=_output, help="the file to write (default: CONVERSATION.jsonl)")
     sub.add_argument("--after-seq", type=_seq, help="export messages after this seq")
     sub.add_argument("--before-seq", type=_seq, help="export messages before this seq")
     sub.set_defaults(handler=_cmd_export)
@@ -49,9 +55,9 @@ def add_commands(commands: Subparsers) -> None:
     show = actions.add_parser("show", help="one export's status as JSON")
     cancel = actions.add_parser("cancel", help="cancel an export")
     download = actions.add_parser("download", help="download a finished export, resumably, and verify it")
-    download.add_argument("-o", "--output", type=Path, help="the file to write (default: OPERATION.jsonl)")
+    download.add_argument("-o", "--output", type=_output, help="the file to write (default: OPERATION.jsonl)")
     for action in (show, cancel, download):
-        action.add_argument("operation_id", metavar="OPERATION")
+        action.add_argument("operation_id", metavar="OPERATION", type=_operation_id)
     for action, handler in ((listing, _list), (show, _show), (cancel, _cancel), (download, _download)):
         _connection_arguments(action)
         action.set_defaults(handler=_operations_command(handler))
@@ -60,12 +66,33 @@ def add_commands(commands: Subparsers) -> None:
 def _connection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api",
+        type=_api_url,
         default=os.environ.get("CHATEXPORT_API_URL", DEFAULT_API_URL),
         help="the API's base URL (default: $CHATEXPORT_API_URL, else %(default)s)",
     )
     parser.add_argument(
         "--token", default=os.environ.get("CHATEXPORT_TOKEN"), help="bearer token (default: $CHATEXPORT_TOKEN)"
     )
+
+
+def _api_url(value: str) -> str:
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {value!r}")
+    return value
+
+
+def _operation_id(value: str) -> str:
+    if not OPERATION_ID.fullmatch(value):
+        raise argparse.ArgumentTypeError("not an operation id (1-64 of A-Z a-z 0-9 _ -)")
+    return value
+
+
+def _output(value: str) -> Path:
+    path = Path(value)
+    if path.is_dir() or not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} must name a file in an existing folder")
+    return path
 
 
 def _seq(value: str) -> int:
@@ -159,18 +186,21 @@ def _run(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) -> int
     except ApiError as exc:
         print(f"chatexport: the API refused: {exc.code}: {exc.detail}", file=sys.stderr)
         return EXIT_REFUSED
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+    except (aiohttp.ClientError, TimeoutError) as exc:
         print(
             f"chatexport: the API at {args.api} cannot be reached ({type(exc).__name__}); run the same command again",
             file=sys.stderr,
         )
         return EXIT_UNREACHABLE
+    except OSError as exc:
+        print(f"chatexport: {exc.filename or 'a local file'}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_LOCAL_FILE
     except NotVerified as exc:
         print(f"chatexport: {exc}", file=sys.stderr)
         return EXIT_NOT_VERIFIED
-    except ExportMismatch as exc:
+    except UnusableStateFile as exc:
         print(f"chatexport: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("chatexport: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

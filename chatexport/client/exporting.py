@@ -15,14 +15,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from chatexport.client.api import Api
+from chatexport.client.api import Api, ApiError
 from chatexport.client.download import download_result
 from chatexport.client.progress import Progress
 from chatexport.client.waiting import until_terminal
 
 
-class ExportMismatch(Exception):
-    """The state file beside the output belongs to another export (another conversation or range)."""
+class UnusableStateFile(Exception):
+    """The state file beside the output is not this command's, or belongs to another export (another
+    conversation or range): the user must look at it, so the command stops before any request.
+    """
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,15 @@ async def export(
     api: Api, *, conversation_id: str, request: dict[str, Any], output: Path, progress: Progress
 ) -> Outcome:
     """Export ``conversation_id`` with ``request`` (the submit body) into ``output``. Raises ``ApiError``,
-    ``aiohttp.ClientError``, ``NotVerified`` and ``ExportMismatch``.
+    ``aiohttp.ClientError``, ``NotVerified``, ``UnusableStateFile`` and ``OSError`` for the local files.
     """
     state = _resume_or_start(output, conversation_id=conversation_id, request=request)
-    submitted = await api.submit(conversation_id, request, idempotency_key=state.idempotency_key)
+    try:
+        submitted = await api.submit(conversation_id, request, idempotency_key=state.idempotency_key)
+    except ApiError:
+        # Refused: no export started under this key (or its replay window is over), so nothing is resumable.
+        state_path(output).unlink(missing_ok=True)
+        raise
     with progress:
         operation = await until_terminal(api, submitted.operation, progress.observe)
     if operation["state"] != "SUCCEEDED":
@@ -68,9 +75,12 @@ async def export(
 def _resume_or_start(output: Path, *, conversation_id: str, request: dict[str, Any]) -> ExportState:
     path = state_path(output)
     if path.exists():
-        state = ExportState(**json.loads(path.read_text()))
+        try:
+            state = ExportState(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            raise UnusableStateFile(f"{path} is not a state file of this command; remove it") from None
         if (state.conversation_id, state.request) != (conversation_id, request):
-            raise ExportMismatch(
+            raise UnusableStateFile(
                 f"{path} belongs to an export of {state.conversation_id} {state.request}; remove it to start this one"
             )
         return state

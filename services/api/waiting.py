@@ -98,7 +98,9 @@ async def operation_events(
             heartbeat_at = loop.time() + heartbeat
             yield None
         latest = subscription.latest
-        if not woken or not (subscription.missed or (latest is not None and latest.version > sent)):
+        # Compared with the version last read, not the last sent: a Last-Event-ID from the future must
+        # not keep the stream from seeing the terminal state that ends it.
+        if not woken or not (subscription.missed or (latest is not None and latest.version > row["version"])):
             continue
         if latest is not None and latest.state == row["state"]:
             await asyncio.sleep(max(0.0, sent_at + PROGRESS_INTERVAL_SECONDS - loop.time()))

@@ -145,6 +145,8 @@ async def test_refusals_exit_with_their_code_and_print_the_problem(api: Client, 
     outsider = await chatexport(api, token_of(auth, "mallory"), "export", CID, "-o", output)
     assert outsider.code == 3, outsider
     assert "NOT_FOUND" in outsider.stderr and "Traceback" not in outsider.stderr
+    # Refused, nothing started: no state file is left to block the next export to this path.
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
 
     no_token = await chatexport(api, None, "export", CID, "-o", output)
     assert no_token.code == 2, no_token
@@ -154,3 +156,30 @@ async def test_refusals_exit_with_their_code_and_print_the_problem(api: Client, 
     )
     assert unreachable.code == 4, unreachable
     assert "Traceback" not in unreachable.stderr
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ("operations", "show", "../../v2/conversations"),
+        ("operations", "download", "op_1", "-o", "."),
+        ("export", CID, "-o", "no-such-folder/out.jsonl"),
+        ("export", CID, "--api", "not-a-url"),
+        ("export", CID, "--after-seq", "-1"),
+    ],
+)
+async def test_bad_arguments_are_usage_errors(api: Client, auth: Auth, arguments: tuple[str, ...]) -> None:
+    run = await chatexport(api, token_of(auth, "alice"), *arguments)
+    assert run.code == 2, run
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("content", ["garbage", '{"a": 1}', "[]"])
+async def test_a_state_file_that_is_not_ours_is_a_usage_error(
+    api: Client, auth: Auth, tmp_path: Path, content: str
+) -> None:
+    output = tmp_path / "out.jsonl"
+    state_path(output).write_text(content)
+    run = await chatexport(api, token_of(auth, "alice"), "export", CID, "-o", str(output))
+    assert run.code == 2, run
+    assert "not a state file" in run.stderr and "Traceback" not in run.stderr

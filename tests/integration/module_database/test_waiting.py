@@ -245,3 +245,17 @@ async def test_a_change_made_while_the_listen_connection_is_down_still_ends_the_
     response = await asyncio.wait_for(poll, 20)
     assert (await response.json())["state"] == "RUNNING"
     await wait_for(lambda: api.app[CHANGES].listening)
+
+
+async def test_a_last_event_id_from_the_future_still_ends_with_the_terminal_state(
+    api: Client, auth: Auth, pool: asyncpg.Pool
+) -> None:
+    await insert_operation(pool, OPERATION, "QUEUED")
+    response = await api.get(f"{URL}/events", headers={**auth("alice"), "Last-Event-ID": "1000"})
+    assert await read_event(response) == {"comment": "heartbeat"}  # nothing newer than 1000 to send
+
+    await set_state(pool, "FAILED")
+
+    while event := await read_event(response):
+        assert event == {"comment": "heartbeat"}
+    await wait_for(lambda: waiters(api) == 0)
