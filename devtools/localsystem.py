@@ -52,8 +52,10 @@ class LocalSystem:
     """
 
     def __init__(self, *, database_url: str, amqp_url: str, log_dir: Path, overrides: Mapping[str, str] | None = None):
-        secret = secrets.token_urlsafe(JWT_SECRET_BYTES)
-        self.services = load_compose(variables={**os.environ, "CHATEXPORT_JWT_SECRET": secret})
+        secret, webhook_key = secrets.token_urlsafe(JWT_SECRET_BYTES), secrets.token_urlsafe(JWT_SECRET_BYTES)
+        self.services = load_compose(
+            variables={**os.environ, "CHATEXPORT_JWT_SECRET": secret, "CHATEXPORT_WEBHOOK_SIGNING_KEY": webhook_key}
+        )
         self.moto: MotoServer | None = None
         self.api_port = free_port(LOCAL_HOST)
         self.base_url = f"http://{LOCAL_HOST}:{self.api_port}"

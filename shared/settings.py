@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"
+PLACEHOLDER_WEBHOOK_SIGNING_KEY = "dev-only-insecure-webhook-key-change-me"
 MIN_JWT_SECRET_BYTES = 32
 
 
@@ -81,6 +82,12 @@ class Settings(BaseSettings):
     wait_concurrency: int = Field(1000, ge=1)
     wait_per_user_concurrency: int = Field(10, ge=1)
     event_heartbeat_seconds: float = Field(15.0, gt=0)
+    # Completion callbacks (README: API reference, Completion callbacks).
+    webhook_signing_key: str = PLACEHOLDER_WEBHOOK_SIGNING_KEY
+    webhook_previous_signing_key: str | None = None
+    webhook_allow_private: bool = False
+    webhook_timeout_seconds: float = Field(5.0, gt=0)
+    webhook_retry_seconds: float = Field(24 * 3600.0, gt=0)
 
     lease_seconds: float = Field(30.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)
@@ -113,6 +120,10 @@ class Settings(BaseSettings):
             if len(self.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
                 # RFC 7518 3.2: an HS256 key must be at least as long as the hash output.
                 raise ValueError(f"CHATEXPORT_JWT_SECRET must be at least {MIN_JWT_SECRET_BYTES} bytes")
+        if self.environment != "development" and self.webhook_signing_key == PLACEHOLDER_WEBHOOK_SIGNING_KEY:
+            raise ValueError("CHATEXPORT_WEBHOOK_SIGNING_KEY is the development placeholder; set a real key")
+        if self.environment != "development" and self.webhook_allow_private:
+            raise ValueError("CHATEXPORT_WEBHOOK_ALLOW_PRIVATE is for development and tests only")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError("CHATEXPORT_HEARTBEAT_SECONDS must be shorter than CHATEXPORT_LEASE_SECONDS")
         if self.result_ttl_seconds > self.operation_retention_seconds:

@@ -5,6 +5,7 @@ client methods: the integration tests' ``TestClient`` or a ``ClientSession`` wit
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
 from shared import jsontext
 from shared.settings import Settings
+from shared.webhooks.signing import signature
 from tests.conftest import wait_for
 
 Headers = Callable[..., dict[str, str]]
@@ -67,6 +69,21 @@ async def wait_terminal(api: Any, auth: Headers, user: str, location: str, *, ti
 
     result: dict[str, Any] = await wait_for(ended, timeout=timeout)
     return result
+
+
+def verified_callback(secret: str, headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    """The JSON of a completion callback, once one of its ``webhook-signature`` signatures checks out with
+    ``secret`` (``whsec_...``, as ``GET /v3/webhooks/secret`` gives it).
+    """
+    expected = signature(
+        base64.b64decode(secret.removeprefix("whsec_")),
+        webhook_id=headers["webhook-id"],
+        timestamp=int(headers["webhook-timestamp"]),
+        body=body,
+    )
+    assert expected in headers["webhook-signature"].split(" ")
+    message: dict[str, Any] = json.loads(body)
+    return message
 
 
 def expected_file(messages: list[dict[str, Any]]) -> bytes:

@@ -20,8 +20,8 @@ from pydantic.json_schema import models_json_schema
 from services.api import schemas
 from services.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from services.api.problems import CODES, PROBLEM_CONTENT_TYPE
-from services.api.representation import EVENT_STREAM, RESULT_CONTENT_TYPE
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
+from shared.representation import EVENT_STREAM, RESULT_CONTENT_TYPE
 
 OPENAPI_PATH = "/v3/openapi.json"
 EVENTS_PATH = "/v3/operations/{operation_id}/events"
@@ -44,6 +44,7 @@ MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serialization"]], ..
     (schemas.Operation, "serialization"),
     (schemas.OperationPage, "serialization"),
     (schemas.ConversationPage, "serialization"),
+    (schemas.WebhookSecret, "serialization"),
 )
 
 # Problems any authenticated route can answer: a bad token, a busy database, an internal fault (README: Error codes),
@@ -282,7 +283,20 @@ def _submit_export() -> dict[str, Any]:
             "IDEMPOTENCY_KEY_REUSED",
             "IDEMPOTENCY_KEY_EXPIRED",
             "TOO_MANY_ACTIVE_EXPORTS",
+            "NOTIFY_URL_REFUSED",
         ),
+    )
+
+
+def _webhook_secret() -> dict[str, Any]:
+    return _operation(
+        "getWebhookSecret",
+        "The caller's signing secret for completion callbacks",
+        tag="exports",
+        description="Callbacks carry Standard Webhooks signatures made with this secret (and, while the "
+        "deployment key is rotated, with `previous_secret` too). Only its owner can read it.",
+        responses={"200": _json_response("The secret.", schemas.WebhookSecret, **{"Cache-Control": NO_STORE})},
+        problems=ALWAYS,
     )
 
 
@@ -512,6 +526,7 @@ def paths(components: dict[str, Any]) -> dict[str, Any]:
         },
         "/v3/operations/{operation_id}": {"parameters": [OPERATION_ID], "get": _get_operation(components)},
         "/v3/operations/{operation_id}/cancel": {"parameters": [OPERATION_ID], "post": _cancel_operation()},
+        "/v3/webhooks/secret": {"get": _webhook_secret()},
         "/v3/exports/{operation_id}/result": {"parameters": [OPERATION_ID], "get": _download_result()},
         OPENAPI_PATH: {"get": _openapi_document()},
     }

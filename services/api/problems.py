@@ -33,6 +33,7 @@ CODES: dict[str, tuple[int, str]] = {
     "PAYLOAD_TOO_LARGE": (413, "Payload too large"),
     "REQUEST_TIMEOUT": (408, "Request timeout"),
     "VALIDATION_FAILED": (422, "Validation failed"),
+    "NOTIFY_URL_REFUSED": (422, "Callback URL refused"),
     "DUPLICATE_MESSAGE_ID": (409, "Duplicate message id"),
     "IDEMPOTENCY_KEY_REUSED": (409, "Idempotency-Key reused"),
     "IDEMPOTENCY_KEY_EXPIRED": (409, "Idempotency-Key expired"),

@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from services.api.representation import is_terminal, represent
 from shared import jsontext
+from shared.representation import is_terminal, represent
 
 
 def dumps(body: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from services.api.openapi import EVENTS_PATH, OPENAPI_PATH
-from services.api.views import admin, docs, exports, health, messages, operations, page
+from services.api.views import admin, docs, exports, health, messages, operations, page, webhooks
 
 
 def setup_routes(app: web.Application) -> None:
@@ -25,6 +25,7 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/v3/operations/{operation_id}", operations.get_operation)
     router.add_get(EVENTS_PATH, operations.stream_operation_events, allow_head=False)
     router.add_post("/v3/operations/{operation_id}/cancel", operations.cancel_operation)
+    router.add_get("/v3/webhooks/secret", webhooks.webhook_secret)
     router.add_get(OPENAPI_PATH, docs.openapi_document)
     router.add_get("/ui", page.to_page)
     router.add_get(page.PAGE_ROUTE, page.page_file)

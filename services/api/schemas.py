@@ -108,10 +108,17 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class NotifyTarget(StrictModel):
+    """Where to send the completion callback (README: API reference, Completion callbacks)."""
+
+    url: Annotated[StrictStr, Field(min_length=1, max_length=900)]
+
+
 class ExportSubmission(StrictModel):
     """Body of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Submit)."""
 
     format: Literal["jsonl"]
+    notify: NotifyTarget | SkipJsonSchema[None] = ABSENT
     # Bounded by Postgres' bigint: a bigger value is a 422 here, not a driver error (a 500) at insert.
     before_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
     after_seq: Annotated[StrictInt, Field(ge=0, le=MAX_SEQ)] = 0
@@ -364,6 +371,13 @@ class Operation(StrictModel):
     result: OperationResult | None
     links: OperationLinks
     next_poll_after_seconds: Annotated[int, Field(ge=1, le=30)] | SkipJsonSchema[None] = ABSENT
+
+
+class WebhookSecret(StrictModel):
+    """``GET /v3/webhooks/secret``: the caller's signing secret, and the previous one during a rotation."""
+
+    secret: Annotated[str, Field(pattern="^whsec_[A-Za-z0-9+/=]+$")]
+    previous_secret: Annotated[str, Field(pattern="^whsec_[A-Za-z0-9+/=]+$")] | None
 
 
 class OperationPage(StrictModel):

@@ -19,7 +19,7 @@ from aiohttp import web
 from services.api.changes import Subscription
 from services.api.keys import CHANGES, PRINCIPAL, SETTINGS, WAIT_SLOTS
 from services.api.problems import not_found
-from services.api.representation import is_terminal
+from shared.representation import is_terminal
 
 CONNECTION_CHECK_SECONDS = 1.0
 # Progress alone is streamed at most this often; a change of state goes out at once.

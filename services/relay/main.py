@@ -8,6 +8,7 @@ import logging
 import os
 
 from services.relay.relay import Relay
+from services.relay.webhooks import WebhookSender
 from shared import broker
 from shared.db import create_pool_when_ready
 from shared.lifecycle import run_until_signalled
@@ -19,7 +20,8 @@ log = logging.getLogger(__name__)
 
 
 async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
-    """Relay outbox rows until ``stop`` is set. A batch in flight completes before the relay exits.
+    """Relay outbox rows and send completion callbacks until ``stop`` is set. A batch in flight completes
+    before the relay exits.
 
     Waits for the database and the broker if they are not reachable yet.
     """
@@ -36,7 +38,10 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         # Ready once it can publish: the exchange it publishes to exists.
         monitor.checks["broker"] = broker_check(connection)
         log.info("relay started", extra={"exchange": settings.amqp_exchange})
-        await Relay(pool=pool, exchange=exchange, settings=settings).run(stop=stop)
+        # Completion callbacks are what the outbox holds too: the relay sends both (README: How it works).
+        async with asyncio.TaskGroup() as group:
+            group.create_task(Relay(pool=pool, exchange=exchange, settings=settings).run(stop=stop))
+            group.create_task(WebhookSender(pool=pool, settings=settings).run(stop=stop))
 
 
 def main(settings: Settings) -> None:

@@ -5,7 +5,7 @@ The outbox backlog and its oldest row's age are system figures, served by the ja
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from shared.metrics import counter_from_zero
 
@@ -25,4 +25,17 @@ PUBLISH_FAILURES = counter_from_zero(
 BATCH_DURATION = Histogram(
     "chatexport_relay_batch_duration_seconds",
     "Time to claim, publish and mark one batch of outbox rows, in seconds.",
+)
+
+WEBHOOK_OUTCOMES = ("delivered", "retried", "gave_up")
+WEBHOOK_DELIVERIES = counter_from_zero(
+    "chatexport_webhook_deliveries_total",
+    "Completion callback attempts by outcome: delivered (a 2xx answer), retried (any other answer, a refused"
+    " address or a network error, with another attempt scheduled) or gave_up (the retry time is spent).",
+    "outcome",
+    WEBHOOK_OUTCOMES,
+)
+WEBHOOK_OLDEST_UNDELIVERED_AGE = Gauge(
+    "chatexport_webhook_oldest_undelivered_age_seconds",
+    "Seconds since the oldest completion callback still waiting was written; 0 when none waits.",
 )

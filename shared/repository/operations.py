@@ -54,8 +54,9 @@ async def insert_operation(
     """Store a new QUEUED operation (the outbox row and idempotency record go in the same transaction)."""
     await conn.execute(
         """
-        INSERT INTO operations (operation_id, owner_id, conversation_id, format, before_seq, after_seq, state)
-        VALUES ($1, $2, $3, $4, $5, $6, 'QUEUED')
+        INSERT INTO operations (operation_id, owner_id, conversation_id, format, before_seq, after_seq, state,
+                                notify_url)
+        VALUES ($1, $2, $3, $4, $5, $6, 'QUEUED', $7)
         """,
         operation_id,
         owner_id,
@@ -63,6 +64,7 @@ async def insert_operation(
         request.format,
         request.before_seq,
         request.after_seq,
+        request.notify_url,
     )
 
 

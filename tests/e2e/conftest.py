@@ -4,6 +4,7 @@ database of its own.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,21 +30,17 @@ async def e2e_database(template_db: str) -> AsyncIterator[str]:
         yield url
 
 
-@pytest.fixture(scope="session")
-async def system(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalSystem]:
+@contextlib.asynccontextmanager
+async def local_system(database_url: str, log_dir: Path, **overrides: str) -> AsyncIterator[LocalSystem]:
     """moto and every part with the compose file's replica counts (api, relay, three workers, two janitors)
-    as real processes, stopped at the end of the session.
+    as real processes on ``database_url``, with a one-second janitor and ``overrides`` (setting name ->
+    value), stopped at the end of the block, when each must have exited cleanly.
     """
-    log_dir: Path = tmp_path_factory.mktemp("e2e-logs")
     local = LocalSystem(
-        database_url=e2e_database,
+        database_url=database_url,
         amqp_url=AMQP_URL,
         log_dir=log_dir,
-        overrides={
-            "CHATEXPORT_JANITOR_INTERVAL_SECONDS": "1",
-            "CHATEXPORT_LEASE_SECONDS": "10",
-            "CHATEXPORT_HEARTBEAT_SECONDS": "2",
-        },
+        overrides={"CHATEXPORT_JANITOR_INTERVAL_SECONDS": "1", **overrides},
     )
     try:
         local.start()
@@ -52,6 +49,15 @@ async def system(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) ->
         codes = local.stop()
         await delete_broker_objects(local.settings())
         assert all(code in (0, -15) for name, code in codes.items() if name != "moto"), codes
+
+
+@pytest.fixture(scope="session")
+async def system(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalSystem]:
+    """The end-to-end system of the session (``local_system``), with short leases."""
+    log_dir = tmp_path_factory.mktemp("e2e-logs")
+    overrides = {"CHATEXPORT_LEASE_SECONDS": "10", "CHATEXPORT_HEARTBEAT_SECONDS": "2"}
+    async with local_system(e2e_database, log_dir, **overrides) as local:
+        yield local
 
 
 @pytest.fixture

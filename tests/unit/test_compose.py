@@ -34,7 +34,7 @@ from devtools.localsystem import local_command, replica_names
 from shared.settings import Settings
 
 SECRET = "a-test-secret-of-forty-eight-bytes-0123456789ab"
-SERVICES = load_compose(variables={"CHATEXPORT_JWT_SECRET": SECRET})
+SERVICES = load_compose(variables={"CHATEXPORT_JWT_SECRET": SECRET, "CHATEXPORT_WEBHOOK_SIGNING_KEY": SECRET})
 OWN = [name for name, service in SERVICES.items() if service.own]
 PARTS = [service.name for service in parts(SERVICES)]
 DOCKERFILE = COMPOSE_FILE.parent / "Dockerfile"
@@ -71,12 +71,22 @@ def test_the_values_make_valid_production_settings(name: str) -> None:
 
 
 def test_the_file_requires_a_jwt_secret_and_settings_refuse_a_short_one() -> None:
-    for variables in ({}, {"CHATEXPORT_JWT_SECRET": ""}):
+    webhook_key = {"CHATEXPORT_WEBHOOK_SIGNING_KEY": SECRET}
+    for variables in (webhook_key, {"CHATEXPORT_JWT_SECRET": "", **webhook_key}):
         with pytest.raises(ComposeError, match="CHATEXPORT_JWT_SECRET"):
             load_compose(variables=variables)
-    short = load_compose(variables={"CHATEXPORT_JWT_SECRET": "too-short"})["api"].environment
+    short = load_compose(variables={"CHATEXPORT_JWT_SECRET": "too-short", **webhook_key})["api"].environment
     with pytest.raises(pydantic.ValidationError, match="at least 32 bytes"):
         settings_from_environment(short)
+
+
+def test_the_file_requires_a_webhook_signing_key() -> None:
+    for variables in (
+        {"CHATEXPORT_JWT_SECRET": SECRET},
+        {"CHATEXPORT_JWT_SECRET": SECRET, "CHATEXPORT_WEBHOOK_SIGNING_KEY": ""},
+    ):
+        with pytest.raises(ComposeError, match="CHATEXPORT_WEBHOOK_SIGNING_KEY"):
+            load_compose(variables=variables)
 
 
 @pytest.mark.parametrize("name", PARTS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from datetime import UTC, datetime, timedelta, timezone
@@ -99,14 +100,18 @@ def test_production_refuses_the_placeholder_secret() -> None:
 
 def test_production_starts_with_a_real_secret_and_development_with_the_placeholder() -> None:
     real = "a-real-secret-from-the-vault-32-bytes-or-more"
-    assert Settings(environment="production", jwt_secret=real).environment == "production"
+    assert Settings(environment="production", jwt_secret=real, webhook_signing_key=real).environment == "production"
     assert Settings().jwt_secret == PLACEHOLDER_JWT_SECRET
+    with pytest.raises(ValidationError, match="WEBHOOK_SIGNING_KEY is the development placeholder"):
+        Settings(environment="production", jwt_secret=real)
+    with pytest.raises(ValidationError, match="for development and tests only"):
+        Settings(environment="production", jwt_secret=real, webhook_signing_key=real, webhook_allow_private=True)
 
 
 def test_production_refuses_a_secret_shorter_than_32_bytes() -> None:
     with pytest.raises(ValidationError, match="at least 32 bytes"):
-        Settings(environment="production", jwt_secret="x" * 31)
-    assert Settings(environment="production", jwt_secret="x" * 32).jwt_secret == "x" * 32
+        Settings(environment="production", jwt_secret="x" * 31, webhook_signing_key="k")
+    assert Settings(environment="production", jwt_secret="x" * 32, webhook_signing_key="k").jwt_secret == "x" * 32
 
 
 def test_production_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,3 +179,17 @@ def test_the_export_prefix_must_be_a_folder_of_its_own(prefix: str) -> None:
 
 def test_a_nested_export_prefix_is_a_folder_too() -> None:
     assert Settings(s3_prefix="chat/exports/").s3_prefix == "chat/exports/"
+
+
+def test_a_request_without_notify_keeps_the_fingerprint_it_always_had() -> None:
+    request = ExportRequest(format="jsonl", before_seq=None, after_seq=0)
+    # The canonical form before callbacks existed: keys stored then must still replay.
+    canonical = '{"after_seq":0,"before_seq":null,"conversation_id":"c-a","format":"jsonl","user":"alice"}'
+    assert (
+        fingerprint(user_id="alice", conversation_id="c-a", request=request)
+        == hashlib.sha256(canonical.encode()).hexdigest()
+    )
+    notified = ExportRequest(format="jsonl", before_seq=None, after_seq=0, notify_url="https://example.com/h")
+    assert fingerprint(user_id="alice", conversation_id="c-a", request=notified) != fingerprint(
+        user_id="alice", conversation_id="c-a", request=request
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
-from services.api.representation import next_poll_after_seconds
+from shared.representation import next_poll_after_seconds
 
 
 @pytest.mark.parametrize(

@@ -20,12 +20,12 @@ from services.api.bodies import check_body_bytes, read_limited, read_model, vali
 from services.api.keys import POOL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found, validation_failed
-from services.api.representation import represent_for_admin, represent_for_admin_list
 from services.api.responses import NO_STORE, json_response
 from services.api.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
-from shared.repository import access_events, artifacts, attempts, conversations, operations
+from shared.repository import access_events, artifacts, attempts, conversations, operations, webhook_deliveries
+from shared.representation import represent_for_admin, represent_for_admin_list
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,7 @@ async def get_operation(request: web.Request) -> web.Response:
                 conn, operation_id=operation_id, limit=ACCESS_EVENTS_SHOWN
             ),
             access_events_total=await access_events.count_access_events(conn, operation_id=operation_id),
+            webhook_deliveries=await webhook_deliveries.list_for_operation(conn, operation_id=operation_id),
         )
     return json_response(body, headers=NO_STORE)
 

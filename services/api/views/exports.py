@@ -19,7 +19,6 @@ from services.api.metrics import DOWNLOADS, IDEMPOTENCY_REPLAYS
 from services.api.preconditions import Outcome, Validators
 from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
-from services.api.representation import RESULT_CONTENT_TYPE, is_terminal, operation_url
 from services.api.responses import NO_STORE, operation_response
 from services.api.schemas import ExportSubmission
 from services.api.submission import submit
@@ -31,7 +30,10 @@ from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository import operations
 from shared.repository.access_events import record_access_event
 from shared.repository.conversations import is_member
+from shared.representation import RESULT_CONTENT_TYPE, is_terminal, operation_url
+from shared.settings import Settings
 from shared.states import State
+from shared.webhooks.targets import RefusedTarget, check_url
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,10 @@ async def submit_export(request: web.Request) -> web.Response:
     key = parse_idempotency_key(request.headers.get(HEADER))
     body = await read_model(request, ExportSubmission, max_bytes=settings.export_request_max_bytes)
     conversation_id = request.match_info["cid"]
-    export = ExportRequest(format=body.format, before_seq=body.before_seq, after_seq=body.after_seq)
+    notify_url = None if body.notify is None else _notify_url(body.notify.url, settings)
+    export = ExportRequest(
+        format=body.format, before_seq=body.before_seq, after_seq=body.after_seq, notify_url=notify_url
+    )
     async with request.app[POOL].acquire() as conn:
         async with conn.transaction():
             if not await is_member(conn, conversation_id=conversation_id, user_id=owner_id):
@@ -81,6 +86,18 @@ _STATE_REFUSALS: dict[str, tuple[str, str]] = {
     State.FAILED: ("RESULT_NOT_AVAILABLE", "The export failed; it has no result."),
     State.FAILED_REPAIR: ("RESULT_NOT_AVAILABLE", "The export needs an operator; it has no result."),
 }
+
+
+def _notify_url(url: str, settings: Settings) -> str:
+    """``url`` once it may receive callbacks; else 422 ``NOTIFY_URL_REFUSED`` saying why, never quoting it."""
+    try:
+        return check_url(url, allow_private=settings.webhook_allow_private).url
+    except RefusedTarget as refusal:
+        raise Problem(
+            "NOTIFY_URL_REFUSED",
+            f"notify.url cannot receive callbacks: {refusal}.",
+            errors=[{"loc": ["body", "notify", "url"], "msg": str(refusal)}],
+        ) from None
 
 
 async def download_result(request: web.Request) -> web.StreamResponse:

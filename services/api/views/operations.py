@@ -12,13 +12,13 @@ from services.api.bodies import read_model, validate_query
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found
-from services.api.representation import EVENT_STREAM, operation_url, represent
 from services.api.responses import NO_STORE, dumps, json_response, operation_response
 from services.api.schemas import EmptyQuery, EmptyRequest, OperationListQuery, OperationQuery
 from services.api.waiting import Reader, operation_events, wait_for_state_change, watching
 from shared.ids import is_operation_id
 from shared.repository import operations
 from shared.repository.outbox import enqueue_run
+from shared.representation import EVENT_STREAM, operation_url, represent
 from shared.states import State
 
 

@@ -41,6 +41,7 @@ ADMIN_KEYS = {
     "artifacts",
     "access_events",
     "access_events_total",
+    "webhook_deliveries",
 }
 # The worker of ``running_pipeline`` runs in this process and names itself so in the lease.
 PIPELINE_WORKER = f"{socket.gethostname()}:{os.getpid()}"

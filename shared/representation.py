@@ -4,7 +4,9 @@ admin view.
 
 from __future__ import annotations
 
+import json
 import math
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -120,10 +122,12 @@ def represent_for_admin(
     artifacts: list[asyncpg.Record],
     access_events: list[asyncpg.Record],
     access_events_total: int,
+    webhook_deliveries: list[asyncpg.Record],
 ) -> dict[str, Any]:
-    """The admin view of one operation: ``represent_for_admin_list`` plus its attempts, artifacts and access
-    events (``access_events_total`` counts them all when the list holds only the newest). Artifacts show
-    their object key, never a download URL.
+    """The admin view of one operation: ``represent_for_admin_list`` plus its attempts, artifacts, access
+    events (``access_events_total`` counts them all when the list holds only the newest) and completion
+    callbacks with every attempt to send them. Artifacts show their object key, never a download URL;
+    callbacks never show their URL, whose query may hold a secret.
     """
     return {
         **represent_for_admin_list(row),
@@ -131,7 +135,17 @@ def represent_for_admin(
         "artifacts": [_with_timestamps(artifact, "created_at", "updated_at") for artifact in artifacts],
         "access_events": [_with_timestamps(event, "occurred_at") for event in access_events],
         "access_events_total": access_events_total,
+        "webhook_deliveries": [_delivery(delivery) for delivery in webhook_deliveries],
     }
+
+
+def _delivery(row: asyncpg.Record) -> dict[str, Any]:
+    rendered = _with_timestamps(row, "created_at", "delivered_at", "gave_up_at")
+    rendered["attempts"] = [
+        {**attempt, "attempted_at": format_timestamp(datetime.fromisoformat(attempt["attempted_at"]))}
+        for attempt in json.loads(row["attempts"])
+    ]
+    return rendered
 
 
 def _with_timestamps(row: asyncpg.Record, *names: str) -> dict[str, Any]:

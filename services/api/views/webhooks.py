@@ -1,0 +1,27 @@
+"""``GET /v3/webhooks/secret``: the caller's own signing secret for completion callbacks (README: API
+reference, Completion callbacks).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from services.api.keys import PRINCIPAL, SETTINGS
+from services.api.responses import NO_STORE, json_response
+from shared.webhooks.signing import secret_text, user_secret
+
+
+async def webhook_secret(request: web.Request) -> web.Response:
+    """The caller's ``secret`` (``whsec_...``) and, while the deployment key is being rotated, the
+    ``previous_secret`` that callbacks are also signed with (else null). Only its owner can read it.
+    """
+    settings = request.app[SETTINGS]
+    user_id = request[PRINCIPAL].user_id
+    previous = settings.webhook_previous_signing_key
+    return json_response(
+        {
+            "secret": secret_text(user_secret(settings.webhook_signing_key.encode(), user_id)),
+            "previous_secret": secret_text(user_secret(previous.encode(), user_id)) if previous else None,
+        },
+        headers=NO_STORE,
+    )

@@ -1,0 +1,180 @@
+"""Sending completion callbacks (README: API reference, Completion callbacks), at least once, driven from
+Postgres like the outbox: due deliveries are claimed with ``SKIP LOCKED``, sent, and every attempt is
+recorded; a failed one is retried with exponential backoff and jitter until ``webhook_retry_seconds`` after
+the event.
+
+Each request goes to an address checked right before it is sent: the host is resolved again, every address
+it resolves to must be public (``shared.webhooks.targets``), and the connection is pinned to the checked
+address, so a name that changed to a private one since the submit (DNS rebinding) reaches nothing. No
+proxy from the environment, no redirect, ``webhook_timeout_seconds`` in all, at most
+``MAX_ANSWER_BYTES`` of the answer read and none stored; the URL's query is never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import time
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+import aiohttp
+import asyncpg
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from services.relay import metrics
+from shared import jsontext
+from shared.repository import operations, webhook_deliveries
+from shared.repository.webhook_deliveries import Delivery
+from shared.representation import represent
+from shared.settings import Settings
+from shared.webhooks.signing import signature_header, user_secret
+from shared.webhooks.targets import IPAddress, RefusedTarget, check_addresses, check_url, literal_address
+
+log = logging.getLogger(__name__)
+
+BATCH = 16
+MAX_ANSWER_BYTES = 4096
+FIRST_RETRY_SECONDS = 5.0
+MAX_RETRY_SECONDS = 3600.0
+
+
+class _Pinned(AbstractResolver):
+    """A resolver that answers every lookup with the one address already checked."""
+
+    def __init__(self, address: IPAddress) -> None:
+        self._address = address
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        family = socket.AF_INET6 if self._address.version == 6 else socket.AF_INET
+        return [
+            ResolveResult(
+                hostname=host, host=str(self._address), port=port, family=family, proto=0, flags=socket.AI_NUMERICHOST
+            )
+        ]
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+class WebhookSender:
+    """Sends due deliveries until ``run`` is stopped; ``send_due`` sends one batch."""
+
+    def __init__(self, *, pool: asyncpg.Pool, settings: Settings) -> None:
+        self._pool = pool
+        self._settings = settings
+        keys = [settings.webhook_signing_key, settings.webhook_previous_signing_key]
+        self._keys = [key.encode() for key in keys if key]
+
+    async def run(self, *, stop: asyncio.Event) -> None:
+        """Send due deliveries every ``relay_poll_seconds`` until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                while await self.send_due() == BATCH:
+                    pass
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("webhook deliveries paused by the database", extra={"error": type(exc).__name__})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._settings.relay_poll_seconds)
+
+    async def send_due(self) -> int:
+        """Claim and send one batch of due deliveries, recording each attempt; return how many were sent."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            due = await webhook_deliveries.claim_due(conn, limit=BATCH)
+            # The bodies one by one (one connection runs one statement at a time), then the requests at once.
+            bodies = [await self._body(conn, delivery) for delivery in due]
+            attempts = await asyncio.gather(
+                *(self._attempt(delivery, body) for delivery, body in zip(due, bodies, strict=True))
+            )
+            for delivery, (status_code, duration_ms, error) in zip(due, attempts, strict=True):
+                await self._record(conn, delivery, status_code, duration_ms, error)
+            metrics.WEBHOOK_OLDEST_UNDELIVERED_AGE.set(await webhook_deliveries.oldest_undelivered_age(conn))
+        return len(due)
+
+    async def _attempt(self, delivery: Delivery, body: bytes) -> tuple[int | None, int, str | None]:
+        started = time.monotonic()
+        try:
+            status_code = await self._post(delivery, body)
+            error = None if 200 <= status_code < 300 else f"HTTP {status_code}"
+        except RefusedTarget as refusal:
+            status_code, error = None, f"refused: {refusal}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            status_code, error = None, type(exc).__name__
+        return status_code, int((time.monotonic() - started) * 1000), error
+
+    async def _body(self, conn: asyncpg.Connection, delivery: Delivery) -> bytes:
+        row = await operations.get_operation(conn, operation_id=delivery.operation_id, owner_id=None)
+        data = represent(row) if row is not None else {"operation_id": delivery.operation_id}
+        message = {"type": delivery.event_type, "timestamp": datetime.now(UTC).isoformat(), "data": data}
+        return jsontext.dumps(message).encode()
+
+    async def _post(self, delivery: Delivery, body: bytes) -> int:
+        allow_private = self._settings.webhook_allow_private
+        target = check_url(delivery.url, allow_private=allow_private)
+        address = literal_address(target.host) or await _resolve(target.host, target.port, allow_private)
+        timestamp = int(time.time())
+        secrets = [user_secret(key, delivery.owner_id) for key in self._keys]
+        headers = {
+            "Content-Type": "application/json",
+            "webhook-id": delivery.webhook_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature_header(
+                secrets, webhook_id=delivery.webhook_id, timestamp=timestamp, body=body
+            ),
+        }
+        connector = aiohttp.TCPConnector(resolver=_Pinned(address), use_dns_cache=False)
+        timeout = aiohttp.ClientTimeout(total=self._settings.webhook_timeout_seconds)
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session,
+            session.post(delivery.url, data=body, headers=headers, allow_redirects=False) as response,
+        ):
+            await response.content.read(MAX_ANSWER_BYTES)
+            return response.status
+
+    async def _record(
+        self, conn: asyncpg.Connection, delivery: Delivery, status_code: int | None, duration_ms: int, error: str | None
+    ) -> None:
+        delivered = status_code is not None and 200 <= status_code < 300
+        retry = None if delivered else self._retry_seconds(delivery)
+        outcome = "delivered" if delivered else "retried" if retry is not None else "gave_up"
+        await webhook_deliveries.record_attempt(
+            conn,
+            delivery_id=delivery.delivery_id,
+            status_code=status_code,
+            duration_ms=duration_ms,
+            error=error,
+            retry_seconds=retry,
+        )
+        metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
+        host = urlsplit(delivery.url).hostname
+        log.info(
+            "webhook attempt",
+            extra={
+                "webhook_id": delivery.webhook_id,
+                "host": host,
+                "status": status_code,
+                "outcome": outcome,
+                "error": error,
+            },
+        )
+
+    def _retry_seconds(self, delivery: Delivery) -> float | None:
+        """Exponential backoff with full jitter; None once the next try would fall after the retry time."""
+        ceiling = min(FIRST_RETRY_SECONDS * 2**delivery.attempts, MAX_RETRY_SECONDS)
+        delay = random.uniform(ceiling / 2, ceiling)
+        return None if delivery.age_seconds + delay > self._settings.webhook_retry_seconds else delay
+
+
+async def _resolve(host: str, port: int, allow_private: bool) -> IPAddress:
+    """The first address of ``host``, once all of its addresses passed the check."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise RefusedTarget("the host name does not resolve") from None
+    return check_addresses([str(info[4][0]) for info in infos], allow_private=allow_private)

@@ -1,0 +1,141 @@
+"""Completion callbacks end to end on the real API, relay, worker and janitor (README: API reference,
+Completion callbacks): a signed message at a local receiver when the export ends, delivered again after
+the receiver was down, every attempt shown to operators; the URL rules at submit; each user's secret.
+Private addresses are allowed here by the setting meant for tests, so that the receiver can be local.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import pytest
+from aiohttp import web
+
+from devtools.broker import delete_broker_objects
+from devtools.moto import MotoServer
+from services.relay.webhooks import WebhookSender
+from shared.settings import Settings
+from tests.conftest import make_settings, wait_for
+from tests.helpers import expect_problem, import_lines, make_conversation, submit, verified_callback
+from tests.integration.messages_support import Auth, Client
+from tests.integration.rows import insert_operation
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def settings(database_url: str, moto: MotoServer) -> AsyncIterator[Settings]:
+    """This test's settings, with callbacks allowed to private addresses."""
+    test_settings = make_settings(database_url, moto.endpoint_url, webhook_allow_private=True)
+    yield test_settings
+    await delete_broker_objects(test_settings)
+
+
+@dataclass
+class Receiver:
+    """A local callback receiver: what it got, and the status it answers with."""
+
+    url: str = ""
+    status: int = 200
+    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    state = Receiver()
+
+    async def hook(request: web.Request) -> web.Response:
+        state.received.append((dict(request.headers), await request.read()))
+        return web.Response(status=state.status)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}/hook?token=receiver-secret"
+    yield state
+    await runner.cleanup()
+
+
+async def exported_with_callback(api: Client, auth: Auth, url: str, key: str) -> str:
+    await make_conversation(api, auth, "c-hook", ["alice"])
+    await import_lines(
+        api, auth, "c-hook", [{"message_id": f"m{n}", "sender_id": "alice", "body": "x"} for n in range(5)]
+    )
+    response = await submit(api, auth, "alice", "c-hook", {"format": "jsonl", "notify": {"url": url}}, key)
+    assert response.status == 202, await response.text()
+    operation_id: str = (await response.json())["operation_id"]
+    return operation_id
+
+
+async def verify(api: Client, auth: Auth, headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    """The message, once its signature checks out with alice's secret as the API gives it."""
+    secret = (await (await api.get("/v3/webhooks/secret", headers=auth("alice"))).json())["secret"]
+    return verified_callback(secret, headers, body)
+
+
+async def test_a_signed_callback_arrives_when_the_export_succeeds(
+    api: Client, auth: Auth, pool: asyncpg.Pool, receiver: Receiver, pipeline: None
+) -> None:
+    operation_id = await exported_with_callback(api, auth, receiver.url, "k-hook")
+
+    await wait_for(lambda: receiver.received, timeout=30)
+    headers, body = receiver.received[0]
+    message = await verify(api, auth, headers, body)
+    assert message["type"] == "export.succeeded"
+    assert (message["data"]["operation_id"], message["data"]["state"]) == (operation_id, "SUCCEEDED")
+    assert headers["webhook-id"].startswith("msg_")
+
+    admin = await (await api.get(f"/admin/operations/{operation_id}", headers=auth("root", admin=True))).json()
+    [delivery] = admin["webhook_deliveries"]
+    assert delivery["delivered_at"] is not None and "url" not in delivery
+    assert [attempt["status_code"] for attempt in delivery["attempts"]] == [200]
+
+
+async def test_a_receiver_that_was_down_gets_the_same_event_later(
+    api: Client, auth: Auth, pool: asyncpg.Pool, receiver: Receiver, pipeline: None
+) -> None:
+    receiver.status = 503
+    operation_id = await exported_with_callback(api, auth, receiver.url, "k-down")
+    await wait_for(lambda: receiver.received, timeout=30)
+    receiver.status = 200
+
+    # The first retry comes 2.5-5 s after the refused attempt.
+    await wait_for(lambda: len(receiver.received) >= 2, timeout=30)
+    (first_headers, _), (second_headers, second_body) = receiver.received[:2]
+    assert first_headers["webhook-id"] == second_headers["webhook-id"]
+    assert (await verify(api, auth, second_headers, second_body))["type"] == "export.succeeded"
+    attempts = await pool.fetch(
+        "SELECT a.status_code FROM webhook_attempts a JOIN webhook_deliveries d USING (delivery_id)"
+        " WHERE d.operation_id = $1 ORDER BY a.attempt",
+        operation_id,
+    )
+    assert [row["status_code"] for row in attempts][:2] == [503, 200]
+
+
+async def test_each_user_reads_a_secret_of_their_own(api: Client, auth: Auth) -> None:
+    alice = await (await api.get("/v3/webhooks/secret", headers=auth("alice"))).json()
+    bob = await (await api.get("/v3/webhooks/secret", headers=auth("bob"))).json()
+    assert alice["secret"].startswith("whsec_") and alice["secret"] != bob["secret"]
+    assert alice["previous_secret"] is None
+    await expect_problem(await api.get("/v3/webhooks/secret"), 401, "UNAUTHENTICATED")
+
+
+async def test_a_batch_of_due_callbacks_is_sent_together(
+    auth: Auth, pool: asyncpg.Pool, receiver: Receiver, settings: Settings
+) -> None:
+    for operation_id in ("op_hook_1", "op_hook_2"):
+        await insert_operation(pool, operation_id, "RUNNING", notify_url=receiver.url)
+        await pool.execute("UPDATE operations SET state = 'FAILED' WHERE operation_id = $1", operation_id)
+
+    assert await WebhookSender(pool=pool, settings=settings).send_due() == 2
+
+    types = sorted(json.loads(body)["type"] for _, body in receiver.received)
+    assert types == ["export.failed", "export.failed"]
+    assert await pool.fetchval("SELECT count(*) FROM webhook_deliveries WHERE delivered_at IS NOT NULL") == 2
