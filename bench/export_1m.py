@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.running import running_system
 from shared.auth import mint_token
+from shared.fingerprint import ExportRequest
 from shared.repository.conversations import copy_export_lines
 
 CID = "bench-1m"
@@ -89,7 +90,9 @@ async def copy_baseline(database_url: str, last_seq: int) -> tuple[float, int]:
 
     try:
         started = time.perf_counter()
-        await copy_export_lines(conn, conversation_id=CID, after_seq=0, last_seq=last_seq, output=sink)
+        await copy_export_lines(
+            conn, conversation_id=CID, after_seq=0, last_seq=last_seq, request=ExportRequest(), output=sink
+        )
         return time.perf_counter() - started, size
     finally:
         await conn.close()

@@ -14,7 +14,15 @@ from typing import Any
 import asyncpg
 
 from shared.repository import artifacts as artifact_records
-from shared.storage import abort_upload
+from shared.storage import (
+    S3_BATCH_MAX,
+    ObjectPages,
+    UploadPages,
+    abort_upload,
+    delete_keys,
+    every_entry,
+    is_folder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +70,19 @@ async def remove_artifacts(pool: asyncpg.Pool, s3: Any, *, bucket: str, operatio
 
 
 async def remove_object(s3: Any, *, bucket: str, key: str) -> None:
-    """Abort every multipart upload of ``key`` and delete the object; what is already gone is no error."""
+    """Abort every multipart upload of ``key`` and delete the object, or, for a split artifact's folder
+    (``shared.storage.is_folder``), of every key under it; what is already gone is no error.
+    """
     # Listed rather than taken from the record: a worker may die between creating an upload and recording
-    # its id.
-    listing = await s3.list_multipart_uploads(Bucket=bucket, Prefix=key)
-    for upload in listing.get("Uploads", []):
-        if upload["Key"] == key:
-            await abort_upload(s3, bucket=bucket, key=key, upload_id=upload["UploadId"])
-    await s3.delete_object(Bucket=bucket, Key=key)
+    # its id, or between recording a split artifact and finishing its last part.
+    for upload in await every_entry(UploadPages(s3, bucket=bucket, prefix=key)):
+        if upload.key == key or is_folder(key):
+            await abort_upload(s3, bucket=bucket, key=upload.key, upload_id=upload.upload_id)
+    if not is_folder(key):
+        await s3.delete_object(Bucket=bucket, Key=key)
+        return
+    keys = [listed.key for listed in await every_entry(ObjectPages(s3, bucket=bucket, prefix=key))]
+    for start in range(0, len(keys), S3_BATCH_MAX):
+        batch = keys[start : start + S3_BATCH_MAX]
+        if len(await delete_keys(s3, bucket=bucket, keys=batch)) != len(batch):
+            raise RuntimeError(f"could not delete every part under {key}")

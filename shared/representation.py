@@ -11,10 +11,10 @@ from typing import Any
 
 import asyncpg
 
+from shared.fingerprint import ExportRequest
 from shared.states import TERMINAL, State
 from shared.timefmt import format_timestamp
 
-RESULT_CONTENT_TYPE = "application/x-ndjson"
 EVENT_STREAM = "text/event-stream"
 # Shown before a worker has measured anything.
 WAITING_PHASE = "waiting"
@@ -28,6 +28,11 @@ def operation_url(operation_id: str) -> str:
 def result_url(operation_id: str) -> str:
     """The download path: ``/v3/exports/{id}/result``."""
     return f"/v3/exports/{operation_id}/result"
+
+
+def part_url(operation_id: str, number: int) -> str:
+    """The download path of part ``number`` of a split result: ``/v3/exports/{id}/result/parts/{number}``."""
+    return f"{result_url(operation_id)}/parts/{number}"
 
 
 def next_poll_after_seconds(age_seconds: float) -> int:
@@ -46,12 +51,14 @@ def represent(row: asyncpg.Record) -> dict[str, Any]:
     """The JSON object of one operation (README: API reference, Operation)."""
     operation_id = row["operation_id"]
     terminal = is_terminal(row)
+    request = ExportRequest.from_row(row)
     body: dict[str, Any] = {
         "operation_id": operation_id,
         "kind": row["kind"],
         "state": row["state"],
         "conversation_id": row["conversation_id"],
-        "request": {"format": row["format"], "before_seq": row["before_seq"], "after_seq": row["after_seq"]},
+        "request": request.options(),
+        "estimate": {"messages_at_most": messages_at_most(row)},
         "created_at": format_timestamp(row["created_at"]),
         "updated_at": format_timestamp(row["updated_at"]),
         "attempt": row["attempt"],
@@ -63,7 +70,7 @@ def represent(row: asyncpg.Record) -> dict[str, Any]:
         "snapshot": None if row["snapshot_max_seq"] is None else {"max_seq": row["snapshot_max_seq"]},
         "retry_at": format_timestamp(row["retry_at"]),
         "error": _error(row),
-        "result": _result(row),
+        "result": _result(row, request),
         "links": _links(operation_id, row["state"], terminal),
     }
     if not terminal:
@@ -77,16 +84,51 @@ def _error(row: asyncpg.Record) -> dict[str, str] | None:
     return {"code": row["error_code"], "message": row["error_message"] or ""}
 
 
-def _result(row: asyncpg.Record) -> dict[str, Any] | None:
+def messages_at_most(row: asyncpg.Record) -> int | None:
+    """An upper bound of the messages the file holds (README: API reference, Operation): known from the submit
+    with ``before_seq``, from the first claim's watermark without it, None before.
+    """
+    if row["before_seq"] is not None:
+        return int(row["before_seq"]) - 1 - int(row["after_seq"])
+    if row["snapshot_max_seq"] is None:
+        return None
+    return max(0, int(row["snapshot_max_seq"]) - int(row["after_seq"]))
+
+
+def _result(row: asyncpg.Record, request: ExportRequest) -> dict[str, Any] | None:
     if row["state"] != State.SUCCEEDED:
         return None
+    operation_id = row["operation_id"]
+    figures = {
+        "message_count": row["result_message_count"],
+        "content_type": request.file_kind.content_type,
+        # The watermark: every message after it is new to this export (README: API reference, Export options).
+        "next_after_seq": row["snapshot_max_seq"],
+    }
+    expires_at = format_timestamp(row["result_expires_at"])
+    parts = result_parts(row)
+    if parts:
+        return {"expires_at": expires_at, **figures, "parts": [_part(operation_id, part) for part in parts]}
     return {
-        "url": result_url(row["operation_id"]),
-        "expires_at": format_timestamp(row["result_expires_at"]),
+        "url": result_url(operation_id),
+        "expires_at": expires_at,
         "size_bytes": row["result_size_bytes"],
         "sha256": row["result_sha256"],
-        "message_count": row["result_message_count"],
-        "content_type": RESULT_CONTENT_TYPE,
+        **figures,
+    }
+
+
+def result_parts(row: asyncpg.Record) -> list[dict[str, Any]]:
+    """The published parts of a split result (``repository.artifacts.StoredPart`` fields), in order; [] for one file."""
+    parts: list[dict[str, Any]] = [] if row["result_parts"] is None else json.loads(row["result_parts"])
+    return parts
+
+
+def _part(operation_id: str, part: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "number": part["number"],
+        "url": part_url(operation_id, part["number"]),
+        **{name: part[name] for name in ("size_bytes", "sha256", "message_count", "first_seq", "last_seq")},
     }
 
 

@@ -62,7 +62,9 @@ class Settings(BaseSettings):
 
     message_body_max_bytes: int = Field(6, ge=1)
     message_request_max_bytes: int = Field(4096, ge=1)
-    export_request_max_bytes: int = Field(1024, ge=1)
+    # The largest valid export request fits even with every character of its 100 senders and its notify URL
+    # written as a \u escape (about 45 KiB; README: API reference, Export options).
+    export_request_max_bytes: int = Field(64 * 1024, ge=1)
     import_request_max_bytes: int = Field(64 * 1024 * 1024, ge=1)
     import_body_max_bytes: int = Field(64 * 1024, ge=1)
     # A client that stops sending mid-body would otherwise hold its connection open with no answer.

@@ -32,9 +32,22 @@ def artifact_prefix(settings: Settings, operation_id: str) -> str:
     return f"{settings.s3_prefix}{operation_id}/"
 
 
-def artifact_key(settings: Settings, operation_id: str, generation: int) -> str:
-    """The object key of one attempt, derived from (operation, fencing generation)."""
-    return f"{artifact_prefix(settings, operation_id)}g{generation}.jsonl"
+def artifact_key(settings: Settings, operation_id: str, generation: int, *, extension: str, split: bool) -> str:
+    """The key of one attempt's artifact, derived from (operation, fencing generation): the object
+    ``<op>/g<gen>.<extension>``, or for a split result the folder ``<op>/g<gen>/`` of its parts (``part_key``).
+    """
+    stem = f"{artifact_prefix(settings, operation_id)}g{generation}"
+    return f"{stem}/" if split else f"{stem}.{extension}"
+
+
+def part_key(folder: str, number: int, *, extension: str) -> str:
+    """The key of part ``number`` (1-based) of a split artifact whose key is ``folder``."""
+    return f"{folder}part-{number}.{extension}"
+
+
+def is_folder(key: str) -> bool:
+    """True for a split artifact's key, the folder of its parts."""
+    return key.endswith("/")
 
 
 @contextlib.asynccontextmanager
@@ -209,6 +222,18 @@ class UploadPages(Pages[ListedUpload]):
 
     def _resume_after(self, last: ListedUpload) -> dict[str, str]:
         return {"KeyMarker": last.key, "UploadIdMarker": last.upload_id}
+
+
+async def every_entry(pages: Pages[Entry]) -> list[Entry]:
+    """Every entry of a fresh listing ``pages``, walked once to its end (for a small prefix: one artifact's
+    parts). Raises ``STORAGE_ERRORS``.
+    """
+    entries: list[Entry] = []
+    while True:
+        page, more = await pages.next_page(S3_BATCH_MAX)
+        entries += page
+        if not more:
+            return entries
 
 
 def _server_time(response: dict[str, Any]) -> datetime:

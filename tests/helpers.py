@@ -71,6 +71,17 @@ async def wait_terminal(api: Any, auth: Headers, user: str, location: str, *, ti
     return result
 
 
+async def succeeded(
+    api: Any, auth: Headers, user: str, cid: str, body: dict[str, Any], key: str, *, timeout: float = 60
+) -> dict[str, Any]:
+    """``user``'s export of ``cid`` with ``body`` under ``key``, waited for until it ends SUCCEEDED (asserted)."""
+    response = await submit(api, auth, user, cid, body, key)
+    assert response.status == 202, await response.text()
+    operation = await wait_terminal(api, auth, user, response.headers["Location"], timeout=timeout)
+    assert operation["state"] == "SUCCEEDED", operation
+    return operation
+
+
 def verified_callback(secret: str, headers: dict[str, str], body: bytes) -> dict[str, Any]:
     """The JSON of a completion callback, once one of its ``webhook-signature`` signatures checks out with
     ``secret`` (``whsec_...``, as ``GET /v3/webhooks/secret`` gives it).

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import sys
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -24,29 +26,29 @@ import aiohttp
 from rich.console import Console
 
 from chatexport.client.api import Api, ApiError
-from chatexport.client.download import NotVerified, download_result
-from chatexport.client.exporting import UnusableStateFile, export
+from chatexport.client.download import EXTENSIONS, NotVerified, download_result, extension_of
+from chatexport.client.exporting import Outcome, export, export_incrementally
 from chatexport.client.progress import Progress, human_bytes
+from chatexport.client.statefiles import UnusableStateFile
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 EXIT_ENDED_BADLY, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_NOT_VERIFIED, EXIT_LOCAL_FILE = 1, 2, 3, 4, 5, 6
 EXIT_INTERRUPTED = 130
-# The API's operation id syntax (README: API reference): anything else is a usage error, never a path.
+# The API's id syntaxes (README: API reference): anything else is a usage error, never a path or a request.
 OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+USER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+# RFC 3339 section 5.6 date-time with its offset (fromisoformat alone also takes week dates, spaces, no offset).
+RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})")
+# The submit's bounds (README: API reference, Export options).
+MAX_SENDERS = 100
+MIN_PART_BYTES = 5 * 1024 * 1024
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def add_commands(commands: Subparsers) -> None:
     """Add ``export`` and ``operations`` to the ``chatexport`` command's subparsers."""
-    sub = commands.add_parser("export", help="export a conversation into a file, resumably")
-    _connection_arguments(sub)
-    sub.add_argument("conversation_id", metavar="CONVERSATION")
-    sub.add_argument("-o", "--output", type=_output, help="the file to write (default: CONVERSATION.jsonl)")
-    sub.add_argument("--after-seq", type=_seq, help="export messages after this seq")
-    sub.add_argument("--before-seq", type=_seq, help="export messages before this seq")
-    sub.set_defaults(handler=_cmd_export)
-
+    _add_export(commands)
     operations = commands.add_parser("operations", help="list, show, cancel or download your exports")
     actions = operations.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="your newest exports")
@@ -55,12 +57,52 @@ def add_commands(commands: Subparsers) -> None:
     show = actions.add_parser("show", help="one export's status as JSON")
     cancel = actions.add_parser("cancel", help="cancel an export")
     download = actions.add_parser("download", help="download a finished export, resumably, and verify it")
-    download.add_argument("-o", "--output", type=_output, help="the file to write (default: OPERATION.jsonl)")
+    download.add_argument(
+        "-o", "--output", type=_output, help="the file to write (default: OPERATION.FORMAT, .gz when compressed)"
+    )
     for action in (show, cancel, download):
         action.add_argument("operation_id", metavar="OPERATION", type=_operation_id)
     for action, handler in ((listing, _list), (show, _show), (cancel, _cancel), (download, _download)):
         _connection_arguments(action)
         action.set_defaults(handler=_operations_command(handler))
+
+
+def _add_export(commands: Subparsers) -> None:
+    sub = commands.add_parser("export", help="export a conversation into a file, resumably")
+    _connection_arguments(sub)
+    sub.add_argument("conversation_id", metavar="CONVERSATION")
+    sub.add_argument(
+        "-o", "--output", type=_output, help="the file to write (default: CONVERSATION.FORMAT, .gz with --gzip)"
+    )
+    sub.add_argument("--after-seq", type=_seq, help="export messages after this seq")
+    sub.add_argument("--before-seq", type=_seq, help="export messages before this seq")
+    sub.add_argument(
+        "--since", type=_timestamp, metavar="TIME", help="messages sent at or after this RFC 3339 time with offset"
+    )
+    sub.add_argument(
+        "--until", type=_timestamp, metavar="TIME", help="messages sent before this RFC 3339 time with offset"
+    )
+    sub.add_argument(
+        "--sender",
+        action="append",
+        type=_sender,
+        metavar="ID",
+        help=f"only this sender's messages; repeatable (at most {MAX_SENDERS})",
+    )
+    sub.add_argument("--format", choices=tuple(EXTENSIONS), default="jsonl", help="the file's format (default jsonl)")
+    sub.add_argument("--gzip", action="store_true", help="compress the file with gzip")
+    sub.add_argument(
+        "--max-part-bytes",
+        type=_part_bytes,
+        metavar="N",
+        help=f"split the file into parts of at most N bytes (N >= {MIN_PART_BYTES}), written beside the output",
+    )
+    sub.add_argument(
+        "--incremental",
+        action="store_true",
+        help="append what is new since the last --incremental run to the output (jsonl, one file)",
+    )
+    sub.set_defaults(handler=_cmd_export)
 
 
 def _connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,35 +143,101 @@ def _seq(value: str) -> int:
     return int(value)
 
 
+def _timestamp(value: str) -> datetime:
+    if RFC3339.fullmatch(value):
+        # Out of range (a day 30 of February, an instant before year 1 in UTC) is as bad as a wrong syntax.
+        with contextlib.suppress(ValueError, OverflowError):
+            instant = datetime.fromisoformat(value.upper()).astimezone(UTC)
+            # In UTC to the millisecond, as the API keeps it: equal instants make equal requests and state files.
+            return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
+    raise argparse.ArgumentTypeError("not an RFC 3339 date-time with an offset, such as 2024-05-01T08:00:00Z")
+
+
+def _sender(value: str) -> str:
+    if not USER_ID.fullmatch(value):
+        raise argparse.ArgumentTypeError("not a user id (1-64 of A-Z a-z 0-9 _ . : -)")
+    return value
+
+
+def _part_bytes(value: str) -> int:
+    size = _seq(value)
+    if size < MIN_PART_BYTES:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_PART_BYTES} (5 MiB)")
+    return size
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
-    request: dict[str, Any] = {"format": "jsonl"}
-    if args.after_seq is not None:
-        request["after_seq"] = args.after_seq
-    if args.before_seq is not None:
-        request["before_seq"] = args.before_seq
-    output: Path = args.output or Path(f"{args.conversation_id}.jsonl")
+    problem = _export_usage_problem(args)
+    if problem is not None:
+        print(f"chatexport export: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    request = export_request(args)
+    output: Path = args.output or Path(args.conversation_id + extension_of(request))
+    exporting = export_incrementally if args.incremental else export
     console = Console(stderr=True)
 
     async def run(api: Api) -> int:
-        outcome = await export(
+        outcome = await exporting(
             api, conversation_id=args.conversation_id, request=request, output=output, progress=Progress(console)
         )
-        return _report(outcome.operation, outcome.written)
+        return _report(outcome, appended=args.incremental)
 
     return _run(args, run)
 
 
-def _report(operation: dict[str, Any], written: Path | None) -> int:
-    if written is None:
+def _export_usage_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``export``'s options taken together, or None."""
+    if args.since is not None and args.until is not None and args.until <= args.since:
+        return "--until must be later than --since"
+    if len(set(args.sender or ())) > MAX_SENDERS:
+        return f"at most {MAX_SENDERS} different --sender"
+    if args.incremental and (args.after_seq is not None or args.before_seq is not None):
+        # The watermark is the after_seq; a fixed end would turn the run after the one that reached it into a 422.
+        return "--incremental follows the conversation as it grows: it takes no --after-seq or --before-seq"
+    if args.incremental and (args.format != "jsonl" or args.max_part_bytes is not None):
+        # Only JSONL files (and gzip members) concatenate into one valid file of the same format.
+        return "--incremental appends to one JSONL file: it takes no --format csv or html and no --max-part-bytes"
+    return None
+
+
+def export_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The submit body of ``export``'s parsed options: ``format`` and each option given, in the API's canonical
+    form (times in UTC, senders sorted without repeats); without options, the body earlier versions stored.
+    """
+    options = {
+        "after_seq": args.after_seq,
+        "before_seq": args.before_seq,
+        "since": _api_timestamp(args.since),
+        "until": _api_timestamp(args.until),
+        "senders": sorted(set(args.sender)) if args.sender else None,
+        "compression": "gzip" if args.gzip else None,
+        "max_part_bytes": args.max_part_bytes,
+    }
+    return {"format": args.format, **{name: value for name, value in options.items() if value is not None}}
+
+
+def _api_timestamp(instant: datetime | None) -> str | None:
+    return None if instant is None else instant.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _report(outcome: Outcome, *, appended: bool = False) -> int:
+    """Print what was written (``appended`` to OUTPUT, for an incremental export), or how the export ended
+    when it did not succeed; the exit code.
+    """
+    operation = outcome.operation
+    if outcome.written is None:
         error = operation.get("error") or {}
         detail = f": {error.get('code')}: {error.get('message')}" if error else ""
         print(f"{operation['operation_id']} ended {operation['state']}{detail}", file=sys.stderr)
         return EXIT_ENDED_BADLY
+    for file in outcome.written:
+        print(
+            f"{file.path}: {'appended ' if appended else ''}{file.message_count} messages, "
+            f"{human_bytes(file.size_bytes)}, sha256 {file.sha256} (verified)"
+        )
     result = operation["result"]
-    print(
-        f"{written}: {result['message_count']} messages, {human_bytes(result['size_bytes'])}, "
-        f"sha256 {result['sha256']} (verified)"
-    )
+    if result.get("parts") is not None:
+        print(f"{operation['operation_id']}: {result['message_count']} messages in {len(outcome.written)} parts")
     return 0
 
 
@@ -166,9 +274,8 @@ async def _download(api: Api, args: argparse.Namespace) -> int:
     if operation["state"] != "SUCCEEDED":
         print(f"{operation['operation_id']} is {operation['state']}: there is no file to download", file=sys.stderr)
         return EXIT_ENDED_BADLY
-    output: Path = args.output or Path(f"{args.operation_id}.jsonl")
-    await download_result(api, operation, output)
-    return _report(operation, output)
+    output: Path = args.output or Path(args.operation_id + extension_of(operation["request"]))
+    return _report(Outcome(operation, await download_result(api, operation, output)))
 
 
 def _run(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) -> int:

@@ -1,22 +1,57 @@
-"""Downloading a result into a file: into ``FILE.part`` first, resumed with a ``Range`` guarded by
+"""Downloading a result into files: each file into ``FILE.part`` first, resumed with a ``Range`` guarded by
 ``If-Range`` (so a changed file is never spliced onto an old part), checked against the size and sha256
-the status gives, then renamed into place atomically (README: Command-line client).
+the status gives, then renamed into place atomically. A split result is one such file per part, named
+``OUTPUT`` with ``.part-<n>`` before its extension (README: Command-line client).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chatexport.client.api import Api, problem_of
 
 CHUNK_BYTES = 256 * 1024
+# The file name's extension of each format the API writes (README: API reference, Export options).
+EXTENSIONS = {"jsonl": ".jsonl", "csv": ".csv", "html": ".html"}
 
 
 class NotVerified(Exception):
     """The downloaded bytes are not the file the status describes; the part file was deleted."""
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    """A file written and verified: where it is, and the status's figures for it."""
+
+    path: Path
+    message_count: int
+    size_bytes: int
+    sha256: str
+
+
+def extension_of(request: dict[str, Any]) -> str:
+    """The extension of a result of ``request`` (a submit body, or an operation's ``request``): ``.jsonl``,
+    ``.csv`` or ``.html`` for its ``format`` (jsonl when absent), then ``.gz`` when its ``compression`` is
+    gzip. Raises ``KeyError`` for a format the client does not know.
+    """
+    compressed = request.get("compression") == "gzip"
+    return EXTENSIONS[request.get("format", "jsonl")] + (".gz" if compressed else "")
+
+
+def result_part_path(destination: Path, number: int, extension: str) -> Path:
+    """Where part ``number`` of a split result meant for ``destination`` goes: ``.part-<number>`` inserted
+    before ``extension`` (such as ``.csv.gz``) when the name ends with it, else before the name's last
+    suffix: ``c1.csv.gz`` gives ``c1.part-1.csv.gz``, ``out.txt`` gives ``out.part-1.txt``, ``out`` gives
+    ``out.part-1``.
+    """
+    name = destination.name
+    if not (len(name) > len(extension) and name.endswith(extension)):
+        extension = destination.suffix
+    return destination.with_name(f"{name[: len(name) - len(extension)]}.part-{number}{extension}")
 
 
 def part_path(destination: Path) -> Path:
@@ -24,42 +59,77 @@ def part_path(destination: Path) -> Path:
     return destination.with_name(destination.name + ".part")
 
 
-async def download_result(api: Api, operation: dict[str, Any], destination: Path) -> None:
-    """Download the result of the SUCCEEDED ``operation`` to ``destination``, resuming a part file left by
-    an earlier run. Raises ``ApiError`` when the API refuses, ``aiohttp.ClientError`` when the connection
-    fails (the part file stays for the next run), and ``NotVerified``.
+async def download_result(api: Api, operation: dict[str, Any], destination: Path) -> list[Downloaded]:
+    """Download the result of the SUCCEEDED ``operation``: one file to ``destination``, or each part of a
+    split result beside it (``result_part_path``), resuming part files left by an earlier run. Returns the
+    files in order. Raises ``ApiError`` when the API refuses, ``aiohttp.ClientError`` when the connection
+    fails (part files stay for the next run), ``NotVerified``, and ``OSError`` for the local files.
     """
     result = operation["result"]
+    parts = result.get("parts")
+    if parts is None:
+        return [await _download_file(api, result, destination)]
+    extension = extension_of(operation["request"])
+    return [
+        await _download_file(api, part, result_part_path(destination, int(part["number"]), extension)) for part in parts
+    ]
+
+
+async def fetch_verified(api: Api, file: dict[str, Any], destination: Path) -> Path:
+    """Download ``file`` (a result or one of its parts: ``url``, ``size_bytes``, ``sha256``) into the part
+    file of ``destination``, resuming what an earlier run left there, and check it; return the part file.
+    Raises like ``download_result``.
+    """
     part = part_path(destination)
-    have = part.stat().st_size if part.exists() else 0
-    if have < result["size_bytes"]:
-        await _fetch(api, result, part, have)
-    _verify(part, size=result["size_bytes"], sha256=result["sha256"])
-    os.replace(part, destination)
+    have = _length(part)
+    # An empty file is fetched too: the fetch creates its part file.
+    if have is None or have < file["size_bytes"]:
+        await _fetch(api, file, part, have or 0)
+    size, sha256 = _digest(part)
+    if (size, sha256) != (file["size_bytes"], file["sha256"]):
+        part.unlink()
+        raise NotVerified(
+            f"the download of {destination} has {size} bytes with sha256 {sha256}, but the status says "
+            f"{file['size_bytes']} bytes with sha256 {file['sha256']}; the part file was deleted, run the "
+            "command again"
+        )
+    return part
 
 
-async def _fetch(api: Api, result: dict[str, Any], part: Path, have: int) -> None:
-    headers = {"Range": f"bytes={have}-", "If-Range": f'"{result["sha256"]}"'} if have else {}
-    async with api.session.get(api.url(result["url"]), headers={**api.auth_headers, **headers}) as response:
+async def _download_file(api: Api, file: dict[str, Any], destination: Path) -> Downloaded:
+    # A rerun after a crash finds the files it had already put in place: they are checked, not fetched again.
+    if not _holds(destination, file):
+        os.replace(await fetch_verified(api, file, destination), destination)
+    return Downloaded(destination, file["message_count"], file["size_bytes"], file["sha256"])
+
+
+async def _fetch(api: Api, file: dict[str, Any], part: Path, have: int) -> None:
+    headers = {"Range": f"bytes={have}-", "If-Range": f'"{file["sha256"]}"'} if have else {}
+    async with api.session.get(api.url(file["url"]), headers={**api.auth_headers, **headers}) as response:
         if response.status not in (200, 206):
             raise await problem_of(response)
         # 200 despite a Range: the file is not the one the part began, so the part starts over.
-        with part.open("ab" if response.status == 206 else "wb") as file:
+        with part.open("ab" if response.status == 206 else "wb") as target:
             async for chunk in response.content.iter_chunked(CHUNK_BYTES):
-                file.write(chunk)
-            file.flush()
-            os.fsync(file.fileno())
+                target.write(chunk)
+            target.flush()
+            os.fsync(target.fileno())
 
 
-def _verify(part: Path, *, size: int, sha256: str) -> None:
+def _holds(path: Path, file: dict[str, Any]) -> bool:
+    """True when ``path`` is already the file ``file`` describes (its size and sha256)."""
+    return path.is_file() and _digest(path) == (file["size_bytes"], file["sha256"])
+
+
+def _length(path: Path) -> int | None:
+    """The size of the file at ``path`` in bytes; None when there is none."""
+    return path.stat().st_size if path.exists() else None
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    """The size in bytes and the hex sha256 of the file at ``path``."""
     digest = hashlib.sha256()
-    with part.open("rb") as file:
+    with path.open("rb") as file:
         while chunk := file.read(CHUNK_BYTES):
             digest.update(chunk)
-    actual_size = part.stat().st_size
-    if actual_size != size or digest.hexdigest() != sha256:
-        part.unlink()
-        raise NotVerified(
-            f"the download has {actual_size} bytes with sha256 {digest.hexdigest()}, but the status says "
-            f"{size} bytes with sha256 {sha256}; the part file was deleted, run the command again"
-        )
+    return path.stat().st_size, digest.hexdigest()

@@ -1,6 +1,7 @@
 """What the client shows while it waits: the progress the server measured (phase, messages and bytes
-written, and the rate between two reports), never an invented percentage. On a terminal, one line that
-rich keeps updating; otherwise nothing but the final result.
+written, and the rate between two reports), and a percentage only of the bound the server states
+(``estimate.messages_at_most``), never an invented one. On a terminal, one line that rich keeps updating;
+otherwise nothing but the final result.
 """
 
 from __future__ import annotations
@@ -38,17 +39,32 @@ class Progress:
         self._live.update(Text(self.line(operation)), refresh=True)
 
     def line(self, operation: dict[str, Any]) -> str:
-        """The status line of ``operation``: state, phase, messages, bytes and the rate since the last one."""
+        """The status line of ``operation``: state, phase, messages (of the estimate's bound, when there is
+        one), bytes and the rate since the last one.
+        """
         progress = operation["progress"]
         written = int(progress["bytes_written"])
         now = time.monotonic()
         if self._last is not None and now > self._last[0] and written >= self._last[1]:
             self._rate = (written - self._last[1]) / (now - self._last[0])
         self._last = (now, written)
+        messages = _messages(progress["messages_written"], operation)
         return (
             f"{operation['operation_id']} {operation['state']} ({progress['phase']}): "
-            f"{progress['messages_written']:,} messages, {human_bytes(written)}, {human_bytes(self._rate)}/s"
+            f"{messages}, {human_bytes(written)}, {human_bytes(self._rate)}/s"
         )
+
+
+def _messages(written: int, operation: dict[str, Any]) -> str:
+    """``written`` messages, with the share of the server's bound when it states one (servers before the
+    estimate existed do not).
+    """
+    bound = (operation.get("estimate") or {}).get("messages_at_most")
+    if bound is None:
+        return f"{written:,} messages"
+    # The bound is an upper one, so the share is a lower one; it cannot pass 100 %.
+    percent = 100 if written >= bound else 100 * written // bound
+    return f"{written:,} of at most {bound:,} messages ({percent}%)"
 
 
 def human_bytes(count: float) -> str:

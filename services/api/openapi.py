@@ -20,8 +20,9 @@ from pydantic.json_schema import models_json_schema
 from services.api import schemas
 from services.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from services.api.problems import CODES, PROBLEM_CONTENT_TYPE
+from shared.formats import GZIP_CONTENT_TYPE
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
-from shared.representation import EVENT_STREAM, RESULT_CONTENT_TYPE
+from shared.representation import EVENT_STREAM
 
 OPENAPI_PATH = "/v3/openapi.json"
 EVENTS_PATH = "/v3/operations/{operation_id}/events"
@@ -158,6 +159,9 @@ OPERATION_ID = _path_parameter(
     "operation_id",
     {"type": "string", "pattern": f"^{OPERATION_ID_PATTERN}$"},
     "Operation id, as in `Location`. An id that is not the caller's answers the same 404 as a missing one.",
+)
+PART_NUMBER = _path_parameter(
+    "number", {"type": "string", "pattern": "^[1-9][0-9]*$"}, "A part's `number` from `result.parts` (1-based)."
 )
 MESSAGE_ID = _path_parameter("message_id", {"type": "string", "minLength": 1, "maxLength": 64}, "Message id.")
 
@@ -401,10 +405,20 @@ def _file_response(description: str, *, partial: bool) -> dict[str, Any]:
         "Cache-Control": NO_STORE,
         "Content-Length": _header("Bytes in this response.", {"type": "integer", "minimum": 0}, required=True),
         "Content-Disposition": _header(
-            "`<conversation>-<operation>.jsonl`.",
-            {"type": "string", "pattern": '^attachment; filename=".+"$'},
+            "`<conversation>-<creation date, UTC>.<extension>` (a part: `...part-<n>.<extension>`); `filename*` "
+            "(RFC 8187) when the name is not plain ASCII.",
+            {"type": "string", "pattern": '^attachment; filename=".+"'},
             required=True,
         ),
+        "Repr-Digest": _header(
+            "The whole file's sha-256 (RFC 9530), also on a 206.",
+            {"type": "string", "pattern": "^sha-256=:[A-Za-z0-9+/]{43}=:$"},
+            required=True,
+        ),
+        "Content-Security-Policy": _header(
+            "A downloaded HTML file never runs with this origin.", {"const": "sandbox"}, required=True
+        ),
+        "X-Content-Type-Options": _header("No type sniffing.", {"const": "nosniff"}, required=True),
         **_VALIDATORS,
         "Accept-Ranges": _header("One byte range per request.", {"const": "bytes"}, required=True),
     }
@@ -412,14 +426,32 @@ def _file_response(description: str, *, partial: bool) -> dict[str, Any]:
         headers["Content-Range"] = _header(
             "The bytes sent.", {"type": "string", "pattern": "^bytes [0-9]+-[0-9]+/[0-9]+$"}, required=True
         )
-    file_schema = {
-        "type": "string",
-        "description": "UTF-8, one `Message` JSON object per line in ascending seq, each line ending in `\\n`.",
-    }
-    return {"description": description, "headers": headers, "content": {RESULT_CONTENT_TYPE: {"schema": file_schema}}}
+    return {"description": description, "headers": headers, "content": _FILE_CONTENT}
 
 
-def _download_result() -> dict[str, Any]:
+# The file in each format (README: API reference, The file; Export options).
+_FILE_CONTENT = {
+    "application/x-ndjson": {
+        "schema": {
+            "type": "string",
+            "description": "UTF-8, one `Message` JSON object per line in ascending seq, each line ending in `\\n`.",
+        }
+    },
+    "text/csv; charset=utf-8": {
+        "schema": {
+            "type": "string",
+            "description": "RFC 4180 with a header row, one row per message; a text cell starting with `=`, `+`, "
+            "`-`, `@`, tab or CR starts with `'`.",
+        }
+    },
+    "text/html; charset=utf-8": {
+        "schema": {"type": "string", "description": "One self-contained transcript, grouped by day (UTC)."}
+    },
+    GZIP_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary", "description": "The file, gzip-compressed."}},
+}
+
+
+def _download_result(*, part: bool) -> dict[str, Any]:
     byte_range = {
         "name": "Range",
         "in": "header",
@@ -434,9 +466,10 @@ def _download_result() -> dict[str, Any]:
         _condition("If-Modified-Since", "Without If-None-Match: 304 unless the result was published later."),
         _condition("If-Range", "Range applies only when this is the current ETag or exactly Last-Modified."),
     ]
+    what = "one part of a split result (`result.parts`)" if part else "the file of a result that is not split"
     return _operation(
-        "downloadResult",
-        "Download the file of a SUCCEEDED export",
+        "downloadResultPart" if part else "downloadResult",
+        f"Download {what}",
         tag="exports",
         description="Checks in this order: token, owner, state, the owner's current membership, then the "
         "preconditions of RFC 9110 section 13.2.2. Every attempt is recorded as an access event. Each user has "
@@ -456,6 +489,7 @@ def _download_result() -> dict[str, Any]:
             "RESULT_EXPIRED",
             "RESULT_NOT_READY",
             "RESULT_NOT_AVAILABLE",
+            *(() if part else ("RESULT_IN_PARTS",)),
             "ACCESS_REVOKED",
             "PRECONDITION_FAILED",
             "RANGE_NOT_SATISFIABLE",
@@ -527,7 +561,11 @@ def paths(components: dict[str, Any]) -> dict[str, Any]:
         "/v3/operations/{operation_id}": {"parameters": [OPERATION_ID], "get": _get_operation(components)},
         "/v3/operations/{operation_id}/cancel": {"parameters": [OPERATION_ID], "post": _cancel_operation()},
         "/v3/webhooks/secret": {"get": _webhook_secret()},
-        "/v3/exports/{operation_id}/result": {"parameters": [OPERATION_ID], "get": _download_result()},
+        "/v3/exports/{operation_id}/result": {"parameters": [OPERATION_ID], "get": _download_result(part=False)},
+        "/v3/exports/{operation_id}/result/parts/{number}": {
+            "parameters": [OPERATION_ID, PART_NUMBER],
+            "get": _download_result(part=True),
+        },
         OPENAPI_PATH: {"get": _openapi_document()},
     }
     with_head = {path: {**item, "head": _head(item["get"])} if "get" in item else item for path, item in items.items()}

@@ -41,6 +41,7 @@ CODES: dict[str, tuple[int, str]] = {
     "NOT_REQUEUEABLE": (409, "Operation not requeueable"),
     "RESULT_NOT_READY": (409, "Result not ready"),
     "RESULT_NOT_AVAILABLE": (409, "Result not available"),
+    "RESULT_IN_PARTS": (409, "Result in parts"),
     "ACCESS_REVOKED": (403, "Access revoked"),
     "RESULT_EXPIRED": (410, "Result expired"),
     "RANGE_NOT_SATISFIABLE": (416, "Range not satisfiable"),

@@ -21,6 +21,7 @@ def setup_routes(app: web.Application) -> None:
 
     router.add_post("/v3/conversations/{cid}/exports", exports.submit_export)
     router.add_get("/v3/exports/{operation_id}/result", exports.download_result)
+    router.add_get("/v3/exports/{operation_id}/result/parts/{number}", exports.download_part)
     router.add_get("/v3/operations", operations.list_operations)
     router.add_get("/v3/operations/{operation_id}", operations.get_operation)
     router.add_get(EVENTS_PATH, operations.stream_operation_events, allow_head=False)

@@ -23,6 +23,8 @@ from pydantic import (
 from pydantic.json_schema import JsonDict, SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
+from shared.fingerprint import ExportRequest
+from shared.formats import CONTENT_TYPES, DEFAULT_COMPRESSION, DEFAULT_FORMAT, MIN_PART_BYTES
 from shared.ids import ID_PATTERN
 from shared.states import State
 from shared.timefmt import parse_timestamp
@@ -34,6 +36,7 @@ MAX_OPERATIONS_PAGE = 100
 MAX_WAIT_SECONDS = 60
 MAX_CONVERSATIONS_PAGE = 100
 MAX_MEMBERS = 10_000
+MAX_SENDERS = 100
 
 
 def _clean_text(value: str) -> str:
@@ -98,7 +101,8 @@ def _not_null(schema: JsonDict) -> None:
     _no_default(schema)
 
 
-# For a query parameter ``X | None = ABSENT_PARAMETER``: optional, and a bad value is one error at its name.
+# For a query parameter or body member ``X | None = ABSENT_PARAMETER``: optional, and a bad value is one
+# error at its name.
 ABSENT_PARAMETER: Any = Field(default=None, json_schema_extra=_not_null)
 
 
@@ -114,14 +118,23 @@ class NotifyTarget(StrictModel):
     url: Annotated[StrictStr, Field(min_length=1, max_length=900)]
 
 
-class ExportSubmission(StrictModel):
-    """Body of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Submit)."""
+SenderList = Annotated[list[Identifier], Field(min_length=1, max_length=MAX_SENDERS)]
 
-    format: Literal["jsonl"]
+
+class ExportSubmission(StrictModel):
+    """Body of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Submit; Export options)."""
+
+    format: Literal["jsonl", "csv", "html"] = DEFAULT_FORMAT
     notify: NotifyTarget | SkipJsonSchema[None] = ABSENT
     # Bounded by Postgres' bigint: a bigger value is a 422 here, not a driver error (a 500) at insert.
     before_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
     after_seq: Annotated[StrictInt, Field(ge=0, le=MAX_SEQ)] = 0
+    # null is taken as absent, like before_seq's.
+    since: Timestamp | None = ABSENT_PARAMETER
+    until: Timestamp | None = ABSENT_PARAMETER
+    senders: SenderList | None = ABSENT_PARAMETER
+    compression: Literal["none", "gzip"] = DEFAULT_COMPRESSION
+    max_part_bytes: Annotated[StrictInt, Field(ge=MIN_PART_BYTES, le=MAX_SEQ)] | None = ABSENT_PARAMETER
 
     @model_validator(mode="after")
     def _range_not_empty_by_construction(self) -> ExportSubmission:
@@ -129,7 +142,23 @@ class ExportSubmission(StrictModel):
         # same canonical request (README: API reference, Submit), are judged alike: both describe an empty range.
         if self.before_seq is not None and not self.after_seq < self.before_seq - 1:
             raise PydanticCustomError("seq_range", "after_seq must be less than before_seq - 1")
+        if self.since is not None and self.until is not None and self.until <= self.since:
+            raise PydanticCustomError("time_window", "until must be later than since")
         return self
+
+    def export_request(self, *, notify_url: str | None) -> ExportRequest:
+        """The canonical request (``shared.fingerprint``) with the checked callback URL."""
+        return ExportRequest(
+            format=self.format,
+            before_seq=self.before_seq,
+            after_seq=self.after_seq,
+            notify_url=notify_url,
+            since=self.since,
+            until=self.until,
+            senders=None if self.senders is None else tuple(sorted(set(self.senders))),
+            compression=self.compression,
+            max_part_bytes=self.max_part_bytes,
+        )
 
 
 class EmptyRequest(StrictModel):
@@ -219,6 +248,7 @@ TimestampText = Annotated[
 ]
 Seq = Annotated[int, Field(ge=1, le=MAX_SEQ)]
 Count = Annotated[int, Field(ge=0)]
+Sha256 = Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
 
 
 class FieldError(StrictModel):
@@ -296,12 +326,23 @@ class RecalledMessage(StrictModel):
 
 
 class OperationRequest(StrictModel):
-    """The export request after defaults: the canonical request without user and conversation (README: API reference,
-    Submit)."""
+    """The export request after defaults: the canonical request without user, conversation and callback (README: API
+    reference, Submit; Export options)."""
 
-    format: Literal["jsonl"]
+    format: Literal["jsonl", "csv", "html"]
     before_seq: Seq | None
     after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
+    since: TimestampText | None
+    until: TimestampText | None
+    senders: list[str] | None
+    compression: Literal["none", "gzip"]
+    max_part_bytes: Annotated[int, Field(ge=MIN_PART_BYTES)] | None
+
+
+class Estimate(StrictModel):
+    """An upper bound of the messages the file will hold, null until it is known (README: API reference, Operation)."""
+
+    messages_at_most: Count | None
 
 
 class Progress(StrictModel):
@@ -333,15 +374,31 @@ class OperationError(StrictModel):
     message: str
 
 
-class OperationResult(StrictModel):
-    """The file of a SUCCEEDED export."""
+class ResultPart(StrictModel):
+    """One part of a split result: a complete file of its format holding the messages ``first_seq`` to
+    ``last_seq``."""
 
+    number: Annotated[int, Field(ge=1)]
     url: str
-    expires_at: TimestampText
     size_bytes: Count
-    sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
+    sha256: Sha256
     message_count: Count
-    content_type: Literal["application/x-ndjson"]
+    first_seq: Seq
+    last_seq: Seq
+
+
+class OperationResult(StrictModel):
+    """The file of a SUCCEEDED export: one file (``url``, ``size_bytes``, ``sha256``) or, when the request gave
+    ``max_part_bytes``, its ``parts``; ``next_after_seq`` is the ``after_seq`` of the next export of what is new."""
+
+    url: str | SkipJsonSchema[None] = ABSENT
+    expires_at: TimestampText
+    size_bytes: Count | SkipJsonSchema[None] = ABSENT
+    sha256: Sha256 | SkipJsonSchema[None] = ABSENT
+    message_count: Count
+    content_type: Literal[CONTENT_TYPES]  # type: ignore[valid-type]
+    next_after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
+    parts: list[ResultPart] | SkipJsonSchema[None] = ABSENT
 
 
 class OperationLinks(StrictModel):
@@ -361,6 +418,7 @@ class Operation(StrictModel):
     state: State
     conversation_id: str
     request: OperationRequest
+    estimate: Estimate
     created_at: TimestampText
     updated_at: TimestampText
     attempt: Count

@@ -21,7 +21,6 @@ from shared.storage import upload_deadline
 log = logging.getLogger(__name__)
 
 READBACK_CHUNK_BYTES = 1024 * 1024
-CONTENT_TYPE = "application/x-ndjson"
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,8 @@ class Digest:
 
 
 class ArtifactWriter:
-    """Streams bytes into ``bucket/key``; ``on_upload_started(upload_id)`` runs before any part is sent.
+    """Streams bytes into ``bucket/key``, stored with ``content_type``; ``on_upload_started(upload_id)`` runs
+    before any part is sent.
 
     Each upload request is bounded by ``shared.storage.upload_deadline`` from ``timeout_seconds``.
     """
@@ -47,6 +47,7 @@ class ArtifactWriter:
         key: str,
         part_size: int,
         timeout_seconds: float,
+        content_type: str,
         on_upload_started: Callable[[str], Awaitable[None]],
     ) -> None:
         self._s3 = s3
@@ -54,6 +55,7 @@ class ArtifactWriter:
         self._bucket = bucket
         self._key = key
         self._part_size = part_size
+        self._content_type = content_type
         self._on_upload_started = on_upload_started
         self._buffer = bytearray()
         self._upload_id: str | None = None
@@ -83,7 +85,7 @@ class ArtifactWriter:
         await self._wait_in_flight()
         if self._upload_id is None:
             created = await self._s3.create_multipart_upload(
-                Bucket=self._bucket, Key=self._key, ContentType=CONTENT_TYPE
+                Bucket=self._bucket, Key=self._key, ContentType=self._content_type
             )
             self._upload_id = created["UploadId"]
             await self._on_upload_started(self._upload_id)
@@ -109,7 +111,7 @@ class ArtifactWriter:
         self._buffer.clear()
         if self._upload_id is None:
             async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=len(rest)):
-                await self._s3.put_object(Bucket=self._bucket, Key=self._key, Body=rest, ContentType=CONTENT_TYPE)
+                await self._s3.put_object(Bucket=self._bucket, Key=self._key, Body=rest, ContentType=self._content_type)
             return self.digest()
         if rest:
             await self._start_part(rest)

@@ -8,21 +8,25 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 from botocore.exceptions import ClientError
 
 from services.worker import metrics
-from services.worker.artifact import ArtifactWriter, Digest, read_digest
+from services.worker.artifact import ArtifactWriter, read_digest
 from services.worker.errors import LeaseLost, PermanentError, access_revoked
+from services.worker.files import FileSet, ObjectFile, WrittenFile
+from services.worker.rendering import renderer
 from shared.artifacts import remove_artifact
 from shared.logs import update_log_fields
 from shared.repository import artifacts, conversations, operations
+from shared.repository.artifacts import ArtifactFiles, ArtifactRecord, StoredPart
 from shared.repository.operations import ClaimedOperation
 from shared.settings import Settings
 from shared.states import ArtifactState
-from shared.storage import artifact_key
+from shared.storage import artifact_key, part_key
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +42,33 @@ class ExportJob:
         self._s3 = s3
         self._settings = settings
         self._claimed = claimed
-        self.key = artifact_key(settings, claimed.operation_id, claimed.generation)
+        request = claimed.request
+        self._kind = request.file_kind
+        self._split = request.max_part_bytes is not None
+        self.key = artifact_key(
+            settings, claimed.operation_id, claimed.generation, extension=self._kind.extension, split=self._split
+        )
+        # Postgres writes JSONL lines straight through COPY; other formats, and parts (which need each
+        # message's seq and size), render message by message.
+        self._by_row = self._kind.format != "jsonl" or self._split
         # Once the SUCCEEDED commit was sent its outcome may be unknown (a lost connection): from then on
         # the object must not be deleted here; the janitor removes it if it was not published.
         self._commit_sent = False
-        self._writer = ArtifactWriter(
-            s3,
-            bucket=settings.s3_bucket,
-            key=self.key,
-            part_size=settings.s3_part_size_bytes,
-            timeout_seconds=settings.s3_timeout_seconds,
+        self._files = FileSet(self._open_file, max_part_bytes=request.max_part_bytes)
+
+    def _open_file(self, number: int) -> ObjectFile:
+        key = part_key(self.key, number, extension=self._kind.extension) if self._split else self.key
+        writer = ArtifactWriter(
+            self._s3,
+            bucket=self._settings.s3_bucket,
+            key=key,
+            part_size=self._settings.s3_part_size_bytes,
+            timeout_seconds=self._settings.s3_timeout_seconds,
+            content_type=self._kind.content_type,
             on_upload_started=self._record_upload_id,
         )
+        shape = renderer(self._kind.format, self._claimed.conversation_id)
+        return ObjectFile(writer, shape, key=key, number=number, compressed=self._kind.compressed)
 
     async def run(self) -> None:
         """Adopt an earlier generation's verified file, or write, verify and publish a new one; on any
@@ -65,8 +84,8 @@ class ExportJob:
                 raise LeaseLost("artifact")
         try:
             await self._write_messages()
-            digest = await self._finish_and_verify()
-            await self._publish(digest, generation=claimed.generation, key=self.key)
+            files = await self._finish_and_verify()
+            await self._publish(files, generation=claimed.generation)
         except (LeaseLost, PermanentError):
             await asyncio.shield(self._discard())
             raise
@@ -97,18 +116,20 @@ class ExportJob:
             )
         return False
 
-    async def _adopt(self, artifact: asyncpg.Record) -> bool:
-        recorded = Digest(artifact.size_bytes, artifact.sha256, artifact.message_count)
+    async def _adopt(self, artifact: ArtifactRecord) -> bool:
+        recorded = artifact.files()
+        for part in recorded.parts:
+            try:
+                stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=part.key)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+                    raise
+                return False
+            # The same size and sha256 are the same bytes, so every count made of them still holds.
+            if (stored.size_bytes, stored.sha256) != (part.size_bytes, part.sha256):
+                return False
         try:
-            stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=artifact.object_key)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
-                raise
-            return False
-        if stored != recorded:
-            return False
-        try:
-            await self._publish(recorded, generation=artifact.generation, key=artifact.object_key)
+            await self._publish(recorded, generation=artifact.generation)
         except ArtifactGone:
             return False
         except (LeaseLost, PermanentError):
@@ -122,8 +143,8 @@ class ExportJob:
         return True
 
     async def _write_messages(self) -> None:
-        """Read the lines range by range and hand each range to the writer once its statement has ended,
-        reading the next range while the writer takes the current one.
+        """Read the messages range by range and hand each range to the files once its statement has ended,
+        reading the next range while the files take the current one.
 
         A range is collected in memory rather than streamed from COPY into the writer: waiting for a slow
         S3 inside the statement would hold its snapshot open and run into the statement timeout. To keep
@@ -133,20 +154,16 @@ class ExportJob:
         claimed = self._claimed
         if claimed.after_seq >= claimed.last_seq:
             return
-        reading: asyncio.Task[tuple[int, int, list[bytes]]] | None = asyncio.create_task(
-            self._read_range(claimed.after_seq, FIRST_RANGE_SEQS)
-        )
+        reading: asyncio.Task[Range] | None = asyncio.create_task(self._read_range(claimed.after_seq, FIRST_RANGE_SEQS))
         try:
             while reading is not None:
-                low, high, lines = await reading
+                current = await reading
                 reading = None
-                size = sum(map(len, lines))
-                if high < claimed.last_seq:
-                    span = self._next_span(seqs=high - low, size=size)
-                    reading = asyncio.create_task(self._read_range(high, span))
-                for chunk in lines:
-                    await self._writer.write(chunk)
-                metrics.EXPORTED_BYTES.inc(size)
+                if current.high < claimed.last_seq:
+                    span = self._next_span(seqs=current.high - current.low, size=current.size)
+                    reading = asyncio.create_task(self._read_range(current.high, span))
+                await self._take(current)
+                metrics.EXPORTED_BYTES.inc(current.size)
                 await self._progress("writing")
         finally:
             if reading is not None:
@@ -154,45 +171,54 @@ class ExportJob:
                 with contextlib.suppress(BaseException):
                     await reading
 
-    async def _read_range(self, low: int, span: int) -> tuple[int, int, list[bytes]]:
-        """The export lines of seqs ``low < seq <= low + span`` (within the lease's range): (low, high, lines)."""
+    async def _take(self, current: Range) -> None:
+        if current.rows is not None:
+            await self._files.add_rows(current.rows)
+        for chunk in current.lines:
+            await self._files.add_lines(chunk)
+
+    async def _read_range(self, low: int, span: int) -> Range:
+        """The selected messages of seqs ``low < seq <= low + span`` (within the lease's range)."""
         claimed = self._claimed
         high = min(low + min(span, self._settings.export_batch_rows), claimed.last_seq)
-        lines: list[bytes] = []
+        cid, request = claimed.conversation_id, claimed.request
         async with self._pool.acquire() as conn:
+            if self._by_row:
+                rows = await conversations.fetch_export_rows(
+                    conn, conversation_id=cid, after_seq=low, last_seq=high, request=request
+                )
+                return Range(low, high, sum(len(row.line) for row in rows), rows=rows)
+            lines: list[bytes] = []
             await conversations.copy_export_lines(
-                conn, conversation_id=claimed.conversation_id, after_seq=low, last_seq=high, output=_appender(lines)
+                conn, conversation_id=cid, after_seq=low, last_seq=high, request=request, output=_appender(lines)
             )
-        return low, high, lines
+        return Range(low, high, sum(map(len, lines)), lines=lines)
 
     def _next_span(self, *, seqs: int, size: int) -> int:
         """Seqs for about one part of lines, judged from the last range's ``size`` bytes over ``seqs`` seqs."""
         bytes_per_seq = max(size / seqs, 1.0)
         return max(1, int(self._settings.s3_part_size_bytes / bytes_per_seq))
 
-    async def _finish_and_verify(self) -> Digest:
+    async def _finish_and_verify(self) -> ArtifactFiles:
         await self._progress("uploading")
-        written = await self._writer.finish()
-        # SUCCEEDED promises a verified file (README: States and failure model): measure what S3 actually holds.
+        written = await self._files.finish()
+        # SUCCEEDED promises verified files (README: States and failure model): measure what S3 actually holds.
         await self._progress("verifying")
-        stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=self.key)
-        if stored != written:
-            raise RuntimeError(f"stored object differs from what was written: {stored} != {written}")
+        for done in written:
+            stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=done.key)
+            if stored != done.written:
+                raise RuntimeError(f"stored object differs from what was written: {stored} != {done.written}")
+        files = ArtifactFiles(self.key, tuple(_stored_part(done) for done in written), split=self._split)
         claimed = self._claimed
         async with self._pool.acquire() as conn:
             if not await artifacts.complete_artifact(
-                conn,
-                operation_id=claimed.operation_id,
-                generation=claimed.generation,
-                size_bytes=written.size_bytes,
-                sha256=written.sha256,
-                message_count=written.line_count,
+                conn, operation_id=claimed.operation_id, generation=claimed.generation, files=files
             ):
                 raise LeaseLost("artifact")
-        return written
+        return files
 
-    async def _publish(self, digest: Digest, *, generation: int, key: str) -> None:
-        """Commit SUCCEEDED with the object ``key`` of ``generation`` (ours, or an adopted earlier one) after the
+    async def _publish(self, files: ArtifactFiles, *, generation: int) -> None:
+        """Commit SUCCEEDED with the ``files`` of ``generation`` (ours, or an adopted earlier one) after the
         membership re-check, in one transaction (README: States and failure model). Raises ``PermanentError`` (access
         revoked), ``LeaseLost``, or ``ArtifactGone`` when that object was removed meanwhile.
         """
@@ -206,35 +232,36 @@ class ExportJob:
                 conn,
                 operation_id=claimed.operation_id,
                 generation=claimed.generation,
-                object_key=key,
-                size_bytes=digest.size_bytes,
-                sha256=digest.sha256,
-                message_count=digest.line_count,
+                files=files,
                 result_ttl_seconds=self._settings.result_ttl_seconds,
             )
             if not published:
                 raise LeaseLost("result")
             if not await artifacts.publish_artifact(conn, operation_id=claimed.operation_id, generation=generation):
-                raise ArtifactGone(key)
+                raise ArtifactGone(files.key)
             self._commit_sent = True
         log.info(
             "export succeeded",
             extra=claimed.log_extra(
-                size_bytes=digest.size_bytes, messages=digest.line_count, key_generation=generation
+                size_bytes=files.size_bytes,
+                messages=files.message_count,
+                parts=len(files.parts),
+                key_generation=generation,
             ),
         )
 
     async def _progress(self, phase: str) -> None:
         update_log_fields(phase=phase)
-        claimed, digest = self._claimed, self._writer.digest()
+        claimed = self._claimed
+        messages, stored_bytes = self._files.progress()
         async with self._pool.acquire() as conn:
             held = await operations.record_progress(
                 conn,
                 operation_id=claimed.operation_id,
                 generation=claimed.generation,
                 phase=phase,
-                messages_written=digest.line_count,
-                bytes_written=digest.size_bytes,
+                messages_written=messages,
+                bytes_written=stored_bytes,
                 lease_seconds=self._settings.lease_seconds,
             )
         if not held:
@@ -255,7 +282,8 @@ class ExportJob:
         Under the artifact's record: a newer generation may have adopted this object meanwhile, and then it
         is kept (``remove_artifact`` refuses a served result).
         """
-        await self._writer.abandon()
+        for writer in self._files.writers():
+            await writer.abandon()
         try:
             await self._remove(self._claimed.generation)
         except Exception:
@@ -270,6 +298,31 @@ class ExportJob:
             operation_id=self._claimed.operation_id,
             generation=generation,
         )
+
+
+@dataclass(frozen=True)
+class Range:
+    """The selected messages of seqs ``low < seq <= high``: as JSONL ``lines`` read by COPY (chunks of
+    whole lines), or as ``rows``; ``size`` is their JSONL size in bytes, which sizes the next range.
+    """
+
+    low: int
+    high: int
+    size: int
+    lines: list[bytes] = field(default_factory=list)
+    rows: list[conversations.ExportRow] | None = None
+
+
+def _stored_part(done: WrittenFile) -> StoredPart:
+    return StoredPart(
+        number=done.number,
+        key=done.key,
+        size_bytes=done.written.size_bytes,
+        sha256=done.written.sha256,
+        message_count=done.message_count,
+        first_seq=done.first_seq,
+        last_seq=done.last_seq,
+    )
 
 
 def _appender(chunks: list[bytes]) -> Callable[[bytes], Awaitable[None]]:

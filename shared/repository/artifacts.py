@@ -5,11 +5,73 @@ its life WRITING -> COMPLETE -> PUBLISHED, and -> REMOVING -> DELETED when it mu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 
 import asyncpg
 
 from shared.repository.rows import Row
+
+
+@dataclass(frozen=True)
+class StoredPart:
+    """One verified object of an artifact: its 1-based ``number``, S3 ``key``, stored ``size_bytes`` and hex
+    ``sha256`` (of the stored, possibly compressed, bytes), the messages it holds and their first and last
+    seq (None when it holds none).
+    """
+
+    number: int
+    key: str
+    size_bytes: int
+    sha256: str
+    message_count: int
+    first_seq: int | None
+    last_seq: int | None
+
+
+@dataclass(frozen=True)
+class ArtifactFiles:
+    """What one generation wrote: one file under ``key``, or (``split``) parts under the folder ``key``
+    (README: API reference, Export options).
+    """
+
+    key: str
+    parts: tuple[StoredPart, ...]
+    split: bool
+
+    @property
+    def message_count(self) -> int:
+        """The messages of every part."""
+        return sum(part.message_count for part in self.parts)
+
+    @property
+    def size_bytes(self) -> int:
+        """The stored bytes of every part."""
+        return sum(part.size_bytes for part in self.parts)
+
+    @property
+    def single(self) -> StoredPart | None:
+        """The one file of an artifact that is not split."""
+        return None if self.split else self.parts[0]
+
+    def parts_json(self) -> str | None:
+        """The parts as ``artifacts.parts`` and ``operations.result_parts`` hold them; None when not split."""
+        return json.dumps([asdict(part) for part in self.parts]) if self.split else None
+
+    @classmethod
+    def from_record(
+        cls, *, key: str, size_bytes: int, sha256: str | None, message_count: int, parts: str | None
+    ) -> ArtifactFiles:
+        """Rebuild from a COMPLETE record: ``parts`` is the JSON text of ``parts_json`` or None for one file."""
+        if parts is not None:
+            return cls(key, tuple(StoredPart(**part) for part in json.loads(parts)), split=True)
+        assert sha256 is not None
+        return cls.one_file(key, size_bytes=size_bytes, sha256=sha256, message_count=message_count)
+
+    @classmethod
+    def one_file(cls, key: str, *, size_bytes: int, sha256: str, message_count: int) -> ArtifactFiles:
+        """An artifact that is one object: ``key`` holding ``size_bytes`` bytes with hex ``sha256``."""
+        return cls(key, (StoredPart(1, key, size_bytes, sha256, message_count, None, None),), split=False)
 
 
 async def record_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int, object_key: str) -> bool:
@@ -38,21 +100,25 @@ async def record_upload_id(conn: asyncpg.Connection, *, operation_id: str, gener
 
 
 async def complete_artifact(
-    conn: asyncpg.Connection, *, operation_id: str, generation: int, size_bytes: int, sha256: str, message_count: int
+    conn: asyncpg.Connection, *, operation_id: str, generation: int, files: ArtifactFiles
 ) -> bool:
-    """WRITING -> COMPLETE with the verified figures; False when the record moved on (a newer generation
-    removed this attempt's object, so it may never be published or adopted).
+    """WRITING -> COMPLETE with the verified figures (a split artifact: the sum of its parts' sizes, no sha256
+    of its own, and its parts); False when the record moved on (a newer generation removed this attempt's
+    object, so it may never be published or adopted).
     """
+    single = files.single
     status = await conn.execute(
         """
-        UPDATE artifacts SET state = 'COMPLETE', size_bytes = $3, sha256 = $4, message_count = $5, updated_at = now()
+        UPDATE artifacts SET state = 'COMPLETE', size_bytes = $3, sha256 = $4, message_count = $5,
+            parts = $6::jsonb, updated_at = now()
         WHERE operation_id = $1 AND generation = $2 AND state = 'WRITING'
         """,
         operation_id,
         generation,
-        size_bytes,
-        sha256,
-        message_count,
+        files.size_bytes,
+        None if single is None else single.sha256,
+        files.message_count,
+        files.parts_json(),
     )
     return status == "UPDATE 1"
 
@@ -119,6 +185,18 @@ class ArtifactRecord(Row):
     size_bytes: int | None
     sha256: str | None
     message_count: int | None
+    parts: str | None
+
+    def files(self) -> ArtifactFiles:
+        """The verified files of a COMPLETE (or PUBLISHED) record."""
+        assert self.size_bytes is not None and self.message_count is not None
+        return ArtifactFiles.from_record(
+            key=self.object_key,
+            size_bytes=self.size_bytes,
+            sha256=self.sha256,
+            message_count=self.message_count,
+            parts=self.parts,
+        )
 
 
 async def unremoved_artifacts(
@@ -129,7 +207,7 @@ async def unremoved_artifacts(
     """
     rows = await conn.fetch(
         """
-        SELECT generation, object_key, state, size_bytes, sha256, message_count FROM artifacts
+        SELECT generation, object_key, state, size_bytes, sha256, message_count, parts::text FROM artifacts
         WHERE operation_id = $1 AND state <> 'DELETED' AND ($2::bigint IS NULL OR generation < $2)
         ORDER BY generation DESC
         """,
@@ -186,19 +264,21 @@ class LiveArtifact(Row):
 
 
 async def live_artifacts(conn: asyncpg.Connection, *, object_keys: list[str]) -> dict[str, LiveArtifact]:
-    """The artifact records among ``object_keys`` that may still be written, published or served, or are
-    being removed (any state but DELETED), by object key. A key missing from the
-    result has no record, or a DELETED one, and can never get a live one: a record is made before its
-    key's first byte (README: How it works) and never leaves DELETED.
+    """The live records (any state but DELETED: still written, published or served, or being removed) that
+    name ``object_keys``, by object key: a record names its own key, and a split artifact's record (its key a
+    folder) every key under it. A key missing from the result has no record, or a DELETED one, and can
+    never get a live one: a record is made before its key's first byte (README: How it works) and never
+    leaves DELETED.
     """
     rows = await conn.fetch(
         """
-        SELECT object_key, state, upload_id FROM artifacts
-        WHERE object_key = ANY($1::text[]) AND state <> 'DELETED'
+        SELECT k.key, a.state, a.upload_id FROM unnest($1::text[]) AS k(key)
+        JOIN artifacts a ON a.object_key IN (k.key, regexp_replace(k.key, '[^/]*$', ''))
+        WHERE a.state <> 'DELETED'
         """,
         object_keys,
     )
-    return {row["object_key"]: LiveArtifact.from_row(row) for row in rows}
+    return {row["key"]: LiveArtifact.from_row(row) for row in rows}
 
 
 async def list_artifacts(conn: asyncpg.Connection, *, operation_id: str) -> list[asyncpg.Record]:

@@ -10,12 +10,15 @@ transaction, a savepoint when the caller already has one, so the CLI can call th
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 import asyncpg
 
+from shared.fingerprint import ExportRequest
 from shared.ids import is_valid_id
+from shared.repository.rows import Row
 
 
 class DuplicateMessageId(Exception):
@@ -320,23 +323,35 @@ async def import_messages(
 # (U+0085, U+2028, U+2029, outside JSON's own escapes), so every line is one line for every reader and the
 # file matches the read API byte for byte (README: API reference, The file).
 # sent_at is printed as shared.timefmt prints timestamps in the API.
-EXPORT_LINES_SQL = """
-SELECT replace(replace(replace(
+_EXPORT_LINE = """replace(replace(replace(
     '{"conversation_id":' || to_json(conversation_id)::text
     || ',"seq":' || seq
     || ',"message_id":' || to_json(message_id)::text
     || ',"sender_id":' || to_json(sender_id)::text
     || ',"sent_at":"' || to_char(sent_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'
     || ',"body":' || to_json(body)::text || '}',
-    chr(133), '\\u0085'), chr(8232), '\\u2028'), chr(8233), '\\u2029')
+    chr(133), '\\u0085'), chr(8232), '\\u2028'), chr(8233), '\\u2029')"""
+
+# The messages of one export range that the request's options select (README: API reference, Export
+# options): since inclusive, until exclusive, on sent_at; only the listed senders.
+_EXPORTED_MESSAGES = """
 FROM messages
 WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
+  AND ($4::timestamptz IS NULL OR sent_at >= $4) AND ($5::timestamptz IS NULL OR sent_at < $5)
+  AND ($6::text[] IS NULL OR sender_id = ANY($6::text[]))
 ORDER BY seq
 """
+
+EXPORT_LINES_SQL = f"SELECT {_EXPORT_LINE} {_EXPORTED_MESSAGES}"
+_EXPORT_ROWS_SQL = f"SELECT seq, message_id, sender_id, sent_at, body, {_EXPORT_LINE} AS line {_EXPORTED_MESSAGES}"
 
 # COPY's csv format with quote and delimiter characters that JSON text never contains passes the
 # lines through verbatim; the text format would double every backslash.
 _COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
+
+
+def _selection(request: ExportRequest) -> tuple[datetime | None, datetime | None, list[str] | None]:
+    return request.since, request.until, None if request.senders is None else list(request.senders)
 
 
 async def copy_export_lines(
@@ -345,11 +360,39 @@ async def copy_export_lines(
     conversation_id: str,
     after_seq: int,
     last_seq: int,
+    request: ExportRequest,
     output: Callable[[bytes], Awaitable[None]],
 ) -> None:
-    """Stream the export lines of seqs ``after_seq < seq <= last_seq`` to ``output`` as raw bytes.
+    """Stream the JSONL export lines of the messages ``request`` selects among seqs ``after_seq < seq <=
+    last_seq`` to ``output`` as raw bytes, one ``\\n``-terminated line per message.
 
     One short statement: no snapshot stays open across the export (a snapshot held open holds back vacuum
     of every table, the outbox included).
     """
-    await conn.copy_from_query(EXPORT_LINES_SQL, conversation_id, after_seq, last_seq, output=output, **_COPY_OPTIONS)
+    await conn.copy_from_query(
+        EXPORT_LINES_SQL, conversation_id, after_seq, last_seq, *_selection(request), output=output, **_COPY_OPTIONS
+    )
+
+
+@dataclass(frozen=True)
+class ExportRow(Row):
+    """One exported message: its fields, and ``line``, its JSONL line without the newline (as
+    ``copy_export_lines`` writes it)."""
+
+    seq: int
+    message_id: str
+    sender_id: str
+    sent_at: datetime
+    body: str
+    line: str
+
+
+async def fetch_export_rows(
+    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, request: ExportRequest
+) -> list[ExportRow]:
+    """The messages ``copy_export_lines`` would write, one row each, for formats rendered message by message.
+
+    One short statement, like ``copy_export_lines``.
+    """
+    rows = await conn.fetch(_EXPORT_ROWS_SQL, conversation_id, after_seq, last_seq, *_selection(request))
+    return [ExportRow.from_row(row) for row in rows]

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from shared.fingerprint import ExportRequest
+from shared.repository.artifacts import ArtifactFiles
 from shared.repository.attempts import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
 from shared.repository.rows import Row
 from shared.states import ACTIVE, State, sources_of
@@ -55,8 +56,8 @@ async def insert_operation(
     await conn.execute(
         """
         INSERT INTO operations (operation_id, owner_id, conversation_id, format, before_seq, after_seq, state,
-                                notify_url)
-        VALUES ($1, $2, $3, $4, $5, $6, 'QUEUED', $7)
+                                notify_url, since, until, senders, compression, max_part_bytes)
+        VALUES ($1, $2, $3, $4, $5, $6, 'QUEUED', $7, $8, $9, $10, $11, $12)
         """,
         operation_id,
         owner_id,
@@ -65,6 +66,11 @@ async def insert_operation(
         request.before_seq,
         request.after_seq,
         request.notify_url,
+        request.since,
+        request.until,
+        None if request.senders is None else list(request.senders),
+        request.compression,
+        request.max_part_bytes,
     )
 
 
@@ -144,23 +150,37 @@ class ClaimedOperation(Row):
     operation_id: str
     owner_id: str
     conversation_id: str
-    after_seq: int
-    before_seq: int | None
+    request: ExportRequest
     snapshot_max_seq: int
     generation: int
     attempt: int
     took_over: bool
 
+    @classmethod
+    def from_claim(cls, row: asyncpg.Record, *, took_over: bool) -> ClaimedOperation:
+        """Build from a claim's ``RETURNING`` row (``_CLAIMED_COLUMNS``)."""
+        return cls.from_row({**row, "request": ExportRequest.from_row(row), "took_over": took_over})
+
+    @property
+    def after_seq(self) -> int:
+        """The file holds seqs above this one."""
+        return self.request.after_seq
+
     @property
     def last_seq(self) -> int:
         """The highest seq the file may hold: below ``before_seq`` and within the snapshot."""
-        if self.before_seq is None:
+        if self.request.before_seq is None:
             return self.snapshot_max_seq
-        return min(self.snapshot_max_seq, self.before_seq - 1)
+        return min(self.snapshot_max_seq, self.request.before_seq - 1)
 
     def log_extra(self, **more: Any) -> dict[str, Any]:
         """The fields every log line about this attempt carries, and ``more``."""
         return {"operation_id": self.operation_id, "generation": self.generation, "attempt": self.attempt, **more}
+
+
+# What a claim returns besides the snapshot: the operation and its whole request (``ExportRequest.from_row``).
+_CLAIMED_COLUMNS = """o.operation_id, o.owner_id, o.conversation_id, o.generation, o.attempt, o.format, o.before_seq,
+    o.after_seq, o.since, o.until, o.senders, o.compression, o.max_part_bytes"""
 
 
 async def claim(
@@ -188,9 +208,9 @@ async def claim(
                 progress_phase = 'starting', messages_written = 0, bytes_written = 0,
                 retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
             WHERE o.operation_id = $1 AND operation_is_runnable(o.state, o.retry_at, o.lease_expires_at)
-            RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
-                      o.snapshot_max_seq, o.generation, o.attempt
-            """,
+            RETURNING """
+            + _CLAIMED_COLUMNS
+            + ", o.snapshot_max_seq",
             operation_id,
             worker_id,
             lease_seconds,
@@ -201,7 +221,7 @@ async def claim(
         await open_attempt(
             conn, operation_id=operation_id, generation=row["generation"], attempt=row["attempt"], worker_id=worker_id
         )
-    return ClaimedOperation.from_row({**row, "took_over": took_over})
+    return ClaimedOperation.from_claim(row, took_over=took_over)
 
 
 async def claim_cancellation(
@@ -223,9 +243,9 @@ async def claim_cancellation(
                 lease_expires_at = now() + make_interval(secs => $3)
             WHERE o.operation_id = $1 AND o.state = 'CANCEL_REQUESTED'
               AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-            RETURNING o.operation_id, o.owner_id, o.conversation_id, o.before_seq, o.after_seq,
-                      coalesce(o.snapshot_max_seq, o.after_seq) AS snapshot_max_seq, o.generation, o.attempt
-            """,
+            RETURNING """
+            + _CLAIMED_COLUMNS
+            + ", coalesce(o.snapshot_max_seq, o.after_seq) AS snapshot_max_seq",
             operation_id,
             worker_id,
             lease_seconds,
@@ -233,7 +253,7 @@ async def claim_cancellation(
         if row is None:
             return None
         took_over = await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
-    return ClaimedOperation.from_row({**row, "took_over": took_over})
+    return ClaimedOperation.from_claim(row, took_over=took_over)
 
 
 async def extend_lease(conn: asyncpg.Connection, *, operation_id: str, generation: int, lease_seconds: float) -> bool:
@@ -282,38 +302,34 @@ async def record_progress(
 
 
 async def succeed(
-    conn: asyncpg.Connection,
-    *,
-    operation_id: str,
-    generation: int,
-    object_key: str,
-    size_bytes: int,
-    sha256: str,
-    message_count: int,
-    result_ttl_seconds: int,
+    conn: asyncpg.Connection, *, operation_id: str, generation: int, files: ArtifactFiles, result_ttl_seconds: int
 ) -> bool:
-    """RUNNING -> SUCCEEDED with the published key; False when the lease or the state moved on.
+    """RUNNING -> SUCCEEDED with the published ``files``; False when the lease or the state moved on.
 
     A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (README: States and failure
-    model, Cancel). Closes the attempt as SUCCEEDED.
+    model, Cancel). Closes the attempt as SUCCEEDED. A split result has no size or sha256 of its own, only
+    its parts' (README: API reference, Export options).
     """
+    single = files.single
     async with conn.transaction():
         status = await conn.execute(
             """
             UPDATE operations SET state = 'SUCCEEDED', result_key = $3, result_size_bytes = $4,
-                result_sha256 = $5, result_message_count = $6,
-                result_expires_at = now() + make_interval(secs => $7),
-                progress_phase = 'done', messages_written = $6, bytes_written = $4,
+                result_sha256 = $5, result_message_count = $6, result_parts = $7::jsonb,
+                result_expires_at = now() + make_interval(secs => $8),
+                progress_phase = 'done', messages_written = $6, bytes_written = $9,
                 lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now()
             WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
             """,
             operation_id,
             generation,
-            object_key,
-            size_bytes,
-            sha256,
-            message_count,
+            files.key,
+            None if single is None else single.size_bytes,
+            None if single is None else single.sha256,
+            files.message_count,
+            files.parts_json(),
             float(result_ttl_seconds),
+            files.size_bytes,
         )
         return await close_attempt_if_matched(
             status, conn, operation_id=operation_id, generation=generation, outcome="SUCCEEDED"

@@ -74,7 +74,9 @@ async def test_export_watch_and_download_in_the_browser(
     # The stream has ended with SUCCEEDED: the row is drawn for the last time.
     done.find_element(By.CSS_SELECTOR, "button.download").click()
 
-    saved = browser.downloads / f"{cid}-{operation_id}.jsonl"
+    operation = await (await api.get(f"/v3/operations/{operation_id}", headers=auth(user))).json()
+    # The name the download's Content-Disposition gives (README: API reference, Download).
+    saved = browser.downloads / f"{cid}-{operation['created_at'][:10]}.jsonl"
     await wait_for(saved.exists, timeout=WAIT_SECONDS)
     assert saved.read_bytes() == content
 

@@ -27,6 +27,7 @@ REPRESENTATION_KEYS = {
     "state",
     "conversation_id",
     "request",
+    "estimate",
     "created_at",
     "updated_at",
     "attempt",

@@ -26,6 +26,7 @@ def writer(s3: Any, settings: Settings, key: str, started: list[str]) -> Artifac
         key=key,
         part_size=5 * MIB,
         timeout_seconds=settings.s3_timeout_seconds,
+        content_type="application/x-ndjson",
         on_upload_started=on_upload_started,
     )
 

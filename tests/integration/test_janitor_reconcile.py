@@ -271,3 +271,38 @@ async def test_a_key_the_batch_delete_refuses_does_not_keep_the_other_orphans(
 
     assert orphans.isdisjoint(await all_keys(s3, settings))
     assert removed == len(orphans) + (odd not in await all_keys(s3, settings))
+
+
+async def test_a_split_artifacts_record_names_every_part_under_its_folder(
+    janitor: Janitor, pool: asyncpg.Pool, s3: Any, settings: Settings
+) -> None:
+    await insert_operation(pool, "op_split", "SUCCEEDED", generation=1, result_key="exports/op_split/g1/")
+    await pool.execute(
+        "INSERT INTO artifacts (operation_id, generation, object_key, state) VALUES"
+        " ('op_split', 1, 'exports/op_split/g1/', 'PUBLISHED'), ('op_split', 2, 'exports/op_split/g2/', 'DELETED')"
+    )
+    await insert_operation(pool, "op_writing", "RUNNING", generation=1)
+    await shift(pool, "op_writing", "lease_expires_at", "1 minute")
+    await pool.execute(
+        "INSERT INTO artifacts (operation_id, generation, object_key, state)"
+        " VALUES ('op_writing', 1, 'exports/op_writing/g1/', 'WRITING')"
+    )
+    published = {await put(s3, settings, f"exports/op_split/g1/part-{n}.csv") for n in (1, 2)}
+    writing = await put(s3, settings, "exports/op_writing/g1/part-1.csv")
+    writing_upload = await start_upload(s3, settings, "exports/op_writing/g1/part-2.csv")
+    # Under a DELETED record's folder, and under a folder that only looks like one (its record is one file).
+    orphans = {
+        await put(s3, settings, "exports/op_split/g2/part-1.csv"),
+        await put(s3, settings, "exports/op_split/g1.csv/part-1.csv"),
+    }
+    stale_upload = await start_upload(s3, settings, "exports/op_split/g2/part-2.csv")
+    await wait_for(lambda: older_than_grace(s3, settings), timeout=GRACE_SECONDS + 10)
+    before = counters()
+
+    await janitor.run_pass()
+
+    assert await all_keys(s3, settings) == published | {writing}
+    assert await uploads(s3, settings) == {writing_upload}
+    assert orphans.isdisjoint(await all_keys(s3, settings))
+    assert stale_upload not in await uploads(s3, settings)
+    moved(before, orphans=2, uploads=1, passes_ok=1, pass_durations=1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from typing import Any
 
 import asyncpg
@@ -16,6 +17,7 @@ from prometheus_client import REGISTRY
 from services.worker.runner import LeaseRunner
 from shared.artifacts import remove_artifact
 from shared.repository import artifacts, operations
+from shared.repository.artifacts import ArtifactFiles, StoredPart
 from shared.repository.operations import ClaimedOperation
 from shared.settings import Settings
 from shared.storage import artifact_key
@@ -145,7 +147,7 @@ async def test_a_takeover_removes_a_partial_object_and_its_open_upload_then_writ
     await take_over(pool, s3, settings)
 
     row = await operation(pool)
-    new_key = artifact_key(settings, "op_1", 2)
+    new_key = artifact_key(settings, "op_1", 2, extension="jsonl", split=False)
     assert (row["state"], row["result_key"]) == ("SUCCEEDED", new_key)
     assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
     assert await keys(s3, settings) == {new_key}
@@ -167,9 +169,12 @@ async def test_an_object_whose_removal_died_halfway_is_never_adopted(
     await take_over(pool, s3, settings)
 
     row = await operation(pool)
-    assert (row["state"], row["result_key"]) == ("SUCCEEDED", artifact_key(settings, "op_1", 2))
+    assert (row["state"], row["result_key"]) == (
+        "SUCCEEDED",
+        artifact_key(settings, "op_1", 2, extension="jsonl", split=False),
+    )
     assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
-    assert await keys(s3, settings) == {artifact_key(settings, "op_1", 2)}
+    assert await keys(s3, settings) == {artifact_key(settings, "op_1", 2, extension="jsonl", split=False)}
 
 
 async def test_a_complete_object_that_no_longer_matches_its_record_is_not_adopted(
@@ -182,7 +187,10 @@ async def test_a_complete_object_that_no_longer_matches_its_record_is_not_adopte
     await take_over(pool, s3, settings)
 
     row = await operation(pool)
-    assert (row["state"], row["result_key"]) == ("SUCCEEDED", artifact_key(settings, "op_1", 2))
+    assert (row["state"], row["result_key"]) == (
+        "SUCCEEDED",
+        artifact_key(settings, "op_1", 2, extension="jsonl", split=False),
+    )
     assert row["result_sha256"] == hashlib.sha256(expected_file()).hexdigest()
     assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
 
@@ -190,7 +198,7 @@ async def test_a_complete_object_that_no_longer_matches_its_record_is_not_adopte
 async def test_a_served_result_is_never_removed_until_it_expires(
     pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
 ) -> None:
-    key = artifact_key(settings, "op_1", 1)
+    key = artifact_key(settings, "op_1", 1, extension="jsonl", split=False)
     await insert_operation(pool, "op_1", "SUCCEEDED", generation=2, result_key=key)
     await insert_artifact(pool, "op_1", 1, "PUBLISHED", data=b"x\n")
     await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"x\n")
@@ -248,9 +256,12 @@ async def test_a_removal_that_commits_first_wins_over_an_adoption_waiting_on_the
         await pool.release(remover)
 
     row = await operation(pool)
-    assert (row["state"], row["result_key"]) == ("SUCCEEDED", artifact_key(settings, "op_1", 2))
+    assert (row["state"], row["result_key"]) == (
+        "SUCCEEDED",
+        artifact_key(settings, "op_1", 2, extension="jsonl", split=False),
+    )
     assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
-    assert await keys(s3, settings) == {artifact_key(settings, "op_1", 2)}
+    assert await keys(s3, settings) == {artifact_key(settings, "op_1", 2, extension="jsonl", split=False)}
 
 
 async def test_the_old_holder_cannot_complete_an_artifact_that_is_being_removed(
@@ -261,7 +272,10 @@ async def test_the_old_holder_cannot_complete_an_artifact_that_is_being_removed(
     async with pool.acquire() as conn:
         assert await artifacts.start_removal(conn, operation_id="op_1", generation=1) is not None
         completed = await artifacts.complete_artifact(
-            conn, operation_id="op_1", generation=1, size_bytes=1, sha256="0" * 64, message_count=1
+            conn,
+            operation_id="op_1",
+            generation=1,
+            files=ArtifactFiles.one_file("k", size_bytes=1, sha256="0" * 64, message_count=1),
         )
     assert not completed
     assert await artifact_states(pool) == {1: "REMOVING"}
@@ -289,3 +303,65 @@ async def test_a_takeover_refused_at_start_removes_what_earlier_generations_left
     assert (row["state"], row["error_code"], row["generation"]) == ("FAILED", "ACCESS_REVOKED", 2)
     assert await artifact_states(pool) == {1: "DELETED"}
     assert await keys(s3, settings) == set()
+
+
+async def split_generation_one(pool: asyncpg.Pool, s3: Any, settings: Settings, state: str) -> tuple[str, bytes]:
+    """An abandoned op_1 asking for parts, whose generation 1 recorded its folder in ``state`` and stored the
+    one part the three messages fill (with its figures recorded when COMPLETE); (folder, part's bytes).
+    """
+    await abandoned_at_generation_one(pool)
+    await pool.execute("UPDATE operations SET max_part_bytes = $1", 5 * MIB)
+    folder = artifact_key(settings, "op_1", 1, extension="jsonl", split=True)
+    data = expected_file()
+    part = StoredPart(1, f"{folder}part-1.jsonl", len(data), hashlib.sha256(data).hexdigest(), 3, 1, 3)
+    files = ArtifactFiles(folder, (part,), split=True)
+    await pool.execute(
+        "INSERT INTO artifacts (operation_id, generation, object_key, state, size_bytes, message_count, parts)"
+        " VALUES ('op_1', 1, $1, $2, $3, 3, $4::jsonb)",
+        folder,
+        state,
+        len(data),
+        files.parts_json() if state == "COMPLETE" else None,
+    )
+    await s3.put_object(Bucket=settings.s3_bucket, Key=part.key, Body=data)
+    return folder, data
+
+
+async def test_a_takeover_adopts_an_earlier_generations_verified_parts(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    folder, data = await split_generation_one(pool, s3, settings, "COMPLETE")
+
+    await take_over(pool, s3, settings)
+
+    row = await operation(pool)
+    assert (row["state"], row["result_key"], row["result_size_bytes"], row["result_sha256"]) == (
+        "SUCCEEDED",
+        folder,
+        None,
+        None,
+    )
+    assert [part["sha256"] for part in json.loads(row["result_parts"])] == [hashlib.sha256(data).hexdigest()]
+    assert await artifact_states(pool) == {1: "PUBLISHED"}
+    assert await keys(s3, settings) == {f"{folder}part-1.jsonl"}
+
+
+@pytest.mark.parametrize("state", ["COMPLETE", "WRITING"])
+async def test_a_takeover_removes_earlier_parts_it_cannot_adopt_and_writes_its_own(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None, state: str
+) -> None:
+    folder, _ = await split_generation_one(pool, s3, settings, state)
+    # A part whose bytes changed after they were verified, and a part upload left open.
+    await s3.put_object(Bucket=settings.s3_bucket, Key=f"{folder}part-1.jsonl", Body=b"changed\n")
+    await s3.create_multipart_upload(Bucket=settings.s3_bucket, Key=f"{folder}part-2.jsonl")
+
+    await take_over(pool, s3, settings)
+
+    row = await operation(pool)
+    new_folder = artifact_key(settings, "op_1", 2, extension="jsonl", split=True)
+    assert (row["state"], row["result_key"]) == ("SUCCEEDED", new_folder)
+    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+    assert await keys(s3, settings) == {f"{new_folder}part-1.jsonl"}
+    assert await open_uploads(s3, settings) == set()
+    stored = await s3.get_object(Bucket=settings.s3_bucket, Key=f"{new_folder}part-1.jsonl")
+    assert await stored["Body"].read() == expected_file()

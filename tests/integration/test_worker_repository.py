@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from shared.repository import artifacts, operations
+from shared.repository.artifacts import ArtifactFiles
 from shared.repository.operations import ClaimedOperation, finish_cancel
 
 pytestmark = pytest.mark.integration
@@ -72,7 +73,7 @@ async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyn
     )
     assert not await artifacts.record_artifact(conn, **old, object_key="exports/op_1/g1.jsonl")
     assert not await operations.succeed(
-        conn, **old, object_key="k", size_bytes=1, sha256="s", message_count=1, result_ttl_seconds=60
+        conn, **old, files=ArtifactFiles.one_file("k", size_bytes=1, sha256="s", message_count=1), result_ttl_seconds=60
     )
     assert not await operations.end_attempt(conn, **old, state="FAILED", error_code="X", error_message="x")
     assert not await operations.hand_back(conn, **old)
@@ -84,10 +85,7 @@ async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyn
     assert await operations.succeed(
         conn,
         **current,
-        object_key="exports/op_1/g2.jsonl",
-        size_bytes=1,
-        sha256="s",
-        message_count=1,
+        files=ArtifactFiles.one_file("exports/op_1/g2.jsonl", size_bytes=1, sha256="s", message_count=1),
         result_ttl_seconds=60,
     )
     assert (await row(conn))["state"] == "SUCCEEDED"
@@ -101,7 +99,10 @@ async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps
     held: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
 
     assert not await operations.succeed(
-        conn, **held, object_key="k", size_bytes=1, sha256="s", message_count=1, result_ttl_seconds=60
+        conn,
+        **held,
+        files=ArtifactFiles.one_file("k", size_bytes=1, sha256="s", message_count=1),
+        result_ttl_seconds=60,
     )
     assert not await operations.record_progress(
         conn, **held, phase="writing", messages_written=1, bytes_written=1, lease_seconds=LEASE

@@ -133,9 +133,17 @@ async function cancelExport(id) {
   show(await response.json());
 }
 
+// A split result is saved part by part, each under the name the API gives it.
 async function downloadResult(operation) {
-  const blob = await (await call(operation.result.url)).blob();
-  const link = element("a", null, { download: operation.conversation_id + "-" + operation.operation_id + ".jsonl" });
+  const parts = operation.result.parts;
+  for (const url of parts ? parts.map((part) => part.url) : [operation.result.url]) await saveFile(url);
+}
+
+async function saveFile(url) {
+  const response = await call(url);
+  const named = /filename="([^"]+)"/.exec(response.headers.get("Content-Disposition") || "");
+  const blob = await response.blob();
+  const link = element("a", null, { download: named ? named[1] : "export" });
   link.href = URL.createObjectURL(blob);
   document.body.append(link);
   link.click();

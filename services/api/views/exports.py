@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 from typing import Any
@@ -20,17 +21,17 @@ from services.api.preconditions import Outcome, Validators
 from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.responses import NO_STORE, operation_response
+from services.api.results import DOWNLOAD_SAFETY, ResultFile, content_disposition, result_file
 from services.api.schemas import ExportSubmission
 from services.api.submission import submit
 from services.api.transfer import TransferCut, stream
 from shared.db import TRANSIENT_DATABASE_ERRORS
-from shared.fingerprint import ExportRequest
 from shared.ids import is_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository import operations
 from shared.repository.access_events import record_access_event
 from shared.repository.conversations import is_member
-from shared.representation import RESULT_CONTENT_TYPE, is_terminal, operation_url
+from shared.representation import is_terminal, operation_url
 from shared.settings import Settings
 from shared.states import State
 from shared.webhooks.targets import RefusedTarget, check_url
@@ -50,9 +51,7 @@ async def submit_export(request: web.Request) -> web.Response:
     body = await read_model(request, ExportSubmission, max_bytes=settings.export_request_max_bytes)
     conversation_id = request.match_info["cid"]
     notify_url = None if body.notify is None else _notify_url(body.notify.url, settings)
-    export = ExportRequest(
-        format=body.format, before_seq=body.before_seq, after_seq=body.after_seq, notify_url=notify_url
-    )
+    export = body.export_request(notify_url=notify_url)
     async with request.app[POOL].acquire() as conn:
         async with conn.transaction():
             if not await is_member(conn, conversation_id=conversation_id, user_id=owner_id):
@@ -101,8 +100,20 @@ def _notify_url(url: str, settings: Settings) -> str:
 
 
 async def download_result(request: web.Request) -> web.StreamResponse:
-    """``GET /v3/exports/{id}/result``: the checks of the README's Download, then the preconditions of
-    RFC 9110 section 13 (304, 412, ``If-Range``), then the file streamed from S3.
+    """``GET /v3/exports/{id}/result``: the file of a result that is not split (README: API reference, Download)."""
+    return await _download(request, part_number=None)
+
+
+async def download_part(request: web.Request) -> web.StreamResponse:
+    """``GET /v3/exports/{id}/result/parts/{number}``: one part of a split result, by the same rules as
+    ``download_result`` (README: API reference, Export options).
+    """
+    return await _download(request, part_number=request.match_info["number"])
+
+
+async def _download(request: web.Request, *, part_number: str | None) -> web.StreamResponse:
+    """The checks of the README's Download, then the preconditions of RFC 9110 section 13 (304, 412,
+    ``If-Range``), then the file (``part_number`` of a split result, or the single file) streamed from S3.
 
     Every attempt is recorded as an access event with the caller's user id, also for an operation that is
     not the caller's or does not exist: ``GRANTED`` once the file is open, ``NOT_MODIFIED`` for a 304, else
@@ -118,7 +129,8 @@ async def download_result(request: web.Request) -> web.StreamResponse:
     try:
         async with request.app[POOL].acquire() as conn:
             row = await _authorize_download(conn, operation_id=operation_id, user_id=user_id)
-        validators = Validators(etag=row["result_sha256"], last_modified=row["finished_at"])
+        file = result_file(row, part_number)
+        validators = Validators(etag=file.sha256, last_modified=row["finished_at"])
         outcome = validators.evaluate(request.headers)
         if outcome is Outcome.PRECONDITION_FAILED:
             raise Problem("PRECONDITION_FAILED", "A precondition of the request does not hold for this result.")
@@ -126,13 +138,13 @@ async def download_result(request: web.Request) -> web.StreamResponse:
             await _record_access(request, operation_id, user_id, "NOT_MODIFIED")
             return web.Response(status=304, headers=_validator_headers(validators))
         wanted = validators.range_applies(request.headers)
-        byte_range = _requested_range(request, row["result_size_bytes"]) if wanted else None
+        byte_range = _requested_range(request, file.size_bytes) if wanted else None
         slots.check(user_id)
     except Exception as refusal:
         await _record_refusal(request, operation_id, user_id, refusal)
         raise
     with slots.take(user_id):
-        return await _send_result(request, row, byte_range, validators)
+        return await _send_result(request, file, byte_range, validators)
 
 
 async def _record_access(request: web.Request, operation_id: str, user_id: str, outcome: str) -> None:
@@ -189,19 +201,19 @@ def _requested_range(request: web.Request, size: int) -> ByteRange | None:
 
 
 async def _send_result(
-    request: web.Request, row: asyncpg.Record, byte_range: ByteRange | None, validators: Validators
+    request: web.Request, file: ResultFile, byte_range: ByteRange | None, validators: Validators
 ) -> web.StreamResponse:
-    user_id, operation_id = request[PRINCIPAL].user_id, row["operation_id"]
-    length = byte_range.length if byte_range else row["result_size_bytes"]
+    user_id, operation_id = request[PRINCIPAL].user_id, file.operation_id
+    length = byte_range.length if byte_range else file.size_bytes
     # A HEAD answer has the GET's headers and no body (RFC 9110 9.3.2); a StreamResponse would send whatever
     # is written, and the client would read the file as the next response, so the file is not even opened.
     sends_body = length > 0 and request.method != hdrs.METH_HEAD
     try:
-        body = await _open_result(request, row["result_key"], byte_range) if sends_body else None
+        body = await _open_result(request, file.key, byte_range) if sends_body else None
     except Exception as refusal:
         await _record_refusal(request, operation_id, user_id, refusal)
         raise
-    headers = _download_headers(row, byte_range, validators)
+    headers = _download_headers(file, byte_range, validators)
     response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
     response.content_length = length
     async with body if body is not None else contextlib.nullcontext():
@@ -266,11 +278,14 @@ def _validator_headers(validators: Validators) -> dict[str, str]:
     return {**NO_STORE, "ETag": validators.etag_header, "Last-Modified": validators.last_modified_header}
 
 
-def _download_headers(row: asyncpg.Record, byte_range: ByteRange | None, validators: Validators) -> dict[str, str]:
+def _download_headers(file: ResultFile, byte_range: ByteRange | None, validators: Validators) -> dict[str, str]:
     headers = {
         **_validator_headers(validators),
-        "Content-Type": RESULT_CONTENT_TYPE,
-        "Content-Disposition": f'attachment; filename="{row["conversation_id"]}-{row["operation_id"]}.jsonl"',
+        **DOWNLOAD_SAFETY,
+        "Content-Type": file.content_type,
+        "Content-Disposition": content_disposition(file.filename),
+        # The whole file's digest, also on a 206 (RFC 9530 section 2: the selected representation's).
+        "Repr-Digest": f"sha-256=:{base64.b64encode(bytes.fromhex(file.sha256)).decode()}:",
         "Accept-Ranges": "bytes",
     }
     if byte_range:

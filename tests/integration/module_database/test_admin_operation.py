@@ -21,6 +21,7 @@ from services.janitor.janitor import Janitor
 from services.worker.runner import LeaseRunner
 from shared.repair import requeue
 from shared.repository import operations
+from shared.repository.artifacts import ArtifactFiles
 from shared.settings import Settings
 from shared.storage import artifact_key
 from tests.helpers import expect_problem, import_lines, make_conversation, running_pipeline, submit, wait_terminal
@@ -104,7 +105,7 @@ async def test_a_successful_export_shows_one_succeeded_attempt_and_its_published
     [artifact] = view["artifacts"]
     assert artifact == {
         "generation": 1,
-        "object_key": artifact_key(settings, operation_id, 1),
+        "object_key": artifact_key(settings, operation_id, 1, extension="jsonl", split=False),
         "state": "PUBLISHED",
         "upload_id": None,
         "size_bytes": result["size_bytes"],
@@ -203,7 +204,9 @@ async def test_downloads_that_storage_fails_are_access_events(
     )
     async with TestClient(TestServer(init_app(unreachable))) as cut_off:
         await expect_problem(await cut_off.get(url, headers=auth("alice")), 503, "SERVICE_UNAVAILABLE")
-    await s3.delete_object(Bucket=settings.s3_bucket, Key=artifact_key(settings, operation_id, 1))
+    await s3.delete_object(
+        Bucket=settings.s3_bucket, Key=artifact_key(settings, operation_id, 1, extension="jsonl", split=False)
+    )
     await expect_problem(await api.get(url, headers=auth("alice")), 500, "INTERNAL")
 
     assert await download_events(pool, operation_id) == [("alice", "SERVICE_UNAVAILABLE"), ("alice", "INTERNAL")]
@@ -251,10 +254,7 @@ def _succeed(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
         conn,
         operation_id="op_1",
         generation=generation,
-        object_key="k",
-        size_bytes=0,
-        sha256=digest,
-        message_count=0,
+        files=ArtifactFiles.one_file("k", size_bytes=0, sha256=digest, message_count=0),
         result_ttl_seconds=60,
     )
 

@@ -1,21 +1,26 @@
 """The command-line client (README: Command-line client), run as the ``chatexport`` command in its own
 process against the real API, relay, worker and janitor: a verified file, a rerun that follows the same
-operation, a resumed download guarded by If-Range, and the exit codes of refusals.
+operation, a resumed download guarded by If-Range, the export options, split results, incremental runs,
+and the exit codes of refusals.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 from chatexport.client.api import Api
 from chatexport.client.exporting import state_path
+from chatexport.client.incremental import history_path
 from tests.helpers import expected_file, import_lines, make_conversation, read_all, submit, wait_terminal
 from tests.integration.messages_support import Auth, Client
 
@@ -166,6 +171,15 @@ async def test_refusals_exit_with_their_code_and_print_the_problem(api: Client, 
         ("export", CID, "-o", "no-such-folder/out.jsonl"),
         ("export", CID, "--api", "not-a-url"),
         ("export", CID, "--after-seq", "-1"),
+        ("export", CID, "--since", "2024-05-01T08:00:00"),
+        ("export", CID, "--until", "2024-02-30T08:00:00Z"),
+        ("export", CID, "--since", "2024-05-02T00:00:00Z", "--until", "2024-05-01T00:00:00Z"),
+        ("export", CID, "--sender", "a b"),
+        ("export", CID, "--format", "xml"),
+        ("export", CID, "--max-part-bytes", "5242879"),
+        ("export", CID, "--incremental", "--format", "csv"),
+        ("export", CID, "--incremental", "--max-part-bytes", "5242880"),
+        ("export", CID, "--incremental", "--after-seq", "3"),
     ],
 )
 async def test_bad_arguments_are_usage_errors(api: Client, auth: Auth, arguments: tuple[str, ...]) -> None:
@@ -183,3 +197,157 @@ async def test_a_state_file_that_is_not_ours_is_a_usage_error(
     run = await chatexport(api, token_of(auth, "alice"), "export", CID, "-o", str(output))
     assert run.code == 2, run
     assert "not a state file" in run.stderr and "Traceback" not in run.stderr
+
+
+async def only_operation(api: Client, auth: Auth) -> dict[str, Any]:
+    """Alice's one operation, as the API shows it."""
+    response = await api.get("/v3/operations", headers=auth("alice"))
+    operations: list[dict[str, Any]] = (await response.json())["operations"]
+    [operation] = operations
+    return operation
+
+
+async def test_the_export_options_reach_the_request(api: Client, auth: Auth, pipeline: None, tmp_path: Path) -> None:
+    await conversation(api, auth)
+    output = tmp_path / "out.csv.gz"
+
+    run = await chatexport(
+        api,
+        token_of(auth, "alice"),
+        "export",
+        CID,
+        "-o",
+        str(output),
+        "--format",
+        "csv",
+        "--gzip",
+        "--sender",
+        "alice",
+        "--since",
+        "2000-01-01T00:00:00+02:00",
+    )
+
+    assert run.code == 0, run
+    assert "(verified)" in run.stdout and gzip.decompress(output.read_bytes())
+    operation = await only_operation(api, auth)
+    # Every option in canonical form: the time in UTC, the defaults shown.
+    assert {
+        "format": "csv",
+        "compression": "gzip",
+        "senders": ["alice"],
+        "since": "1999-12-31T22:00:00.000Z",
+        "until": None,
+        "after_seq": 0,
+        "before_seq": None,
+        "max_part_bytes": None,
+    }.items() <= operation["request"].items()
+    assert operation["result"]["content_type"] == "application/gzip"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.csv.gz"]
+
+
+async def test_senders_choose_whose_messages_are_exported(
+    api: Client, auth: Auth, pipeline: None, tmp_path: Path
+) -> None:
+    await make_conversation(api, auth, CID, ["alice", "bob"])
+    await import_lines(
+        api,
+        auth,
+        CID,
+        [{"message_id": f"m{n}", "sender_id": ("alice", "bob")[n % 2], "body": f"body {n}"} for n in range(20)],
+    )
+    bobs = [message for message in await read_all(api, auth, "alice", CID) if message["sender_id"] == "bob"]
+    output = tmp_path / "bob.jsonl"
+
+    run = await chatexport(api, token_of(auth, "alice"), "export", CID, "-o", str(output), "--sender", "bob")
+
+    assert run.code == 0, run
+    assert output.read_bytes() == expected_file(bobs)
+
+
+async def test_a_split_result_is_written_part_by_part_by_export_and_by_download(
+    api: Client, auth: Auth, pipeline: None, tmp_path: Path
+) -> None:
+    content = await conversation(api, auth)
+
+    run = await chatexport(
+        api, token_of(auth, "alice"), "export", CID, "-o", str(tmp_path / "out.jsonl"), "--max-part-bytes", "5242880"
+    )
+
+    assert run.code == 0, run
+    # 40 short messages fit in one part of 5 MiB; the parts path is the same for more.
+    assert (tmp_path / "out.part-1.jsonl").read_bytes() == content
+    assert f"{tmp_path / 'out.part-1.jsonl'}: 40 messages" in run.stdout
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.part-1.jsonl"]
+
+    operation = await only_operation(api, auth)
+    download = await chatexport(
+        api,
+        token_of(auth, "alice"),
+        "operations",
+        "download",
+        operation["operation_id"],
+        "-o",
+        str(tmp_path / "d.jsonl"),
+    )
+    assert download.code == 0, download
+    assert (tmp_path / "d.part-1.jsonl").read_bytes() == content
+    assert not (tmp_path / "d.jsonl").exists()
+
+
+async def test_incremental_runs_append_only_what_is_new(
+    api: Client, auth: Auth, pipeline: None, tmp_path: Path
+) -> None:
+    await conversation(api, auth)
+    output = tmp_path / "out.jsonl"
+    alice = token_of(auth, "alice")
+
+    first = await chatexport(api, alice, "export", CID, "-o", str(output), "--incremental")
+    await import_lines(
+        api, auth, CID, [{"message_id": f"n{n}", "sender_id": "alice", "body": f"new {n}"} for n in range(10)]
+    )
+    second = await chatexport(api, alice, "export", CID, "-o", str(output), "--incremental")
+    nothing_new = await chatexport(api, alice, "export", CID, "-o", str(output), "--incremental")
+
+    assert (first.code, second.code, nothing_new.code) == (0, 0, 0), (first, second, nothing_new)
+    messages = await read_all(api, auth, "alice", CID)
+    assert output.read_bytes() == expected_file(messages)
+    assert "appended 10 messages" in second.stdout and "appended 0 messages" in nothing_new.stdout
+    assert json.loads(history_path(output).read_text())["next_after_seq"] == messages[-1]["seq"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.jsonl", "out.jsonl.incremental.json"]
+
+
+async def test_incremental_gzip_runs_make_one_valid_gzip_file(
+    api: Client, auth: Auth, pipeline: None, tmp_path: Path
+) -> None:
+    await conversation(api, auth)
+    output = tmp_path / "out.jsonl.gz"
+    alice = token_of(auth, "alice")
+
+    first = await chatexport(api, alice, "export", CID, "-o", str(output), "--incremental", "--gzip")
+    await import_lines(api, auth, CID, [{"message_id": "late", "sender_id": "alice", "body": "late"}])
+    second = await chatexport(api, alice, "export", CID, "-o", str(output), "--incremental", "--gzip")
+
+    assert (first.code, second.code) == (0, 0), (first, second)
+    assert gzip.decompress(output.read_bytes()) == expected_file(await read_all(api, auth, "alice", CID))
+
+
+async def test_an_append_a_crash_interrupted_is_cut_back_by_the_next_run(
+    api: Client, auth: Auth, pipeline: None, tmp_path: Path
+) -> None:
+    await conversation(api, auth)
+    output = tmp_path / "out.jsonl"
+    alice = token_of(auth, "alice")
+    first = await chatexport(api, alice, "export", CID, "-o", str(output), "--incremental")
+    assert first.code == 0, first
+    # What a crash after the append and before the watermark's save leaves: the pending watermark recorded,
+    # OUTPUT longer than the size recorded with it.
+    state = json.loads(history_path(output).read_text())
+    history_path(output).write_text(json.dumps({**state, "pending_next_after_seq": state["next_after_seq"] + 1}))
+    with output.open("ab") as file:
+        file.write(b'{"seq": 41, "body": "half a li')
+    await import_lines(api, auth, CID, [{"message_id": "late", "sender_id": "alice", "body": "late"}])
+
+    rerun = await chatexport(api, alice, "export", CID, "-o", str(output), "--incremental")
+
+    assert rerun.code == 0, rerun
+    assert output.read_bytes() == expected_file(await read_all(api, auth, "alice", CID))

@@ -5,6 +5,7 @@ finished by the janitor, the worker's own membership check, and what the file ho
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from typing import Any
@@ -87,6 +88,7 @@ async def test_download_serves_the_file_with_its_headers_and_ranges(
         "sha256": sha256,
         "message_count": 12,
         "content_type": NDJSON,
+        "next_after_seq": 12,
     }
     assert TIMESTAMP.match(result["expires_at"])
     assert operation["snapshot"] == {"max_seq": 12}
@@ -100,7 +102,11 @@ async def test_download_serves_the_file_with_its_headers_and_ranges(
     content = await full.read()
     assert content == expected
     assert full.headers["Content-Type"] == NDJSON
-    assert full.headers["Content-Disposition"].startswith("attachment")
+    created = operation["created_at"][:10]
+    assert full.headers["Content-Disposition"] == f'attachment; filename="c-d-{created}.jsonl"'
+    assert full.headers["Repr-Digest"] == f"sha-256=:{base64.b64encode(hashlib.sha256(expected).digest()).decode()}:"
+    assert full.headers["Content-Security-Policy"] == "sandbox"
+    assert full.headers["X-Content-Type-Options"] == "nosniff"
     assert full.headers["Cache-Control"] == "no-store"
     assert full.headers["Content-Length"] == str(size)
     assert full.headers["ETag"] == f'"{sha256}"'
@@ -120,6 +126,7 @@ async def test_download_serves_the_file_with_its_headers_and_ranges(
         assert partial.headers["Content-Length"] == str(last - first + 1), header
         assert partial.headers["Content-Type"] == NDJSON, header
         assert partial.headers["ETag"] == f'"{sha256}"', header
+        assert partial.headers["Repr-Digest"] == full.headers["Repr-Digest"], header
         assert partial.headers["Cache-Control"] == "no-store", header
     unsatisfiable = await api.get(result["url"], headers={**auth("alice"), "Range": f"bytes={size}-"})
     await expect_problem(unsatisfiable, 416, "RANGE_NOT_SATISFIABLE")

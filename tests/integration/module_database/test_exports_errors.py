@@ -24,6 +24,8 @@ pytestmark = pytest.mark.integration
 
 NOTHING = dict.fromkeys(("operations", "idempotency_keys", "outbox"), 0)
 VALID = {"format": "jsonl"}
+# The default body limit (README: Configuration, CHATEXPORT_EXPORT_REQUEST_MAX_BYTES).
+LIMIT = 64 * 1024
 
 
 @pytest.fixture
@@ -148,8 +150,21 @@ async def test_body_that_is_not_json_or_not_utf8_is_400(
 # body -> the ``loc`` one of the errors must name.
 SCHEMA_VIOLATIONS: dict[bytes, list[Any]] = {
     b'{"format":"jsonl","extra":1}': ["body", "extra"],
-    b'{"format":"csv"}': ["body", "format"],
-    b"{}": ["body", "format"],
+    b'{"format":"xml"}': ["body", "format"],
+    b'{"format":null}': ["body", "format"],
+    b'{"since":"2026-03-08T01:30:00"}': ["body", "since"],
+    b'{"since":"2026-03-08"}': ["body", "since"],
+    b'{"until":"0999-12-31T23:59:59Z"}': ["body", "until"],
+    b'{"since":"2026-03-08T10:00:00+01:00","until":"2026-03-08T09:00:00Z"}': ["body"],
+    b'{"since":"2026-03-08T10:00:00+01:00","until":"2026-03-08T09:00:00.000Z"}': ["body"],
+    b'{"senders":[]}': ["body", "senders"],
+    b'{"senders":"alice"}': ["body", "senders"],
+    b'{"senders":["' + b"a" * 65 + b'"]}': ["body", "senders", 0],
+    b'{"senders":[' + b",".join(b'"u%d"' % n for n in range(101)) + b"]}": ["body", "senders"],
+    b'{"compression":"zip"}': ["body", "compression"],
+    b'{"max_part_bytes":5242879}': ["body", "max_part_bytes"],
+    b'{"max_part_bytes":"5242880"}': ["body", "max_part_bytes"],
+    b'{"parts":2}': ["body", "parts"],
     b'{"format":"jsonl","before_seq":0}': ["body", "before_seq"],
     b'{"format":"jsonl","before_seq":-1}': ["body", "before_seq"],
     b'{"format":"jsonl","before_seq":"9"}': ["body", "before_seq"],
@@ -193,21 +208,21 @@ async def test_schema_violation_is_422_with_errors(api: Client, auth: Auth, pool
     assert response.status == 202, await response.text()
 
 
-async def test_body_over_1_kib_is_413_and_1_kib_is_accepted(
+async def test_body_over_64_kib_is_413_and_64_kib_is_accepted(
     api: Client, auth: Auth, pool: asyncpg.Pool, members: None
 ) -> None:
     def padded(size: int) -> bytes:
         return b'{"format":"jsonl"' + b" " * (size - 18) + b"}"
 
-    assert len(padded(1025)) == 1025
-    response = await post_export(api, auth("alice"), "c-a", padded(1025))
+    assert len(padded(LIMIT + 1)) == LIMIT + 1
+    response = await post_export(api, auth("alice"), "c-a", padded(LIMIT + 1))
     await expect_problem(response, 413, "PAYLOAD_TOO_LARGE")
-    response = await post_export(api, auth("alice"), "c-a", padded(2048))
+    response = await post_export(api, auth("alice"), "c-a", padded(2 * LIMIT))
     await expect_problem(response, 413, "PAYLOAD_TOO_LARGE")
 
     async def chunks() -> AsyncIterator[bytes]:
         # Without Content-Length: the limit holds for a streamed body too.
-        for _ in range(8):
+        for _ in range(LIMIT // 256 + 1):
             yield b" " * 256
 
     streamed = await api.post(
@@ -218,8 +233,30 @@ async def test_body_over_1_kib_is_413_and_1_kib_is_accepted(
     await expect_problem(streamed, 413, "PAYLOAD_TOO_LARGE")
     assert await stored(pool) == NOTHING
 
-    accepted = await post_export(api, auth("alice"), "c-a", padded(1024))
+    accepted = await post_export(api, auth("alice"), "c-a", padded(LIMIT))
     assert accepted.status == 202, await accepted.text()
+
+
+async def test_the_largest_valid_request_is_accepted_even_with_every_character_escaped(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None
+) -> None:
+    def escaped(text: str) -> str:
+        return "".join(f"\\u{ord(char):04x}" for char in text)
+
+    senders = [f"{number:03d}" + "s" * 61 for number in range(100)]
+    notify = "https://hooks.example.com/" + "p" * (900 - len("https://hooks.example.com/"))
+    listed = ",".join('"' + escaped(sender) + '"' for sender in senders)
+    body = (
+        '{"format":"csv","compression":"gzip","max_part_bytes":5242880,"after_seq":0,"before_seq":'
+        f'{2**63 - 1},"since":"{escaped("2026-03-08T01:30:00.000-05:00")}",'
+        f'"until":"{escaped("2026-03-08T03:30:00.000-04:00")}",'
+        f'"senders":[{listed}],'
+        f'"notify":{{"url":"{escaped(notify)}"}}}}'
+    ).encode()
+    assert 40_000 < len(body) <= LIMIT
+    response = await post_export(api, auth("alice"), "c-a", body)
+    assert response.status == 202, await response.text()
+    assert (await response.json())["request"]["senders"] == senders
 
 
 async def test_body_of_another_media_type_is_415(api: Client, auth: Auth, pool: asyncpg.Pool, members: None) -> None:
@@ -237,7 +274,7 @@ async def test_body_of_another_media_type_is_415(api: Client, auth: Auth, pool: 
 
 async def test_checks_run_in_the_documented_order(api: Client, auth: Auth, pool: asyncpg.Pool, members: None) -> None:
     alice = auth("alice")
-    too_large = b'{"format":"jsonl"' + b" " * 2048 + b"}"
+    too_large = b'{"format":"jsonl"' + b" " * LIMIT + b"}"
     # Idempotency-Key syntax before the body.
     cases = [
         (await post_export(api, alice, "c-a", b"{", key="a b"), 400, "IDEMPOTENCY_KEY_INVALID"),
@@ -247,13 +284,13 @@ async def test_checks_run_in_the_documented_order(api: Client, auth: Auth, pool:
             400,
             "IDEMPOTENCY_KEY_INVALID",
         ),
-        (await post_export(api, alice, "c-a", b'{"format":"csv"}', key=None), 400, "IDEMPOTENCY_KEY_MISSING"),
+        (await post_export(api, alice, "c-a", b'{"format":"xml"}', key=None), 400, "IDEMPOTENCY_KEY_MISSING"),
         # Within the body: 415, then 413, then 400, then 422.
         (await post_export(api, alice, "c-a", too_large, content_type="text/plain"), 415, "UNSUPPORTED_MEDIA_TYPE"),
         (await post_export(api, alice, "c-a", too_large[:-1] + b"!"), 413, "PAYLOAD_TOO_LARGE"),
         # The body before membership: a non-member and a missing conversation get the body errors.
-        (await post_export(api, alice, "c-other", b'{"format":"csv"}'), 422, "VALIDATION_FAILED"),
-        (await post_export(api, alice, "c-nowhere", b'{"format":"csv"}'), 422, "VALIDATION_FAILED"),
+        (await post_export(api, alice, "c-other", b'{"format":"xml"}'), 422, "VALIDATION_FAILED"),
+        (await post_export(api, alice, "c-nowhere", b'{"format":"xml"}'), 422, "VALIDATION_FAILED"),
         (await post_export(api, alice, "c-other", b"{"), 400, "MALFORMED_JSON"),
         (await post_export(api, alice, "c-other", too_large), 413, "PAYLOAD_TOO_LARGE"),
         (await post_export(api, alice, "c-other", VALID, content_type="text/plain"), 415, "UNSUPPORTED_MEDIA_TYPE"),

@@ -73,7 +73,17 @@ async def test_owner_sees_the_documented_representation(
     assert body["kind"] == "conversation_export"
     assert body["state"] == "QUEUED"
     assert body["conversation_id"] == "c-a"
-    assert body["request"] == {"format": "jsonl", "before_seq": 9, "after_seq": 2}
+    assert body["request"] == {
+        "format": "jsonl",
+        "before_seq": 9,
+        "after_seq": 2,
+        "since": None,
+        "until": None,
+        "senders": None,
+        "compression": "none",
+        "max_part_bytes": None,
+    }
+    assert body["estimate"] == {"messages_at_most": 6}
     assert TIMESTAMP.match(body["created_at"]), body["created_at"]
     assert TIMESTAMP.match(body["updated_at"]), body["updated_at"]
     async with pool.acquire() as conn:
@@ -89,7 +99,17 @@ async def test_owner_sees_the_documented_representation(
     assert body["next_poll_after_seconds"] == 1
 
     plain = await create(api, auth, "alice", "c-a", "k-2")
-    assert plain["request"] == {"format": "jsonl", "before_seq": None, "after_seq": 0}
+    assert plain["request"] == {
+        "format": "jsonl",
+        "before_seq": None,
+        "after_seq": 0,
+        "since": None,
+        "until": None,
+        "senders": None,
+        "compression": "none",
+        "max_part_bytes": None,
+    }
+    assert plain["estimate"] == {"messages_at_most": None}
 
 
 async def test_operation_ids_are_opaque_and_random(api: Client, auth: Auth, settings: Settings, members: None) -> None:

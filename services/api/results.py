@@ -1,0 +1,83 @@
+"""Which stored file a download serves, and how it is named (README: API reference, Download; Export options)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC
+from urllib.parse import quote
+
+import asyncpg
+
+from services.api.problems import Problem, not_found
+from shared.fingerprint import ExportRequest
+from shared.representation import result_parts
+
+# Sent with every file: a browser that opens a downloaded HTML transcript (or is tricked into rendering any
+# result) runs it in a sandbox with an opaque origin, never with the api's or the page's, and never guesses
+# another type than the one sent.
+DOWNLOAD_SAFETY = {"Content-Security-Policy": "sandbox", "X-Content-Type-Options": "nosniff"}
+
+# What may stand in a quoted filename without escaping (RFC 6266 section 4.3 advises plain ASCII there).
+_PLAIN_FILENAME = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """One downloadable object of a SUCCEEDED operation: its S3 ``key``, stored ``size_bytes`` and hex
+    ``sha256``, media type, and the file name a browser should save it under.
+    """
+
+    operation_id: str
+    key: str
+    size_bytes: int
+    sha256: str
+    content_type: str
+    filename: str
+
+
+def result_file(row: asyncpg.Record, part_number: str | None) -> ResultFile:
+    """The file of ``row`` (a SUCCEEDED operation) that a download asks for: ``part_number`` (decimal text,
+    1-based) of a split result, or the single file when None.
+
+    Raises ``Problem`` RESULT_IN_PARTS (409) for the single file of a split result, NOT_FOUND for a part
+    that does not exist (and any part of a result that is one file).
+    """
+    request = ExportRequest.from_row(row)
+    kind = request.file_kind
+    stem = f"{row['conversation_id']}-{row['created_at'].astimezone(UTC):%Y-%m-%d}"
+    parts = {str(part["number"]): part for part in result_parts(row)}
+    common = {"operation_id": row["operation_id"], "content_type": kind.content_type}
+    if part_number is None:
+        if parts:
+            raise Problem(
+                "RESULT_IN_PARTS",
+                "This result is split into parts; download each one from the operation's result.parts.",
+            )
+        return ResultFile(
+            key=row["result_key"],
+            size_bytes=row["result_size_bytes"],
+            sha256=row["result_sha256"],
+            filename=f"{stem}.{kind.extension}",
+            **common,
+        )
+    part = parts.get(part_number)
+    if part is None:
+        raise not_found()
+    return ResultFile(
+        key=part["key"],
+        size_bytes=part["size_bytes"],
+        sha256=part["sha256"],
+        filename=f"{stem}.part-{part_number}.{kind.extension}",
+        **common,
+    )
+
+
+def content_disposition(filename: str) -> str:
+    """``attachment`` with ``filename`` (RFC 6266): quoted when it is plain ASCII, else an ASCII stand-in
+    plus ``filename*`` in UTF-8 (RFC 8187).
+    """
+    if _PLAIN_FILENAME.fullmatch(filename):
+        return f'attachment; filename="{filename}"'
+    fallback = "".join(char if _PLAIN_FILENAME.fullmatch(char) else "_" for char in filename)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"

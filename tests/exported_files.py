@@ -1,0 +1,73 @@
+"""What an exported file holds, read back the way its users read it: CSV with Python's csv module, HTML with
+an HTML parser (README: API reference, Export options).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from html.parser import HTMLParser
+
+# Cells a spreadsheet would run, and what the CSV holds for them (README: API reference, Export options).
+FORMULAS = ["=1+1", "+1", "-1", "@SUM(A1)", "\tTab", "\rCR"]
+BODIES = [
+    "hello",
+    'quote " and , comma',
+    "two\nlines",
+    "crlf\r\ninside",
+    "<script>alert(1)</script>",
+    "&amp; is not &",
+    "مرحبا بالعالم",
+    "emoji 😀",
+    "\u2028",
+    *FORMULAS,
+]
+
+
+class Transcript(HTMLParser):
+    """The text of every ``<p class="body">`` and every tag and attribute seen."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.bodies: list[str] = []
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self._in_body = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag == "p" and dict(attrs).get("class") == "body":
+            self._in_body = True
+            self.bodies.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "p":
+            self._in_body = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_body:
+            self.bodies[-1] += data
+
+
+def parsed(content: bytes) -> Transcript:
+    transcript = Transcript()
+    transcript.feed(content.decode("utf-8"))
+    transcript.close()
+    return transcript
+
+
+def assert_self_contained(transcript: Transcript) -> None:
+    assert not [tag for tag, _ in transcript.tags if tag in ("script", "iframe", "object", "embed", "link", "img")]
+    for tag, attrs in transcript.tags:
+        assert not {"src", "href"} & attrs.keys(), tag
+        assert not [name for name in attrs if name.startswith("on")], tag
+
+
+def csv_rows(content: bytes) -> list[list[str]]:
+    """The rows of a UTF-8 CSV file, header first."""
+    return list(csv.reader(io.StringIO(content.decode("utf-8"), newline="")))
+
+
+def big_bodies(count: int) -> list[str]:
+    """``count`` bodies of about 4 KB, some of them formula-like, quoted or markup."""
+    starts = ("=", "<b>", '"', "x")
+    return [f"{starts[n % 4]}{n:06d} " + "é" * 2000 for n in range(count)]
