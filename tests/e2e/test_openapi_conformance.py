@@ -48,12 +48,14 @@ class World:
     headers: dict[str, dict[str, str]]
 
 
-async def succeeded_export(api: aiohttp.ClientSession, auth: Headers, member: str) -> tuple[str, str]:
-    """A new conversation of ``member`` alone with five messages, exported: (conversation id, operation id)."""
+async def succeeded_export(api: aiohttp.ClientSession, auth: Headers, member: str, **options: Any) -> tuple[str, str]:
+    """A new conversation of ``member`` alone with five messages, exported with ``options``: (conversation id,
+    operation id).
+    """
     cid = unique("oas-conversation")
     await make_conversation(api, auth, cid, [member])
     await import_lines(api, auth, cid, [{"message_id": f"m{n}", "sender_id": member, "body": f"{n}"} for n in range(5)])
-    response = await submit(api, auth, member, cid, {"format": "jsonl"}, unique("key"))
+    response = await submit(api, auth, member, cid, {"format": "jsonl", **options}, unique("key"))
     assert response.status == 202, await response.text()
     operation = await wait_terminal(api, auth, member, response.headers["Location"], timeout=60)
     assert operation["state"] == "SUCCEEDED", operation
@@ -62,7 +64,8 @@ async def succeeded_export(api: aiohttp.ClientSession, auth: Headers, member: st
 
 @pytest.fixture(scope="module")
 async def world(system: LocalSystem, auth: Headers) -> World:
-    """Two exported conversations of one member, who then leaves the second one.
+    """Two exported conversations of one member, who then leaves the second one, and a third exported in
+    parts (one part: five messages are far below the part size).
 
     Module-scoped: every generated case of every operation shares it (hypothesis refuses function scope).
     """
@@ -70,12 +73,18 @@ async def world(system: LocalSystem, auth: Headers) -> World:
     async with aiohttp.ClientSession(base_url=system.base_url) as api:
         cid, operation_id = await succeeded_export(api, auth, member)
         left_cid, revoked_operation_id = await succeeded_export(api, auth, member)
+        _, split_operation_id = await succeeded_export(api, auth, member, max_part_bytes=5 * 1024 * 1024)
         response = await api.delete(
             f"/admin/conversations/{left_cid}/members/{member}", headers=auth("root", admin=True)
         )
         assert response.status == 204, await response.text()
     return World(
-        targets={"cid": (cid,), "message_id": ("m4",), "operation_id": (operation_id, revoked_operation_id)},
+        targets={
+            "cid": (cid,),
+            "message_id": ("m4",),
+            "operation_id": (operation_id, revoked_operation_id, split_operation_id),
+            "number": ("1",),
+        },
         headers={
             "member": auth(member),
             "outsider": auth(unique("oas-outsider")),
