@@ -51,6 +51,11 @@ class ExportRequest:
         )
 
     @property
+    def selects_messages(self) -> bool:
+        """True when an option (``since``, ``until``, ``senders``) leaves out some messages of the seq range."""
+        return self.since is not None or self.until is not None or self.senders is not None
+
+    @property
     def file_kind(self) -> FileKind:
         """The format and compression of the file."""
         return FileKind(self.format, self.compression)

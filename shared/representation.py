@@ -71,7 +71,7 @@ def represent(row: asyncpg.Record) -> dict[str, Any]:
         "retry_at": format_timestamp(row["retry_at"]),
         "error": _error(row),
         "result": _result(row, request),
-        "links": _links(operation_id, row["state"], terminal),
+        "links": _links(operation_id, row["state"], terminal, split=row["result_parts"] is not None),
     }
     if not terminal:
         body["next_poll_after_seconds"] = next_poll_after_seconds(row["age_seconds"])
@@ -132,11 +132,11 @@ def _part(operation_id: str, part: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _links(operation_id: str, state: str, terminal: bool) -> dict[str, str]:
+def _links(operation_id: str, state: str, terminal: bool, *, split: bool) -> dict[str, str]:
     links = {"self": operation_url(operation_id)}
     if not terminal:
         links["cancel"] = f"{operation_url(operation_id)}/cancel"
-    if state == State.SUCCEEDED:
+    if state == State.SUCCEEDED and not split:
         links["result"] = result_url(operation_id)
     return links
 

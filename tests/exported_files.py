@@ -9,7 +9,7 @@ import io
 from html.parser import HTMLParser
 
 # Cells a spreadsheet would run, and what the CSV holds for them (README: API reference, Export options).
-FORMULAS = ["=1+1", "+1", "-1", "@SUM(A1)", "\tTab", "\rCR"]
+FORMULAS = ["=1+1", "+1", "-1", "@SUM(A1)", "\tTab", "\rCR", "'=1+1"]
 BODIES = [
     "hello",
     'quote " and , comma',

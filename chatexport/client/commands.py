@@ -18,7 +18,7 @@ import re
 import sys
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -38,7 +38,12 @@ EXIT_INTERRUPTED = 130
 OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 USER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 # RFC 3339 section 5.6 date-time with its offset (fromisoformat alone also takes week dates, spaces, no offset).
-RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})")
+RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
+# The years the API takes, in UTC, and the largest seq (Postgres' bigint).
+YEARS = range(1000, 10000)
+MAX_SEQ = 2**63 - 1
 # The submit's bounds (README: API reference, Export options).
 MAX_SENDERS = 100
 MIN_PART_BYTES = 5 * 1024 * 1024
@@ -138,8 +143,8 @@ def _output(value: str) -> Path:
 
 
 def _seq(value: str) -> int:
-    if not (value.isascii() and value.isdigit()):
-        raise argparse.ArgumentTypeError("must be a non-negative integer")
+    if not (value.isascii() and value.isdigit()) or int(value) > MAX_SEQ:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {MAX_SEQ}")
     return int(value)
 
 
@@ -148,8 +153,12 @@ def _timestamp(value: str) -> datetime:
         # Out of range (a day 30 of February, an instant before year 1 in UTC) is as bad as a wrong syntax.
         with contextlib.suppress(ValueError, OverflowError):
             instant = datetime.fromisoformat(value.upper()).astimezone(UTC)
-            # In UTC to the millisecond, as the API keeps it: equal instants make equal requests and state files.
-            return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
+            if instant.year not in YEARS:
+                raise ValueError(value)
+            # In UTC to the millisecond, the next whole one as the API takes it (README: API reference, Export
+            # options): equal windows make equal requests and state files.
+            below = instant.replace(microsecond=instant.microsecond // 1000 * 1000)
+            return below if below == instant else below + timedelta(milliseconds=1)
     raise argparse.ArgumentTypeError("not an RFC 3339 date-time with an offset, such as 2024-05-01T08:00:00Z")
 
 

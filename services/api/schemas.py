@@ -7,6 +7,7 @@ what the views answer; they are the source of the OpenAPI document's component s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,8 @@ from pydantic import (
     Field,
     StrictInt,
     StrictStr,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic.json_schema import JsonDict, SkipJsonSchema
@@ -27,7 +30,7 @@ from shared.fingerprint import ExportRequest
 from shared.formats import CONTENT_TYPES, DEFAULT_COMPRESSION, DEFAULT_FORMAT, MIN_PART_BYTES
 from shared.ids import ID_PATTERN
 from shared.states import State
-from shared.timefmt import parse_timestamp
+from shared.timefmt import ceil_millisecond, parse_instant, parse_timestamp
 
 # The largest seq Postgres' bigint holds; a bigger after_seq would fail in the driver, not validate.
 MAX_SEQ = 2**63 - 1
@@ -58,15 +61,20 @@ MessageId = Annotated[CleanText, Field(min_length=1, max_length=64)]
 MessageBody = Annotated[StrictStr, Field(min_length=1), AfterValidator(_clean_text)]
 
 
-def _rfc3339(value: object) -> datetime:
-    if not isinstance(value, str):
-        raise ValueError("must be an RFC 3339 timestamp string")
-    try:
-        return parse_timestamp(value)
-    except ValueError:
-        raise ValueError(
-            "must be an RFC 3339 timestamp with a zone and a year from 1000 to 9999, e.g. 2026-11-30T08:00:00.000Z"
-        ) from None
+def _rfc3339(parse: Callable[[str], datetime]) -> Callable[[object], datetime]:
+    """A validator of RFC 3339 text with ``parse`` (``shared.timefmt``)."""
+
+    def validate(value: object) -> datetime:
+        if not isinstance(value, str):
+            raise ValueError("must be an RFC 3339 timestamp string")
+        try:
+            return parse(value)
+        except ValueError:
+            raise ValueError(
+                "must be an RFC 3339 timestamp with a zone and a year from 1000 to 9999, e.g. 2026-11-30T08:00:00.000Z"
+            ) from None
+
+    return validate
 
 
 def _digits(value: object) -> object:
@@ -77,7 +85,9 @@ def _digits(value: object) -> object:
     raise ValueError("must be a non-negative integer written in decimal digits")
 
 
-Timestamp = Annotated[datetime, BeforeValidator(_rfc3339)]
+Timestamp = Annotated[datetime, BeforeValidator(_rfc3339(parse_timestamp))]
+# The window's bounds keep their precision until the request is made canonical (``export_request``).
+Instant = Annotated[datetime, BeforeValidator(_rfc3339(parse_instant))]
 # Placed after the bounds in each ``Annotated``: before them, pydantic still checks the bounds but leaves
 # them out of the JSON schema's minimum/maximum.
 QUERY_DIGITS = BeforeValidator(_digits)
@@ -130,8 +140,8 @@ class ExportSubmission(StrictModel):
     before_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
     after_seq: Annotated[StrictInt, Field(ge=0, le=MAX_SEQ)] = 0
     # null is taken as absent, like before_seq's.
-    since: Timestamp | None = ABSENT_PARAMETER
-    until: Timestamp | None = ABSENT_PARAMETER
+    since: Instant | None = ABSENT_PARAMETER
+    until: Instant | None = ABSENT_PARAMETER
     senders: SenderList | None = ABSENT_PARAMETER
     compression: Literal["none", "gzip"] = DEFAULT_COMPRESSION
     max_part_bytes: Annotated[StrictInt, Field(ge=MIN_PART_BYTES, le=MAX_SEQ)] | None = ABSENT_PARAMETER
@@ -142,9 +152,15 @@ class ExportSubmission(StrictModel):
         # same canonical request (README: API reference, Submit), are judged alike: both describe an empty range.
         if self.before_seq is not None and not self.after_seq < self.before_seq - 1:
             raise PydanticCustomError("seq_range", "after_seq must be less than before_seq - 1")
-        if self.since is not None and self.until is not None and self.until <= self.since:
-            raise PydanticCustomError("time_window", "until must be later than since")
         return self
+
+    @field_validator("until")
+    @classmethod
+    def _window_not_empty(cls, until: datetime | None, info: ValidationInfo) -> datetime | None:
+        since = info.data.get("since")
+        if until is not None and since is not None and until <= since:
+            raise ValueError("must be later than since")
+        return until
 
     def export_request(self, *, notify_url: str | None) -> ExportRequest:
         """The canonical request (``shared.fingerprint``) with the checked callback URL."""
@@ -153,8 +169,9 @@ class ExportSubmission(StrictModel):
             before_seq=self.before_seq,
             after_seq=self.after_seq,
             notify_url=notify_url,
-            since=self.since,
-            until=self.until,
+            # sent_at is kept to the millisecond: the next whole millisecond selects the same messages.
+            since=None if self.since is None else ceil_millisecond(self.since),
+            until=None if self.until is None else ceil_millisecond(self.until),
             senders=None if self.senders is None else tuple(sorted(set(self.senders))),
             compression=self.compression,
             max_part_bytes=self.max_part_bytes,
@@ -376,15 +393,15 @@ class OperationError(StrictModel):
 
 class ResultPart(StrictModel):
     """One part of a split result: a complete file of its format holding the messages ``first_seq`` to
-    ``last_seq``."""
+    ``last_seq`` (both null in the one part of an export without messages)."""
 
     number: Annotated[int, Field(ge=1)]
     url: str
     size_bytes: Count
     sha256: Sha256
     message_count: Count
-    first_seq: Seq
-    last_seq: Seq
+    first_seq: Seq | None
+    last_seq: Seq | None
 
 
 class OperationResult(StrictModel):
@@ -402,7 +419,8 @@ class OperationResult(StrictModel):
 
 
 class OperationLinks(StrictModel):
-    """``cancel`` while the operation is not terminal, ``result`` once it SUCCEEDED."""
+    """``cancel`` while the operation is not terminal, ``result`` once it SUCCEEDED with one file (a split
+    result's parts are in ``result.parts``)."""
 
     self_: str = Field(alias="self")
     cancel: str | SkipJsonSchema[None] = ABSENT

@@ -162,8 +162,9 @@ class ExportJob:
                 if current.high < claimed.last_seq:
                     span = self._next_span(seqs=current.high - current.low, size=current.size)
                     reading = asyncio.create_task(self._read_range(current.high, span))
+                handed = self._files.progress()[1]
                 await self._take(current)
-                metrics.EXPORTED_BYTES.inc(current.size)
+                metrics.EXPORTED_BYTES.inc(self._files.progress()[1] - handed)
                 await self._progress("writing")
         finally:
             if reading is not None:
@@ -178,7 +179,12 @@ class ExportJob:
             await self._files.add_lines(chunk)
 
     async def _read_range(self, low: int, span: int) -> Range:
-        """The selected messages of seqs ``low < seq <= low + span`` (within the lease's range)."""
+        """The selected messages of seqs ``low < seq <= low + span`` (within the lease's range).
+
+        With options that leave messages out, the range's ``size`` is that of all its messages, not of those
+        selected: sizing the next range from what a filter kept (nothing, in a range older than ``since``)
+        would make it hold every message of ``export_batch_rows`` seqs at once.
+        """
         claimed = self._claimed
         high = min(low + min(span, self._settings.export_batch_rows), claimed.last_seq)
         cid, request = claimed.conversation_id, claimed.request
@@ -187,12 +193,20 @@ class ExportJob:
                 rows = await conversations.fetch_export_rows(
                     conn, conversation_id=cid, after_seq=low, last_seq=high, request=request
                 )
-                return Range(low, high, sum(len(row.line) for row in rows), rows=rows)
-            lines: list[bytes] = []
-            await conversations.copy_export_lines(
-                conn, conversation_id=cid, after_seq=low, last_seq=high, request=request, output=_appender(lines)
+                selected = sum(len(row.line) for row in rows)
+                lines: list[bytes] = []
+            else:
+                rows, lines = None, []
+                await conversations.copy_export_lines(
+                    conn, conversation_id=cid, after_seq=low, last_seq=high, request=request, output=_appender(lines)
+                )
+                selected = sum(map(len, lines))
+            size = (
+                await conversations.range_bytes(conn, conversation_id=cid, after_seq=low, last_seq=high)
+                if request.selects_messages
+                else selected
             )
-        return Range(low, high, sum(map(len, lines)), lines=lines)
+        return Range(low, high, size, lines=lines, rows=rows)
 
     def _next_span(self, *, seqs: int, size: int) -> int:
         """Seqs for about one part of lines, judged from the last range's ``size`` bytes over ``seqs`` seqs."""
@@ -303,7 +317,7 @@ class ExportJob:
 @dataclass(frozen=True)
 class Range:
     """The selected messages of seqs ``low < seq <= high``: as JSONL ``lines`` read by COPY (chunks of
-    whole lines), or as ``rows``; ``size`` is their JSONL size in bytes, which sizes the next range.
+    whole lines), or as ``rows``; ``size`` (bytes) sizes the next range (``ExportJob._read_range``).
     """
 
     low: int

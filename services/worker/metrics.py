@@ -48,5 +48,5 @@ EXPORTS_RUNNING = Gauge(
 )
 EXPORTED_BYTES = Counter(
     "chatexport_worker_exported_bytes_total",
-    "Bytes of export lines handed to the S3 upload, counted as each range is written.",
+    "Bytes of export files (as stored: compressed when asked) handed to the S3 upload, counted per range.",
 )

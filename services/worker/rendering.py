@@ -16,9 +16,10 @@ from shared.timefmt import format_timestamp
 
 CSV_COLUMNS = ("conversation_id", "seq", "message_id", "sender_id", "sent_at", "body")
 # What a spreadsheet reads as the start of a formula (OWASP, "CSV injection"); such a cell gets FORMULA_GUARD
-# in front, so that it shows as text (README: API reference, Export options).
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# in front, so that it shows as text (README: API reference, Export options). A cell that starts with the
+# guard itself gets one too, so that removing one leading guard always gives the text back.
 FORMULA_GUARD = "'"
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", FORMULA_GUARD)
 
 
 class Renderer(Protocol):

@@ -374,6 +374,26 @@ async def copy_export_lines(
     )
 
 
+# About what an export line adds to its body (the other fields and the JSON around them), in bytes.
+_LINE_OVERHEAD_BYTES = 160
+
+
+async def range_bytes(conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int) -> int:
+    """About the JSONL bytes of every message of seqs ``after_seq < seq <= last_seq``, whatever an export's
+    options select: what a range of the same seqs may hold. Reads sizes only (a compressed or out-of-line
+    body is not decompressed).
+    """
+    size: int = await conn.fetchval(
+        "SELECT coalesce(sum(octet_length(body) + $4), 0) FROM messages"
+        " WHERE conversation_id = $1 AND seq > $2 AND seq <= $3",
+        conversation_id,
+        after_seq,
+        last_seq,
+        _LINE_OVERHEAD_BYTES,
+    )
+    return size
+
+
 @dataclass(frozen=True)
 class ExportRow(Row):
     """One exported message: its fields, and ``line``, its JSONL line without the newline (as

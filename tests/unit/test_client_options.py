@@ -54,7 +54,8 @@ def test_every_option_reaches_the_request_in_canonical_form() -> None:
         "format": "csv",
         "after_seq": 3,
         "before_seq": 90,
-        "since": "2024-05-01T08:00:00.123Z",
+        # The next whole millisecond, as the API takes a bound between two (it selects the same messages).
+        "since": "2024-05-01T08:00:00.124Z",
         "until": "2024-05-02T00:00:00.000Z",
         "senders": ["alice", "bob"],
         "compression": "gzip",
@@ -84,6 +85,9 @@ def test_the_default_output_name_follows_the_format(options: tuple[str, ...], na
         ("--until", "2024-02-30T08:00:00Z"),  # no such day
         ("--until", "2024-05-01T24:00:00+00:00"),
         ("--until", "0001-01-01T00:00:00+01:00"),  # before the first instant Python holds, in UTC
+        ("--since", "2026-01-01T00:00:00+05:99"),  # an offset RFC 3339 has not
+        ("--since", "0999-12-31T00:00:00Z"),  # before the API's first year
+        ("--after-seq", str(2**63)),  # over Postgres' bigint
         ("--sender", "a b"),
         ("--sender", "x" * 65),
         ("--format", "xml"),

@@ -37,6 +37,17 @@ def test_an_absent_option_and_its_default_are_the_same_request(same: dict[str, A
     assert canonical(same) == canonical({})
 
 
+def test_a_bound_between_milliseconds_is_the_next_whole_one_and_the_window_is_judged_exactly() -> None:
+    request = ExportSubmission.model_validate(
+        {"since": "2026-03-01T00:00:00.0005Z", "until": "2026-03-01T00:00:00.0009Z"}
+    ).export_request(notify_url=None)
+    assert request.since == request.until == datetime(2026, 3, 1, 0, 0, 0, 1000, tzinfo=UTC)
+    assert canonical({"since": "2026-03-01T00:00:00.0001Z"}) == canonical({"since": "2026-03-01T00:00:00.001Z"})
+    with pytest.raises(ValidationError) as refused:
+        ExportSubmission.model_validate({"since": "2026-03-01T00:00:00.0009Z", "until": "2026-03-01T00:00:00.0005Z"})
+    assert refused.value.errors()[0]["loc"] == ("until",)
+
+
 def test_times_are_instants_and_senders_a_set() -> None:
     assert canonical({"since": "2026-03-08T01:30:00-05:00"}) == canonical({"since": "2026-03-08T06:30:00.000Z"})
     assert canonical({"until": "2026-03-08T12:00:00+05:30"}) == canonical({"until": "2026-03-08T06:30:00z"})
@@ -63,6 +74,9 @@ def test_every_option_changes_the_request(other: dict[str, Any]) -> None:
     "bad",
     [
         {"since": "2026-03-08T06:30:00"},
+        {"since": "2026-01-01T00:00:00+05:99"},
+        {"since": "2026-01-01T00:00:00+24:00"},
+        {"since": "2026-01-01T00:00:60Z"},
         {"since": "0999-03-08T06:30:00Z"},
         {"since": "2026-03-08T06:30:00Z", "until": "2026-03-08T01:30:00-05:00"},
         {"senders": []},
@@ -85,10 +99,12 @@ def row(seq: int, body: str, *, sender: str = "alice", at: str = "2026-11-30T08:
 
 def test_csv_guards_formula_cells_and_quotes_the_rest() -> None:
     rendering = Csv("c-a")
-    bodies = ["=1+1", "+1", "-1", "@x", "\tt", "\rr", 'a "b", c', "two\nlines", "plain"]
+    bodies = ["=1+1", "+1", "-1", "@x", "\tt", "\rr", "'=x", 'a "b", c', "two\nlines", "plain"]
     text = rendering.header() + b"".join(rendering.message(row(n, body)) for n, body in enumerate(bodies, 1))
     rows = list(csv.reader(io.StringIO(text.decode(), newline="")))
-    assert [r[5] for r in rows[1:]] == ["'=1+1", "'+1", "'-1", "'@x", "'\tt", "'\rr", 'a "b", c', "two\nlines", "plain"]
+    guarded = ["'=1+1", "'+1", "'-1", "'@x", "'\tt", "'\rr", "''=x", 'a "b", c', "two\nlines", "plain"]
+    assert [r[5] for r in rows[1:]] == guarded
+    assert [cell[1:] if cell.startswith("'") else cell for cell in guarded] == bodies
     assert rows[1][:5] == ["c-a", "1", "m1", "alice", "2026-11-30T08:00:00.000Z"]
     assert text.endswith(b"\r\n") and rendering.footer() == b""
 
