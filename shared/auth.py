@@ -6,6 +6,8 @@ import base64
 import binascii
 import json
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -42,10 +44,23 @@ class Principal:
         return "admin" in self.scopes
 
 
-class TokenVerifier:
-    """Checks HS256 tokens against the secret, or RS256/ES256 against a public key when one is set."""
+# Verified tokens a verifier remembers, at most; the least recently used go first.
+VERIFIED_TOKENS_KEPT = 10_000
 
-    def __init__(self, settings: Settings) -> None:
+
+class TokenVerifier:
+    """Checks HS256 tokens against the secret, or RS256/ES256 against a public key when one is set.
+
+    A token that passed every check is remembered (at most ``VERIFIED_TOKENS_KEPT``) until its ``exp`` by
+    ``clock`` (seconds since the epoch), so a client polling with one token pays for its signature once.
+    Safe because a verified token's answer can only change with time or the key: entries are used only
+    before ``exp`` (past it the full check runs, and refuses it as expired once the leeway is over), only
+    tokens that passed are stored (a refusal is never remembered, so a token not yet valid by ``nbf`` or
+    ``iat`` is checked again), and the cache lives in this verifier, which holds one key: a new key means a
+    new verifier (a restart).
+    """
+
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
         if settings.jwt_public_key:
             self._key: str = settings.jwt_public_key
             self._algorithms = ["RS256", "ES256"]
@@ -56,6 +71,8 @@ class TokenVerifier:
         self._audience = settings.jwt_audience
         self._leeway = settings.jwt_leeway_seconds
         self._max_lifetime = settings.jwt_max_lifetime_seconds
+        self._clock = clock
+        self._verified: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
 
     def verify(self, authorization: str | None) -> Principal:
         """Return the principal of an ``Authorization: Bearer <JWT>`` header value.
@@ -71,6 +88,19 @@ class TokenVerifier:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise InvalidToken("not a bearer token")
+        remembered = self._verified.get(token)
+        if remembered is not None and self._clock() < remembered[1]:
+            self._verified.move_to_end(token)
+            return remembered[0]
+        self._verified.pop(token, None)
+        principal, exp = self._check(token)
+        self._verified[token] = (principal, exp)
+        if len(self._verified) > VERIFIED_TOKENS_KEPT:
+            self._verified.popitem(last=False)
+        return principal
+
+    def _check(self, token: str) -> tuple[Principal, float]:
+        """Every check of ``verify`` on the token itself: its principal and ``exp``."""
         unverified = _unverified_claims(token)
         try:
             claims = jwt.decode(
@@ -90,7 +120,7 @@ class TokenVerifier:
             raise InvalidToken("ExpiredSignatureError", expired=True) from None
         except jwt.PyJWTError as exc:
             raise InvalidToken(type(exc).__name__) from None
-        return _principal(claims, latest_exp=time.time() + self._max_lifetime + self._leeway)
+        return _principal(claims, latest_exp=self._clock() + self._max_lifetime + self._leeway), claims["exp"]
 
 
 def _unverified_claims(token: str) -> dict[str, Any]:

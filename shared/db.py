@@ -54,9 +54,22 @@ async def create_pool(settings: Settings, *, min_size: int = 1) -> asyncpg.Pool:
         max_size=settings.database_pool_max,
         command_timeout=settings.database_timeout_seconds,
         timeout=settings.database_timeout_seconds,
+        reset=_keep_session,
     )
     assert pool is not None
     return pool
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: nothing beyond asyncpg's own client-side reset, which drops listeners and
+    rolls back a transaction left open.
+
+    asyncpg's default also sends ``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``, a round trip
+    per request. Safe to skip because no pooled connection ever holds session state: advisory locks on pooled
+    connections are transaction-scoped (``pg_advisory_xact_lock``), cursors live inside transactions, and
+    every ``LISTEN`` or session lock (the API's change feed, the janitor's leadership, migrations) runs on a
+    connection of its own (``connect``). Nothing sets a session parameter after connecting.
+    """
 
 
 async def connect(settings: Settings, **server_settings: str) -> asyncpg.Connection:

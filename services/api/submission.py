@@ -1,4 +1,6 @@
-"""Submitting an export (README: API reference, Submit): idempotency, quota, and the one transaction that creates it."""
+"""Submitting an export (README: API reference, Submit): membership, idempotency, quota, and the one
+transaction that creates it (``shared.repository.submissions``).
+"""
 
 from __future__ import annotations
 
@@ -8,16 +10,27 @@ from dataclasses import dataclass
 import asyncpg
 
 from services.api.metrics import IDEMPOTENCY_CONFLICTS
-from services.api.problems import Problem
+from services.api.problems import Problem, not_found
 from shared.fingerprint import ExportRequest, fingerprint
-from shared.ids import new_operation_id
-from shared.repository import idempotency_keys, operations
-from shared.repository.outbox import enqueue_run
+from shared.ids import is_valid_id, new_operation_id
+from shared.metrics import AUTHORIZATION_REFUSALS
+from shared.repository.submissions import submit_export
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 QUOTA_RETRY_AFTER_SECONDS = 10
+
+_CONFLICTS = {
+    "reused": (
+        "IDEMPOTENCY_KEY_REUSED",
+        "This Idempotency-Key was already used for a different request; use a new key.",
+    ),
+    "expired": (
+        "IDEMPOTENCY_KEY_EXPIRED",
+        "This Idempotency-Key is past its replay window; use a new key to start a new export.",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -37,57 +50,41 @@ async def submit(
     idempotency_key: str,
     request: ExportRequest,
 ) -> Submitted:
-    """Create the export, or find the one this key already created; run inside the caller's transaction.
+    """Create the export, or find the one this key already created; commits at once (one statement).
 
-    The caller has checked membership. Raises ``Problem`` IDEMPOTENCY_KEY_REUSED / IDEMPOTENCY_KEY_EXPIRED
-    (409) or TOO_MANY_ACTIVE_EXPORTS (429); on success the operation, its idempotency record and its outbox
-    row commit together with the caller's transaction.
+    Raises ``Problem`` NOT_FOUND (not a member, or no such conversation), IDEMPOTENCY_KEY_REUSED /
+    IDEMPOTENCY_KEY_EXPIRED (409) or TOO_MANY_ACTIVE_EXPORTS (429); on success the operation, its
+    idempotency record and its outbox row are committed together.
     """
-    await operations.lock_owner(conn, owner_id=owner_id)
-    request_fingerprint = fingerprint(user_id=owner_id, conversation_id=conversation_id, request=request)
-    earlier = await idempotency_keys.find_idempotency_key(
-        conn,
-        owner_id=owner_id,
-        idempotency_key=idempotency_key,
-        replay_window_seconds=settings.idempotency_replay_window_seconds,
+    # An id that breaks the id syntax (a U+0000, say) cannot be stored: Postgres is not even asked.
+    outcome = (
+        await submit_export(
+            conn,
+            operation_id=new_operation_id(),
+            owner_id=owner_id,
+            conversation_id=conversation_id,
+            idempotency_key=idempotency_key,
+            fingerprint=fingerprint(user_id=owner_id, conversation_id=conversation_id, request=request),
+            request=request,
+            replay_window_seconds=settings.idempotency_replay_window_seconds,
+            max_active=settings.max_active_exports,
+        )
+        if is_valid_id(conversation_id)
+        else None
     )
-    if earlier is not None:
-        return _replay(earlier, request_fingerprint)
-    if await operations.count_active(conn, owner_id=owner_id) >= settings.max_active_exports:
+    if outcome is None or outcome.outcome == "not_member":
+        AUTHORIZATION_REFUSALS.labels("submit").inc()
+        raise not_found()
+    if outcome.outcome in _CONFLICTS:
+        IDEMPOTENCY_CONFLICTS.labels(_CONFLICTS[outcome.outcome][0]).inc()
+        raise Problem(*_CONFLICTS[outcome.outcome])
+    if outcome.outcome == "quota":
         raise Problem(
             "TOO_MANY_ACTIVE_EXPORTS",
             f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
             headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)},
         )
-    operation_id = new_operation_id()
-    await operations.insert_operation(
-        conn, operation_id=operation_id, owner_id=owner_id, conversation_id=conversation_id, request=request
-    )
-    await idempotency_keys.insert_idempotency_key(
-        conn,
-        owner_id=owner_id,
-        idempotency_key=idempotency_key,
-        fingerprint=request_fingerprint,
-        operation_id=operation_id,
-    )
-    await enqueue_run(conn, operation_id=operation_id)
-    log.info("export submitted", extra={"operation_id": operation_id, "conversation_id": conversation_id})
-    return Submitted(operation_id=operation_id, replayed=False)
-
-
-def _replay(earlier: asyncpg.Record, request_fingerprint: str) -> Submitted:
-    if earlier["fingerprint"] != request_fingerprint:
-        raise _conflict(
-            "IDEMPOTENCY_KEY_REUSED", "This Idempotency-Key was already used for a different request; use a new key."
-        )
-    if earlier["expired"]:
-        raise _conflict(
-            "IDEMPOTENCY_KEY_EXPIRED",
-            "This Idempotency-Key is past its replay window; use a new key to start a new export.",
-        )
-    return Submitted(operation_id=earlier["operation_id"], replayed=True)
-
-
-def _conflict(code: str, detail: str) -> Problem:
-    IDEMPOTENCY_CONFLICTS.labels(code).inc()
-    return Problem(code, detail)
+    assert outcome.operation_id is not None
+    if outcome.outcome == "created":
+        log.info("export submitted", extra={"operation_id": outcome.operation_id, "conversation_id": conversation_id})
+    return Submitted(operation_id=outcome.operation_id, replayed=outcome.outcome == "replayed")

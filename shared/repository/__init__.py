@@ -3,7 +3,9 @@ that writes it (README: Layout).
 
 - ``operations``: the operation and every transition of its state machine;
 - ``attempts``: one row per claim; ``artifacts``: the record of every object an attempt writes;
-- ``access_events``: who fetched or removed a result; ``idempotency_keys``: a user's keys;
+- ``access_events``: who fetched or removed a result;
+- ``submissions``: a submit, which creates an operation with its idempotency key (``idempotency_keys``)
+  and its first wake-up, in one server-side function;
 - ``outbox``: wake-ups waiting for the relay;
 - ``conversations``: conversations, their members and their messages.
 

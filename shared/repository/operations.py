@@ -20,58 +20,7 @@ from shared.fingerprint import ExportRequest
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.attempts import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
 from shared.repository.rows import Row
-from shared.states import ACTIVE, State, sources_of
-
-_ACTIVE_STATES = sorted(state.value for state in ACTIVE)
-
-
-async def lock_owner(conn: asyncpg.Connection, *, owner_id: str) -> None:
-    """Serialise submissions of one user until the transaction ends.
-
-    Makes "idempotency lookup, quota count, insert" atomic per user, so concurrent identical requests
-    yield one operation and concurrent different ones cannot overrun the quota (README: API reference, Submit).
-    """
-    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('submit:' || $1, 0))", owner_id)
-
-
-async def count_active(conn: asyncpg.Connection, *, owner_id: str) -> int:
-    """How many of ``owner_id``'s operations are not terminal (the 429 quota; README: API reference, Submit)."""
-    count: int = await conn.fetchval(
-        "SELECT count(*) FROM operations WHERE owner_id = $1 AND state = ANY($2::text[])",
-        owner_id,
-        _ACTIVE_STATES,
-    )
-    return count
-
-
-async def insert_operation(
-    conn: asyncpg.Connection,
-    *,
-    operation_id: str,
-    owner_id: str,
-    conversation_id: str,
-    request: ExportRequest,
-) -> None:
-    """Store a new QUEUED operation (the outbox row and idempotency record go in the same transaction)."""
-    await conn.execute(
-        """
-        INSERT INTO operations (operation_id, owner_id, conversation_id, format, before_seq, after_seq, state,
-                                notify_url, since, until, senders, compression, max_part_bytes)
-        VALUES ($1, $2, $3, $4, $5, $6, 'QUEUED', $7, $8, $9, $10, $11, $12)
-        """,
-        operation_id,
-        owner_id,
-        conversation_id,
-        request.format,
-        request.before_seq,
-        request.after_seq,
-        request.notify_url,
-        request.since,
-        request.until,
-        None if request.senders is None else list(request.senders),
-        request.compression,
-        request.max_part_bytes,
-    )
+from shared.states import State, sources_of
 
 
 async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> asyncpg.Record | None:

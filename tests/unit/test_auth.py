@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from shared.auth import InvalidToken, TokenVerifier, mint_token
 from shared.settings import Settings
+from tests.conftest import wait_for
 
 SECRET = "unit-test-secret-of-at-least-32-bytes"
 SETTINGS = Settings(jwt_secret=SECRET)
@@ -184,3 +185,58 @@ def test_a_token_living_longer_than_the_maximum_is_refused() -> None:
 def test_minting_refuses_a_lifetime_the_api_would_refuse() -> None:
     with pytest.raises(ValueError, match="at most"):
         mint_token(SETTINGS, user_id="alice", ttl_seconds=SETTINGS.jwt_max_lifetime_seconds + 1)
+
+
+class Clock:
+    """A clock a test moves by hand (seconds since the epoch)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_remembered_token_skips_the_signature_only_before_its_exp(monkeypatch: pytest.MonkeyPatch) -> None:
+    decodes: list[str] = []
+    real_decode = jwt.decode
+
+    def counted(raw: str, *args: Any, **kwargs: Any) -> Any:
+        decodes.append(raw)
+        return real_decode(raw, *args, **kwargs)
+
+    monkeypatch.setattr(jwt, "decode", counted)
+    clock = Clock()
+    verifier = TokenVerifier(SETTINGS, clock=clock)
+    exp = int(clock.now) + 60
+    header = f"Bearer {token(valid_claims(exp=exp))}"
+    assert verifier.verify(header).user_id == verifier.verify(header).user_id == "alice"
+    assert len(decodes) == 1
+    clock.now = exp  # at exp the remembered answer no longer counts: every check runs again
+    verifier.verify(header)
+    assert len(decodes) == 2
+
+
+async def test_a_remembered_token_is_refused_once_it_has_expired() -> None:
+    verifier = TokenVerifier(Settings(jwt_secret=SECRET, jwt_leeway_seconds=0))
+    exp = int(time.time()) + 1
+    header = f"Bearer {token(valid_claims(exp=exp))}"
+    assert verifier.verify(header).user_id == "alice"
+    await wait_for(lambda: time.time() > exp + 0.01, timeout=5)
+    with pytest.raises(InvalidToken) as refused:
+        verifier.verify(header)
+    assert refused.value.expired
+
+
+def test_refusals_are_never_remembered() -> None:
+    clock = Clock()
+    verifier = TokenVerifier(SETTINGS, clock=clock)
+    header = f"Bearer {token(valid_claims(nbf=int(clock.now) + 3600))}"
+    with pytest.raises(InvalidToken):
+        verifier.verify(header)
+    with pytest.raises(InvalidToken):
+        verifier.verify(header)
+    forged = f"Bearer {token(valid_claims(), key='another-secret-also-at-least-32-bytes')}"
+    for _ in range(2):
+        with pytest.raises(InvalidToken):
+            verifier.verify(forged)

@@ -1,0 +1,224 @@
+"""Benchmark: polls and submits per second of one api process against a bare aiohttp + asyncpg server doing
+the same database work (``bench/bare_server.py``), side by side in one run, under ``wrk -t1 -c32``.
+
+Starts its own system from the compose file on a fresh database, with ``USERS`` users, each a member of a
+conversation of 100 messages with one finished export. While wrk runs, the relay, workers and janitor are
+stopped (SIGSTOP), so both servers get the same machine and the submits' outbox rows wait; the poll spreads
+over every user's operation, the submit over every user with a new Idempotency-Key each time. Needs ``wrk``
+(the machine's package manager has it). Usage:
+
+    .venv/bin/python bench/http_load.py [--seconds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.running import running_system
+from bench.table import Figure, print_table
+from devtools.localsystem import LocalSystem
+from devtools.moto import free_port
+from shared.auth import mint_token
+
+USERS = 200
+CONNECTIONS = 32
+SETTINGS = {"CHATEXPORT_MAX_ACTIVE_EXPORTS": "1000000"}
+
+
+@dataclass(frozen=True)
+class Load:
+    """What wrk measured: requests per second and latency percentiles (ms)."""
+
+    requests_per_second: float
+    p50_ms: float
+    p99_ms: float
+    non_2xx: int
+
+
+def wrk(url: str, script: str, seconds: int) -> Load:
+    """Run ``wrk -t1 -c32`` for ``seconds`` against ``url`` with the Lua ``script``."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as lua:
+        lua.write(script)
+    output = subprocess.run(
+        ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency", "-s", lua.name, url],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    Path(lua.name).unlink()
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    return Load(
+        float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),  # type: ignore[union-attr]
+        _ms(output, "50%"),
+        _ms(output, "99%"),
+        int(non_2xx.group(1)) if non_2xx else 0,
+    )
+
+
+def _ms(output: str, label: str) -> float:
+    value, unit = re.search(rf"{label}\s+([\d.]+)(us|ms|s)", output).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+# (path, headers) of the requests a wrk script cycles through.
+Requests = list[tuple[str, dict[str, str]]]
+
+
+def lua_requests(method: str, requests: Requests, body: str = "", unique_key: bool = False) -> str:
+    """A wrk script that cycles through ``requests``; with ``unique_key`` each request gets a new
+    ``Idempotency-Key``.
+    """
+    rows = ",\n".join(f"{{{json.dumps(path)}, {{{_lua_table(headers)}}}}}" for path, headers in requests)
+    key = f'h["Idempotency-Key"] = "{uuid.uuid4().hex}-" .. n' if unique_key else ""
+    return f"""
+local requests = {{ {rows} }}
+local n = 0
+request = function()
+  n = n + 1
+  local r = requests[(n % #requests) + 1]
+  local h = {{}}
+  for k, v in pairs(r[2]) do h[k] = v end
+  {key}
+  return wrk.format({json.dumps(method)}, r[1], h, {json.dumps(body) if body else "nil"})
+end
+"""
+
+
+def _lua_table(headers: dict[str, str]) -> str:
+    return ", ".join(f"[{json.dumps(name)}] = {json.dumps(value)}" for name, value in headers.items())
+
+
+async def prepare(system: LocalSystem) -> list[tuple[str, str, str]]:
+    """Every user's (token, conversation, finished operation)."""
+    settings = system.settings()
+    admin = {"Authorization": f"Bearer {mint_token(settings, user_id='root', scopes=['admin'])}"}
+    prepared = []
+    async with aiohttp.ClientSession(base_url=system.base_url) as api:
+        for number in range(USERS):
+            user, cid = f"user-{number}", f"bench-c{number}"
+            token = mint_token(settings, user_id=user, ttl_seconds=3600)
+            async with api.put(f"/admin/conversations/{cid}", json={"members": [user]}, headers=admin) as r:
+                assert r.status < 300, await r.text()
+            lines = "".join(
+                json.dumps({"message_id": f"m{n}", "sender_id": user, "body": f"message {n}"}) + "\n"
+                for n in range(100)
+            )
+            headers = {**admin, "Content-Type": "application/x-ndjson"}
+            async with api.post(f"/admin/conversations/{cid}/messages:import", data=lines, headers=headers) as r:
+                assert r.status == 200, await r.text()
+            headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "prepare"}
+            async with api.post(f"/v3/conversations/{cid}/exports", json={}, headers=headers) as r:
+                assert r.status == 202, await r.text()
+                prepared.append((token, cid, (await r.json())["operation_id"]))
+        for token, _, operation_id in prepared:
+            state = None
+            while state != "SUCCEEDED":
+                url = f"/v3/operations/{operation_id}?wait=30"
+                async with api.get(url, headers={"Authorization": f"Bearer {token}"}) as r:
+                    state = (await r.json())["state"]
+    return prepared
+
+
+@contextlib.contextmanager
+def paused_background(system: LocalSystem) -> Iterator[None]:
+    """SIGSTOP every part but the api for the block."""
+    names = [name for name in system.group.pids() if not name.startswith("api")]
+    for name in names:
+        system.group.send(name, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for name in names:
+            system.group.send(name, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def bare_server(database_url: str) -> Iterator[str]:
+    """The bare server on a free port; yields its base URL."""
+    port = free_port("127.0.0.1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.bare_server", "--database-url", database_url, "--port", str(port)],
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(_until_up(url))
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+async def _until_up(url: str) -> None:
+    async with asyncio.timeout(30), aiohttp.ClientSession() as http:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{url}/ops/none"):
+                    return
+            await asyncio.sleep(0.1)
+
+
+def measure(system: LocalSystem, prepared: list[tuple[str, str, str]], seconds: int) -> list[Figure]:
+    """The poll and submit rows, each against the bare server in the same run."""
+    polls = [(f"/v3/operations/{op}", {"Authorization": f"Bearer {token}"}) for token, _, op in prepared]
+    bare_polls: Requests = [(f"/ops/{op}", {}) for _, _, op in prepared]
+    submits = [
+        (f"/v3/conversations/{cid}/exports", {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        for token, cid, _ in prepared
+    ]
+    bare_submits = [
+        (f"/submit/{cid}", {"X-User": f"user-{n}", "Content-Type": "application/json"})
+        for n, (_, cid, _) in enumerate(prepared)
+    ]
+    with paused_background(system), bare_server(system.settings().database_url) as bare:
+        loads = {
+            "poll": wrk(system.base_url, lua_requests("GET", polls), seconds),
+            "bare poll": wrk(bare, lua_requests("GET", bare_polls), seconds),
+            "submit": wrk(system.base_url, lua_requests("POST", submits, "{}", unique_key=True), seconds),
+            "bare submit": wrk(bare, lua_requests("POST", bare_submits, "{}", unique_key=True), seconds),
+        }
+    for name, load in loads.items():
+        assert load.non_2xx == 0, (name, load)
+        print(f"{name:<12} {load.requests_per_second:>9,.0f} req/s  p50 {load.p50_ms:.1f} ms  p99 {load.p99_ms:.1f} ms")
+    return [
+        Figure("GET /v3/operations/{id}, wrk -t1 -c32", loads["poll"].requests_per_second, "req/s",
+               loads["bare poll"].requests_per_second, "bare server", ">= 0.8"),
+        Figure("POST .../exports, wrk -t1 -c32", loads["submit"].requests_per_second, "req/s",
+               loads["bare submit"].requests_per_second, "bare server", ">= 0.8"),
+    ]  # fmt: skip
+
+
+async def figures(seconds: int) -> list[Figure]:
+    """Start a system, prepare it, and measure (see the module's docstring)."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: apt-get install wrk")
+    async with running_system(workers=2, overrides=SETTINGS) as system:
+        prepared = await prepare(system)
+        return await asyncio.to_thread(measure, system, prepared, seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=10)
+    print_table(asyncio.run(figures(parser.parse_args().seconds)))
+
+
+if __name__ == "__main__":
+    main()
