@@ -370,7 +370,7 @@ class Progress(StrictModel):
     phase: Annotated[
         str,
         Field(
-            description="waiting (not started), starting, writing, uploading, verifying, done, retry_at, failed, "
+            description="waiting (not started), starting, writing, uploading, done, retry_at, failed, "
             "failed_repair, canceled, expired or handed back"
         ),
     ]

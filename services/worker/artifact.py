@@ -1,4 +1,4 @@
-"""Writing one artifact object to S3 with bounded memory.
+"""Writing one artifact object to S3 with bounded memory, checked against what S3 says it stored.
 
 Bytes are buffered up to one part (``s3_part_size_bytes``); a file that outgrows one part becomes a
 multipart upload, a smaller one a single PutObject. A full part uploads in the background while the next
@@ -61,6 +61,7 @@ class ArtifactWriter:
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
         self._in_flight: asyncio.Task[None] | None = None
+        self._part_md5s: dict[int, bytes] = {}
         self._hash = hashlib.sha256()
         self._size = 0
         self._lines = 0
@@ -94,11 +95,14 @@ class ArtifactWriter:
         self._in_flight = asyncio.create_task(self._upload_part(part, chunk))
 
     async def _upload_part(self, part: dict[str, Any], chunk: bytes) -> None:
+        md5 = hashlib.md5(chunk, usedforsecurity=False)
         async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=len(chunk)):
             uploaded = await self._s3.upload_part(
                 Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=part["PartNumber"], Body=chunk
             )
+        _check_etag(uploaded["ETag"], md5.hexdigest(), what=f"part {part['PartNumber']} of {self._key}")
         part["ETag"] = uploaded["ETag"]
+        self._part_md5s[part["PartNumber"]] = md5.digest()
 
     async def _wait_in_flight(self) -> None:
         if self._in_flight is not None:
@@ -106,19 +110,34 @@ class ArtifactWriter:
             await task
 
     async def finish(self) -> Digest:
-        """Upload what is buffered and make the object visible; return its digest."""
+        """Upload what is buffered and make the object visible; return its digest once S3 has shown that it
+        stored exactly these bytes.
+
+        S3 computes the ETag of a PutObject, and of each part of a multipart upload, as the MD5 of the bytes
+        it received (no SSE-KMS here), and the ETag of the completed upload from the parts' MD5s; each is
+        compared with the MD5 this writer computed of what it sent, so a byte changed on the way fails the
+        export (``StoredBytesDiffer``) without reading the object back. Size, sha256 and line count are then
+        those of the bytes S3 holds (README: States and failure model). The client's own checksums cannot
+        serve: some S3 implementations (moto among them) echo them without checking.
+        """
         rest = bytes(self._buffer)
         self._buffer.clear()
         if self._upload_id is None:
+            md5 = hashlib.md5(rest, usedforsecurity=False).hexdigest()
             async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=len(rest)):
-                await self._s3.put_object(Bucket=self._bucket, Key=self._key, Body=rest, ContentType=self._content_type)
+                stored = await self._s3.put_object(
+                    Bucket=self._bucket, Key=self._key, Body=rest, ContentType=self._content_type
+                )
+            _check_etag(stored["ETag"], md5, what=self._key)
             return self.digest()
         if rest:
             await self._start_part(rest)
         await self._wait_in_flight()
-        await self._s3.complete_multipart_upload(
+        completed = await self._s3.complete_multipart_upload(
             Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
         )
+        whole = hashlib.md5(b"".join(self._part_md5s[n] for n in sorted(self._part_md5s)), usedforsecurity=False)
+        _check_etag(completed["ETag"], f"{whole.hexdigest()}-{len(self._part_md5s)}", what=self._key)
         return self.digest()
 
     async def abandon(self) -> None:
@@ -131,6 +150,15 @@ class ArtifactWriter:
             with contextlib.suppress(BaseException):
                 await self._in_flight
             self._in_flight = None
+
+
+class StoredBytesDiffer(Exception):
+    """S3's ETag for an upload is not the MD5 of the bytes sent: they were changed on the way."""
+
+
+def _check_etag(etag: str, expected: str, *, what: str) -> None:
+    if etag.strip('"') != expected:
+        raise StoredBytesDiffer(f"{what}: S3 stored other bytes than were sent (ETag {etag}, sent MD5 {expected})")
 
 
 async def read_digest(s3: Any, *, bucket: str, key: str) -> Digest:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from services.worker.artifact import StoredBytesDiffer
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.settings import Settings
 from shared.states import State
@@ -61,6 +62,8 @@ def _describe(exc: BaseException) -> tuple[str, str]:
             return "STORAGE_UNAVAILABLE", "The export bucket was missing from the file store"
         if status >= 500 or error in {"SlowDown", "RequestTimeout"}:
             return "STORAGE_UNAVAILABLE", "The file store answered with an error"
+    elif isinstance(exc, StoredBytesDiffer):
+        return "STORAGE_UNAVAILABLE", "The file store stored other bytes than were sent"
     elif isinstance(exc, BotoCoreError):
         return "STORAGE_UNAVAILABLE", "The file store could not be reached"
     elif isinstance(exc, TimeoutError):

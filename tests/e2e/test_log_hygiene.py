@@ -177,4 +177,4 @@ async def test_an_attempts_lines_name_its_operation_generation_attempt_and_phase
 
     assert all(line["level"] and line["service"] == "worker" for line in worker_lines())
     assert (lines[0]["generation"], lines[0]["attempt"]) == (1, 1)
-    assert lines[0]["phase"] == "verifying"  # the phase the attempt was in when it logged
+    assert lines[0]["phase"] == "uploading"  # the phase the attempt was in when it logged

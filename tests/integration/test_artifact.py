@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.worker.artifact import ArtifactWriter, read_digest
+from services.worker.artifact import ArtifactWriter, StoredBytesDiffer, read_digest
 from shared.artifacts import remove_object
 from shared.settings import Settings
 
@@ -76,3 +76,37 @@ async def test_abandon_then_remove_object_leaves_no_object_and_no_upload(s3: Any
     assert uploads.get("Uploads", []) == []
     listed = await s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix="exports/op/")
     assert listed.get("KeyCount", 0) == 0
+
+
+class ChangedOnTheWay:
+    """The real S3 client, but the body of the ``upload``-th upload request (PutObject or UploadPart, from
+    1) loses its last byte and gains another after the writer hashed it: a byte changed on the way.
+    """
+
+    def __init__(self, s3: Any, *, upload: int) -> None:
+        self._s3 = s3
+        self._upload = upload
+        self._seen = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._s3, name)
+        if name not in ("put_object", "upload_part"):
+            return method
+
+        async def changed(**arguments: Any) -> Any:
+            self._seen += 1
+            if self._seen == self._upload:
+                arguments["Body"] = arguments["Body"][:-1] + b"!"
+            return await method(**arguments)
+
+        return changed
+
+
+@pytest.mark.parametrize(("size", "upload"), [(1000, 1), (12 * MIB, 2), (12 * MIB, 3)])
+async def test_bytes_changed_on_the_way_to_s3_fail_the_upload(
+    s3: Any, settings: Settings, size: int, upload: int
+) -> None:
+    artifact = writer(ChangedOnTheWay(s3, upload=upload), settings, "exports/op/g3.jsonl", [])
+    with pytest.raises(StoredBytesDiffer):
+        await artifact.write(payload(size))
+        await artifact.finish()
