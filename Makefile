@@ -21,7 +21,7 @@ help:
 	@echo "make test       lint, format check, type check and every test"
 	@echo "make lint       ruff check + ruff format --check + mypy"
 	@echo "make fmt        ruff format + ruff check --fix"
-	@echo "make bench      the benchmarks: the 1M-message export, and cancel and takeover latency"
+	@echo "make bench      the benchmarks: polls, submits, the drain, latency, the 1M-message export, recovery"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
 
 $(BIN)/python:
@@ -56,7 +56,8 @@ test: lint
 	exit $$status
 
 bench: install
-	$(BIN)/python bench/export_1m.py
+	@command -v wrk >/dev/null || apt-get install -y wrk || sudo apt-get install -y wrk
+	$(BIN)/python bench/all.py
 	$(BIN)/python bench/recovery.py
 
 clean:

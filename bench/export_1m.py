@@ -26,9 +26,12 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.running import running_system
+from bench.table import Figure, print_table
 from shared.auth import mint_token
 from shared.fingerprint import ExportRequest
 from shared.repository.conversations import copy_export_lines
+from shared.settings import Settings
+from shared.storage import s3_client
 
 CID = "bench-1m"
 WORDS = ["hello", "world", "export", "message", "你好", "привет", "café", "naïve", "ok", "😀", '"quoted"']
@@ -98,7 +101,60 @@ async def copy_baseline(database_url: str, last_seq: int) -> tuple[float, int]:
         await conn.close()
 
 
-async def run(total: int, batch: int) -> None:
+async def copy_to_s3_baseline(settings: Settings, last_seq: int) -> float:
+    """Postgres dumping the same lines, streamed into one multipart upload on the same S3 (parts of
+    ``s3_part_size_bytes``, one in flight while the next fills): the least an export must do.
+    """
+    conn = await asyncpg.connect(settings.database_url)
+    key = f"{settings.s3_prefix}baseline-{uuid.uuid4().hex}.jsonl"
+    try:
+        async with s3_client(settings) as s3:
+            started = time.perf_counter()
+            upload = (await s3.create_multipart_upload(Bucket=settings.s3_bucket, Key=key))["UploadId"]
+            parts: list[dict[str, Any]] = []
+            buffer = bytearray()
+            in_flight: asyncio.Task[None] | None = None
+
+            async def send(chunk: bytes, number: int) -> None:
+                uploaded = await s3.upload_part(
+                    Bucket=settings.s3_bucket, Key=key, UploadId=upload, PartNumber=number, Body=chunk
+                )
+                parts.append({"PartNumber": number, "ETag": uploaded["ETag"]})
+
+            started_parts = 0
+
+            async def start_part(chunk: bytes) -> None:
+                nonlocal in_flight, started_parts
+                if in_flight is not None:
+                    await in_flight
+                started_parts += 1
+                in_flight = asyncio.create_task(send(chunk, started_parts))
+
+            async def sink(chunk: bytes) -> None:
+                buffer.extend(chunk)
+                if len(buffer) >= settings.s3_part_size_bytes:
+                    await start_part(bytes(buffer))
+                    buffer.clear()
+
+            await copy_export_lines(
+                conn, conversation_id=CID, after_seq=0, last_seq=last_seq, request=ExportRequest(), output=sink
+            )
+            await start_part(bytes(buffer))
+            assert in_flight is not None
+            await in_flight
+            parts.sort(key=lambda part: part["PartNumber"])
+            await s3.complete_multipart_upload(
+                Bucket=settings.s3_bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}
+            )
+            seconds = time.perf_counter() - started
+            await s3.delete_object(Bucket=settings.s3_bucket, Key=key)
+            return seconds
+    finally:
+        await conn.close()
+
+
+async def figures(total: int, batch: int) -> list[Figure]:
+    """Run the export and both baselines (see the module's docstring); print the details, return the rows."""
     async with running_system(workers=1) as system:
         settings = system.settings()  # the system's own JWT secret
         admin = {"Authorization": f"Bearer {mint_token(settings, user_id='root', scopes=['admin'])}"}
@@ -111,7 +167,15 @@ async def run(total: int, batch: int) -> None:
         assert operation["state"] == "SUCCEEDED", operation
         rss = peak_rss_mb(worker_pid)
         copy_seconds, copy_bytes = await copy_baseline(settings.database_url, total)
+        to_s3_seconds = await copy_to_s3_baseline(system.settings("worker"), total)
     report(total, import_seconds, export_seconds, operation["result"], rss, idle_rss, copy_seconds, copy_bytes)
+    print(f"COPY into one multipart upload {to_s3_seconds:>10.2f} s")
+    name = f"{total:,}-message export, 202 -> SUCCEEDED"
+    return [
+        Figure(name, export_seconds, "s", to_s3_seconds, "COPY into one multipart upload", "<= 1.0"),
+        Figure(name, export_seconds, "s", copy_seconds, "COPY to nowhere"),
+        Figure(f"worker peak RSS during the export (before it: {idle_rss:.0f} MB)", rss, "MB", target="<= 100 MB"),
+    ]
 
 
 def report(
@@ -142,7 +206,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=10_000)
     args = parser.parse_args()
-    asyncio.run(run(args.messages, args.batch))
+    print_table(asyncio.run(figures(args.messages, args.batch)))
 
 
 if __name__ == "__main__":
