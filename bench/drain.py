@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import uuid
 from pathlib import Path
@@ -28,7 +27,7 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.running import running_system
+from bench.running import admin_headers, member_conversation, running_system
 from bench.table import Figure, percentile, print_table
 from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
@@ -44,19 +43,11 @@ Clients = list[tuple[dict[str, str], str]]
 async def prepare(api: aiohttp.ClientSession, system: LocalSystem) -> Clients:
     """Every client's (headers, conversation)."""
     settings = system.settings()
-    admin = {"Authorization": f"Bearer {mint_token(settings, user_id='root', scopes=['admin'])}"}
+    admin = admin_headers(system)
     clients = []
     for number in range(CLIENTS):
         user, cid = f"drain-{number}", f"drain-c{number}"
-        async with api.put(f"/admin/conversations/{cid}", json={"members": [user]}, headers=admin) as r:
-            assert r.status < 300, await r.text()
-        lines = "".join(
-            json.dumps({"message_id": f"m{n}", "sender_id": user, "body": f"message {n} of the drain"}) + "\n"
-            for n in range(100)
-        )
-        headers = {**admin, "Content-Type": "application/x-ndjson"}
-        async with api.post(f"/admin/conversations/{cid}/messages:import", data=lines, headers=headers) as r:
-            assert r.status == 200, await r.text()
+        await member_conversation(api, admin, user=user, cid=cid, messages=100, body="message of the drain")
         clients.append(({"Authorization": f"Bearer {mint_token(settings, user_id=user)}"}, cid))
     return clients
 

@@ -31,7 +31,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.running import running_system
+from bench.running import admin_headers, member_conversation, running_system
 from bench.table import Figure, print_table
 from devtools.localsystem import LocalSystem
 from devtools.moto import free_port
@@ -108,21 +108,13 @@ def _lua_table(headers: dict[str, str]) -> str:
 async def prepare(system: LocalSystem) -> list[tuple[str, str, str]]:
     """Every user's (token, conversation, finished operation)."""
     settings = system.settings()
-    admin = {"Authorization": f"Bearer {mint_token(settings, user_id='root', scopes=['admin'])}"}
+    admin = admin_headers(system)
     prepared = []
     async with aiohttp.ClientSession(base_url=system.base_url) as api:
         for number in range(USERS):
             user, cid = f"user-{number}", f"bench-c{number}"
             token = mint_token(settings, user_id=user, ttl_seconds=3600)
-            async with api.put(f"/admin/conversations/{cid}", json={"members": [user]}, headers=admin) as r:
-                assert r.status < 300, await r.text()
-            lines = "".join(
-                json.dumps({"message_id": f"m{n}", "sender_id": user, "body": f"message {n}"}) + "\n"
-                for n in range(100)
-            )
-            headers = {**admin, "Content-Type": "application/x-ndjson"}
-            async with api.post(f"/admin/conversations/{cid}/messages:import", data=lines, headers=headers) as r:
-                assert r.status == 200, await r.text()
+            await member_conversation(api, admin, user=user, cid=cid, messages=100, body="message")
             headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "prepare"}
             async with api.post(f"/v3/conversations/{cid}/exports", json={}, headers=headers) as r:
                 assert r.status == 202, await r.text()

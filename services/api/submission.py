@@ -12,7 +12,7 @@ import asyncpg
 from services.api.metrics import IDEMPOTENCY_CONFLICTS
 from services.api.problems import Problem, not_found
 from shared.fingerprint import ExportRequest, fingerprint
-from shared.ids import is_valid_id, new_operation_id
+from shared.ids import new_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository.submissions import submit_export
 from shared.settings import Settings
@@ -56,23 +56,18 @@ async def submit(
     IDEMPOTENCY_KEY_EXPIRED (409) or TOO_MANY_ACTIVE_EXPORTS (429); on success the operation, its
     idempotency record and its outbox row are committed together.
     """
-    # An id that breaks the id syntax (a U+0000, say) cannot be stored: Postgres is not even asked.
-    outcome = (
-        await submit_export(
-            conn,
-            operation_id=new_operation_id(),
-            owner_id=owner_id,
-            conversation_id=conversation_id,
-            idempotency_key=idempotency_key,
-            fingerprint=fingerprint(user_id=owner_id, conversation_id=conversation_id, request=request),
-            request=request,
-            replay_window_seconds=settings.idempotency_replay_window_seconds,
-            max_active=settings.max_active_exports,
-        )
-        if is_valid_id(conversation_id)
-        else None
+    outcome = await submit_export(
+        conn,
+        operation_id=new_operation_id(),
+        owner_id=owner_id,
+        conversation_id=conversation_id,
+        idempotency_key=idempotency_key,
+        fingerprint=fingerprint(user_id=owner_id, conversation_id=conversation_id, request=request),
+        request=request,
+        replay_window_seconds=settings.idempotency_replay_window_seconds,
+        max_active=settings.max_active_exports,
     )
-    if outcome is None or outcome.outcome == "not_member":
+    if outcome.outcome == "not_member":
         AUTHORIZATION_REFUSALS.labels("submit").inc()
         raise not_found()
     if outcome.outcome in _CONFLICTS:

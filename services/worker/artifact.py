@@ -25,11 +25,12 @@ READBACK_CHUNK_BYTES = 1024 * 1024
 
 @dataclass(frozen=True)
 class Digest:
-    """What a file holds: ``size_bytes``, hex ``sha256`` and ``line_count`` (one message a line)."""
+    """What a file holds: ``size_bytes`` and hex ``sha256`` of its stored bytes. The messages in it are counted
+    by whoever renders them (``services.worker.files``); equal bytes hold equal counts.
+    """
 
     size_bytes: int
     sha256: str
-    line_count: int
 
 
 class ArtifactWriter:
@@ -64,17 +65,15 @@ class ArtifactWriter:
         self._part_md5s: dict[int, bytes] = {}
         self._hash = hashlib.sha256()
         self._size = 0
-        self._lines = 0
 
     def digest(self) -> Digest:
-        """Size, sha256 and line count of everything written so far."""
-        return Digest(self._size, self._hash.hexdigest(), self._lines)
+        """Size and sha256 of everything written so far."""
+        return Digest(self._size, self._hash.hexdigest())
 
     async def write(self, data: bytes) -> None:
         """Append ``data``; starts a part's upload whenever a full one is buffered."""
         self._hash.update(data)
         self._size += len(data)
-        self._lines += data.count(b"\n")
         self._buffer += data
         while len(self._buffer) >= self._part_size:
             chunk = bytes(self._buffer[: self._part_size])
@@ -116,9 +115,10 @@ class ArtifactWriter:
         S3 computes the ETag of a PutObject, and of each part of a multipart upload, as the MD5 of the bytes
         it received (no SSE-KMS here), and the ETag of the completed upload from the parts' MD5s; each is
         compared with the MD5 this writer computed of what it sent, so a byte changed on the way fails the
-        export (``StoredBytesDiffer``) without reading the object back. Size, sha256 and line count are then
-        those of the bytes S3 holds (README: States and failure model). The client's own checksums cannot
-        serve: some S3 implementations (moto among them) echo them without checking.
+        export (``StoredBytesDiffer``) without reading the object back. Size, sha256 and the messages counted
+        as they were rendered are then those of the bytes S3 holds (README: States and failure model). The
+        client's own checksums cannot serve: some S3 implementations (moto among them) echo them without
+        checking.
         """
         rest = bytes(self._buffer)
         self._buffer.clear()
@@ -164,11 +164,10 @@ def _check_etag(etag: str, expected: str, *, what: str) -> None:
 async def read_digest(s3: Any, *, bucket: str, key: str) -> Digest:
     """Read ``bucket/key`` back in chunks and measure it, to verify what S3 actually holds."""
     digest = hashlib.sha256()
-    size = lines = 0
+    size = 0
     response = await s3.get_object(Bucket=bucket, Key=key)
     async with response["Body"] as stream:
         async for chunk in stream.iter_chunks(READBACK_CHUNK_BYTES):
             digest.update(chunk)
             size += len(chunk)
-            lines += chunk.count(b"\n")
-    return Digest(size, digest.hexdigest(), lines)
+    return Digest(size, digest.hexdigest())

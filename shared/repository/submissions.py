@@ -16,6 +16,7 @@ import asyncpg
 
 from shared.broker import EXPORT_ROUTING_KEY
 from shared.fingerprint import ExportRequest
+from shared.ids import is_valid_id
 from shared.repository.rows import Row
 from shared.states import ACTIVE
 
@@ -47,7 +48,12 @@ async def submit_export(
     """Create ``operation_id`` for ``request`` unless an earlier use of ``idempotency_key`` by ``owner_id``,
     the quota of ``max_active`` active operations, or the caller's membership decides otherwise; commits
     with the caller's transaction, or at once without one.
+
+    A conversation id that breaks the id syntax (``shared.ids``) cannot be stored, so it is ``not_member``
+    without a query, as in ``conversations.is_member``: a U+0000 never reaches Postgres.
     """
+    if not is_valid_id(conversation_id):
+        return SubmitOutcome("not_member", None)
     row = await conn.fetchrow(
         "SELECT * FROM submit_export($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
         operation_id,
