@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt typecheck bench clean
+.PHONY: help install run test lint fmt typecheck bench chaos clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -22,6 +22,7 @@ help:
 	@echo "make lint       ruff check + ruff format --check + mypy"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make bench      the benchmarks: polls, submits, the drain, latency, the 1M-message export, recovery"
+	@echo "make chaos      the fault harness: ROUNDS=1000 random rounds of faults, SEED=S (default random), ROUND=K replays one"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
 
 $(BIN)/python:
@@ -59,6 +60,14 @@ bench: install
 	@command -v wrk >/dev/null || apt-get install -y wrk || sudo apt-get install -y wrk
 	$(BIN)/python bench/all.py
 	$(BIN)/python bench/recovery.py
+
+# The long run of the fault harness; a short fixed-seed sample of it is part of `make test`.
+ROUNDS ?= 1000
+SEED   ?=
+ROUND  ?=
+chaos: install
+	@command -v faketime >/dev/null || apt-get install -y faketime || sudo apt-get install -y faketime
+	$(BIN)/python -m tests.chaos --rounds $(ROUNDS) $(if $(SEED),--seed $(SEED)) $(if $(ROUND),--round $(ROUND))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -111,13 +111,14 @@ class LocalSystem:
                 names.append(name)
         self.wait_ready(names)
 
-    def start_part(self, part: str, *, name: str | None = None) -> None:
+    def start_part(self, part: str, *, name: str | None = None, extra_env: Mapping[str, str] | None = None) -> None:
         """Start (or restart) one process of the file's service ``part``, called ``name`` (default: ``part``),
-        on a fresh monitoring port. Raises ``ValueError`` when a process of that name is running.
+        on a fresh monitoring port, with ``extra_env`` laid over its environment for this process only.
+        Raises ``ValueError`` when a process of that name is running.
         """
         name = name or part
         self.metrics_ports[name] = free_port(LOCAL_HOST)
-        env = {**self.environment(part), "CHATEXPORT_METRICS_PORT": str(self.metrics_ports[name])}
+        env = {**self.environment(part), "CHATEXPORT_METRICS_PORT": str(self.metrics_ports[name]), **(extra_env or {})}
         self.group.start(name, local_command(self.services[part].command), env)
 
     def environment(self, service: str) -> dict[str, str]:

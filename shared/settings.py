@@ -90,6 +90,7 @@ class Settings(BaseSettings):
     webhook_allow_private: bool = False
     webhook_timeout_seconds: float = Field(5.0, gt=0)
     webhook_retry_seconds: float = Field(24 * 3600.0, gt=0)
+    webhook_first_retry_seconds: float = Field(5.0, gt=0)
 
     lease_seconds: float = Field(30.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)

@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 
 BATCH = 16
 MAX_ANSWER_BYTES = 4096
-FIRST_RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 3600.0
 
 
@@ -165,7 +164,7 @@ class WebhookSender:
 
     def _retry_seconds(self, delivery: Delivery) -> float | None:
         """Exponential backoff with full jitter; None once the next try would fall after the retry time."""
-        ceiling = min(FIRST_RETRY_SECONDS * 2**delivery.attempts, MAX_RETRY_SECONDS)
+        ceiling = min(self._settings.webhook_first_retry_seconds * 2**delivery.attempts, MAX_RETRY_SECONDS)
         delay = random.uniform(ceiling / 2, ceiling)
         return None if delivery.age_seconds + delay > self._settings.webhook_retry_seconds else delay
 

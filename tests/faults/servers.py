@@ -513,6 +513,13 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+def _error_response(status: int) -> bytes:
+    """A complete HTTP/1.1 answer with ``status`` and an S3 ``InternalError`` body, closing the connection."""
+    body = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code></Error>"
+    head = f"HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"Connection: close\r\n\r\n" + body
+
+
 @dataclass(eq=False)
 class _Link:
     """One proxied connection: the client's side and, once connected, the target's side."""
@@ -548,6 +555,7 @@ class TcpProxy:
         self.target_port = target_port
         self._port = port
         self._blocked = False
+        self._answer: bytes | None = None  # set by answer_with: what every new connection gets instead
         self._bytes_per_second: float | None = None
         self._next_send = 0.0  # loop time at which the throttled proxy may forward its next chunk
         self._server: asyncio.Server | None = None
@@ -598,6 +606,13 @@ class TcpProxy:
             raise ValueError("bytes_per_second must be positive or None")
         self._call(self._set_rate(bytes_per_second))
 
+    def answer_with(self, status: int | None) -> None:
+        """Answer every request on a new connection with an HTTP ``status`` and an S3-style error body, then
+        close it, as a failing server would; open connections are dropped so that clients reconnect.
+        ``None`` forwards again.
+        """
+        self._call(self._set_answer(status))
+
     def close(self) -> None:
         """Drop every connection, stop listening and end the proxy's thread; safe to call twice."""
         if self._loop.is_closed():
@@ -613,6 +628,12 @@ class TcpProxy:
 
     async def _set_rate(self, bytes_per_second: float | None) -> None:
         self._bytes_per_second = bytes_per_second
+
+    async def _set_answer(self, status: int | None) -> None:
+        self._answer = None if status is None else _error_response(status)
+        if status is not None:
+            for link in list(self._links):
+                link.drop()
 
     async def _listen(self) -> None:
         self._blocked = False
@@ -636,10 +657,21 @@ class TcpProxy:
         link = _Link(writer, asyncio.current_task())
         self._links.add(link)
         try:
+            if self._answer is not None:
+                await self._answer_and_close(reader, writer, self._answer)
+                return
             await self._connect_and_pipe(link, reader)
         finally:
             self._links.discard(link)
             link.close()
+
+    @staticmethod
+    async def _answer_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> None:
+        """Wait for a request's head, then send ``answer``; the connection is closed by the caller."""
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), PROXY_CALL_TIMEOUT_SECONDS)
+            writer.write(answer)
+            await writer.drain()
 
     async def _connect_and_pipe(self, link: _Link, reader: asyncio.StreamReader) -> None:
         try:

@@ -1,19 +1,22 @@
 """Smoke tests of the fault-injection tools: private servers keep their data across restarts and crashes,
-and the TCP proxy cuts connections off and lets them through again.
+and the TCP proxy cuts connections off, answers with an error, and lets them through again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aio_pika
+import aiohttp
 import asyncpg
 import pytest
 from aio_pika.abc import FieldValue
 
+from devtools.moto import MotoServer
 from tests.conftest import wait_for
 from tests.faults.harness import wait_for_queue_counts
 from tests.faults.servers import PrivatePostgres, PrivateRabbitMQ, TcpProxy, epmd_names
@@ -248,3 +251,19 @@ async def test_proxy_throttles_and_lets_go(echo_port: int, tcp_proxy: Callable[[
     assert await roundtrip(proxy.port, payload * 50) == payload * 50
     with pytest.raises(ValueError):
         proxy.throttle(0)
+
+
+async def test_proxy_answers_with_an_error_and_forwards_again(
+    moto: MotoServer, tcp_proxy: Callable[[str, int], TcpProxy]
+) -> None:
+    target = urllib.parse.urlsplit(moto.endpoint_url)
+    proxy = tcp_proxy(target.hostname or "127.0.0.1", target.port or 80)
+    url = f"http://127.0.0.1:{proxy.port}/"
+    async with aiohttp.ClientSession() as http:
+        proxy.answer_with(500)
+        async with http.get(url) as failing:
+            assert failing.status == 500
+            assert b"<Code>InternalError</Code>" in await failing.read()
+        proxy.answer_with(None)
+        async with http.get(url) as forwarded:
+            assert forwarded.status == 200  # moto's list of buckets

@@ -1,0 +1,255 @@
+"""Injecting a round's faults and healing them (README: Development, The fault harness).
+
+``Injector.inject(fault)`` breaks something at once, waits the fault's duration and repairs what it broke;
+faults overlap freely. ``Injector.heal()`` then makes sure that, whatever happened, every part runs, the
+servers answer, S3 and the receiver are back, before the round's checks begin. Every action is written to
+the round's event log with its time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from devtools.localsystem import READY_TIMEOUT_SECONDS
+from services.janitor.leadership import LEADER_LOCK_KEY
+from tests.chaos.plan import PARTS, Fault, FaultKind
+from tests.chaos.system import LEASE_SECONDS, ChaosSystem
+
+# Holds the relay's "mark published" inside its transaction, after the broker confirmed the publish, for
+# less than the statement timeout; the harness kills the relay meanwhile.
+HOLD_MARKS_SQL = """
+CREATE OR REPLACE FUNCTION chaos_hold_outbox_marks() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_sleep(2);
+    RETURN NEW;
+END;
+$$;
+CREATE OR REPLACE TRIGGER chaos_hold_outbox_marks BEFORE UPDATE ON outbox
+    FOR EACH ROW EXECUTE FUNCTION chaos_hold_outbox_marks();
+"""
+RELEASE_MARKS_SQL = "DROP TRIGGER IF EXISTS chaos_hold_outbox_marks ON outbox"
+HELD_MARK_SQL = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query ILIKE 'UPDATE outbox%'"
+STOP_PAST_LEASE_SECONDS = LEASE_SECONDS + 1.0
+TERM_TIMEOUT_SECONDS = 15.0
+POLL_SECONDS = 0.05
+
+
+def faketime_library() -> str:
+    """The path of Debian's libfaketime (package ``faketime``). Raises ``RuntimeError`` when it is missing."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        raise RuntimeError("libfaketime is missing: install Debian's faketime package")
+    return found[0]
+
+
+class Injector:
+    """Breaks and repairs ``system``; ``log(text)`` records each action; ``injected`` counts faults by kind."""
+
+    def __init__(self, system: ChaosSystem, log: Callable[[str], None]) -> None:
+        self.system = system
+        self.log = log
+        self.injected: dict[str, int] = {}
+        self.broker_reachable_at = time.monotonic()
+        self._restarting: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in PARTS}
+        self._servers = asyncio.Lock()
+
+    async def inject(self, fault: Fault) -> None:
+        """Inject ``fault``, wait ``fault.for_seconds`` and repair it; never raises for a fault that could not
+        be placed (a part already down), so that overlapping faults stay independent.
+        """
+        self.injected[fault.kind] = self.injected.get(fault.kind, 0) + 1
+        self.log(f"inject {fault.kind} target={fault.target} detail={fault.detail} for={fault.for_seconds}")
+        await _ACTIONS[fault.kind](self, fault)
+        self.log(f"repaired {fault.kind} target={fault.target}")
+
+    async def heal(self) -> None:
+        """Every part running and ready, both servers up, S3 and the receiver answering normally."""
+        proxy = self.system.faulty.proxy
+        proxy.answer_with(None)
+        proxy.throttle(None)
+        proxy.unblock()
+        await self.system.receiver.up()
+        async with self._servers:
+            for server in (self.system.postgres, self.system.rabbitmq):
+                if not server.running:
+                    await asyncio.to_thread(server.start)
+        self.broker_reachable_at = time.monotonic()
+        for name in PARTS:
+            self._signal(name, signal.SIGCONT)
+            await self._ensure_running(name)
+        await asyncio.to_thread(self.system.faulty.system.wait_ready, None, READY_TIMEOUT_SECONDS)
+
+    # --- the faults -------------------------------------------------------------------------------------
+
+    async def _kill(self, fault: Fault) -> None:
+        if self._running(fault.target):
+            await asyncio.to_thread(self.system.faulty.system.group.kill, fault.target)
+        await asyncio.sleep(fault.for_seconds)  # the fault: the part stays down this long
+        await self._ensure_running(fault.target)
+
+    async def _term(self, fault: Fault) -> None:
+        if self._running(fault.target):
+            self._signal(fault.target, signal.SIGCONT)  # a stopped part could not drain
+            await asyncio.to_thread(
+                self.system.faulty.system.group.stop, fault.target, signal.SIGTERM, TERM_TIMEOUT_SECONDS
+            )
+        await asyncio.sleep(fault.for_seconds)
+        await self._ensure_running(fault.target)
+
+    async def _stop(self, fault: Fault) -> None:
+        self._signal(fault.target, signal.SIGSTOP)
+        await asyncio.sleep(STOP_PAST_LEASE_SECONDS)  # the fault: frozen past its lease
+        self._signal(fault.target, signal.SIGCONT)
+
+    async def _restart_broker(self, fault: Fault) -> None:
+        async with self._servers:
+            await asyncio.to_thread(self.system.rabbitmq.stop, "kill" if fault.detail == "kill" else "graceful")
+            await asyncio.sleep(fault.for_seconds)
+            await asyncio.to_thread(self.system.rabbitmq.start)
+            self.broker_reachable_at = time.monotonic()
+
+    async def _restart_database(self, fault: Fault) -> None:
+        async with self._servers:
+            await asyncio.to_thread(self.system.postgres.stop, "immediate" if fault.detail == "immediate" else "fast")
+            await asyncio.sleep(fault.for_seconds)
+            await asyncio.to_thread(self.system.postgres.start)
+
+    async def _s3_cut(self, fault: Fault) -> None:
+        self.system.faulty.proxy.block()
+        await asyncio.sleep(fault.for_seconds)
+        self.system.faulty.proxy.unblock()
+
+    async def _s3_slow(self, fault: Fault) -> None:
+        self.system.faulty.proxy.throttle(float(fault.detail))
+        await asyncio.sleep(fault.for_seconds)
+        self.system.faulty.proxy.throttle(None)
+
+    async def _s3_errors(self, fault: Fault) -> None:
+        self.system.faulty.proxy.answer_with(500)
+        await asyncio.sleep(fault.for_seconds)
+        self.system.faulty.proxy.answer_with(None)
+
+    async def _janitor_lock_lost(self, fault: Fault) -> None:
+        ended = await self._database(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
+            " WHERE locktype = 'advisory' AND classid = 0 AND objid = $1 AND objsubid = 1 AND granted",
+            LEADER_LOCK_KEY,
+        )
+        self.log(f"terminated {ended} leader lock session(s)")
+
+    async def _clock_shift(self, fault: Fault) -> None:
+        shifted = {
+            "LD_PRELOAD": faketime_library(),
+            "FAKETIME": f"{int(fault.detail):+d}",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",  # only the wall clock moves
+        }
+        async with self._restarting[fault.target]:
+            await self._replace(fault.target, shifted)
+        await asyncio.sleep(fault.for_seconds)
+        async with self._restarting[fault.target]:
+            await self._replace(fault.target, {})
+
+    async def _bad_wakeup(self, fault: Fault) -> None:
+        settings = self.system.faulty.settings
+        with contextlib.suppress(Exception):  # the broker may be down: then there is nothing to inject
+            connection = await aio_pika.connect(settings.amqp_url, timeout=2)
+            async with connection:
+                channel = await connection.channel()
+                body = aio_pika.Message(b"\xff\xfe not a wake-up", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+                await channel.default_exchange.publish(body, routing_key=settings.amqp_queue)
+                self.log("published an undecodable message")
+
+    async def _relay_killed_before_commit(self, fault: Fault) -> None:
+        await self._database(HOLD_MARKS_SQL, execute=True)
+        try:
+            deadline = time.monotonic() + fault.for_seconds
+            while time.monotonic() < deadline and not await self._database(HELD_MARK_SQL):
+                await asyncio.sleep(POLL_SECONDS)  # polling Postgres for the held statement
+            if await self._database(HELD_MARK_SQL) and self._running("relay"):
+                await asyncio.to_thread(self.system.faulty.system.group.kill, "relay")
+                self.log("killed the relay while its mark was held")
+        finally:
+            await self._database(RELEASE_MARKS_SQL, execute=True)
+        await self._ensure_running("relay")
+
+    async def _receiver_down(self, fault: Fault) -> None:
+        await self.system.receiver.down()
+        await asyncio.sleep(fault.for_seconds)
+        await self.system.receiver.up()
+
+    async def _receiver_mode(self, fault: Fault) -> None:
+        self.system.receiver.mode = "slow" if fault.kind is FaultKind.RECEIVER_SLOW else "errors"
+        await asyncio.sleep(fault.for_seconds)
+        self.system.receiver.mode = "up"
+
+    # --- helpers ----------------------------------------------------------------------------------------
+
+    def _running(self, name: str) -> bool:
+        return name in self.system.faulty.system.group.pids()
+
+    def _signal(self, name: str, sig: int) -> None:
+        if self._running(name):
+            with contextlib.suppress(ProcessLookupError):
+                self.system.faulty.system.group.send(name, sig)
+
+    async def _ensure_running(self, name: str) -> None:
+        async with self._restarting[name]:
+            if not self._running(name):
+                self.system.faulty.system.start_part(_service(name), name=name)
+                self.log(f"started {name}")
+
+    async def _replace(self, name: str, extra_env: dict[str, str]) -> None:
+        """Stop ``name`` (SIGTERM, it drains) and start it again with ``extra_env``."""
+        if self._running(name):
+            self._signal(name, signal.SIGCONT)
+            await asyncio.to_thread(self.system.faulty.system.group.stop, name, signal.SIGTERM, TERM_TIMEOUT_SECONDS)
+        self.system.faulty.system.start_part(_service(name), name=name, extra_env=extra_env)
+        self.log(f"started {name} with {sorted(extra_env) or 'its own clock'}")
+
+    async def _database(self, sql: str, *args: Any, execute: bool = False) -> Any:
+        """``fetchval`` one statement (``execute`` for a script) on a connection of its own; None when the
+        database cannot be reached.
+        """
+        try:
+            connection = await asyncpg.connect(self.system.database_url, timeout=2)
+        except (TimeoutError, OSError, asyncpg.PostgresError):
+            return None
+        try:
+            return await (connection.execute(sql) if execute else connection.fetchval(sql, *args))
+        except (OSError, asyncpg.PostgresError):
+            return None
+        finally:
+            await connection.close()
+
+
+def _service(name: str) -> str:
+    """The compose service of a process name: ``worker-2`` -> ``worker``."""
+    return name.rsplit("-", 1)[0] if name.startswith("worker-") else name
+
+
+_ACTIONS: dict[FaultKind, Callable[[Injector, Fault], Any]] = {
+    FaultKind.KILL: Injector._kill,
+    FaultKind.TERM: Injector._term,
+    FaultKind.STOP: Injector._stop,
+    FaultKind.RESTART_BROKER: Injector._restart_broker,
+    FaultKind.RESTART_DATABASE: Injector._restart_database,
+    FaultKind.S3_CUT: Injector._s3_cut,
+    FaultKind.S3_SLOW: Injector._s3_slow,
+    FaultKind.S3_ERRORS: Injector._s3_errors,
+    FaultKind.JANITOR_LOCK_LOST: Injector._janitor_lock_lost,
+    FaultKind.CLOCK_SHIFT: Injector._clock_shift,
+    FaultKind.BAD_WAKEUP: Injector._bad_wakeup,
+    FaultKind.RELAY_KILLED_BEFORE_COMMIT: Injector._relay_killed_before_commit,
+    FaultKind.RECEIVER_DOWN: Injector._receiver_down,
+    FaultKind.RECEIVER_SLOW: Injector._receiver_mode,
+    FaultKind.RECEIVER_ERRORS: Injector._receiver_mode,
+}

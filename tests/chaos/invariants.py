@@ -1,0 +1,376 @@
+"""The fault harness's invariant checker (README: Development, The fault harness): once a round's faults are
+repaired, it reads Postgres, S3 (moto directly, not through the proxy) and RabbitMQ, and returns every
+violation it finds as a sentence. An empty list is a passed round.
+
+Each check waits, up to its own deadline, for the system to become quiet (operations ended, the outbox
+published, the queue drained, callbacks delivered, the janitor's clean-up done) before it judges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import gzip
+import hashlib
+import io
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import asyncpg
+
+from shared.formats import FileKind
+from shared.storage import artifact_prefix, is_folder, part_key
+from tests.chaos.system import ChaosSystem
+from tests.chaos.workload import TERMINAL, Observations
+
+POLL_SECONDS = 0.1
+HTML_MESSAGE = re.compile(rb'<article id="m(\d+)"')
+
+# A message as the checker compares it before and after a round: everything but the recall mark.
+MESSAGES_SQL = """
+SELECT conversation_id, message_id, md5(row(seq, sender_id, body, sent_at)::text) AS digest,
+       recalled_at IS NOT NULL AS recalled
+FROM messages
+"""
+# The messages an operation's file may hold: its range, its watermark and its filters, not recalled before it
+# began. Those recalled after it ended must be in it; those recalled between may be either.
+SELECTED_SQL = """
+SELECT m.seq, m.body, (m.recalled_at IS NULL OR m.recalled_at > o.finished_at) AS required
+FROM operations o JOIN messages m ON m.conversation_id = o.conversation_id
+WHERE o.operation_id = $1 AND m.seq > o.after_seq AND m.seq <= o.snapshot_max_seq
+  AND (o.before_seq IS NULL OR m.seq < o.before_seq)
+  AND (o.since IS NULL OR m.sent_at >= o.since) AND (o.until IS NULL OR m.sent_at < o.until)
+  AND (o.senders IS NULL OR m.sender_id = ANY (o.senders))
+  AND (m.recalled_at IS NULL OR m.recalled_at >= o.created_at)
+"""
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long, in seconds after the last repair, the system gets to become quiet in each respect
+    (README: Development, The fault harness).
+    """
+
+    ended: float = 150.0  # every operation of the round terminal or parked
+    outbox: float = 30.0  # every due outbox row published, after the broker is back
+    queue: float = 30.0  # nothing ready or unacknowledged on the queue
+    callbacks: float = 60.0  # every callback delivered, the receiver being back
+    orphans: float = 30.0  # the janitor's grace and a pass or two
+
+
+@dataclass(frozen=True)
+class Messages:
+    """Every stored message: ``digests[(cid, message_id)]`` of its content, and the recalled ones."""
+
+    digests: dict[tuple[str, str], str]
+    recalled: frozenset[tuple[str, str]]
+
+
+async def read_messages(database_url: str) -> Messages:
+    """The message store as it is now."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows = await connection.fetch(MESSAGES_SQL)
+    finally:
+        await connection.close()
+    return Messages(
+        {(row["conversation_id"], row["message_id"]): row["digest"] for row in rows},
+        frozenset((row["conversation_id"], row["message_id"]) for row in rows if row["recalled"]),
+    )
+
+
+class Checker:
+    """Checks one round of ``system``; ``seen`` is what its callers observed, ``before`` the message store
+    at the round's start, ``deadlines`` how long each respect may take to become quiet.
+    """
+
+    def __init__(
+        self, system: ChaosSystem, seen: Observations, before: Messages, deadlines: Deadlines | None = None
+    ) -> None:
+        self.system = system
+        self.deadlines = deadlines or Deadlines()
+        self.seen = seen
+        self.before = before
+        self.findings: list[str] = []
+        self.s3 = system.faulty.s3
+        self.bucket = system.faulty.settings.s3_bucket
+
+    async def check(self) -> list[str]:
+        """Every invariant; returns the violations found (each call judges afresh)."""
+        self.findings = list(self.seen.problems)
+        connection = await asyncpg.connect(self.system.database_url)
+        try:
+            operations = await self._ended(connection)
+            for row in operations:
+                await self._operation(connection, row)
+            await self._keys(connection)
+            await self._messages(connection)
+            await self._outbox(connection)
+            await self._queue()
+            await self._callbacks(connection, operations)
+            await self._orphans(connection)
+        finally:
+            await connection.close()
+        return self.findings
+
+    # --- operations -------------------------------------------------------------------------------------
+
+    async def _ended(self, connection: asyncpg.Connection) -> list[asyncpg.Record]:
+        """The round's operations once all have ended; an operation that does not is a violation."""
+        ids = sorted(self.seen.submitted)
+
+        async def rows() -> list[asyncpg.Record]:
+            return await connection.fetch("SELECT * FROM operations WHERE operation_id = ANY($1)", ids)
+
+        await _until(lambda: _all_ended(rows()), self.deadlines.ended)
+        found = await rows()
+        for row in found:
+            if row["state"] not in TERMINAL:
+                self.findings.append(f"{row['operation_id']} still {row['state']} after {self.deadlines.ended} s")
+            if row["state"] == "FAILED_REPAIR" and not row["error_code"]:
+                self.findings.append(f"{row['operation_id']} parked in FAILED_REPAIR without a reason")
+        missing = set(ids) - {row["operation_id"] for row in found}
+        self.findings += [f"{operation_id} was answered to a caller but is not stored" for operation_id in missing]
+        return found
+
+    async def _operation(self, connection: asyncpg.Connection, row: asyncpg.Record) -> None:
+        operation_id = row["operation_id"]
+        objects, uploads = await self._under(artifact_prefix(self.system.faulty.settings, operation_id))
+        if row["state"] == "CANCELED" and (objects or uploads):
+            await _until(
+                lambda: self._empty(artifact_prefix(self.system.faulty.settings, operation_id)), self.deadlines.orphans
+            )
+            objects, uploads = await self._under(artifact_prefix(self.system.faulty.settings, operation_id))
+            if objects or uploads:
+                self.findings.append(f"{operation_id} CANCELED but left {sorted(objects | uploads)}")
+        if row["state"] == "SUCCEEDED":
+            await self._result(connection, row)
+
+    async def _result(self, connection: asyncpg.Connection, row: asyncpg.Record) -> None:
+        """The stored file(s) match the record and hold exactly the messages they should."""
+        operation_id, kind = row["operation_id"], FileKind(row["format"], row["compression"])
+        published = await connection.fetchval(
+            "SELECT count(*) FROM artifacts WHERE operation_id = $1 AND object_key = $2 AND state = 'PUBLISHED'",
+            operation_id,
+            row["result_key"],
+        )
+        if published != 1:
+            self.findings.append(f"{operation_id} SUCCEEDED but no PUBLISHED artifact names {row['result_key']}")
+        files = self._recorded_files(row, kind)
+        seqs: list[int] = []
+        bodies: dict[int, str] = {}
+        for key, size, sha256, count in files:
+            content = await self._object(key)
+            if content is None:
+                self.findings.append(f"{operation_id} SUCCEEDED without its object {key}")
+                continue
+            if (len(content), hashlib.sha256(content).hexdigest()) != (size, sha256):
+                self.findings.append(f"{operation_id}: {key} differs from its recorded size or sha256")
+            try:
+                found = _messages_in(gzip.decompress(content) if kind.compressed else content, kind.format, bodies)
+            except (ValueError, KeyError, IndexError, OSError, EOFError) as error:
+                self.findings.append(f"{operation_id}: {key} is not a readable {kind.extension} file: {error}")
+                continue
+            if len(found) != count:
+                self.findings.append(f"{operation_id}: {key} holds {len(found)} messages, recorded {count}")
+            seqs += found
+        if sum(file[3] for file in files) != row["result_message_count"]:
+            self.findings.append(f"{operation_id}: the parts' message counts do not add up to the result's")
+        await self._selection(connection, operation_id, seqs, bodies)
+
+    def _recorded_files(self, row: asyncpg.Record, kind: FileKind) -> list[tuple[str, int, str, int]]:
+        """``(key, size_bytes, sha256, message_count)`` of each stored file of a SUCCEEDED operation."""
+        if row["result_parts"] is None:
+            return [(row["result_key"], row["result_size_bytes"], row["result_sha256"], row["result_message_count"])]
+        parts = json.loads(row["result_parts"])
+        return [
+            (
+                part_key(row["result_key"], part["number"], extension=kind.extension),
+                part["size_bytes"],
+                part["sha256"],
+                part["message_count"],
+            )
+            for part in parts
+        ]
+
+    async def _selection(
+        self, connection: asyncpg.Connection, operation_id: str, seqs: list[int], bodies: dict[int, str]
+    ) -> None:
+        selected = {row["seq"]: row for row in await connection.fetch(SELECTED_SQL, operation_id)}
+        if len(seqs) != len(set(seqs)):
+            self.findings.append(f"{operation_id}: a message is in its file twice")
+        if seqs != sorted(seqs):
+            self.findings.append(f"{operation_id}: its file is not in seq order")
+        outside = set(seqs) - set(selected)
+        missing = {seq for seq, row in selected.items() if row["required"]} - set(seqs)
+        if outside:
+            self.findings.append(
+                f"{operation_id}: its file holds messages outside its selection: {sorted(outside)[:10]}"
+            )
+        if missing:
+            self.findings.append(f"{operation_id}: its file misses messages never recalled: {sorted(missing)[:10]}")
+        changed = [seq for seq, body in bodies.items() if seq in selected and selected[seq]["body"] != body]
+        if changed:
+            self.findings.append(f"{operation_id}: its file changed the bodies of {sorted(changed)[:10]}")
+
+    async def _keys(self, connection: asyncpg.Connection) -> None:
+        """Each key names one operation, for every caller that used it, and the stored one."""
+        for (user, key), answered in self.seen.answers.items():
+            stored = await connection.fetchval(
+                "SELECT operation_id FROM idempotency_keys WHERE owner_id = $1 AND idempotency_key = $2", user, key
+            )
+            if len(answered) != 1 or stored not in answered:
+                self.findings.append(f"key {key} of {user} answered {sorted(answered)}, stored {stored}")
+
+    async def _messages(self, connection: asyncpg.Connection) -> None:
+        """No message changed, and none recalled that was not recalled by a caller."""
+        after = await read_messages(self.system.database_url)
+        changed = [key for key, digest in self.before.digests.items() if after.digests.get(key) != digest]
+        if changed:
+            self.findings.append(f"messages changed or lost during the round: {sorted(changed)[:10]}")
+        unrecalled = self.before.recalled - after.recalled
+        if unrecalled:
+            self.findings.append(f"recalled messages came back: {sorted(unrecalled)[:10]}")
+
+    # --- outbox, queue, callbacks, storage --------------------------------------------------------------
+
+    async def _outbox(self, connection: asyncpg.Connection) -> None:
+        async def unpublished() -> int:
+            count: int = await connection.fetchval(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL AND not_before <= now()"
+            )
+            return count
+
+        if not await _until(lambda: _is_zero(unpublished()), self.deadlines.outbox):
+            self.findings.append(
+                f"{await unpublished()} outbox rows unpublished {self.deadlines.outbox} s after the broker was back"
+            )
+
+    async def _queue(self) -> None:
+        queue = self.system.faulty.settings.amqp_queue
+
+        async def drained() -> bool:
+            counts = await asyncio.to_thread(self.system.rabbitmq.queue_counts, queue)
+            return counts["messages_ready"] == 0 and counts["messages_unacknowledged"] == 0
+
+        if not await _until(drained, self.deadlines.queue):
+            counts = await asyncio.to_thread(self.system.rabbitmq.queue_counts, queue)
+            self.findings.append(f"the queue is not drained {self.deadlines.queue} s after the round: {counts}")
+
+    async def _callbacks(self, connection: asyncpg.Connection, operations: list[asyncpg.Record]) -> None:
+        """Every ended operation with a callback URL has its events delivered, each under its own id."""
+        with_callbacks = [row["operation_id"] for row in operations if row["notify_url"]]
+
+        async def deliveries() -> list[asyncpg.Record]:
+            return await connection.fetch(
+                "SELECT operation_id, webhook_id, delivered_at FROM webhook_deliveries WHERE operation_id = ANY($1)",
+                with_callbacks,
+            )
+
+        async def all_delivered() -> bool:
+            rows = await deliveries()
+            return all(row["delivered_at"] is not None for row in rows) and {r["operation_id"] for r in rows} == set(
+                operation_id for operation_id in with_callbacks if _ended_row(operations, operation_id)
+            )
+
+        await _until(all_delivered, self.deadlines.callbacks)
+        rows = await deliveries()
+        for operation_id in with_callbacks:
+            stored = {row["webhook_id"] for row in rows if row["operation_id"] == operation_id}
+            delivered = {
+                row["webhook_id"] for row in rows if row["operation_id"] == operation_id and row["delivered_at"]
+            }
+            received = self.system.receiver.received.get(operation_id, set())
+            if not stored:
+                self.findings.append(f"{operation_id} ended without a callback to deliver")
+            if delivered != stored or not delivered <= received:
+                self.findings.append(
+                    f"{operation_id}: callbacks {sorted(stored)}, delivered {sorted(delivered)},"
+                    f" received {sorted(received)}"
+                )
+            if received - stored:
+                self.findings.append(f"{operation_id}: callbacks arrived with unknown ids {sorted(received - stored)}")
+
+    async def _orphans(self, connection: asyncpg.Connection) -> None:
+        """After the janitor's grace, every object and upload in the bucket is named by a live record."""
+
+        async def unnamed() -> set[str]:
+            live = [
+                row["object_key"]
+                for row in await connection.fetch("SELECT object_key FROM artifacts WHERE state <> 'DELETED'")
+            ]
+            objects, uploads = await self._under("")
+            return {key for key in objects | uploads if not _named(key, live)}
+
+        async def none_unnamed() -> bool:
+            return not await unnamed()
+
+        if not await _until(none_unnamed, self.deadlines.orphans):
+            self.findings.append(f"objects or uploads no live record names: {sorted(await unnamed())[:10]}")
+
+    # --- S3 -----------------------------------------------------------------------------------------------
+
+    async def _under(self, prefix: str) -> tuple[set[str], set[str]]:
+        """Keys of the objects and of the open multipart uploads under ``prefix``."""
+        objects: set[str] = set()
+        paginator = self.s3.get_paginator("list_objects_v2")
+        async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            objects |= {item["Key"] for item in page.get("Contents", [])}
+        listed = await self.s3.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
+        return objects, {item["Key"] for item in listed.get("Uploads", [])}
+
+    async def _empty(self, prefix: str) -> bool:
+        objects, uploads = await self._under(prefix)
+        return not objects and not uploads
+
+    async def _object(self, key: str) -> bytes | None:
+        try:
+            response = await self.s3.get_object(Bucket=self.bucket, Key=key)
+        except self.s3.exceptions.NoSuchKey:
+            return None
+        async with response["Body"] as body:
+            content: bytes = await body.read()
+            return content
+
+
+def _messages_in(content: bytes, file_format: str, bodies: dict[int, str]) -> list[int]:
+    """The seqs of the messages in one file, in file order; JSONL bodies go into ``bodies``."""
+    if file_format == "jsonl":
+        messages = [json.loads(line) for line in content.splitlines()]
+        bodies.update({message["seq"]: message["body"] for message in messages})
+        return [message["seq"] for message in messages]
+    if file_format == "csv":
+        rows = list(csv.reader(io.StringIO(content.decode("utf-8"), newline="")))
+        return [int(row[1]) for row in rows[1:]]
+    return [int(seq) for seq in HTML_MESSAGE.findall(content)]
+
+
+def _named(key: str, live: list[str]) -> bool:
+    """True when ``key`` is a live artifact's object, or one of a live split artifact's parts."""
+    return any(key == name or (is_folder(name) and key.startswith(name)) for name in live)
+
+
+def _ended_row(operations: list[asyncpg.Record], operation_id: str) -> bool:
+    return any(row["operation_id"] == operation_id and row["state"] in TERMINAL for row in operations)
+
+
+async def _all_ended(rows: Awaitable[list[asyncpg.Record]]) -> bool:
+    return all(row["state"] in TERMINAL for row in await rows)
+
+
+async def _is_zero(count: Awaitable[int]) -> bool:
+    return await count == 0
+
+
+async def _until(predicate: Callable[[], Awaitable[bool]], timeout: float) -> bool:
+    """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(POLL_SECONDS)  # polling the system's state

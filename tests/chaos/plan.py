@@ -1,0 +1,161 @@
+"""What one round of the fault harness does, drawn from its seed: the exports it asks for and the faults it
+injects, with their moments. The same ``(seed, round)`` always gives the same plan, so a failing round can
+be replayed (README: Development, The fault harness); what the processes interleave may still differ.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+# Every round's workload and faults start within this many seconds of the round's start.
+ROUND_WINDOW_SECONDS = 4.0
+PARTS = ("api", "relay", "worker-1", "worker-2", "janitor")
+WORKERS = ("worker-1", "worker-2")
+# Restarts of the broker or the database cost seconds each: a minority of rounds get one.
+SERVER_RESTART_SHARE = 0.08
+
+
+class FaultKind(StrEnum):
+    """The faults the harness injects (README: Development, The fault harness)."""
+
+    KILL = "kill"  # SIGKILL a part, start it again later
+    TERM = "term"  # SIGTERM a part (it drains), start it again once it has exited
+    STOP = "stop"  # SIGSTOP a part past the lease, then SIGCONT
+    RESTART_BROKER = "restart_broker"
+    RESTART_DATABASE = "restart_database"
+    S3_CUT = "s3_cut"
+    S3_SLOW = "s3_slow"
+    S3_ERRORS = "s3_errors"
+    JANITOR_LOCK_LOST = "janitor_lock_lost"  # pg_terminate_backend of the leader's lock session
+    CLOCK_SHIFT = "clock_shift"  # a worker restarted with its wall clock moved (libfaketime)
+    BAD_WAKEUP = "bad_wakeup"  # a message on the queue that cannot be decoded
+    RELAY_KILLED_BEFORE_COMMIT = "relay_killed_before_commit"
+    RECEIVER_DOWN = "receiver_down"
+    RECEIVER_SLOW = "receiver_slow"
+    RECEIVER_ERRORS = "receiver_errors"
+
+
+# Faults that act on one process name.
+PART_FAULTS = {FaultKind.KILL, FaultKind.TERM, FaultKind.STOP}
+SERVER_RESTARTS = {FaultKind.RESTART_BROKER, FaultKind.RESTART_DATABASE}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: ``kind`` at ``at_seconds`` after the round's start, lasting ``for_seconds``; ``target`` is
+    the part it acts on (``PARTS``) or empty; ``detail`` a kind-specific choice (a stop mode, a clock shift
+    in seconds, a rate in bytes per second).
+    """
+
+    kind: FaultKind
+    at_seconds: float
+    for_seconds: float
+    target: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """One export of the round's workload.
+
+    ``conversation`` is ``"big"`` (the run's large conversation) or the index of one of the round's own;
+    ``options`` the request body; ``user`` the member who asks; ``duplicates`` how many more times the same
+    request is sent with the same key; ``cancel_after`` seconds after the submit to cancel it, or None;
+    ``recalls`` how many of the conversation's messages its sender recalls during the export;
+    ``drop_member`` whether the user loses membership during the export; ``download``: ``"full"``,
+    ``"aborted"`` (closed after the first bytes) or ``""``.
+    """
+
+    conversation: str
+    user: str
+    at_seconds: float
+    options: dict[str, Any]
+    duplicates: int
+    cancel_after: float | None
+    recalls: int
+    drop_member: bool
+    download: str
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """A round: its conversations' sizes (messages), its exports and its faults."""
+
+    seed: int
+    round_number: int
+    conversation_sizes: list[int] = field(default_factory=list)
+    exports: list[ExportSpec] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        """The plan as JSON-ready data, for the round's log."""
+        return asdict(self)
+
+
+def plan_round(seed: int, round_number: int) -> RoundPlan:
+    """The plan of round ``round_number`` (1-based) of a run with ``seed``; deterministic."""
+    rng = random.Random(f"chatexport-chaos:{seed}:{round_number}")
+    sizes = [rng.choice([0, 1, 7, 30, 120]) for _ in range(rng.randint(1, 2))]
+    exports = [_export(rng, len(sizes)) for _ in range(rng.randint(2, 5))]
+    faults = [_fault(rng) for _ in range(rng.choice([1, 1, 2, 2, 3]))]
+    if rng.random() < SERVER_RESTART_SHARE:
+        faults.append(_server_restart(rng))
+    return RoundPlan(seed, round_number, sizes, exports, sorted(faults, key=lambda f: f.at_seconds))
+
+
+def _export(rng: random.Random, conversations: int) -> ExportSpec:
+    big = rng.random() < 0.2
+    return ExportSpec(
+        conversation="big" if big else str(rng.randrange(conversations)),
+        user=rng.choice(["alice", "bob"]),
+        at_seconds=round(rng.uniform(0, ROUND_WINDOW_SECONDS), 2),
+        options=_options(rng, big),
+        duplicates=rng.choice([0, 0, 1, 2]),
+        cancel_after=round(rng.uniform(0, 2), 2) if rng.random() < 0.2 else None,
+        recalls=rng.choice([0, 0, 1, 3]),
+        drop_member=rng.random() < 0.1,
+        download=rng.choice(["", "full", "full", "aborted"]),
+    )
+
+
+def _options(rng: random.Random, big: bool) -> dict[str, Any]:
+    """A request body that uses each export option now and then (README: API reference, Export options)."""
+    options: dict[str, Any] = {"format": rng.choice(["jsonl", "jsonl", "csv", "html"])}
+    if rng.random() < 0.3:
+        options["compression"] = "gzip"
+    if rng.random() < 0.2:
+        options["after_seq"] = rng.randint(0, 20)
+    if rng.random() < 0.2:
+        options["before_seq"] = options.get("after_seq", 0) + rng.randint(2, 60)  # at least one message
+    if rng.random() < 0.2:
+        options["senders"] = [rng.choice(["alice", "bob"])]
+    if rng.random() < 0.15:
+        options["since"] = "2026-01-01T00:00:00+02:00"
+        options["until"] = rng.choice(["2026-01-01T00:00:30Z", "2030-01-01T00:00:00-05:00"])
+    if big and rng.random() < 0.5:
+        options["max_part_bytes"] = 5 * 1024 * 1024
+    if rng.random() < 0.4:
+        options["notify"] = {"url": "RECEIVER"}  # the harness puts its receiver's URL here
+    return options
+
+
+def _fault(rng: random.Random) -> Fault:
+    kind = rng.choice([kind for kind in FaultKind if kind not in SERVER_RESTARTS])
+    at = round(rng.uniform(0, ROUND_WINDOW_SECONDS), 2)
+    duration = round(rng.uniform(0.5, 3.0), 2)
+    if kind in PART_FAULTS:
+        return Fault(kind, at, duration, target=rng.choice(PARTS))
+    if kind is FaultKind.CLOCK_SHIFT:
+        return Fault(kind, at, duration, target=rng.choice(WORKERS), detail=str(rng.choice([-1, 1]) * 600))
+    if kind is FaultKind.S3_SLOW:
+        return Fault(kind, at, duration, detail=str(rng.choice([64 * 1024, 512 * 1024])))
+    return Fault(kind, at, duration)
+
+
+def _server_restart(rng: random.Random) -> Fault:
+    kind = rng.choice(sorted(SERVER_RESTARTS))
+    modes = ["fast", "immediate"] if kind is FaultKind.RESTART_DATABASE else ["graceful", "kill"]
+    return Fault(kind, round(rng.uniform(0, ROUND_WINDOW_SECONDS), 2), 1.0, detail=rng.choice(modes))

@@ -1,0 +1,178 @@
+"""Runs rounds of the fault harness and reports them (README: Development, The fault harness).
+
+``python -m tests.chaos --rounds N [--seed S] [--round K] [--out DIR]``: N rounds of a run with seed S
+(random when absent), or only round K of it. Each round prepares its conversations, drives its workload
+while its faults are injected, repairs everything and runs the checker. ``rounds.jsonl`` in the output
+folder gets one line per round (seed, round, faults, operations, findings); a failing round's folder
+``round-K`` keeps its plan, its event log, the parts' logs of that round and the findings. Exit status 1
+when any round found a violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.faults import Injector
+from tests.chaos.invariants import Checker, read_messages
+from tests.chaos.plan import Fault, RoundPlan, plan_round
+from tests.chaos.system import ChaosSystem, chaos_system
+from tests.chaos.workload import RequestGivenUp, Workload
+
+
+@dataclass
+class Summary:
+    """A run's figures: rounds, faults injected by kind, operations checked, violations, wall time (s)."""
+
+    seed: int
+    rounds: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    operations: int = 0
+    requests: int = 0
+    downloads: int = 0
+    violations: int = 0
+    failed_rounds: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        """The figures as JSON-ready data."""
+        return {**self.__dict__, "faults": dict(sorted(self.faults.items())), "seconds": round(self.seconds, 1)}
+
+
+async def run_chaos(seed: int, rounds: Iterable[int], out_dir: Path) -> Summary:
+    """Start a system, run ``rounds`` (round numbers) of the run with ``seed`` on it, write their records
+    under ``out_dir`` and return the summary.
+    """
+    started = time.monotonic()
+    async with chaos_system(out_dir / "system") as system:
+        summary = await run_rounds(system, seed, rounds, out_dir)
+    summary.seconds = time.monotonic() - started
+    (out_dir / "summary.json").write_text(json.dumps(summary.as_json(), indent=2) + "\n")
+    return summary
+
+
+async def run_rounds(system: ChaosSystem, seed: int, rounds: Iterable[int], out_dir: Path) -> Summary:
+    """Run ``rounds`` of the run with ``seed`` on ``system``; return their summary."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = Summary(seed)
+    started = time.monotonic()
+    setup = Workload(system, plan_round(seed, 0), lambda _: None)
+    try:
+        await setup.prepare_big()
+    finally:
+        await setup.close()
+    for round_number in rounds:
+        await _round(system, plan_round(seed, round_number), out_dir, summary)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+async def _round(system: ChaosSystem, plan: RoundPlan, out_dir: Path, summary: Summary) -> None:
+    started = time.monotonic()
+    events: list[str] = []
+
+    def log(text: str) -> None:
+        events.append(f"{time.monotonic() - started:8.2f} {text}")
+
+    offsets = _log_sizes(system.log_dir)
+    workload = Workload(system, plan, log)
+    injector = Injector(system, log)
+    findings: list[str] = []
+    try:
+        await workload.prepare()
+        before = await read_messages(system.database_url)
+        try:
+            await asyncio.gather(workload.run(), *(_scheduled(injector, fault) for fault in plan.faults))
+        except RequestGivenUp as given_up:
+            findings.append(str(given_up))
+        await injector.heal()
+        log("repaired everything; checking")
+        findings += await Checker(system, workload.seen, before).check()
+    finally:
+        await workload.close()
+    summary.rounds += 1
+    summary.faults.update(injector.injected)
+    summary.operations += len(workload.seen.submitted)
+    summary.requests += workload.seen.requests
+    summary.downloads += workload.seen.downloads
+    summary.violations += len(findings)
+    record = {
+        "seed": plan.seed,
+        "round": plan.round_number,
+        "faults": [f"{fault.kind}@{fault.at_seconds}:{fault.target or fault.detail}" for fault in plan.faults],
+        "operations": len(workload.seen.submitted),
+        "findings": findings,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    with (out_dir / "rounds.jsonl").open("a") as rounds_log:
+        rounds_log.write(json.dumps(record) + "\n")
+    verdict = "ok" if not findings else f"{len(findings)} VIOLATION(S)"
+    print(
+        f"round {plan.round_number} (seed {plan.seed}): {verdict}, {record['seconds']} s, {record['faults']}",
+        flush=True,
+    )
+    if findings:
+        summary.failed_rounds.append(plan.round_number)
+        folder = _keep_round(system, plan, out_dir, events, findings, offsets)
+        print(f"  findings and logs in {folder}; replay: --seed {plan.seed} --round {plan.round_number}", flush=True)
+
+
+async def _scheduled(injector: Injector, fault: Fault) -> None:
+    await asyncio.sleep(fault.at_seconds)  # the plan's moment for this fault
+    await injector.inject(fault)
+
+
+def _log_sizes(log_dir: Path) -> dict[Path, int]:
+    return {path: path.stat().st_size for path in log_dir.glob("*.log")}
+
+
+def _keep_round(
+    system: ChaosSystem,
+    plan: RoundPlan,
+    out_dir: Path,
+    events: list[str],
+    findings: list[str],
+    offsets: dict[Path, int],
+) -> Path:
+    """Write a failing round's plan, events, findings and the part logs it produced into ``round-K``."""
+    folder = out_dir / f"round-{plan.round_number}"
+    folder.mkdir(exist_ok=True)
+    (folder / "plan.json").write_text(json.dumps(plan.as_json(), indent=2) + "\n")
+    (folder / "events.log").write_text("\n".join(events) + "\n")
+    (folder / "findings.json").write_text(json.dumps(findings, indent=2) + "\n")
+    for path in system.log_dir.glob("*.log"):
+        with path.open("rb") as source, (folder / path.name).open("wb") as target:
+            source.seek(offsets.get(path, 0))
+            shutil.copyfileobj(source, target)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10, help="how many rounds (default 10)")
+    parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: random)")
+    parser.add_argument("--round", type=int, default=None, help="replay only this round of the run")
+    parser.add_argument("--out", type=Path, default=None, help="where records go (default: .chaos/<seed>-<time>)")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1, 10**9)
+    rounds = [args.round] if args.round is not None else range(1, args.rounds + 1)
+    out_dir = args.out or Path(".chaos") / f"{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"fault harness: seed {seed}, {len(rounds)} round(s), records in {out_dir}", flush=True)
+    summary = asyncio.run(run_chaos(seed, rounds, out_dir))
+    print(json.dumps(summary.as_json(), indent=2), flush=True)
+    return 1 if summary.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""A round's workload, as callers would drive the API while things break (README: Development, The fault
+harness): conversations to export, submits with duplicates under one key, cancels at random moments,
+recalls and membership changes during exports, downloads, some aborted.
+
+Every request is retried, as a careful client would, on a lost connection and on 503 until its deadline;
+every answer is recorded in ``Observations`` so that the checker can judge it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+
+from tests.chaos.plan import ExportSpec, RoundPlan
+from tests.chaos.system import ChaosSystem
+
+REQUEST_TIMEOUT_SECONDS = 5.0
+# A request is given up after this long of lost connections and 503s: longer than any fault lasts.
+REQUEST_DEADLINE_SECONDS = 90.0
+RETRY_PAUSE_SECONDS = 0.2
+END_DEADLINE_SECONDS = 150.0
+MEMBERS = ("alice", "bob")
+BIG = "big"
+BIG_MESSAGES = 40_000
+IMPORT_BATCH = 5000
+# Message times start here, a minute apart, so that the plan's since/until windows select some of them.
+FIRST_SENT_AT = datetime(2025, 12, 31, 21, 0, tzinfo=UTC)
+# Bodies that exercise CSV's formula guard, HTML escaping and right-to-left text.
+BODY_SAMPLES = ("plain {n}", "=SUM(A1:A{n})", "<script>alert({n})</script>", "שלום {n}", "+{n} @x", "-{n}\ttab")
+TERMINAL = {"SUCCEEDED", "CANCELED", "FAILED", "FAILED_REPAIR", "EXPIRED"}
+
+
+class RequestGivenUp(Exception):
+    """A request got no answer other than lost connections and 503s within its deadline."""
+
+
+@dataclass
+class Submitted:
+    """One export the workload asked for: who, where, with which key and body."""
+
+    spec: ExportSpec
+    user: str
+    conversation_id: str
+    key: str
+    body: dict[str, Any]
+
+
+@dataclass
+class Observations:
+    """What callers saw: ``answers[(user, key)]`` the operation ids submits with that key were given;
+    ``submitted[operation_id]``; ``problems``: answers no caller should ever get; ``requests`` sent.
+    """
+
+    answers: defaultdict[tuple[str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
+    submitted: dict[str, Submitted] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    requests: int = 0
+    downloads: int = 0
+
+
+class Workload:
+    """Drives ``plan``'s exports against ``system``; ``log(text)`` records each step."""
+
+    def __init__(self, system: ChaosSystem, plan: RoundPlan, log: Callable[[str], None]) -> None:
+        self.system = system
+        self.plan = plan
+        self.log = log
+        self.seen = Observations()
+        self._http = aiohttp.ClientSession(
+            base_url=system.faulty.system.base_url, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
+        )
+        self._dropped: set[tuple[str, str]] = set()
+
+    async def close(self) -> None:
+        """Give every membership the round took away back, and close the HTTP session."""
+        for cid, user in sorted(self._dropped):
+            await self._request("PUT", f"/admin/conversations/{cid}/members/{user}", admin=True)
+        await self._http.close()
+
+    def conversation_id(self, conversation: str) -> str:
+        """The id of the plan's conversation ``"big"`` or ``"<index>"``."""
+        if conversation == BIG:
+            return BIG
+        return f"s{self.plan.seed}-r{self.plan.round_number}-c{conversation}"
+
+    async def prepare_big(self) -> None:
+        """Create the run's large conversation once (enough for several parts of the smallest size)."""
+        status, _, _ = await self._request("GET", f"/admin/conversations/{BIG}", admin=True, accept=(200, 404))
+        if status == 404:
+            await self._create(BIG, BIG_MESSAGES, body_bytes=200)
+
+    async def prepare(self) -> None:
+        """Create the round's own conversations and their messages."""
+        for index, size in enumerate(self.plan.conversation_sizes):
+            await self._create(self.conversation_id(str(index)), size, body_bytes=0)
+
+    async def run(self) -> None:
+        """Run every export of the plan, each starting at its moment; return when all are done."""
+        await asyncio.gather(*(self._export(number, spec) for number, spec in enumerate(self.plan.exports)))
+
+    # --- one export -------------------------------------------------------------------------------------
+
+    async def _export(self, number: int, spec: ExportSpec) -> None:
+        await asyncio.sleep(spec.at_seconds)  # the plan's moment for this export
+        rng = random.Random(f"{self.plan.seed}:{self.plan.round_number}:{number}")
+        cid = self.conversation_id(spec.conversation)
+        body = dict(spec.options)
+        if "notify" in body:
+            body["notify"] = {"url": self.system.receiver.url}
+        submitted = Submitted(spec, spec.user, cid, f"s{self.plan.seed}-r{self.plan.round_number}-e{number}", body)
+        answers = await asyncio.gather(*(self._submit(submitted) for _ in range(1 + spec.duplicates)))
+        operation_id = next((answer for answer in answers if answer), None)
+        if operation_id is None:
+            return
+        self.seen.submitted[operation_id] = submitted
+        self.log(f"export {number} is {operation_id} in {cid}: {json.dumps(body)}")
+        await asyncio.gather(
+            self._cancel_later(operation_id, spec.cancel_after),
+            self._recall(rng, spec.conversation, spec.recalls),
+            self._drop_member(cid, spec.user, spec.drop_member),
+        )
+        if spec.download:
+            await self._download(operation_id, spec.user, aborted=spec.download == "aborted")
+
+    async def _submit(self, submitted: Submitted) -> str | None:
+        """One submit; the operation id it answered with, or None when it was refused (a 4xx)."""
+        status, answer, _ = await self._request(
+            "POST",
+            f"/v3/conversations/{submitted.conversation_id}/exports",
+            user=submitted.user,
+            json_body=submitted.body,
+            headers={"Idempotency-Key": submitted.key},
+            accept=(200, 201, 202, 403, 404, 409, 429),
+        )
+        if status >= 400:
+            self.log(f"submit {submitted.key} refused: {status} {answer!r:.200}")
+            return None
+        operation_id: str = json.loads(answer)["operation_id"]
+        self.seen.answers[(submitted.user, submitted.key)].add(operation_id)
+        return operation_id
+
+    async def _cancel_later(self, operation_id: str, after: float | None) -> None:
+        if after is None:
+            return
+        await asyncio.sleep(after)  # the plan's moment for the cancel
+        user = self.seen.submitted[operation_id].user
+        status, _, _ = await self._request(
+            "POST", f"/v3/operations/{operation_id}/cancel", user=user, accept=(200, 202, 404, 409)
+        )
+        self.log(f"cancel {operation_id}: {status}")
+
+    async def _recall(self, rng: random.Random, conversation: str, count: int) -> None:
+        cid = self.conversation_id(conversation)
+        size = BIG_MESSAGES if conversation == BIG else self.plan.conversation_sizes[int(conversation)]
+        for number in rng.sample(range(size), min(count, size)):
+            sender = MEMBERS[number % 2]
+            status, _, _ = await self._request(
+                "DELETE",
+                f"/v2/conversations/{cid}/messages/{_message_id(cid, number)}",
+                user=sender,
+                accept=(200, 204, 403, 404),
+            )
+            self.log(f"recall {cid}/{_message_id(cid, number)}: {status}")
+
+    async def _drop_member(self, cid: str, user: str, drop: bool) -> None:
+        if drop:
+            self._dropped.add((cid, user))
+            status, _, _ = await self._request(
+                "DELETE", f"/admin/conversations/{cid}/members/{user}", admin=True, accept=(200, 204, 404)
+            )
+            self.log(f"removed {user} from {cid}: {status}")
+
+    async def _download(self, operation_id: str, user: str, *, aborted: bool) -> None:
+        """Wait for the end; download a result (each part of a split one) and compare it with its sha256,
+        or close the connection after the first bytes.
+        """
+        operation = await self._ended(operation_id, user)
+        result = (operation or {}).get("result")
+        if not result or operation is None or operation["state"] != "SUCCEEDED":
+            return
+        for url, sha256 in _files(operation_id, result):
+            self.seen.downloads += 1
+            await self._fetch(url, user, sha256, aborted=aborted)
+
+    async def _fetch(self, url: str, user: str, sha256: str, *, aborted: bool) -> None:
+        try:
+            async with self._http.get(url, headers=self.system.auth(user)) as response:
+                if response.status != 200:
+                    # Refused once the user left the conversation; 503 while storage is cut off.
+                    self._note(response.status, "GET", url, await response.read())
+                    if response.status < 500 and response.status not in (403, 404):
+                        self.seen.problems.append(f"GET {url} answered {response.status}")
+                    return
+                self._note(response.status, "GET", url)
+                if aborted:
+                    await response.content.read(1024)
+                    response.close()  # the client goes away mid-file
+                    return
+                digest = hashlib.sha256(await response.read()).hexdigest()
+        except (aiohttp.ClientError, TimeoutError):
+            return  # an interrupted download is the client's to retry; the stored file is what is checked
+        if digest != sha256:
+            self.seen.problems.append(f"download of {url} does not match its sha256")
+
+    async def _ended(self, operation_id: str, user: str) -> dict[str, Any] | None:
+        deadline = time.monotonic() + END_DEADLINE_SECONDS
+        while time.monotonic() < deadline:
+            status, answer, _ = await self._request(
+                "GET", f"/v3/operations/{operation_id}?wait=3", user=user, accept=(200, 403, 404)
+            )
+            if status != 200:
+                return None
+            operation: dict[str, Any] = json.loads(answer)
+            if operation["state"] in TERMINAL:
+                return operation
+        return None
+
+    # --- set-up and requests ----------------------------------------------------------------------------
+
+    async def _create(self, cid: str, size: int, *, body_bytes: int) -> None:
+        await self._request(
+            "PUT", f"/admin/conversations/{cid}", admin=True, json_body={"members": list(MEMBERS)}, accept=(204,)
+        )
+        filler = "x" * body_bytes
+        for start in range(0, size, IMPORT_BATCH):
+            lines = "".join(
+                json.dumps(
+                    {
+                        "message_id": _message_id(cid, n),
+                        "sender_id": MEMBERS[n % 2],
+                        "body": BODY_SAMPLES[n % len(BODY_SAMPLES)].format(n=n) + filler,
+                        "sent_at": (FIRST_SENT_AT + timedelta(minutes=n % 600)).isoformat(),
+                    }
+                )
+                + "\n"
+                for n in range(start, min(start + IMPORT_BATCH, size))
+            )
+            await self._request(
+                "POST",
+                f"/admin/conversations/{cid}/messages:import",
+                admin=True,
+                data=lines.encode(),
+                headers={"Content-Type": "application/x-ndjson"},
+                accept=(200,),
+            )
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        user: str = "",
+        admin: bool = False,
+        json_body: Any = None,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        accept: tuple[int, ...] = (200,),
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """Send until an answer other than 503 comes; retry lost connections, timeouts and 503s. A status
+        outside ``accept`` is recorded as a problem and returned. Raises ``RequestGivenUp`` after
+        ``REQUEST_DEADLINE_SECONDS``.
+        """
+        auth = self.system.auth("root" if admin else user, admin=admin)
+        deadline = time.monotonic() + REQUEST_DEADLINE_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                async with self._http.request(
+                    method, path, json=json_body, data=data, headers={**auth, **(headers or {})}
+                ) as response:
+                    answer = await response.read()
+                    status = response.status
+            except (aiohttp.ClientError, TimeoutError):
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)  # a client's pause before it tries again
+                continue
+            self._note(status, method, path, answer)
+            if status == 503:
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)
+                continue
+            if status not in accept:
+                self.seen.problems.append(f"{method} {path} answered {status}: {answer[:300]!r}")
+            return status, answer, dict(response.headers)
+        raise RequestGivenUp(f"{method} {path}: no answer within {REQUEST_DEADLINE_SECONDS} s")
+
+    def _note(self, status: int, method: str, path: str, answer: bytes = b"") -> None:
+        """Count a request; a 5xx other than the documented 503 is a problem (README: Error codes)."""
+        self.seen.requests += 1
+        if status >= 500 and status != 503:
+            self.seen.problems.append(f"{method} {path} answered {status}: {answer[:300]!r}")
+        if status == 503 and b'"SERVICE_UNAVAILABLE"' not in answer:
+            self.seen.problems.append(f"{method} {path} answered 503 without SERVICE_UNAVAILABLE: {answer[:300]!r}")
+
+
+def _message_id(cid: str, number: int) -> str:
+    return f"{cid}-m{number}"
+
+
+def _files(operation_id: str, result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(url, sha256)`` of each file of a result: the parts of a split one, else the one file."""
+    if result.get("parts"):
+        return [(part["url"], part["sha256"]) for part in result["parts"]]
+    return [(f"/v3/exports/{operation_id}/result", result["sha256"])]
