@@ -73,15 +73,19 @@ async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncp
                 leader.terminate()
         # Ended by the server (idle past _leader_idle_ms, a pass that outlasted it) or by the network.
         log.warning("leader session lost; janitor tries to lead again")
+    conn: asyncpg.Connection | None = None
     try:
         conn = await connect(settings, idle_session_timeout=str(_leader_idle_ms(settings)))
+        # The new session may be ended before it asks for the lock (a restart, an operator, the idle
+        # timeout of a process that was frozen): that is the database being unavailable, not a crash.
+        if await leadership.try_lead(conn):
+            log.info("janitor leads")
+            return conn
+        await conn.close()
     except TRANSIENT_DATABASE_ERRORS:
         log.warning("database unavailable; janitor waits")
-        return None
-    if await leadership.try_lead(conn):
-        log.info("janitor leads")
-        return conn
-    await conn.close()
+        if conn is not None:
+            conn.terminate()
     return None
 
 

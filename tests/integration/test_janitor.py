@@ -7,7 +7,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from services.janitor import main as janitor_main
 from services.janitor.janitor import Janitor
+from shared.db import connect
 from shared.settings import Settings
 from tests.integration.bucket import keys, open_uploads
 from tests.integration.rows import insert_artifact, insert_operation, shift
@@ -139,3 +141,24 @@ async def test_a_record_is_not_purged_while_its_object_is_not_removed(
 
     assert (await janitor.run_pass()).purged == 0
     assert await pool.fetchval("SELECT count(*) FROM operations") == 1
+
+
+async def test_a_janitor_whose_new_session_ends_before_it_asks_for_the_lock_waits_for_the_next_pass(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def connect_then_lose_the_session(settings: Settings, **server_settings: str) -> asyncpg.Connection:
+        conn = await connect(settings, **server_settings)
+        admin = await connect(settings)
+        try:
+            await admin.fetchval("SELECT pg_terminate_backend($1)", conn.get_server_pid())
+        finally:
+            await admin.close()
+        return conn
+
+    monkeypatch.setattr(janitor_main, "connect", connect_then_lose_the_session)
+    assert await janitor_main._lead(settings, None) is None
+
+    monkeypatch.undo()
+    leader = await janitor_main._lead(settings, None)
+    assert leader is not None, "the next pass takes the lock"
+    await leader.close()
