@@ -22,7 +22,8 @@ help:
 	@echo "make lint       ruff check + ruff format --check + mypy"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make bench      the benchmarks: polls, submits, the drain, latency, the 1M-message export, recovery"
-	@echo "make chaos      the fault harness: ROUNDS=1000 random rounds of faults, SEED=S (default random), ROUND=K replays one"
+	@echo "make chaos      the fault harness: ROUNDS=1000 rounds of random faults, SEED=S (default random),"
+	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
 
 $(BIN)/python:
@@ -65,9 +66,10 @@ bench: install
 ROUNDS ?= 1000
 SEED   ?=
 ROUND  ?=
+LANES  ?= 1
 chaos: install
 	@command -v faketime >/dev/null || apt-get install -y faketime || sudo apt-get install -y faketime
-	$(BIN)/python -m tests.chaos --rounds $(ROUNDS) $(if $(SEED),--seed $(SEED)) $(if $(ROUND),--round $(ROUND))
+	$(BIN)/python -m tests.chaos --rounds $(ROUNDS) --lanes $(LANES) $(if $(SEED),--seed $(SEED)) $(if $(ROUND),--round $(ROUND))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

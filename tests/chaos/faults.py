@@ -13,7 +13,7 @@ import contextlib
 import glob
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -22,14 +22,17 @@ import asyncpg
 from devtools.localsystem import READY_TIMEOUT_SECONDS
 from services.janitor.leadership import LEADER_LOCK_KEY
 from tests.chaos.plan import PARTS, Fault, FaultKind
-from tests.chaos.system import LEASE_SECONDS, ChaosSystem
+from tests.chaos.system import JANITOR_INTERVAL_SECONDS, LEASE_SECONDS, REQUEUE_AFTER_SECONDS, ChaosSystem
+from tests.faults.servers import PostgresStopMode, RabbitStopMode
 
 # Holds the relay's "mark published" inside its transaction, after the broker confirmed the publish, for
-# less than the statement timeout; the harness kills the relay meanwhile.
+# less than the statement timeout; the harness kills the relay meanwhile. Other updates pass.
 HOLD_MARKS_SQL = """
 CREATE OR REPLACE FUNCTION chaos_hold_outbox_marks() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_sleep(2);
+    IF OLD.published_at IS NULL AND NEW.published_at IS NOT NULL THEN
+        PERFORM pg_sleep(2);
+    END IF;
     RETURN NEW;
 END;
 $$;
@@ -37,42 +40,60 @@ CREATE OR REPLACE TRIGGER chaos_hold_outbox_marks BEFORE UPDATE ON outbox
     FOR EACH ROW EXECUTE FUNCTION chaos_hold_outbox_marks();
 """
 RELEASE_MARKS_SQL = "DROP TRIGGER IF EXISTS chaos_hold_outbox_marks ON outbox"
+# The newest published wake-up made unpublished again, as if its relay had crashed before its commit: the
+# relay publishes it again (a duplicate the workers must shrug off), and its mark is the one held.
+REPUBLISH_SQL = """
+UPDATE outbox SET published_at = NULL
+WHERE outbox_id = (SELECT max(outbox_id) FROM outbox WHERE published_at IS NOT NULL)
+RETURNING outbox_id
+"""
+HOLD_WAIT_SECONDS = 5.0
 HELD_MARK_SQL = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query ILIKE 'UPDATE outbox%'"
-STOP_PAST_LEASE_SECONDS = LEASE_SECONDS + 1.0
+# Long enough for the lease to expire and the janitor to hand the work to another worker meanwhile.
+STOP_PAST_LEASE_SECONDS = LEASE_SECONDS + REQUEUE_AFTER_SECONDS + 2 * JANITOR_INTERVAL_SECONDS
 TERM_TIMEOUT_SECONDS = 15.0
 POLL_SECONDS = 0.05
 
 
 def faketime_library() -> str:
     """The path of Debian's libfaketime (package ``faketime``). Raises ``RuntimeError`` when it is missing."""
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))  # the worker has threads
     if not found:
         raise RuntimeError("libfaketime is missing: install Debian's faketime package")
     return found[0]
 
 
 class Injector:
-    """Breaks and repairs ``system``; ``log(text)`` records each action; ``injected`` counts faults by kind."""
+    """Breaks and repairs ``system``; ``log(text)`` records each action. ``injected`` counts the faults that
+    took effect by kind; ``windows`` holds each fault's (start, end) in monotonic seconds.
+    """
 
     def __init__(self, system: ChaosSystem, log: Callable[[str], None]) -> None:
         self.system = system
         self.log = log
         self.injected: dict[str, int] = {}
-        self.broker_reachable_at = time.monotonic()
+        self.windows: list[tuple[float, float]] = []
+        self.healed_at = time.monotonic()
         self._restarting: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in PARTS}
         self._servers = asyncio.Lock()
 
     async def inject(self, fault: Fault) -> None:
-        """Inject ``fault``, wait ``fault.for_seconds`` and repair it; never raises for a fault that could not
-        be placed (a part already down), so that overlapping faults stay independent.
+        """Inject ``fault``, wait ``fault.for_seconds`` and repair it. A fault that found nothing to act on
+        (a part already down, no wake-up to hold) is logged and not counted, so that overlapping faults
+        stay independent.
         """
-        self.injected[fault.kind] = self.injected.get(fault.kind, 0) + 1
+        started = time.monotonic()
         self.log(f"inject {fault.kind} target={fault.target} detail={fault.detail} for={fault.for_seconds}")
-        await _ACTIONS[fault.kind](self, fault)
-        self.log(f"repaired {fault.kind} target={fault.target}")
+        took_effect = await _ACTIONS[fault.kind](self, fault)
+        self.windows.append((started, time.monotonic()))
+        if took_effect:
+            self.injected[fault.kind] = self.injected.get(fault.kind, 0) + 1
+        self.log(f"repaired {fault.kind} target={fault.target}{'' if took_effect else ' (it found nothing to act on)'}")
 
     async def heal(self) -> None:
-        """Every part running and ready, both servers up, S3 and the receiver answering normally."""
+        """Every part running and ready, both servers up, S3 and the receiver answering normally, no held
+        outbox mark. Raises ``RuntimeError`` when that cannot be reached.
+        """
         proxy = self.system.faulty.proxy
         proxy.answer_with(None)
         proxy.throttle(None)
@@ -82,71 +103,85 @@ class Injector:
             for server in (self.system.postgres, self.system.rabbitmq):
                 if not server.running:
                     await asyncio.to_thread(server.start)
-        self.broker_reachable_at = time.monotonic()
+        await self._release_marks()
         for name in PARTS:
             self._signal(name, signal.SIGCONT)
             await self._ensure_running(name)
         await asyncio.to_thread(self.system.faulty.system.wait_ready, None, READY_TIMEOUT_SECONDS)
+        self.healed_at = time.monotonic()
 
     # --- the faults -------------------------------------------------------------------------------------
 
-    async def _kill(self, fault: Fault) -> None:
-        if self._running(fault.target):
+    async def _kill(self, fault: Fault) -> bool:
+        running = self._running(fault.target)
+        if running:
             await asyncio.to_thread(self.system.faulty.system.group.kill, fault.target)
         await asyncio.sleep(fault.for_seconds)  # the fault: the part stays down this long
         await self._ensure_running(fault.target)
+        return running
 
-    async def _term(self, fault: Fault) -> None:
-        if self._running(fault.target):
+    async def _term(self, fault: Fault) -> bool:
+        running = self._running(fault.target)
+        if running:
             self._signal(fault.target, signal.SIGCONT)  # a stopped part could not drain
             await asyncio.to_thread(
                 self.system.faulty.system.group.stop, fault.target, signal.SIGTERM, TERM_TIMEOUT_SECONDS
             )
         await asyncio.sleep(fault.for_seconds)
         await self._ensure_running(fault.target)
+        return running
 
-    async def _stop(self, fault: Fault) -> None:
+    async def _stop(self, fault: Fault) -> bool:
+        running = self._running(fault.target)
         self._signal(fault.target, signal.SIGSTOP)
         await asyncio.sleep(STOP_PAST_LEASE_SECONDS)  # the fault: frozen past its lease
         self._signal(fault.target, signal.SIGCONT)
+        return running
 
-    async def _restart_broker(self, fault: Fault) -> None:
+    async def _restart_broker(self, fault: Fault) -> bool:
         async with self._servers:
-            await asyncio.to_thread(self.system.rabbitmq.stop, "kill" if fault.detail == "kill" else "graceful")
+            mode: RabbitStopMode = "kill" if fault.detail == "kill" else "graceful"
+            await asyncio.to_thread(self.system.rabbitmq.stop, mode)
             await asyncio.sleep(fault.for_seconds)
             await asyncio.to_thread(self.system.rabbitmq.start)
-            self.broker_reachable_at = time.monotonic()
+        return True
 
-    async def _restart_database(self, fault: Fault) -> None:
+    async def _restart_database(self, fault: Fault) -> bool:
         async with self._servers:
-            await asyncio.to_thread(self.system.postgres.stop, "immediate" if fault.detail == "immediate" else "fast")
+            mode: PostgresStopMode = "immediate" if fault.detail == "immediate" else "fast"
+            await asyncio.to_thread(self.system.postgres.stop, mode)
             await asyncio.sleep(fault.for_seconds)
             await asyncio.to_thread(self.system.postgres.start)
+        return True
 
-    async def _s3_cut(self, fault: Fault) -> None:
+    async def _s3_cut(self, fault: Fault) -> bool:
         self.system.faulty.proxy.block()
         await asyncio.sleep(fault.for_seconds)
         self.system.faulty.proxy.unblock()
+        return True
 
-    async def _s3_slow(self, fault: Fault) -> None:
+    async def _s3_slow(self, fault: Fault) -> bool:
         self.system.faulty.proxy.throttle(float(fault.detail))
         await asyncio.sleep(fault.for_seconds)
         self.system.faulty.proxy.throttle(None)
+        return True
 
-    async def _s3_errors(self, fault: Fault) -> None:
+    async def _s3_errors(self, fault: Fault) -> bool:
         self.system.faulty.proxy.answer_with(500)
         await asyncio.sleep(fault.for_seconds)
         self.system.faulty.proxy.answer_with(None)
+        return True
 
-    async def _janitor_lock_lost(self, fault: Fault) -> None:
+    async def _janitor_lock_lost(self, fault: Fault) -> bool:
         ended = await self._database(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
             " WHERE locktype = 'advisory' AND classid = 0 AND objid = $1 AND objsubid = 1 AND granted",
             LEADER_LOCK_KEY,
         )
         self.log(f"terminated {ended} leader lock session(s)")
+        return bool(ended)
 
-    async def _clock_shift(self, fault: Fault) -> None:
+    async def _clock_shift(self, fault: Fault) -> bool:
         shifted = {
             "LD_PRELOAD": faketime_library(),
             "FAKETIME": f"{int(fault.detail):+d}",
@@ -154,42 +189,53 @@ class Injector:
         }
         async with self._restarting[fault.target]:
             await self._replace(fault.target, shifted)
-        await asyncio.sleep(fault.for_seconds)
+        # Work for at least a lease with the shifted clock: long enough to claim, heartbeat and finish.
+        await asyncio.sleep(max(fault.for_seconds, LEASE_SECONDS))
         async with self._restarting[fault.target]:
             await self._replace(fault.target, {})
+        return True
 
-    async def _bad_wakeup(self, fault: Fault) -> None:
+    async def _bad_wakeup(self, fault: Fault) -> bool:
         settings = self.system.faulty.settings
-        with contextlib.suppress(Exception):  # the broker may be down: then there is nothing to inject
+        try:
             connection = await aio_pika.connect(settings.amqp_url, timeout=2)
             async with connection:
                 channel = await connection.channel()
                 body = aio_pika.Message(b"\xff\xfe not a wake-up", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
                 await channel.default_exchange.publish(body, routing_key=settings.amqp_queue)
-                self.log("published an undecodable message")
+        except (aio_pika.exceptions.AMQPError, OSError, TimeoutError):
+            return False  # the broker is down: there is nothing to inject
+        return True
 
-    async def _relay_killed_before_commit(self, fault: Fault) -> None:
-        await self._database(HOLD_MARKS_SQL, execute=True)
+    async def _relay_killed_before_commit(self, fault: Fault) -> bool:
+        if await self._database(HOLD_MARKS_SQL, execute=True) is None:
+            return False
+        killed = False
         try:
-            deadline = time.monotonic() + fault.for_seconds
-            while time.monotonic() < deadline and not await self._database(HELD_MARK_SQL):
-                await asyncio.sleep(POLL_SECONDS)  # polling Postgres for the held statement
-            if await self._database(HELD_MARK_SQL) and self._running("relay"):
-                await asyncio.to_thread(self.system.faulty.system.group.kill, "relay")
-                self.log("killed the relay while its mark was held")
+            if await self._database(REPUBLISH_SQL) is not None:
+                deadline = time.monotonic() + HOLD_WAIT_SECONDS
+                while time.monotonic() < deadline and not await self._database(HELD_MARK_SQL):
+                    await asyncio.sleep(POLL_SECONDS)  # polling Postgres for the held statement
+                if await self._database(HELD_MARK_SQL) and self._running("relay"):
+                    await asyncio.to_thread(self.system.faulty.system.group.kill, "relay")
+                    killed = True
         finally:
-            await self._database(RELEASE_MARKS_SQL, execute=True)
+            await self._release_marks()
+        await asyncio.sleep(fault.for_seconds)
         await self._ensure_running("relay")
+        return killed
 
-    async def _receiver_down(self, fault: Fault) -> None:
+    async def _receiver_down(self, fault: Fault) -> bool:
         await self.system.receiver.down()
         await asyncio.sleep(fault.for_seconds)
         await self.system.receiver.up()
+        return True
 
-    async def _receiver_mode(self, fault: Fault) -> None:
+    async def _receiver_mode(self, fault: Fault) -> bool:
         self.system.receiver.mode = "slow" if fault.kind is FaultKind.RECEIVER_SLOW else "errors"
         await asyncio.sleep(fault.for_seconds)
         self.system.receiver.mode = "up"
+        return True
 
     # --- helpers ----------------------------------------------------------------------------------------
 
@@ -208,12 +254,26 @@ class Injector:
                 self.log(f"started {name}")
 
     async def _replace(self, name: str, extra_env: dict[str, str]) -> None:
-        """Stop ``name`` (SIGTERM, it drains) and start it again with ``extra_env``."""
+        """Stop ``name`` (SIGTERM, it drains) and start it again with ``extra_env``; wait until it is ready
+        (a database or broker down meanwhile may delay that: then it gets ready later).
+        """
         if self._running(name):
             self._signal(name, signal.SIGCONT)
             await asyncio.to_thread(self.system.faulty.system.group.stop, name, signal.SIGTERM, TERM_TIMEOUT_SECONDS)
         self.system.faulty.system.start_part(_service(name), name=name, extra_env=extra_env)
         self.log(f"started {name} with {sorted(extra_env) or 'its own clock'}")
+        with contextlib.suppress(RuntimeError):
+            await asyncio.to_thread(self.system.faulty.system.wait_ready, [name], READY_TIMEOUT_SECONDS)
+
+    async def _release_marks(self) -> None:
+        """Drop the trigger that holds the relay's marks, retrying while the database is away. Raises
+        ``RuntimeError`` when it cannot within ``READY_TIMEOUT_SECONDS``.
+        """
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while await self._database(RELEASE_MARKS_SQL, execute=True) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("could not drop the trigger that holds the relay's marks")
+            await asyncio.sleep(POLL_SECONDS)  # the database is restarting
 
     async def _database(self, sql: str, *args: Any, execute: bool = False) -> Any:
         """``fetchval`` one statement (``execute`` for a script) on a connection of its own; None when the
@@ -236,7 +296,7 @@ def _service(name: str) -> str:
     return name.rsplit("-", 1)[0] if name.startswith("worker-") else name
 
 
-_ACTIONS: dict[FaultKind, Callable[[Injector, Fault], Any]] = {
+_ACTIONS: dict[FaultKind, Callable[[Injector, Fault], Awaitable[bool]]] = {
     FaultKind.KILL: Injector._kill,
     FaultKind.TERM: Injector._term,
     FaultKind.STOP: Injector._stop,

@@ -16,8 +16,10 @@ import io
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 
@@ -25,6 +27,7 @@ from shared.formats import FileKind
 from shared.storage import artifact_prefix, is_folder, part_key
 from tests.chaos.system import ChaosSystem
 from tests.chaos.workload import TERMINAL, Observations
+from tests.faults.servers import ServerError
 
 POLL_SECONDS = 0.1
 HTML_MESSAGE = re.compile(rb'<article id="m(\d+)"')
@@ -44,8 +47,30 @@ WHERE o.operation_id = $1 AND m.seq > o.after_seq AND m.seq <= o.snapshot_max_se
   AND (o.before_seq IS NULL OR m.seq < o.before_seq)
   AND (o.since IS NULL OR m.sent_at >= o.since) AND (o.until IS NULL OR m.sent_at < o.until)
   AND (o.senders IS NULL OR m.sender_id = ANY (o.senders))
-  AND (m.recalled_at IS NULL OR m.recalled_at >= o.created_at)
+  AND (m.recalled_at IS NULL OR m.recalled_at >= o.created_at) AND m.sent_at <= o.finished_at
 """
+# Messages of the operation's range that were stored a second before its submit, yet above its watermark:
+# the watermark is fixed at the first claim, after the submit (README: API reference, The file).
+BELOW_WATERMARK_SQL = """
+SELECT count(*) FROM operations o JOIN messages m ON m.conversation_id = o.conversation_id
+WHERE o.operation_id = $1 AND m.seq > o.after_seq AND (o.before_seq IS NULL OR m.seq < o.before_seq)
+  AND m.sent_at <= o.created_at - interval '1 second' AND m.seq > o.snapshot_max_seq
+"""
+# The operations of a round: those a caller was told about, those of the round's keys, and any other created
+# since the round began (which should not exist).
+ROUND_OPERATIONS_SQL = """
+SELECT o.*, k.idempotency_key FROM operations o LEFT JOIN idempotency_keys k USING (operation_id)
+WHERE o.operation_id = ANY($1) OR k.idempotency_key LIKE $2 || '%' OR o.created_at >= $3
+"""
+# What may stay in the bucket once all is quiet (README: Orphan objects and uploads): the published key of a
+# SUCCEEDED operation; and whatever a parked FAILED_REPAIR operation holds, left for an operator.
+KEPT_SQL = """
+SELECT a.object_key, o.state = 'FAILED_REPAIR' AS parked FROM artifacts a JOIN operations o USING (operation_id)
+WHERE (a.state = 'PUBLISHED' AND o.state = 'SUCCEEDED' AND o.result_key = a.object_key)
+   OR o.state = 'FAILED_REPAIR'
+"""
+# A 503 is documented for outages: one counts if it came during a fault or this long after it ended.
+OUTAGE_MARGIN_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -82,59 +107,114 @@ async def read_messages(database_url: str) -> Messages:
     )
 
 
+async def database_now(database_url: str) -> datetime:
+    """The database's clock now."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        now: datetime = await connection.fetchval("SELECT now()")
+        return now
+    finally:
+        await connection.close()
+
+
 class Checker:
-    """Checks one round of ``system``; ``seen`` is what its callers observed, ``before`` the message store
-    at the round's start, ``deadlines`` how long each respect may take to become quiet.
+    """Checks one round of ``system``.
+
+    ``seen`` is what its callers observed, ``before`` the message store at the round's start,
+    ``started_at`` the database's clock then; ``deadlines`` how long each respect may take to become quiet,
+    counted from ``healed_at`` (monotonic seconds, when every fault was repaired; default: when ``check``
+    starts); ``windows`` the faults' (start, end) in monotonic seconds, outside which no 503 is expected.
     """
 
     def __init__(
-        self, system: ChaosSystem, seen: Observations, before: Messages, deadlines: Deadlines | None = None
+        self,
+        system: ChaosSystem,
+        seen: Observations,
+        before: Messages,
+        deadlines: Deadlines | None = None,
+        *,
+        started_at: datetime | None = None,
+        healed_at: float | None = None,
+        windows: Sequence[tuple[float, float]] = (),
     ) -> None:
         self.system = system
         self.deadlines = deadlines or Deadlines()
         self.seen = seen
         self.before = before
+        self.started_at = started_at or datetime.max.replace(tzinfo=UTC)
+        self.healed_at = healed_at
+        self.windows = windows
         self.findings: list[str] = []
         self.s3 = system.faulty.s3
         self.bucket = system.faulty.settings.s3_bucket
+        self.prefix = system.faulty.settings.s3_prefix
 
     async def check(self) -> list[str]:
         """Every invariant; returns the violations found (each call judges afresh)."""
         self.findings = list(self.seen.problems)
+        healed_at = self.healed_at if self.healed_at is not None else time.monotonic()
         connection = await asyncpg.connect(self.system.database_url)
         try:
-            operations = await self._ended(connection)
+            operations = await self._ended(connection, healed_at + self.deadlines.ended)
             for row in operations:
                 await self._operation(connection, row)
             await self._keys(connection)
             await self._messages(connection)
-            await self._outbox(connection)
-            await self._queue()
-            await self._callbacks(connection, operations)
-            await self._orphans(connection)
+            await self._outbox(connection, healed_at + self.deadlines.outbox)
+            await self._queue(healed_at + self.deadlines.queue)
+            await self._callbacks(connection, operations, healed_at + self.deadlines.callbacks)
+            await self._orphans(connection, healed_at + self.deadlines.orphans)
         finally:
             await connection.close()
+        self._unavailable()
         return self.findings
 
     # --- operations -------------------------------------------------------------------------------------
 
-    async def _ended(self, connection: asyncpg.Connection) -> list[asyncpg.Record]:
-        """The round's operations once all have ended; an operation that does not is a violation."""
-        ids = sorted(self.seen.submitted)
+    async def _ended(self, connection: asyncpg.Connection, deadline: float) -> list[asyncpg.Record]:
+        """The round's operations once all have ended; one that does not, or that no key of the round
+        created, is a violation.
+        """
 
         async def rows() -> list[asyncpg.Record]:
-            return await connection.fetch("SELECT * FROM operations WHERE operation_id = ANY($1)", ids)
+            found: list[asyncpg.Record] = await connection.fetch(
+                ROUND_OPERATIONS_SQL, sorted(self.seen.submitted), self.seen.key_prefix, self.started_at
+            )
+            return found
 
-        await _until(lambda: _all_ended(rows()), self.deadlines.ended)
+        await _until(lambda: _all_ended(rows()), deadline)
         found = await rows()
         for row in found:
-            if row["state"] not in TERMINAL:
-                self.findings.append(f"{row['operation_id']} still {row['state']} after {self.deadlines.ended} s")
-            if row["state"] == "FAILED_REPAIR" and not row["error_code"]:
-                self.findings.append(f"{row['operation_id']} parked in FAILED_REPAIR without a reason")
-        missing = set(ids) - {row["operation_id"] for row in found}
+            operation_id, state = row["operation_id"], row["state"]
+            if state not in TERMINAL or state == "EXPIRED":
+                self.findings.append(f"{operation_id} is {state} {self.deadlines.ended} s after the repairs")
+            if state == "FAILED_REPAIR" and not row["error_code"]:
+                self.findings.append(f"{operation_id} parked in FAILED_REPAIR without a reason")
+            if not (row["idempotency_key"] or "").startswith(self.seen.key_prefix):
+                self.findings.append(f"{operation_id} was created during the round under no key of it")
+            elif operation_id in self.seen.submitted:
+                self._request(row)
+        missing = set(self.seen.submitted) - {row["operation_id"] for row in found}
         self.findings += [f"{operation_id} was answered to a caller but is not stored" for operation_id in missing]
         return found
+
+    def _request(self, row: asyncpg.Record) -> None:
+        """The stored request is the one the caller sent, in canonical form."""
+        sent = self.seen.submitted[row["operation_id"]].body
+        expected = _canonical(sent)
+        stored = {
+            "format": row["format"],
+            "compression": row["compression"],
+            "after_seq": row["after_seq"],
+            "before_seq": row["before_seq"],
+            "senders": sorted(row["senders"]) if row["senders"] is not None else None,
+            "since": row["since"],
+            "until": row["until"],
+            "max_part_bytes": row["max_part_bytes"],
+            "notify_url": row["notify_url"],
+        }
+        if stored != expected:
+            self.findings.append(f"{row['operation_id']} stored {stored}, but the caller sent {sent}")
 
     async def _operation(self, connection: asyncpg.Connection, row: asyncpg.Record) -> None:
         operation_id = row["operation_id"]
@@ -212,6 +292,8 @@ class Checker:
             )
         if missing:
             self.findings.append(f"{operation_id}: its file misses messages never recalled: {sorted(missing)[:10]}")
+        if await connection.fetchval(BELOW_WATERMARK_SQL, operation_id):
+            self.findings.append(f"{operation_id}: its watermark leaves out messages stored before its submit")
         changed = [seq for seq, body in bodies.items() if seq in selected and selected[seq]["body"] != body]
         if changed:
             self.findings.append(f"{operation_id}: its file changed the bodies of {sorted(changed)[:10]}")
@@ -234,33 +316,47 @@ class Checker:
         unrecalled = self.before.recalled - after.recalled
         if unrecalled:
             self.findings.append(f"recalled messages came back: {sorted(unrecalled)[:10]}")
+        recalled_by_nobody = after.recalled - self.before.recalled - self.seen.recalls
+        if recalled_by_nobody:
+            self.findings.append(f"messages recalled that no caller recalled: {sorted(recalled_by_nobody)[:10]}")
 
     # --- outbox, queue, callbacks, storage --------------------------------------------------------------
 
-    async def _outbox(self, connection: asyncpg.Connection) -> None:
+    async def _outbox(self, connection: asyncpg.Connection, deadline: float) -> None:
+        """Every due row published by ``deadline``; a row the relay failed to publish counts as due."""
+
         async def unpublished() -> int:
             count: int = await connection.fetchval(
-                "SELECT count(*) FROM outbox WHERE published_at IS NULL AND not_before <= now()"
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+                " AND (not_before <= now() OR publish_attempts > 0)"
             )
             return count
 
-        if not await _until(lambda: _is_zero(unpublished()), self.deadlines.outbox):
+        if not await _until(lambda: _is_zero(unpublished()), deadline):
             self.findings.append(
                 f"{await unpublished()} outbox rows unpublished {self.deadlines.outbox} s after the broker was back"
             )
 
-    async def _queue(self) -> None:
+    async def _queue(self, deadline: float) -> None:
         queue = self.system.faulty.settings.amqp_queue
 
+        async def counts() -> dict[str, int]:
+            return await asyncio.to_thread(self.system.rabbitmq.queue_counts, queue)
+
         async def drained() -> bool:
-            counts = await asyncio.to_thread(self.system.rabbitmq.queue_counts, queue)
-            return counts["messages_ready"] == 0 and counts["messages_unacknowledged"] == 0
+            return set((await counts()).values()) == {0}
 
-        if not await _until(drained, self.deadlines.queue):
-            counts = await asyncio.to_thread(self.system.rabbitmq.queue_counts, queue)
-            self.findings.append(f"the queue is not drained {self.deadlines.queue} s after the round: {counts}")
+        try:
+            if not await _until(drained, deadline):
+                self.findings.append(
+                    f"the queue is not drained {self.deadlines.queue} s after the round: {await counts()}"
+                )
+        except (ServerError, KeyError) as error:
+            self.findings.append(f"the queue could not be read: {error!r}")
 
-    async def _callbacks(self, connection: asyncpg.Connection, operations: list[asyncpg.Record]) -> None:
+    async def _callbacks(
+        self, connection: asyncpg.Connection, operations: list[asyncpg.Record], deadline: float
+    ) -> None:
         """Every ended operation with a callback URL has its events delivered, each under its own id."""
         with_callbacks = [row["operation_id"] for row in operations if row["notify_url"]]
 
@@ -276,7 +372,7 @@ class Checker:
                 operation_id for operation_id in with_callbacks if _ended_row(operations, operation_id)
             )
 
-        await _until(all_delivered, self.deadlines.callbacks)
+        await _until(all_delivered, deadline)
         rows = await deliveries()
         for operation_id in with_callbacks:
             stored = {row["webhook_id"] for row in rows if row["operation_id"] == operation_id}
@@ -294,22 +390,30 @@ class Checker:
             if received - stored:
                 self.findings.append(f"{operation_id}: callbacks arrived with unknown ids {sorted(received - stored)}")
 
-    async def _orphans(self, connection: asyncpg.Connection) -> None:
-        """After the janitor's grace, every object and upload in the bucket is named by a live record."""
+    async def _orphans(self, connection: asyncpg.Connection, deadline: float) -> None:
+        """By ``deadline`` (the janitor's grace and a few passes), only what may stay is in the bucket."""
 
-        async def unnamed() -> set[str]:
-            live = [
-                row["object_key"]
-                for row in await connection.fetch("SELECT object_key FROM artifacts WHERE state <> 'DELETED'")
-            ]
-            objects, uploads = await self._under("")
-            return {key for key in objects | uploads if not _named(key, live)}
+        async def unexplained() -> set[str]:
+            kept = await connection.fetch(KEPT_SQL)
+            published = [row["object_key"] for row in kept]
+            parked = [row["object_key"] for row in kept if row["parked"]]
+            objects, uploads = await self._under(self.prefix)
+            return {key for key in objects if not _named(key, published)} | {
+                f"upload of {key}" for key in uploads if not _named(key, parked)
+            }
 
-        async def none_unnamed() -> bool:
-            return not await unnamed()
+        async def none_unexplained() -> bool:
+            return not await unexplained()
 
-        if not await _until(none_unnamed, self.deadlines.orphans):
-            self.findings.append(f"objects or uploads no live record names: {sorted(await unnamed())[:10]}")
+        if not await _until(none_unexplained, deadline):
+            self.findings.append(f"objects or uploads no live record names: {sorted(await unexplained())[:10]}")
+
+    def _unavailable(self) -> None:
+        """Each 503 a caller got came during a fault, or soon after one ended."""
+        for moment in self.seen.unavailable:
+            if not any(start <= moment <= end + OUTAGE_MARGIN_SECONDS for start, end in self.windows):
+                self.findings.append("a 503 answer while no fault was in place")
+                return
 
     # --- S3 -----------------------------------------------------------------------------------------------
 
@@ -365,12 +469,29 @@ async def _is_zero(count: Awaitable[int]) -> bool:
     return await count == 0
 
 
-async def _until(predicate: Callable[[], Awaitable[bool]], timeout: float) -> bool:
-    """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
+async def _until(predicate: Callable[[], Awaitable[bool]], deadline: float) -> bool:
+    """Poll ``predicate`` until it is true (True) or the monotonic clock passes ``deadline`` (False); it is
+    asked at least once.
+    """
     while True:
         if await predicate():
             return True
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(POLL_SECONDS)  # polling the system's state
+
+
+def _canonical(body: dict[str, Any]) -> dict[str, Any]:
+    """A request body as the operation row stores it (README: API reference, Export options)."""
+    senders = body.get("senders")
+    return {
+        "format": body.get("format", "jsonl"),
+        "compression": body.get("compression", "none"),
+        "after_seq": body.get("after_seq", 0),
+        "before_seq": body.get("before_seq"),
+        "senders": sorted(set(senders)) if senders is not None else None,
+        "since": datetime.fromisoformat(body["since"]) if "since" in body else None,
+        "until": datetime.fromisoformat(body["until"]) if "until" in body else None,
+        "max_part_bytes": body.get("max_part_bytes"),
+        "notify_url": (body.get("notify") or {}).get("url"),
+    }

@@ -66,7 +66,8 @@ class ExportSpec:
     request is sent with the same key; ``cancel_after`` seconds after the submit to cancel it, or None;
     ``recalls`` how many of the conversation's messages its sender recalls during the export;
     ``drop_member`` whether the user loses membership during the export; ``download``: ``"full"``,
-    ``"aborted"`` (closed after the first bytes) or ``""``.
+    ``"aborted"`` (closed part-way, then resumed with ``Range``) or ``""``; ``live_messages`` how many
+    messages members send to the conversation while it runs (the watermark decides which are in).
     """
 
     conversation: str
@@ -78,6 +79,7 @@ class ExportSpec:
     recalls: int
     drop_member: bool
     download: str
+    live_messages: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ def _export(rng: random.Random, conversations: int) -> ExportSpec:
         recalls=rng.choice([0, 0, 1, 3]),
         drop_member=rng.random() < 0.1,
         download=rng.choice(["", "full", "full", "aborted"]),
+        live_messages=rng.choice([0, 0, 2, 5]),
     )
 
 

@@ -1,7 +1,8 @@
 """Runs rounds of the fault harness and reports them (README: Development, The fault harness).
 
-``python -m tests.chaos --rounds N [--seed S] [--round K] [--out DIR]``: N rounds of a run with seed S
-(random when absent), or only round K of it. Each round prepares its conversations, drives its workload
+``python -m tests.chaos --rounds N [--seed S] [--round K] [--out DIR] [--lanes L]``: N rounds of a run
+with seed S (random when absent), or only round K of it, on L systems at once (each takes every L-th
+round). Each round prepares its conversations, drives its workload
 while its faults are injected, repairs everything and runs the checker. ``rounds.jsonl`` in the output
 folder gets one line per round (seed, round, faults, operations, findings); a failing round's folder
 ``round-K`` keeps its plan, its event log, the parts' logs of that round and the findings. Exit status 1
@@ -18,13 +19,13 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.chaos.faults import Injector
-from tests.chaos.invariants import Checker, read_messages
+from tests.chaos.invariants import Checker, database_now, read_messages
 from tests.chaos.plan import Fault, RoundPlan, plan_round
 from tests.chaos.system import ChaosSystem, chaos_system
 from tests.chaos.workload import RequestGivenUp, Workload
@@ -49,22 +50,34 @@ class Summary:
         return {**self.__dict__, "faults": dict(sorted(self.faults.items())), "seconds": round(self.seconds, 1)}
 
 
-async def run_chaos(seed: int, rounds: Iterable[int], out_dir: Path) -> Summary:
-    """Start a system, run ``rounds`` (round numbers) of the run with ``seed`` on it, write their records
-    under ``out_dir`` and return the summary.
+async def run_chaos(seed: int, rounds: Iterable[int], out_dir: Path, *, lanes: int = 1) -> Summary:
+    """Run ``rounds`` (round numbers) of the run with ``seed`` on ``lanes`` systems started for it, each
+    taking every ``lanes``-th round, at the same time; write their records under ``out_dir`` and return the
+    summary. A round's outcome does not depend on its lane: each starts from a quiet system.
     """
     started = time.monotonic()
-    async with chaos_system(out_dir / "system") as system:
-        summary = await run_rounds(system, seed, rounds, out_dir)
+    summary = Summary(seed)
+    planned = list(rounds)
+
+    async def lane(number: int) -> None:
+        folder = out_dir / ("system" if lanes == 1 else f"system-{number + 1}")
+        async with chaos_system(folder) as system:
+            await run_rounds(system, seed, planned[number::lanes], out_dir, summary)
+
+    await asyncio.gather(*(lane(number) for number in range(lanes)))
     summary.seconds = time.monotonic() - started
     (out_dir / "summary.json").write_text(json.dumps(summary.as_json(), indent=2) + "\n")
     return summary
 
 
-async def run_rounds(system: ChaosSystem, seed: int, rounds: Iterable[int], out_dir: Path) -> Summary:
-    """Run ``rounds`` of the run with ``seed`` on ``system``; return their summary."""
+async def run_rounds(
+    system: ChaosSystem, seed: int, rounds: Iterable[int], out_dir: Path, summary: Summary | None = None
+) -> Summary:
+    """Run ``rounds`` of the run with ``seed`` on ``system``, adding their figures to ``summary`` (a new one
+    by default); return it.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = Summary(seed)
+    summary = summary or Summary(seed)
     started = time.monotonic()
     setup = Workload(system, plan_round(seed, 0), lambda _: None)
     try:
@@ -87,17 +100,11 @@ async def _round(system: ChaosSystem, plan: RoundPlan, out_dir: Path, summary: S
     offsets = _log_sizes(system.log_dir)
     workload = Workload(system, plan, log)
     injector = Injector(system, log)
-    findings: list[str] = []
     try:
-        await workload.prepare()
-        before = await read_messages(system.database_url)
-        try:
-            await asyncio.gather(workload.run(), *(_scheduled(injector, fault) for fault in plan.faults))
-        except RequestGivenUp as given_up:
-            findings.append(str(given_up))
+        findings = await _play(system, plan, workload, injector, log)
+    except Exception as error:  # the round could not be judged: a finding of its own, and the run goes on
+        findings = [f"the harness could not finish the round: {error!r}"]
         await injector.heal()
-        log("repaired everything; checking")
-        findings += await Checker(system, workload.seen, before).check()
     finally:
         await workload.close()
     summary.rounds += 1
@@ -125,6 +132,29 @@ async def _round(system: ChaosSystem, plan: RoundPlan, out_dir: Path, summary: S
         summary.failed_rounds.append(plan.round_number)
         folder = _keep_round(system, plan, out_dir, events, findings, offsets)
         print(f"  findings and logs in {folder}; replay: --seed {plan.seed} --round {plan.round_number}", flush=True)
+
+
+async def _play(
+    system: ChaosSystem, plan: RoundPlan, workload: Workload, injector: Injector, log: Callable[[str], None]
+) -> list[str]:
+    """Prepare, run the workload under the plan's faults, repair, give memberships back, then check."""
+    await workload.prepare()
+    before = await read_messages(system.database_url)
+    started_at = await database_now(system.database_url)
+    outcomes = await asyncio.gather(
+        workload.run(), *(_scheduled(injector, fault) for fault in plan.faults), return_exceptions=True
+    )
+    findings = [str(outcome) for outcome in outcomes if isinstance(outcome, RequestGivenUp)]
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, RequestGivenUp):
+            raise outcome
+    await injector.heal()
+    await workload.restore()
+    log("repaired everything; checking")
+    checker = Checker(
+        system, workload.seen, before, started_at=started_at, healed_at=injector.healed_at, windows=injector.windows
+    )
+    return findings + await checker.check()
 
 
 async def _scheduled(injector: Injector, fault: Fault) -> None:
@@ -164,12 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: random)")
     parser.add_argument("--round", type=int, default=None, help="replay only this round of the run")
     parser.add_argument("--out", type=Path, default=None, help="where records go (default: .chaos/<seed>-<time>)")
+    parser.add_argument("--lanes", type=int, default=1, help="systems that run rounds at the same time (default 1)")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1, 10**9)
     rounds = [args.round] if args.round is not None else range(1, args.rounds + 1)
     out_dir = args.out or Path(".chaos") / f"{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"fault harness: seed {seed}, {len(rounds)} round(s), records in {out_dir}", flush=True)
-    summary = asyncio.run(run_chaos(seed, rounds, out_dir))
+    summary = asyncio.run(run_chaos(seed, rounds, out_dir, lanes=max(1, args.lanes)))
     print(json.dumps(summary.as_json(), indent=2), flush=True)
     return 1 if summary.violations else 0
 

@@ -31,6 +31,10 @@ CHAOS_SETTINGS: dict[str, str] = {
     "CHATEXPORT_MAX_ATTEMPTS": "8",
 }
 LEASE_SECONDS = 3.0
+# The janitor hands an expired lease's operation back this long after expiry (FAST's setting), on its
+# next pass (FAST: every 0.5 s).
+REQUEUE_AFTER_SECONDS = 2.0
+JANITOR_INTERVAL_SECONDS = 0.5
 # A backend whose client died notices within this long even inside a statement, and rolls back.
 CONNECTION_CHECK_INTERVAL = "100ms"
 

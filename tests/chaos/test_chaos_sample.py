@@ -4,9 +4,12 @@ rounds passes every check, and the checker finds each kind of damage a broken sy
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import signal
+import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,6 +63,16 @@ async def quiet_round(system: ChaosSystem) -> tuple[Workload, Checker]:
     return workload, checker
 
 
+async def succeeded_again(system: ChaosSystem, *operation_ids: str) -> None:
+    """Put operations a test damaged back as they were, so that later checks do not see their objects as
+    orphans.
+    """
+    await system.faulty.pool.execute(
+        "UPDATE operations SET state = 'SUCCEEDED', lease_expires_at = NULL WHERE operation_id = ANY($1)",
+        list(operation_ids),
+    )
+
+
 async def result_key(system: ChaosSystem, workload: Workload) -> str:
     [operation_id] = workload.seen.submitted
     key: str = await system.faulty.pool.fetchval(
@@ -77,15 +90,80 @@ async def test_the_checker_finds_a_stored_file_that_differs_from_its_record(syst
     assert any("differs from its recorded size or sha256" in finding for finding in await checker.check())
 
 
-async def test_the_checker_finds_a_message_outside_the_selection_or_missing(system: ChaosSystem) -> None:
+async def test_the_checker_finds_a_stored_request_other_than_the_one_sent(system: ChaosSystem) -> None:
     workload, checker = await quiet_round(system)
     [operation_id] = workload.seen.submitted
+    await system.faulty.pool.execute("UPDATE operations SET senders = '{bob}' WHERE operation_id = $1", operation_id)
+
+    assert any("but the caller sent" in finding for finding in await checker.check())
+
+
+async def test_the_checker_finds_a_message_outside_the_selection(system: ChaosSystem) -> None:
+    workload, checker = await quiet_round(system)
+    [operation_id] = workload.seen.submitted
+    # The stored range now excludes seqs 1 and 5 (and the caller's request no longer matches it).
     await system.faulty.pool.execute(
         "UPDATE operations SET after_seq = 1, before_seq = 5 WHERE operation_id = $1", operation_id
     )
     findings = await checker.check()
 
     assert any("outside its selection: [1, 5]" in finding for finding in findings), findings
+
+
+async def test_the_checker_finds_a_message_missing_or_twice(system: ChaosSystem) -> None:
+    workload, checker = await quiet_round(system)
+    [operation_id] = workload.seen.submitted
+    key = await result_key(system, workload)
+    stored = await (await system.faulty.s3.get_object(Bucket=checker.bucket, Key=key))["Body"].read()
+    lines = stored.splitlines(keepends=True)
+    changed = lines[0] + lines[0] + b"".join(lines[2:])  # the first message twice, the second missing
+    await system.faulty.s3.put_object(Bucket=checker.bucket, Key=key, Body=changed)
+    await system.faulty.pool.execute(
+        "UPDATE operations SET result_size_bytes = $2, result_sha256 = $3 WHERE operation_id = $1",
+        operation_id,
+        len(changed),
+        hashlib.sha256(changed).hexdigest(),
+    )
+    findings = await checker.check()
+
+    assert any("a message is in its file twice" in finding for finding in findings), findings
+    assert any("misses messages never recalled: [2]" in finding for finding in findings), findings
+
+
+async def test_the_checker_finds_a_result_without_its_object(system: ChaosSystem) -> None:
+    workload, checker = await quiet_round(system)
+    await system.faulty.s3.delete_object(Bucket=checker.bucket, Key=await result_key(system, workload))
+
+    assert any("SUCCEEDED without its object" in finding for finding in await checker.check())
+
+
+async def test_the_checker_finds_an_operation_that_never_ends_or_is_parked_without_a_reason(
+    system: ChaosSystem,
+) -> None:
+    first, checker = await quiet_round(system)
+    second, parked = await quiet_round(system)
+    [running], [repair] = first.seen.submitted, second.seen.submitted
+    await system.faulty.pool.execute(
+        "UPDATE operations SET state = 'RUNNING', lease_expires_at = now() + interval '1 hour' WHERE operation_id = $1",
+        running,
+    )
+    await system.faulty.pool.execute(
+        "UPDATE operations SET state = 'FAILED_REPAIR', error_code = NULL WHERE operation_id = $1", repair
+    )
+    impatient = Checker(system, first.seen, checker.before, replace(PROMPT, ended=1))
+
+    assert any(f"{running} is RUNNING" in finding for finding in await impatient.check())
+    assert any(f"{repair} parked in FAILED_REPAIR without a reason" in f for f in await parked.check())
+    await succeeded_again(system, running, repair)
+
+
+async def test_the_checker_finds_a_canceled_operation_that_left_its_object(system: ChaosSystem) -> None:
+    workload, checker = await quiet_round(system)
+    [operation_id] = workload.seen.submitted
+    await system.faulty.pool.execute("UPDATE operations SET state = 'CANCELED' WHERE operation_id = $1", operation_id)
+
+    assert any(f"{operation_id} CANCELED but left" in finding for finding in await checker.check())
+    await succeeded_again(system, operation_id)
 
 
 async def test_the_checker_finds_a_changed_message_and_a_second_operation_for_one_key(system: ChaosSystem) -> None:
@@ -101,12 +179,42 @@ async def test_the_checker_finds_a_changed_message_and_a_second_operation_for_on
     assert any(f"key {submitted.key} of alice answered" in finding for finding in findings), findings
 
 
-async def test_the_checker_finds_a_callback_never_received(system: ChaosSystem) -> None:
+async def test_the_checker_finds_a_callback_never_received_or_under_another_id(system: ChaosSystem) -> None:
     workload, checker = await quiet_round(system)
     [operation_id] = workload.seen.submitted
-    system.receiver.received.pop(operation_id)
+    webhook_ids = system.receiver.received.pop(operation_id)
 
     assert any("callbacks" in finding and operation_id in finding for finding in await checker.check())
+    system.receiver.received[operation_id] = webhook_ids | {"msg_another"}
+    assert any("arrived with unknown ids ['msg_another']" in finding for finding in await checker.check())
+
+
+async def test_the_checker_finds_an_outbox_row_left_unpublished(system: ChaosSystem) -> None:
+    workload, checker = await quiet_round(system)
+    [operation_id] = workload.seen.submitted
+    group = system.faulty.system.group
+    group.send("relay", signal.SIGSTOP)
+    try:
+        await system.faulty.pool.execute(
+            "UPDATE outbox SET published_at = NULL WHERE outbox_id ="
+            " (SELECT max(outbox_id) FROM outbox WHERE operation_id = $1)",
+            operation_id,
+        )
+        findings = await checker.check()
+    finally:
+        group.send("relay", signal.SIGCONT)
+
+    assert any("outbox rows unpublished" in finding for finding in findings), findings
+
+
+async def test_the_checker_finds_answers_no_caller_should_get(system: ChaosSystem) -> None:
+    workload, checker = await quiet_round(system)
+    workload.seen.problems.append("GET /v3/operations/op_x answered 500")
+    workload.seen.unavailable.append(time.monotonic())
+    findings = await checker.check()
+
+    assert "GET /v3/operations/op_x answered 500" in findings
+    assert "a 503 answer while no fault was in place" in findings
 
 
 async def test_the_checker_finds_an_object_no_record_names(system: ChaosSystem) -> None:
@@ -117,6 +225,7 @@ async def test_the_checker_finds_an_object_no_record_names(system: ChaosSystem) 
         orphan = f"{system.faulty.settings.s3_prefix}op_nobody/g1.jsonl"
         await system.faulty.s3.put_object(Bucket=checker.bucket, Key=orphan, Body=b"{}\n")
         findings = await checker.check()
+        await system.faulty.s3.delete_object(Bucket=checker.bucket, Key=orphan)
     finally:
         janitor.send("janitor", signal.SIGCONT)
 

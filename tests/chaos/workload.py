@@ -58,11 +58,16 @@ class Submitted:
 @dataclass
 class Observations:
     """What callers saw: ``answers[(user, key)]`` the operation ids submits with that key were given;
-    ``submitted[operation_id]``; ``problems``: answers no caller should ever get; ``requests`` sent.
+    ``submitted[operation_id]``; ``key_prefix`` that every key of the round starts with; ``recalls``
+    the ``(cid, message_id)`` callers recalled (or tried to); ``unavailable`` the monotonic times of the
+    503s they got; ``problems``: answers no caller should ever get; ``requests`` sent, ``downloads`` verified.
     """
 
+    key_prefix: str = ""
     answers: defaultdict[tuple[str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
     submitted: dict[str, Submitted] = field(default_factory=dict)
+    recalls: set[tuple[str, str]] = field(default_factory=set)
+    unavailable: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     requests: int = 0
     downloads: int = 0
@@ -75,16 +80,22 @@ class Workload:
         self.system = system
         self.plan = plan
         self.log = log
-        self.seen = Observations()
-        self._http = aiohttp.ClientSession(
-            base_url=system.faulty.system.base_url, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
+        self.seen = Observations(key_prefix=f"s{plan.seed}-r{plan.round_number}-")
+        # A stopped api must not hold a request for ever; a large download may take longer than one read.
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=REQUEST_TIMEOUT_SECONDS, sock_read=REQUEST_TIMEOUT_SECONDS
         )
+        self._http = aiohttp.ClientSession(base_url=system.faulty.system.base_url, timeout=timeout)
         self._dropped: set[tuple[str, str]] = set()
 
-    async def close(self) -> None:
-        """Give every membership the round took away back, and close the HTTP session."""
+    async def restore(self) -> None:
+        """Give every membership the round took away back."""
         for cid, user in sorted(self._dropped):
-            await self._request("PUT", f"/admin/conversations/{cid}/members/{user}", admin=True)
+            await self._request("PUT", f"/admin/conversations/{cid}/members/{user}", admin=True, accept=(204,))
+        self._dropped.clear()
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
         await self._http.close()
 
     def conversation_id(self, conversation: str) -> str:
@@ -117,7 +128,7 @@ class Workload:
         body = dict(spec.options)
         if "notify" in body:
             body["notify"] = {"url": self.system.receiver.url}
-        submitted = Submitted(spec, spec.user, cid, f"s{self.plan.seed}-r{self.plan.round_number}-e{number}", body)
+        submitted = Submitted(spec, spec.user, cid, f"{self.seen.key_prefix}e{number}", body)
         answers = await asyncio.gather(*(self._submit(submitted) for _ in range(1 + spec.duplicates)))
         operation_id = next((answer for answer in answers if answer), None)
         if operation_id is None:
@@ -128,6 +139,7 @@ class Workload:
             self._cancel_later(operation_id, spec.cancel_after),
             self._recall(rng, spec.conversation, spec.recalls),
             self._drop_member(cid, spec.user, spec.drop_member),
+            self._send(cid, number, spec.live_messages),
         )
         if spec.download:
             await self._download(operation_id, spec.user, aborted=spec.download == "aborted")
@@ -140,7 +152,7 @@ class Workload:
             user=submitted.user,
             json_body=submitted.body,
             headers={"Idempotency-Key": submitted.key},
-            accept=(200, 201, 202, 403, 404, 409, 429),
+            accept=self._for_member(submitted.conversation_id, submitted.user, 202),
         )
         if status >= 400:
             self.log(f"submit {submitted.key} refused: {status} {answer!r:.200}")
@@ -153,71 +165,120 @@ class Workload:
         if after is None:
             return
         await asyncio.sleep(after)  # the plan's moment for the cancel
-        user = self.seen.submitted[operation_id].user
-        status, _, _ = await self._request(
-            "POST", f"/v3/operations/{operation_id}/cancel", user=user, accept=(200, 202, 404, 409)
-        )
+        submitted = self.seen.submitted[operation_id]
+        accept = self._for_member(submitted.conversation_id, submitted.user, 200, 202, 409)
+        path = f"/v3/operations/{operation_id}/cancel"
+        status, _, _ = await self._request("POST", path, user=submitted.user, accept=accept)
         self.log(f"cancel {operation_id}: {status}")
 
     async def _recall(self, rng: random.Random, conversation: str, count: int) -> None:
         cid = self.conversation_id(conversation)
         size = BIG_MESSAGES if conversation == BIG else self.plan.conversation_sizes[int(conversation)]
         for number in rng.sample(range(size), min(count, size)):
-            sender = MEMBERS[number % 2]
-            status, _, _ = await self._request(
-                "DELETE",
-                f"/v2/conversations/{cid}/messages/{_message_id(cid, number)}",
-                user=sender,
-                accept=(200, 204, 403, 404),
-            )
-            self.log(f"recall {cid}/{_message_id(cid, number)}: {status}")
+            message_id = _message_id(cid, number)
+            self.seen.recalls.add((cid, message_id))
+            # Only the sender may recall, member or not (README: API reference, Message store).
+            path = f"/v2/conversations/{cid}/messages/{message_id}"
+            status, _, _ = await self._request("DELETE", path, user=MEMBERS[number % 2], accept=(200,))
+            self.log(f"recall {cid}/{message_id}: {status}")
+
+    async def _send(self, cid: str, export: int, count: int) -> None:
+        """Members send ``count`` messages while the export runs; a retried send may meet its own first try."""
+        for number in range(count):
+            user = MEMBERS[number % 2]
+            body = {"message_id": f"{self.seen.key_prefix}e{export}-live{number}", "body": "live"}
+            accept = self._for_member(cid, user, 200, 409)
+            await self._request("POST", f"/v2/conversations/{cid}/messages", user=user, json_body=body, accept=accept)
+
+    def _for_member(self, cid: str, user: str, *statuses: int) -> tuple[int, ...]:
+        """``statuses``, and the refusals of a non-member once the round has removed ``user`` from ``cid``."""
+        return (*statuses, 403, 404) if (cid, user) in self._dropped else statuses
 
     async def _drop_member(self, cid: str, user: str, drop: bool) -> None:
         if drop:
             self._dropped.add((cid, user))
             status, _, _ = await self._request(
-                "DELETE", f"/admin/conversations/{cid}/members/{user}", admin=True, accept=(200, 204, 404)
+                "DELETE", f"/admin/conversations/{cid}/members/{user}", admin=True, accept=(204,)
             )
             self.log(f"removed {user} from {cid}: {status}")
 
     async def _download(self, operation_id: str, user: str, *, aborted: bool) -> None:
-        """Wait for the end; download a result (each part of a split one) and compare it with its sha256,
-        or close the connection after the first bytes.
+        """Wait for the end; download a result (each part of a split one) and compare it with its sha256. An
+        aborted download closes the connection part-way and resumes with ``Range`` and ``If-Match``.
         """
         operation = await self._ended(operation_id, user)
         result = (operation or {}).get("result")
         if not result or operation is None or operation["state"] != "SUCCEEDED":
             return
+        left = (self.seen.submitted[operation_id].conversation_id, user) in self._dropped
         for url, sha256 in _files(operation_id, result):
-            self.seen.downloads += 1
-            await self._fetch(url, user, sha256, aborted=aborted)
+            deadline = time.monotonic() + REQUEST_DEADLINE_SECONDS
+            outcome = await self._verified(url, user, sha256, aborted=aborted, left=left, deadline=deadline)
+            if outcome == "unverified":
+                self.seen.problems.append(f"{url}: no verified download within {REQUEST_DEADLINE_SECONDS} s")
+            self.seen.downloads += outcome == "verified"
 
-    async def _fetch(self, url: str, user: str, sha256: str, *, aborted: bool) -> None:
-        try:
-            async with self._http.get(url, headers=self.system.auth(user)) as response:
-                if response.status != 200:
-                    # Refused once the user left the conversation; 503 while storage is cut off.
-                    self._note(response.status, "GET", url, await response.read())
-                    if response.status < 500 and response.status not in (403, 404):
-                        self.seen.problems.append(f"GET {url} answered {response.status}")
-                    return
-                self._note(response.status, "GET", url)
-                if aborted:
-                    await response.content.read(1024)
-                    response.close()  # the client goes away mid-file
-                    return
-                digest = hashlib.sha256(await response.read()).hexdigest()
-        except (aiohttp.ClientError, TimeoutError):
-            return  # an interrupted download is the client's to retry; the stored file is what is checked
-        if digest != sha256:
-            self.seen.problems.append(f"download of {url} does not match its sha256")
+    async def _verified(self, url: str, user: str, sha256: str, *, aborted: bool, left: bool, deadline: float) -> str:
+        """Download ``url`` until its bytes are whole: ``"verified"``, ``"refused"`` (the user left the
+        conversation, or a wrong answer, recorded as a problem) or ``"unverified"`` when ``deadline`` passed.
+        """
+        content, etag = b"", ""
+        while time.monotonic() < deadline:
+            headers = self.system.auth(user) | (
+                {"Range": f"bytes={len(content)}-", "If-Match": etag} if content else {}
+            )
+            try:
+                async with self._http.get(url, headers=headers) as response:
+                    if response.status not in (200, 206):
+                        if not await self._refusal_is_expected(response, url, left=left):
+                            return "refused"
+                        await asyncio.sleep(RETRY_PAUSE_SECONDS)  # 429 or 503: a client's pause, then again
+                        continue
+                    etag = response.headers["ETag"]
+                    body = await self._read(response, aborted)
+                    content = content + body if response.status == 206 else body
+            except (aiohttp.ClientError, asyncio.IncompleteReadError, TimeoutError) as error:
+                self.log(f"download of {url} cut off: {error!r}")
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)  # cut off by a fault: resumed from what arrived
+                continue
+            if not aborted or len(content) < 2:
+                if hashlib.sha256(content).hexdigest() == sha256:
+                    return "verified"
+                self.seen.problems.append(f"GET {url}: the downloaded bytes do not match the result's sha256")
+                return "refused"
+            aborted = False
+        return "unverified"
+
+    async def _refusal_is_expected(self, response: aiohttp.ClientResponse, url: str, *, left: bool) -> bool:
+        """Record an answer other than 200/206; True when the client should try again (429, 503). 403 and 404
+        are expected only when the user ``left`` the conversation during the round.
+        """
+        answer = await response.read()
+        self._note(response.status, "GET", url, answer)
+        if response.status in (429, 503):
+            return True
+        if not (left and response.status in (403, 404)):
+            self.seen.problems.append(f"GET {url} answered {response.status}: {answer[:300]!r}")
+        return False
+
+    @staticmethod
+    async def _read(response: aiohttp.ClientResponse, abort: bool) -> bytes:
+        """The body; or, for an aborted download, half of it before the connection is closed (a file of
+        less than two bytes cannot be cut: it is read whole).
+        """
+        half = (response.content_length or 0) // 2
+        if not abort or not half:
+            return await response.read()
+        received = await response.content.readexactly(half)
+        response.close()  # the client goes away mid-file
+        return received
 
     async def _ended(self, operation_id: str, user: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + END_DEADLINE_SECONDS
         while time.monotonic() < deadline:
-            status, answer, _ = await self._request(
-                "GET", f"/v3/operations/{operation_id}?wait=3", user=user, accept=(200, 403, 404)
-            )
+            accept = self._for_member(self.seen.submitted[operation_id].conversation_id, user, 200)
+            path = f"/v3/operations/{operation_id}?wait=3"
+            status, answer, _ = await self._request("GET", path, user=user, accept=accept)
             if status != 200:
                 return None
             operation: dict[str, Any] = json.loads(answer)
@@ -294,6 +355,8 @@ class Workload:
     def _note(self, status: int, method: str, path: str, answer: bytes = b"") -> None:
         """Count a request; a 5xx other than the documented 503 is a problem (README: Error codes)."""
         self.seen.requests += 1
+        if status == 503:
+            self.seen.unavailable.append(time.monotonic())
         if status >= 500 and status != 503:
             self.seen.problems.append(f"{method} {path} answered {status}: {answer[:300]!r}")
         if status == 503 and b'"SERVICE_UNAVAILABLE"' not in answer:

@@ -667,9 +667,15 @@ class TcpProxy:
 
     @staticmethod
     async def _answer_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> None:
-        """Wait for a request's head, then send ``answer``; the connection is closed by the caller."""
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), PROXY_CALL_TIMEOUT_SECONDS)
+        """Read a request (its body too, unless the client waits for ``100 Continue``, which a final answer
+        may skip), then send ``answer``; the connection is closed by the caller. Reading the body first
+        makes the client see the answer rather than a reset.
+        """
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), PROXY_CALL_TIMEOUT_SECONDS)).lower()
+            length = re.search(rb"\r\ncontent-length: *(\d+)", head)
+            if length and b"\r\nexpect: 100-continue" not in head:
+                await asyncio.wait_for(reader.readexactly(int(length.group(1))), PROXY_CALL_TIMEOUT_SECONDS)
             writer.write(answer)
             await writer.drain()
 
