@@ -65,7 +65,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if problem.code in _CLOSING_CODES:
             return await _answer_and_close(request, problem.response())
         return problem.response()
-    except ConnectionResetError:
+    except ConnectionResetError as exc:
+        if not _client_gone(request):
+            # The reset came from the database (a restart drops its connections), not from the client.
+            return _unavailable(request, exc)
         # The client went away mid-request: not a fault of ours. The answer reaches nobody; aiohttp only
         # logs the access instead of an error with a traceback.
         log.info("client disconnected", extra={"route": request.path})
@@ -75,15 +78,25 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         return _from_http_exception(exc).response()
     except TRANSIENT_DATABASE_ERRORS as exc:
-        # A statement timeout (a long import holding a conversation, say) or a database restart: the
-        # request can succeed when retried, so it is no internal fault.
-        log.warning("database unavailable", extra={"route": request.path, "error": type(exc).__name__})
-        return Problem(
-            "SERVICE_UNAVAILABLE", "The service is busy; try again shortly.", headers={"Retry-After": "5"}
-        ).response()
+        return _unavailable(request, exc)
     except Exception:
         log.exception("unhandled error", extra={"route": request.path, "method": request.method})
         return Problem("INTERNAL", "An internal error occurred.").response()
+
+
+def _client_gone(request: web.Request) -> bool:
+    """True when the client's connection is closed or closing."""
+    return request.transport is None or request.transport.is_closing()
+
+
+def _unavailable(request: web.Request, exc: BaseException) -> web.Response:
+    """503 for a statement timeout (a long import holding a conversation, say) or a database restart: the
+    request can succeed when retried, so it is no internal fault (README: Error codes).
+    """
+    log.warning("database unavailable", extra={"route": request.path, "error": type(exc).__name__})
+    return Problem(
+        "SERVICE_UNAVAILABLE", "The service is busy; try again shortly.", headers={"Retry-After": "5"}
+    ).response()
 
 
 async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
