@@ -152,7 +152,8 @@ class Workload:
             user=submitted.user,
             json_body=submitted.body,
             headers={"Idempotency-Key": submitted.key},
-            accept=self._for_member(submitted.conversation_id, submitted.user, 202),
+            accept=(202,),
+            member=(submitted.conversation_id, submitted.user),
         )
         if status >= 400:
             self.log(f"submit {submitted.key} refused: {status} {answer!r:.200}")
@@ -166,9 +167,9 @@ class Workload:
             return
         await asyncio.sleep(after)  # the plan's moment for the cancel
         submitted = self.seen.submitted[operation_id]
-        accept = self._for_member(submitted.conversation_id, submitted.user, 200, 202, 409)
         path = f"/v3/operations/{operation_id}/cancel"
-        status, _, _ = await self._request("POST", path, user=submitted.user, accept=accept)
+        member = (submitted.conversation_id, submitted.user)
+        status, _, _ = await self._request("POST", path, user=submitted.user, accept=(200, 202, 409), member=member)
         self.log(f"cancel {operation_id}: {status}")
 
     async def _recall(self, rng: random.Random, conversation: str, count: int) -> None:
@@ -187,12 +188,14 @@ class Workload:
         for number in range(count):
             user = MEMBERS[number % 2]
             body = {"message_id": f"{self.seen.key_prefix}e{export}-live{number}", "body": "live"}
-            accept = self._for_member(cid, user, 200, 409)
-            await self._request("POST", f"/v2/conversations/{cid}/messages", user=user, json_body=body, accept=accept)
-
-    def _for_member(self, cid: str, user: str, *statuses: int) -> tuple[int, ...]:
-        """``statuses``, and the refusals of a non-member once the round has removed ``user`` from ``cid``."""
-        return (*statuses, 403, 404) if (cid, user) in self._dropped else statuses
+            await self._request(
+                "POST",
+                f"/v2/conversations/{cid}/messages",
+                user=user,
+                json_body=body,
+                accept=(200, 409),
+                member=(cid, user),
+            )
 
     async def _drop_member(self, cid: str, user: str, drop: bool) -> None:
         if drop:
@@ -276,9 +279,9 @@ class Workload:
     async def _ended(self, operation_id: str, user: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + END_DEADLINE_SECONDS
         while time.monotonic() < deadline:
-            accept = self._for_member(self.seen.submitted[operation_id].conversation_id, user, 200)
+            member = (self.seen.submitted[operation_id].conversation_id, user)
             path = f"/v3/operations/{operation_id}?wait=3"
-            status, answer, _ = await self._request("GET", path, user=user, accept=accept)
+            status, answer, _ = await self._request("GET", path, user=user, member=member)
             if status != 200:
                 return None
             operation: dict[str, Any] = json.loads(answer)
@@ -326,10 +329,12 @@ class Workload:
         data: bytes | None = None,
         headers: dict[str, str] | None = None,
         accept: tuple[int, ...] = (200,),
+        member: tuple[str, str] | None = None,
     ) -> tuple[int, bytes, dict[str, str]]:
         """Send until an answer other than 503 comes; retry lost connections, timeouts and 503s. A status
-        outside ``accept`` is recorded as a problem and returned. Raises ``RequestGivenUp`` after
-        ``REQUEST_DEADLINE_SECONDS``.
+        outside ``accept`` is recorded as a problem and returned, except 403 and 404 when ``member``
+        (conversation, user) has been removed by the round by the time the answer comes. Raises
+        ``RequestGivenUp`` after ``REQUEST_DEADLINE_SECONDS``.
         """
         auth = self.system.auth("root" if admin else user, admin=admin)
         deadline = time.monotonic() + REQUEST_DEADLINE_SECONDS
@@ -347,7 +352,7 @@ class Workload:
             if status == 503:
                 await asyncio.sleep(RETRY_PAUSE_SECONDS)
                 continue
-            if status not in accept:
+            if status not in accept and not (status in (403, 404) and member in self._dropped):
                 self.seen.problems.append(f"{method} {path} answered {status}: {answer[:300]!r}")
             return status, answer, dict(response.headers)
         raise RequestGivenUp(f"{method} {path}: no answer within {REQUEST_DEADLINE_SECONDS} s")
