@@ -68,7 +68,7 @@ SEED   ?=
 ROUND  ?=
 LANES  ?= 1
 chaos: install
-	@command -v faketime >/dev/null || apt-get install -y faketime || sudo apt-get install -y faketime
+	@command -v faketime >/dev/null || (apt-get update -qq && apt-get install -y faketime) || (sudo apt-get update -qq && sudo apt-get install -y faketime)
 	$(BIN)/python -m tests.chaos --rounds $(ROUNDS) --lanes $(LANES) $(if $(SEED),--seed $(SEED)) $(if $(ROUND),--round $(ROUND))
 
 clean:

@@ -308,6 +308,11 @@ def _run(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) -> int
             file=sys.stderr,
         )
         return EXIT_UNREACHABLE
+    except BrokenPipeError:
+        # Whoever reads the output stopped (`| head`): nothing went wrong. Later writes (the interpreter's
+        # flush at exit) go nowhere instead of failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         print(f"chatexport: {exc.filename or 'a local file'}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_LOCAL_FILE

@@ -131,7 +131,8 @@ async def _round(system: ChaosSystem, plan: RoundPlan, out_dir: Path, summary: S
     if findings:
         summary.failed_rounds.append(plan.round_number)
         folder = _keep_round(system, plan, out_dir, events, findings, offsets)
-        print(f"  findings and logs in {folder}; replay: --seed {plan.seed} --round {plan.round_number}", flush=True)
+        replay = f"make chaos SEED={plan.seed} ROUND={plan.round_number}"
+        print(f"  findings and logs in {folder}; replay: {replay}", flush=True)
 
 
 async def _play(
