@@ -213,27 +213,27 @@ class Workload:
         result = (operation or {}).get("result")
         if not result or operation is None or operation["state"] != "SUCCEEDED":
             return
-        left = (self.seen.submitted[operation_id].conversation_id, user) in self._dropped
+        member = (self.seen.submitted[operation_id].conversation_id, user)
         for url, sha256 in _files(operation_id, result):
             deadline = time.monotonic() + REQUEST_DEADLINE_SECONDS
-            outcome = await self._verified(url, user, sha256, aborted=aborted, left=left, deadline=deadline)
+            outcome = await self._verified(url, member, sha256, aborted=aborted, deadline=deadline)
             if outcome == "unverified":
                 self.seen.problems.append(f"{url}: no verified download within {REQUEST_DEADLINE_SECONDS} s")
             self.seen.downloads += outcome == "verified"
 
-    async def _verified(self, url: str, user: str, sha256: str, *, aborted: bool, left: bool, deadline: float) -> str:
+    async def _verified(self, url: str, member: tuple[str, str], sha256: str, *, aborted: bool, deadline: float) -> str:
         """Download ``url`` until its bytes are whole: ``"verified"``, ``"refused"`` (the user left the
         conversation, or a wrong answer, recorded as a problem) or ``"unverified"`` when ``deadline`` passed.
         """
         content, etag = b"", ""
         while time.monotonic() < deadline:
-            headers = self.system.auth(user) | (
+            headers = self.system.auth(member[1]) | (
                 {"Range": f"bytes={len(content)}-", "If-Match": etag} if content else {}
             )
             try:
                 async with self._http.get(url, headers=headers) as response:
                     if response.status not in (200, 206):
-                        if not await self._refusal_is_expected(response, url, left=left):
+                        if not await self._refusal_is_expected(response, url, member=member):
                             return "refused"
                         await asyncio.sleep(RETRY_PAUSE_SECONDS)  # 429 or 503: a client's pause, then again
                         continue
@@ -252,15 +252,17 @@ class Workload:
             aborted = False
         return "unverified"
 
-    async def _refusal_is_expected(self, response: aiohttp.ClientResponse, url: str, *, left: bool) -> bool:
+    async def _refusal_is_expected(
+        self, response: aiohttp.ClientResponse, url: str, *, member: tuple[str, str]
+    ) -> bool:
         """Record an answer other than 200/206; True when the client should try again (429, 503). 403 and 404
-        are expected only when the user ``left`` the conversation during the round.
+        are expected only once the round has removed ``member`` (conversation, user).
         """
         answer = await response.read()
         self._note(response.status, "GET", url, answer)
         if response.status in (429, 503):
             return True
-        if not (left and response.status in (403, 404)):
+        if not (member in self._dropped and response.status in (403, 404)):
             self.seen.problems.append(f"GET {url} answered {response.status}: {answer[:300]!r}")
         return False
 
