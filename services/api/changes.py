@@ -134,6 +134,10 @@ class OperationChanges:
                 log.warning(
                     "operation changes unavailable; waits end at their deadline", extra={"error": type(exc).__name__}
                 )
+            except Exception:
+                # Whatever else refuses the connection (a database not accepting connections, too many
+                # clients), the listener must outlive it: it tries again, and waits end at their deadline.
+                log.exception("operation changes cannot listen; retrying")
             else:
                 # Announcements made before the LISTEN took effect were lost: every waiter reads again.
                 self._wake_all_missed()
