@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 # failing the work. Class 57 (operator intervention) covers admin shutdown, "cannot connect now" and
 # statement timeouts. A connection whose server went away mid-statement can also be left with the driver
 # in a broken state ("cannot switch to state 15; another operation is in progress"): InternalClientError.
+# A server that refuses new connections for a while answers "too many clients" (53300) or "database is not
+# accepting connections" (55000, whose class also holds "lock not available"): both pass.
 TRANSIENT_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
@@ -32,6 +34,8 @@ TRANSIENT_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,
     asyncpg.InternalClientError,
     asyncpg.OperatorInterventionError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.ObjectNotInPrerequisiteStateError,
 )
 
 # Any constant works; it only has to be the same for every migrating process.

@@ -10,7 +10,7 @@ from services.api.keys import POOL
 from shared.settings import Settings
 from tests.conftest import PG_SERVER, wait_for
 from tests.helpers import expect_problem
-from tests.integration.messages_support import Client, configured_api
+from tests.integration.messages_support import Auth, Client, configured_api
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,9 @@ async def test_healthz_and_readyz(api: Client) -> None:
     )
 
 
-async def test_readyz_is_503_while_the_database_refuses_connections(api: Client, settings: Settings) -> None:
+async def test_readyz_and_requests_are_503_while_the_database_refuses_connections(
+    api: Client, auth: Auth, settings: Settings
+) -> None:
     database = settings.database_url.rsplit("/", 1)[1]
     admin = await asyncpg.connect(f"{PG_SERVER}/postgres")
     try:
@@ -35,8 +37,10 @@ async def test_readyz_is_503_while_the_database_refuses_connections(api: Client,
         await wait_for(lambda: admin.fetchval("SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = $1", database))
 
         refused = await api.get("/readyz")
+        poll = await api.get("/v3/operations/op_whatever", headers=auth("alice"))
 
         await expect_problem(refused, 503, "SERVICE_UNAVAILABLE")
+        await expect_problem(poll, 503, "SERVICE_UNAVAILABLE")
     finally:
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         await admin.close()
