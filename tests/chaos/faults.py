@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import glob
 import signal
 import time
@@ -139,19 +140,21 @@ class Injector:
         return running
 
     async def _restart_broker(self, fault: Fault) -> bool:
-        async with self._servers:
-            mode: RabbitStopMode = "kill" if fault.detail == "kill" else "graceful"
-            await asyncio.to_thread(self.system.rabbitmq.stop, mode)
-            await asyncio.sleep(fault.for_seconds)
-            await asyncio.to_thread(self.system.rabbitmq.start)
-        return True
+        mode: RabbitStopMode = "kill" if fault.detail == "kill" else "graceful"
+        rabbitmq = self.system.rabbitmq
+        return await self._restart(functools.partial(rabbitmq.stop, mode), rabbitmq.start, fault.for_seconds)
 
     async def _restart_database(self, fault: Fault) -> bool:
+        mode: PostgresStopMode = "immediate" if fault.detail == "immediate" else "fast"
+        postgres = self.system.postgres
+        return await self._restart(functools.partial(postgres.stop, mode), postgres.start, fault.for_seconds)
+
+    async def _restart(self, stop: Callable[[], None], start: Callable[[], None], seconds: float) -> bool:
+        """Stop a server, keep it down ``seconds``, start it again; one server restart at a time."""
         async with self._servers:
-            mode: PostgresStopMode = "immediate" if fault.detail == "immediate" else "fast"
-            await asyncio.to_thread(self.system.postgres.stop, mode)
-            await asyncio.sleep(fault.for_seconds)
-            await asyncio.to_thread(self.system.postgres.start)
+            await asyncio.to_thread(stop)
+            await asyncio.sleep(seconds)  # the fault: the server stays down this long
+            await asyncio.to_thread(start)
         return True
 
     async def _s3_cut(self, fault: Fault) -> bool:
