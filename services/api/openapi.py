@@ -23,6 +23,7 @@ from services.api.problems import CODES, PROBLEM_CONTENT_TYPE
 from shared.formats import GZIP_CONTENT_TYPE
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
 from shared.representation import EVENT_STREAM
+from shared.settings import Settings
 
 OPENAPI_PATH = "/v3/openapi.json"
 EVENTS_PATH = "/v3/operations/{operation_id}/events"
@@ -274,7 +275,8 @@ def _submit_export() -> dict[str, Any]:
         "Submit an export of a conversation",
         tag="exports",
         description="Checks in this order: token, Idempotency-Key, body, membership, idempotency, quota. "
-        "The body is at most `CHATEXPORT_EXPORT_REQUEST_MAX_BYTES` bytes (default 1024).",
+        "The body is at most `CHATEXPORT_EXPORT_REQUEST_MAX_BYTES` bytes (by default "
+        f"{Settings.model_fields['export_request_max_bytes'].default}, which fits the largest valid body).",
         parameters=[key],
         requestBody=_json_body(schemas.ExportSubmission, "What to export."),
         responses={"202": accepted},

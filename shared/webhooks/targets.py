@@ -16,7 +16,8 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlsplit
 
-# A submit body is at most 1 KiB (CHATEXPORT_EXPORT_REQUEST_MAX_BYTES), the rest of it included.
+# Long enough for any real callback URL, short enough that a submit with it and 100 senders stays far
+# below CHATEXPORT_EXPORT_REQUEST_MAX_BYTES.
 MAX_URL_LENGTH = 900
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
