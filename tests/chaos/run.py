@@ -5,8 +5,10 @@ with seed S (random when absent), or only round K of it, on L systems at once (e
 round). Each round prepares its conversations, drives its workload
 while its faults are injected, repairs everything and runs the checker. ``rounds.jsonl`` in the output
 folder gets one line per round (seed, round, faults, operations, findings); a failing round's folder
-``round-K`` keeps its plan, its event log, the parts' logs of that round and the findings. Exit status 1
-when any round found a violation.
+``round-K`` keeps its plan, its event log, the parts' logs of that round and the findings. A SIGTERM or
+Ctrl-C stops the run between or inside rounds (the unfinished round counts nothing) and still writes
+``summary.json``, with ``finished`` false. Exit status 1 when any round found a violation, else 130 when the
+run was stopped early.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import asyncio
 import json
 import random
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,30 +47,34 @@ class Summary:
     violations: int = 0
     failed_rounds: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    finished: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """The figures as JSON-ready data."""
         return {**self.__dict__, "faults": dict(sorted(self.faults.items())), "seconds": round(self.seconds, 1)}
 
 
-async def run_chaos(seed: int, rounds: Iterable[int], out_dir: Path, *, lanes: int = 1) -> Summary:
-    """Run ``rounds`` (round numbers) of the run with ``seed`` on ``lanes`` systems started for it, each
-    taking every ``lanes``-th round, at the same time; write their records under ``out_dir`` and return the
-    summary. A round's outcome does not depend on its lane: each starts from a quiet system.
+async def run_chaos(rounds: Iterable[int], out_dir: Path, summary: Summary, *, lanes: int = 1) -> None:
+    """Run ``rounds`` (round numbers) of the run with ``summary.seed`` on ``lanes`` systems started for it,
+    each taking every ``lanes``-th round, at the same time; add their figures to ``summary`` and write their
+    records under ``out_dir``. A round's outcome does not depend on its lane: each starts from a quiet system.
+    ``summary.json`` is written also when the run is cancelled.
     """
     started = time.monotonic()
-    summary = Summary(seed)
     planned = list(rounds)
 
     async def lane(number: int) -> None:
         folder = out_dir / ("system" if lanes == 1 else f"system-{number + 1}")
         async with chaos_system(folder) as system:
-            await run_rounds(system, seed, planned[number::lanes], out_dir, summary)
+            await run_rounds(system, summary.seed, planned[number::lanes], out_dir, summary)
 
-    await asyncio.gather(*(lane(number) for number in range(lanes)))
-    summary.seconds = time.monotonic() - started
-    (out_dir / "summary.json").write_text(json.dumps(summary.as_json(), indent=2) + "\n")
-    return summary
+    try:
+        await asyncio.gather(*(lane(number) for number in range(lanes)))
+        summary.finished = True
+    finally:
+        summary.seconds = time.monotonic() - started
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.json").write_text(json.dumps(summary.as_json(), indent=2) + "\n")
 
 
 async def run_rounds(
@@ -201,9 +208,21 @@ def main(argv: list[str] | None = None) -> int:
     rounds = [args.round] if args.round is not None else range(1, args.rounds + 1)
     out_dir = args.out or Path(".chaos") / f"{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"fault harness: seed {seed}, {len(rounds)} round(s), records in {out_dir}", flush=True)
-    summary = asyncio.run(run_chaos(seed, rounds, out_dir, lanes=max(1, args.lanes)))
+    summary = Summary(seed)
+    try:
+        asyncio.run(_stoppable(run_chaos(rounds, out_dir, summary, lanes=max(1, args.lanes))))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("fault harness: stopped before its last round", flush=True)
     print(json.dumps(summary.as_json(), indent=2), flush=True)
-    return 1 if summary.violations else 0
+    return 1 if summary.violations else 0 if summary.finished else 130
+
+
+async def _stoppable(run: Coroutine[Any, Any, None]) -> None:
+    """Await ``run``, cancelling it on SIGTERM as asyncio already does on Ctrl-C, so that it cleans up."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    await run
 
 
 if __name__ == "__main__":
