@@ -27,6 +27,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from services.relay import metrics
 from shared import jsontext
+from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.repository import operations, webhook_deliveries
 from shared.repository.webhook_deliveries import Delivery
 from shared.representation import represent
@@ -71,12 +72,14 @@ class WebhookSender:
         self._keys = [key.encode() for key in keys if key]
 
     async def run(self, *, stop: asyncio.Event) -> None:
-        """Send due deliveries every ``relay_poll_seconds`` until ``stop`` is set."""
+        """Send due deliveries every ``relay_poll_seconds`` until ``stop`` is set. The database's transient
+        errors (``shared.db.TRANSIENT_DATABASE_ERRORS``, a restart's included) pause it until the next poll.
+        """
         while not stop.is_set():
             try:
                 while await self.send_due() == BATCH:
                     pass
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except TRANSIENT_DATABASE_ERRORS as exc:
                 log.warning("webhook deliveries paused by the database", extra={"error": type(exc).__name__})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._settings.relay_poll_seconds)
