@@ -58,9 +58,41 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Render ``Problem`` and aiohttp's HTTP errors as problem+json; any other failure as a bare 500."""
+    """Render ``Problem`` and aiohttp's HTTP errors as problem+json; any other failure as a bare 500. A
+    failure after the answer has begun (a download or an event stream) closes the connection instead: a second
+    answer would be read as the rest of the first.
+    """
     try:
         return await handler(request)
+    except Exception as exc:
+        if request.writer.output_size > 0:
+            return _cut_short(request, exc)
+        return await _problem_for(request, exc)
+
+
+def _cut_short(request: web.Request, exc: Exception) -> web.StreamResponse:
+    """Log a failure that struck after the answer began and close the connection, sending what was written
+    first. Returns a stand-in that nobody receives (aiohttp finds the connection closed) but whose status the
+    metrics count: 400 for a client that went away, 503 for the database, 500 for anything else.
+    """
+    if isinstance(exc, ConnectionError) and _client_gone(request):
+        log.info("client disconnected", extra={"route": request.path})
+        status = 400
+    elif isinstance(exc, TRANSIENT_DATABASE_ERRORS):
+        log.warning("database unavailable mid-answer", extra={"route": request.path, "error": type(exc).__name__})
+        status = 503
+    else:
+        log.error("unhandled error", exc_info=exc, extra={"route": request.path, "method": request.method})
+        status = 500
+    if request.transport is not None:
+        request.transport.close()
+    return web.StreamResponse(status=status)
+
+
+async def _problem_for(request: web.Request, error: Exception) -> web.StreamResponse:
+    """The problem+json answer to ``error``, raised by a handler before its answer began."""
+    try:
+        raise error
     except Problem as problem:
         if problem.code in _CLOSING_CODES:
             return await _answer_and_close(request, problem.response())

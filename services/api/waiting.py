@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
@@ -19,7 +20,10 @@ from aiohttp import web
 from services.api.changes import Subscription
 from services.api.keys import CHANGES, PRINCIPAL, SETTINGS, WAIT_SLOTS
 from services.api.problems import not_found
+from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.representation import is_terminal
+
+log = logging.getLogger(__name__)
 
 CONNECTION_CHECK_SECONDS = 1.0
 # Progress alone is streamed at most this often; a change of state goes out at once.
@@ -83,7 +87,8 @@ async def operation_events(
     """For an event stream inside ``watching``: ``row`` (unless ``last_event_id`` is its version already),
     then the operation ``read`` returns whenever its version grows, progress alone at most every
     ``PROGRESS_INTERVAL_SECONDS``; it ends after a terminal state, on shutdown or when the client goes. A
-    None between them asks for a heartbeat, every ``event_heartbeat_seconds``.
+    None between them asks for a heartbeat, every ``event_heartbeat_seconds``. A read the database cannot
+    answer is tried again every ``CONNECTION_CHECK_SECONDS`` meanwhile.
     """
     heartbeat = request.app[SETTINGS].event_heartbeat_seconds
     loop = asyncio.get_running_loop()
@@ -100,12 +105,19 @@ async def operation_events(
         latest = subscription.latest
         # Compared with the version last read, not the last sent: a Last-Event-ID from the future must
         # not keep the stream from seeing the terminal state that ends it.
-        if not woken or not (subscription.missed or (latest is not None and latest.version > row["version"])):
+        newer = woken and latest is not None and latest.version > row["version"]
+        if not (subscription.missed or newer):
             continue
         if latest is not None and latest.state == row["state"]:
             await asyncio.sleep(max(0.0, sent_at + PROGRESS_INTERVAL_SECONDS - loop.time()))
         subscription.missed = False
-        fresh = await read()
+        try:
+            fresh = await read()
+        except TRANSIENT_DATABASE_ERRORS as exc:
+            # The answer has begun: the stream goes on with heartbeats and reads again at the next check.
+            log.warning("operation unreadable; the event stream reads again", extra={"error": type(exc).__name__})
+            subscription.missed = True
+            continue
         if fresh is None:
             return
         row = fresh

@@ -8,6 +8,7 @@ import contextlib
 import logging
 from typing import Any
 
+import aiohttp
 import asyncpg
 from aiohttp import hdrs, web
 from botocore.exceptions import BotoCoreError, ClientError
@@ -34,9 +35,19 @@ from shared.repository.conversations import is_member
 from shared.representation import is_terminal, operation_url
 from shared.settings import Settings
 from shared.states import State
+from shared.storage import STORAGE_ERRORS
 from shared.webhooks.targets import RefusedTarget, check_url
 
 log = logging.getLogger(__name__)
+
+# What reading an object's body from S3 can raise once its first bytes came: botocore's errors, and the
+# HTTP client's for a connection cut or timed out mid-body (aiohttp.ClientPayloadError among them).
+STORAGE_READ_ERRORS: tuple[type[BaseException], ...] = (
+    *STORAGE_ERRORS,
+    aiohttp.ClientError,
+    TimeoutError,
+    ConnectionError,
+)
 
 DOWNLOAD_CHUNK_BYTES = 256 * 1024
 
@@ -230,6 +241,13 @@ async def _copy(request: web.Request, body: Any, response: web.StreamResponse) -
         )
     except TransferCut as cut:
         log.info("download cut off", extra={"route": request.path, "reason": str(cut)})
+        return False
+    except STORAGE_READ_ERRORS as exc:
+        # The status line and part of the file are sent: closing the connection is the only honest end. The
+        # client sees a short body and resumes with Range and If-Range (README: API reference, Download).
+        log.error("result unreadable mid-transfer", extra={"route": request.path, "error": type(exc).__name__})
+        if request.transport is not None:
+            request.transport.close()
         return False
     return True
 
