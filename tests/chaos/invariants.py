@@ -16,20 +16,26 @@ import io
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from shared.formats import FileKind
 from shared.storage import artifact_prefix, is_folder, part_key
+from tests.chaos.plan import PARTS
 from tests.chaos.system import ChaosSystem
 from tests.chaos.workload import TERMINAL, Observations
 from tests.faults.servers import ServerError
 
 POLL_SECONDS = 0.1
+# What a part that died of an uncaught error leaves in its log (the interpreter's report on stderr), and the
+# last line of such a report: the error itself.
+CRASH_STARTS = ("Traceback (most recent call last):", "  + Exception Group Traceback (most recent call last):")
+ERROR_LINE = re.compile(r"^[\s|]*([\w.]+(?:Error|Exception)\w*: .*)$")
 HTML_MESSAGE = re.compile(rb'<article id="m(\d+)"')
 
 # A message as the checker compares it before and after a round: everything but the recall mark.
@@ -123,7 +129,8 @@ class Checker:
     ``seen`` is what its callers observed, ``before`` the message store at the round's start,
     ``started_at`` the database's clock then; ``deadlines`` how long each respect may take to become quiet,
     counted from ``healed_at`` (monotonic seconds, when every fault was repaired; default: when ``check``
-    starts); ``windows`` the faults' (start, end) in monotonic seconds, outside which no 503 is expected.
+    starts); ``windows`` the faults' (start, end) in monotonic seconds, outside which no 503 is expected;
+    ``log_offsets`` the parts' log sizes (bytes) at the round's start, so that only the round's lines are read.
     """
 
     def __init__(
@@ -136,8 +143,10 @@ class Checker:
         started_at: datetime | None = None,
         healed_at: float | None = None,
         windows: Sequence[tuple[float, float]] = (),
+        log_offsets: Mapping[Path, int] | None = None,
     ) -> None:
         self.system = system
+        self.log_offsets = log_offsets or {}
         self.deadlines = deadlines or Deadlines()
         self.seen = seen
         self.before = before
@@ -167,6 +176,7 @@ class Checker:
         finally:
             await connection.close()
         self._unavailable()
+        self.findings += part_log_findings(self.system.log_dir, self.log_offsets)
         return self.findings
 
     # --- operations -------------------------------------------------------------------------------------
@@ -495,3 +505,25 @@ def _canonical(body: dict[str, Any]) -> dict[str, Any]:
         "max_part_bytes": body.get("max_part_bytes"),
         "notify_url": (body.get("notify") or {}).get("url"),
     }
+
+
+def part_log_findings(log_dir: Path, offsets: Mapping[Path, int]) -> list[str]:
+    """What the parts' logs in ``log_dir`` say went wrong since ``offsets`` (bytes per file): a part that died
+    of an uncaught error, and an error the API answered as internal. Both hide from the other checks, because
+    the repairs restart a dead part and a download's status line is sent before its failure.
+    """
+    findings = []
+    for name in PARTS:
+        path = log_dir / f"{name}.log"
+        if not path.exists():
+            continue
+        with path.open("rb") as log:
+            log.seek(offsets.get(path, 0))
+            lines = log.read().decode(errors="replace").splitlines()
+        if any(line.startswith(CRASH_STARTS) for line in lines):
+            errors = [match.group(1) for line in lines if (match := ERROR_LINE.match(line))]
+            findings.append(f"{name} died of an uncaught error: {errors[-1] if errors else 'unknown'}")
+        unhandled = sum('"msg": "unhandled error"' in line for line in lines)
+        if unhandled:
+            findings.append(f"{name} logged {unhandled} unhandled error(s)")
+    return findings

@@ -108,7 +108,7 @@ async def _round(system: ChaosSystem, plan: RoundPlan, out_dir: Path, summary: S
     workload = Workload(system, plan, log)
     injector = Injector(system, log)
     try:
-        findings = await _play(system, plan, workload, injector, log)
+        findings = await _play(system, plan, workload, injector, log, offsets)
     except Exception as error:  # the round could not be judged: a finding of its own, and the run goes on
         findings = [f"the harness could not finish the round: {error!r}"]
         await injector.heal()
@@ -143,7 +143,12 @@ async def _round(system: ChaosSystem, plan: RoundPlan, out_dir: Path, summary: S
 
 
 async def _play(
-    system: ChaosSystem, plan: RoundPlan, workload: Workload, injector: Injector, log: Callable[[str], None]
+    system: ChaosSystem,
+    plan: RoundPlan,
+    workload: Workload,
+    injector: Injector,
+    log: Callable[[str], None],
+    log_offsets: dict[Path, int],
 ) -> list[str]:
     """Prepare, run the workload under the plan's faults, repair, give memberships back, then check."""
     await workload.prepare()
@@ -160,7 +165,13 @@ async def _play(
     await workload.restore()
     log("repaired everything; checking")
     checker = Checker(
-        system, workload.seen, before, started_at=started_at, healed_at=injector.healed_at, windows=injector.windows
+        system,
+        workload.seen,
+        before,
+        started_at=started_at,
+        healed_at=injector.healed_at,
+        windows=injector.windows,
+        log_offsets=log_offsets,
     )
     return findings + await checker.check()
 

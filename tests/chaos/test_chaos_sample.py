@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.faults import Injector
-from tests.chaos.invariants import Checker, Deadlines, read_messages
+from tests.chaos.invariants import Checker, Deadlines, part_log_findings, read_messages
 from tests.chaos.plan import ExportSpec, Fault, FaultKind, RoundPlan
 from tests.chaos.run import run_rounds
 from tests.chaos.system import ChaosSystem, chaos_system
@@ -246,3 +246,24 @@ async def test_the_checker_finds_messages_left_on_the_queue(system: ChaosSystem)
 
     assert any("the queue is not drained" in finding for finding in findings), findings
     assert await checker.check() == [], "the workers consumed the undecodable message once running again"
+
+
+def test_the_checker_finds_a_part_that_died_and_an_unhandled_error_in_the_round_s_logs(tmp_path: Path) -> None:
+    earlier = 'Traceback (most recent call last):\n  File "x.py"\nValueError: before the round\n'
+    (tmp_path / "api.log").write_text(earlier)
+    (tmp_path / "worker-1.log").write_text(earlier)
+    offsets = {tmp_path / "api.log": len(earlier), tmp_path / "worker-1.log": len(earlier)}
+    with (tmp_path / "api.log").open("a") as api:
+        api.write('{"level": "ERROR", "msg": "unhandled error", "exc": "Traceback (most recent call last):\\n"}\n')
+    with (tmp_path / "relay.log").open("a") as relay:
+        relay.write('{"level": "WARNING", "msg": "pool", "exc": "Traceback (most recent call last):\\n..."}\n')
+        relay.write(
+            "  + Exception Group Traceback (most recent call last):\n"
+            "  | ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)\n"
+            "    | asyncpg.exceptions._base.InternalClientError: cannot switch to state 15\n"
+        )
+
+    assert part_log_findings(tmp_path, offsets) == [
+        "api logged 1 unhandled error(s)",
+        "relay died of an uncaught error: asyncpg.exceptions._base.InternalClientError: cannot switch to state 15",
+    ]
