@@ -8,6 +8,8 @@ outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from dataclasses import dataclass
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue, AbstractRobustConnection
@@ -18,6 +20,14 @@ from shared.settings import Settings
 EXPORT_ROUTING_KEY = "export.run"
 # What connecting to an unreachable or overloaded broker raises.
 CONNECT_ERRORS: tuple[type[BaseException], ...] = (aio_pika.exceptions.AMQPConnectionError, OSError, TimeoutError)
+# What the first steps on a new connection raise when the broker goes away under them: aiormq reports a
+# channel asked of a connection closed meanwhile as RuntimeError ("<Connection ...> closed").
+START_ERRORS: tuple[type[BaseException], ...] = (
+    *CONNECT_ERRORS,
+    aio_pika.exceptions.ConnectionClosed,
+    aio_pika.exceptions.ChannelInvalidStateError,
+    RuntimeError,
+)
 
 
 def dead_letter_exchange_name(settings: Settings) -> str:
@@ -42,9 +52,56 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
     )
 
 
-async def connect_when_ready(settings: Settings, *, name: str, stop: asyncio.Event) -> AbstractRobustConnection:
-    """``connect``, retried with backoff while the broker is unreachable; raises ``Stopped`` on ``stop``."""
-    return await keep_trying(lambda: connect(settings, name=name), what="broker", errors=CONNECT_ERRORS, stop=stop)
+@dataclass(frozen=True)
+class BrokerSession:
+    """A part's broker resources: its robust ``connection``, one ``channel`` on it, and the work ``exchange``
+    and ``queue`` declared through that channel.
+    """
+
+    connection: AbstractRobustConnection
+    channel: AbstractChannel
+    exchange: AbstractExchange
+    queue: AbstractQueue
+
+
+async def open_session(
+    settings: Settings, *, name: str, prefetch_count: int | None = None, on_return_raises: bool = False
+) -> BrokerSession:
+    """``connect``, open a channel with publisher confirms (``on_return_raises``: an unroutable publish
+    raises; ``prefetch_count``: at most that many unacknowledged deliveries) and ``declare_topology``. The
+    connection is closed again when a later step fails, with ``START_ERRORS`` when the broker went away.
+    """
+    connection = await connect(settings, name=name)
+    try:
+        channel = await connection.channel(on_return_raises=on_return_raises)
+        if prefetch_count is not None:
+            await channel.set_qos(prefetch_count=prefetch_count)
+        exchange, queue = await declare_topology(channel, settings)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await connection.close()
+        raise
+    return BrokerSession(connection, channel, exchange, queue)
+
+
+async def open_session_when_ready(
+    settings: Settings,
+    *,
+    name: str,
+    stop: asyncio.Event,
+    prefetch_count: int | None = None,
+    on_return_raises: bool = False,
+) -> BrokerSession:
+    """``open_session``, retried with backoff until every step of it succeeds: a broker that goes away between
+    the connection and the topology is waited for like one that was not up yet. Raises ``Stopped`` on
+    ``stop``.
+    """
+    return await keep_trying(
+        lambda: open_session(settings, name=name, prefetch_count=prefetch_count, on_return_raises=on_return_raises),
+        what="broker",
+        errors=START_ERRORS,
+        stop=stop,
+    )
 
 
 async def declare_topology(channel: AbstractChannel, settings: Settings) -> tuple[AbstractExchange, AbstractQueue]:

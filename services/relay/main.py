@@ -31,16 +31,16 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         pool = await create_pool_when_ready(settings, stop=stop)
         resources.push_async_callback(pool.close)
         monitor.checks["database"] = database_check(pool)
-        connection = await broker.connect_when_ready(settings, name=f"relay {os.getpid()}", stop=stop)
-        resources.push_async_callback(connection.close)
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        exchange, _ = await broker.declare_topology(channel, settings)
+        session = await broker.open_session_when_ready(
+            settings, name=f"relay {os.getpid()}", stop=stop, on_return_raises=True
+        )
+        resources.push_async_callback(session.connection.close)
         # Ready once it can publish: the exchange it publishes to exists.
-        monitor.checks["broker"] = broker_check(connection)
+        monitor.checks["broker"] = broker_check(session.connection)
         log.info("relay started", extra={"exchange": settings.amqp_exchange})
         # Completion callbacks are what the outbox holds too: the relay sends both (README: How it works).
         async with asyncio.TaskGroup() as group:
-            group.create_task(Relay(pool=pool, exchange=exchange, settings=settings).run(stop=stop))
+            group.create_task(Relay(pool=pool, exchange=session.exchange, settings=settings).run(stop=stop))
             group.create_task(WebhookSender(pool=pool, settings=settings).run(stop=stop))
 
 

@@ -35,19 +35,18 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         pool = await create_pool_when_ready(settings, stop=stop)
         resources.push_async_callback(pool.close)
         monitor.checks["database"] = database_check(pool)
-        connection = await broker.connect_when_ready(settings, name=f"worker {worker_id}", stop=stop)
-        resources.push_async_callback(connection.close)
-        monitor.checks["broker"] = broker_check(connection)
+        session = await broker.open_session_when_ready(
+            settings, name=f"worker {worker_id}", stop=stop, prefetch_count=settings.worker_concurrency
+        )
+        resources.push_async_callback(session.connection.close)
+        monitor.checks["broker"] = broker_check(session.connection)
         s3 = await resources.enter_async_context(s3_client(settings))
         monitor.checks["storage"] = storage_check(s3, settings.s3_bucket)
         await keep_trying(
             lambda: ensure_bucket(s3, settings.s3_bucket), what="file store", errors=STORAGE_ERRORS, stop=stop
         )
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=settings.worker_concurrency)
-        _, queue = await broker.declare_topology(channel, settings)
         consumer = Consumer(
-            queue=queue,
+            queue=session.queue,
             pool=pool,
             runner=LeaseRunner(pool=pool, s3=s3, settings=settings),
             settings=settings,
