@@ -54,12 +54,11 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
 
 @dataclass(frozen=True)
 class BrokerSession:
-    """A part's broker resources: its robust ``connection``, one ``channel`` on it, and the work ``exchange``
-    and ``queue`` declared through that channel.
+    """A part's broker resources: its robust ``connection``, and the work ``exchange`` and ``queue`` declared
+    through the one channel it opened on it (the channel lives as long as they do).
     """
 
     connection: AbstractRobustConnection
-    channel: AbstractChannel
     exchange: AbstractExchange
     queue: AbstractQueue
 
@@ -81,7 +80,7 @@ async def open_session(
         with contextlib.suppress(Exception):
             await connection.close()
         raise
-    return BrokerSession(connection, channel, exchange, queue)
+    return BrokerSession(connection, exchange, queue)
 
 
 async def open_session_when_ready(
