@@ -8,8 +8,24 @@ import csv
 import io
 from html.parser import HTMLParser
 
-# Cells a spreadsheet would run, and what the CSV holds for them (README: API reference, Export options).
-FORMULAS = ["=1+1", "+1", "-1", "@SUM(A1)", "\tTab", "\rCR", "'=1+1"]
+# Cells a spreadsheet would run, each of which the CSV holds with a leading ' (README: API reference, Export
+# options): the signs, tab, CR and the guard itself first, then a sign behind a space, a no-break space, a
+# line feed, a zero-width space or a BOM, and the full-width sign that NFKC folds to "=".
+FORMULAS = [
+    "=1+1",
+    "+1",
+    "-1",
+    "@SUM(A1)",
+    "\tTab",
+    "\rCR",
+    "'=1+1",
+    " =1+1",
+    "\u00a0=1+1",
+    "\n=1+1",
+    "\uff1d1+1",
+    "\u200b=1+1",
+    "\ufeff=1+1",
+]
 BODIES = [
     "hello",
     'quote " and , comma',

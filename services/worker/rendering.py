@@ -11,15 +11,11 @@ import html
 import io
 from typing import Protocol
 
+from services.worker.formulas import guarded
 from shared.repository.conversations import ExportRow
 from shared.timefmt import format_timestamp
 
 CSV_COLUMNS = ("conversation_id", "seq", "message_id", "sender_id", "sent_at", "body")
-# What a spreadsheet reads as the start of a formula (OWASP, "CSV injection"); such a cell gets FORMULA_GUARD
-# in front, so that it shows as text (README: API reference, Export options). A cell that starts with the
-# guard itself gets one too, so that removing one leading guard always gives the text back.
-FORMULA_GUARD = "'"
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", FORMULA_GUARD)
 
 
 class Renderer(Protocol):
@@ -52,8 +48,8 @@ class JsonLines:
 
 
 class Csv:
-    """CSV (RFC 4180): a header row, then one row per message, CRLF line ends, UTF-8; text cells that a
-    spreadsheet would run as a formula start with ``FORMULA_GUARD``.
+    """CSV (RFC 4180): a header row, then one row per message, CRLF line ends, UTF-8; every text cell that
+    holds what users chose (ids and body) goes through ``formulas.guarded``, so none runs as a formula.
     """
 
     footer_at_most = 0
@@ -69,12 +65,12 @@ class Csv:
     def message(self, row: ExportRow) -> bytes:
         return self._row(
             (
-                _guarded(self._conversation_id),
+                guarded(self._conversation_id),
                 str(row.seq),
-                _guarded(row.message_id),
-                _guarded(row.sender_id),
+                guarded(row.message_id),
+                guarded(row.sender_id),
                 format_timestamp(row.sent_at) or "",
-                _guarded(row.body),
+                guarded(row.body),
             )
         )
 
@@ -86,10 +82,6 @@ class Csv:
         self._text.truncate()
         self._writer.writerow(cells)
         return self._text.getvalue().encode()
-
-
-def _guarded(cell: str) -> str:
-    return FORMULA_GUARD + cell if cell.startswith(FORMULA_STARTS) else cell
 
 
 _HTML_HEAD = """<!DOCTYPE html>

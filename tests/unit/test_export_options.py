@@ -17,6 +17,7 @@ from services.api.schemas import ExportSubmission
 from services.worker.rendering import Csv, Html, JsonLines
 from shared.fingerprint import fingerprint
 from shared.repository.conversations import ExportRow
+from tests.exported_files import FORMULAS
 
 
 def canonical(body: dict[str, Any]) -> str:
@@ -99,14 +100,22 @@ def row(seq: int, body: str, *, sender: str = "alice", at: str = "2026-11-30T08:
 
 def test_csv_guards_formula_cells_and_quotes_the_rest() -> None:
     rendering = Csv("c-a")
-    bodies = ["=1+1", "+1", "-1", "@x", "\tt", "\rr", "'=x", 'a "b", c', "two\nlines", "plain"]
+    bodies = [*FORMULAS, 'a "b", c', "two\nlines", "plain"]
     text = rendering.header() + b"".join(rendering.message(row(n, body)) for n, body in enumerate(bodies, 1))
     rows = list(csv.reader(io.StringIO(text.decode(), newline="")))
-    guarded = ["'=1+1", "'+1", "'-1", "'@x", "'\tt", "'\rr", "''=x", 'a "b", c', "two\nlines", "plain"]
-    assert [r[5] for r in rows[1:]] == guarded
-    assert [cell[1:] if cell.startswith("'") else cell for cell in guarded] == bodies
+    assert [r[5] for r in rows[1:]] == ["'" + body for body in FORMULAS] + ['a "b", c', "two\nlines", "plain"]
     assert rows[1][:5] == ["c-a", "1", "m1", "alice", "2026-11-30T08:00:00.000Z"]
     assert text.endswith(b"\r\n") and rendering.footer() == b""
+
+
+def test_csv_guards_every_text_cell_a_user_chose_not_only_the_body() -> None:
+    rendering = Csv("-c")
+    text = b"".join(
+        rendering.message(ExportRow(n, message_id, "-bob", datetime(2026, 11, 30, tzinfo=UTC), "x", "{}"))
+        for n, message_id in enumerate(FORMULAS, 1)
+    )
+    rows = list(csv.reader(io.StringIO(text.decode(), newline="")))
+    assert [(r[0], r[2], r[3], r[5]) for r in rows] == [("'-c", "'" + m, "'-bob", "x") for m in FORMULAS]
 
 
 def test_html_escapes_groups_by_day_and_closes_every_day() -> None:

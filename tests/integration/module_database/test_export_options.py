@@ -71,6 +71,16 @@ async def test_csv_gives_back_every_body_and_guards_formula_cells(api: Client, a
     assert content.endswith(b"\r\n")
 
 
+async def test_csv_guards_the_ids_users_chose_as_it_guards_bodies(api: Client, auth: Auth, pipeline: None) -> None:
+    await make_conversation(api, auth, "-c-ids", ["alice", "-bob"])
+    lines = [{"message_id": message_id, "sender_id": "-bob", "body": "x"} for message_id in FORMULAS]
+    await import_lines(api, auth, "-c-ids", lines)
+    operation = await succeeded(api, auth, "alice", "-c-ids", {"format": "csv"}, "k-1")
+    content, _ = await download(api, auth, operation["result"]["url"])
+    rows = csv_rows(content)
+    assert [(row[0], row[2], row[3]) for row in rows[1:]] == [("'-c-ids", "'" + m, "'-bob") for m in FORMULAS]
+
+
 async def test_html_gives_back_every_body_as_text_grouped_by_day(api: Client, auth: Auth, pipeline: None) -> None:
     await make_conversation(api, auth, "c-html", ["alice", "bob"])
     days = ["2026-11-29T23:59:59.000Z", "2026-11-30T00:00:00.000Z"]
