@@ -3,11 +3,11 @@ Postgres like the outbox: due deliveries are claimed with ``SKIP LOCKED``, sent,
 recorded; a failed one is retried with exponential backoff and jitter until ``webhook_retry_seconds`` after
 the event.
 
-Each request goes to an address checked right before it is sent: the host is resolved again, every address
-it resolves to must be public (``shared.webhooks.targets``), and the connection is pinned to the checked
-address, so a name that changed to a private one since the submit (DNS rebinding) reaches nothing. No
-proxy from the environment, no redirect, ``webhook_timeout_seconds`` in all, at most
-``MAX_ANSWER_BYTES`` of the answer read and none stored; the URL's query is never logged.
+Each URL is checked again right before it is sent, with the very rules of the submit
+(``shared.webhooks.targets``): a name is resolved again, every address it resolves to must be public, and
+the connection is pinned to the checked address, so a name that changed to a private one since the submit
+(DNS rebinding) reaches nothing. No proxy from the environment, no redirect, ``webhook_timeout_seconds`` in
+all, at most ``MAX_ANSWER_BYTES`` of the answer read and none stored; the URL's query is never logged.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import logging
 import random
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
@@ -33,13 +34,16 @@ from shared.repository.webhook_deliveries import Delivery
 from shared.representation import represent
 from shared.settings import Settings
 from shared.webhooks.signing import signature_header, user_secret
-from shared.webhooks.targets import IPAddress, RefusedTarget, check_addresses, check_url, literal_address
+from shared.webhooks.targets import IPAddress, RefusedTarget, Target, check_addresses, check_url
 
 log = logging.getLogger(__name__)
 
 BATCH = 16
 MAX_ANSWER_BYTES = 4096
 MAX_RETRY_SECONDS = 3600.0
+
+# (host, port) -> the addresses the name resolves to, as text.
+Resolve = Callable[[str, int], Awaitable[list[str]]]
 
 
 class _Pinned(AbstractResolver):
@@ -63,13 +67,24 @@ class _Pinned(AbstractResolver):
 
 
 class WebhookSender:
-    """Sends due deliveries until ``run`` is stopped; ``send_due`` sends one batch."""
+    """Sends due deliveries until ``run`` is stopped; ``send_due`` sends one batch.
 
-    def __init__(self, *, pool: asyncpg.Pool, settings: Settings) -> None:
+    ``resolve`` names a callback's host (``resolve_host``, the system's resolver, unless a test brings its
+    own).
+    """
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        resolve: Resolve | None = None,
+    ) -> None:
         self._pool = pool
         self._settings = settings
         keys = [settings.webhook_signing_key, settings.webhook_previous_signing_key]
         self._keys = [key.encode() for key in keys if key]
+        self._resolve = resolve or resolve_host
 
     async def run(self, *, stop: asyncio.Event) -> None:
         """Send due deliveries every ``relay_poll_seconds`` until ``stop`` is set. The database's transient
@@ -116,12 +131,33 @@ class WebhookSender:
         return jsontext.dumps(message).encode()
 
     async def _post(self, delivery: Delivery, body: bytes) -> int:
-        allow_private = self._settings.webhook_allow_private
-        target = check_url(delivery.url, allow_private=allow_private)
-        address = literal_address(target.host) or await _resolve(target.host, target.port, allow_private)
+        target = check_url(delivery.url, allow_private=self._settings.webhook_allow_private)
+        connector = await self._connector(target)
+        timeout = aiohttp.ClientTimeout(total=self._settings.webhook_timeout_seconds)
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session,
+            session.post(
+                target.request_url,
+                data=body,
+                headers=self._headers(delivery, body),
+                allow_redirects=False,
+            ) as response,
+        ):
+            await response.content.read(MAX_ANSWER_BYTES)
+            return response.status
+
+    async def _connector(self, target: Target) -> aiohttp.TCPConnector:
+        """A connector pinned to the target's checked address, resolved here for a name."""
+        address = target.address
+        if address is None:
+            addresses = await self._resolve(target.host, target.port)
+            address = check_addresses(addresses, allow_private=self._settings.webhook_allow_private)
+        return aiohttp.TCPConnector(resolver=_Pinned(address), use_dns_cache=False)
+
+    def _headers(self, delivery: Delivery, body: bytes) -> dict[str, str]:
         timestamp = int(time.time())
         secrets = [user_secret(key, delivery.owner_id) for key in self._keys]
-        headers = {
+        return {
             "Content-Type": "application/json",
             "webhook-id": delivery.webhook_id,
             "webhook-timestamp": str(timestamp),
@@ -129,14 +165,6 @@ class WebhookSender:
                 secrets, webhook_id=delivery.webhook_id, timestamp=timestamp, body=body
             ),
         }
-        connector = aiohttp.TCPConnector(resolver=_Pinned(address), use_dns_cache=False)
-        timeout = aiohttp.ClientTimeout(total=self._settings.webhook_timeout_seconds)
-        async with (
-            aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session,
-            session.post(delivery.url, data=body, headers=headers, allow_redirects=False) as response,
-        ):
-            await response.content.read(MAX_ANSWER_BYTES)
-            return response.status
 
     async def _record(
         self, conn: asyncpg.Connection, delivery: Delivery, status_code: int | None, duration_ms: int, error: str | None
@@ -172,11 +200,11 @@ class WebhookSender:
         return None if delivery.age_seconds + delay > self._settings.webhook_retry_seconds else delay
 
 
-async def _resolve(host: str, port: int, allow_private: bool) -> IPAddress:
-    """The first address of ``host``, once all of its addresses passed the check."""
+async def resolve_host(host: str, port: int) -> list[str]:
+    """Every address the system's resolver gives for ``host``; ``RefusedTarget`` when it gives none."""
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror:
         raise RefusedTarget("the host name does not resolve") from None
-    return check_addresses([str(info[4][0]) for info in infos], allow_private=allow_private)
+    return [str(info[4][0]) for info in infos]

@@ -1,25 +1,82 @@
-"""Where a completion callback may be sent: checked when the export is submitted and again, on the
-resolved addresses, right before each delivery, so that a name that later resolves elsewhere (DNS
-rebinding) is refused too (README: API reference, Completion callbacks).
+"""Where a completion callback may be sent: checked when the export is submitted and again right before each
+delivery, on the resolved addresses, so that a name that later resolves elsewhere (DNS rebinding) is refused
+too (README: API reference, Completion callbacks).
 
 Refused unless ``allow_private`` (a setting for development and tests only): any scheme but https, a URL
-with user information, and any host that is or resolves to an address that is not globally routable:
-loopback, private, link-local (cloud metadata included), CGNAT, unique-local, multicast, unspecified and
-``0.0.0.0/8``, IPv4-mapped and IPv4-compatible IPv6 forms of those, in any spelling a resolver accepts
-(``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``[::ffff:127.0.0.1]``).
+with user information, a name of this machine or its network (``localhost``, ``*.local``, ...), and any
+address in one of the networks IANA's special-purpose registries do not call globally reachable, or in the
+multicast and reserved space, whatever its spelling; an IPv6 address that carries an IPv4 one is judged by
+that one too. The table is ours rather than ``ipaddress``'s ``is_global``, whose answers changed between
+Python 3.11 patch releases.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import socket
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlsplit
+
+import idna
 
 # Long enough for any real callback URL, short enough that a submit with it and 100 senders stays far
 # below CHATEXPORT_EXPORT_REQUEST_MAX_BYTES.
 MAX_URL_LENGTH = 900
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_DEFAULT_PORTS = {"https": 443, "http": 80}
+_LOCAL_SUFFIXES = (".localhost", ".local", ".internal", ".localdomain")
+
+_TEREDO = ipaddress.IPv6Network("2001::/32")
+# IANA IPv4 Special-Purpose Address Registry (blocks not globally reachable, whole even where the registry
+# lists one anycast address inside as reachable: no receiver lives there), the deprecated 6to4 relay anycast,
+# multicast and the reserved 240.0.0.0/4 (limited broadcast included).
+_REFUSED_V4 = tuple(
+    ipaddress.IPv4Network(block)
+    for block in (
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.0.2.0/24",
+        "192.88.99.0/24",
+        "192.168.0.0/16",
+        "198.18.0.0/15",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+    )
+)
+# IANA IPv6 Special-Purpose Address Registry likewise, with the IPv4-compatible ::/96 (deprecated, RFC 4291),
+# site-local fec0::/10 (deprecated, RFC 3879) and multicast. Of 2001::/23 only Teredo is left out: it is
+# judged by the two IPv4 addresses it carries. 6to4 (2002::/16) and NAT64's 64:ff9b::/96 are judged so too.
+_REFUSED_V6 = (
+    *(
+        ipaddress.IPv6Network(block)
+        for block in (
+            "::/96",
+            "::ffff:0:0/96",
+            "64:ff9b:1::/48",
+            "100::/64",
+            "100:0:0:1::/64",
+            "2001:db8::/32",
+            "3fff::/20",
+            "5f00::/16",
+            "fc00::/7",
+            "fe80::/10",
+            "fec0::/10",
+            "ff00::/8",
+        )
+    ),
+    *ipaddress.IPv6Network("2001::/23").address_exclude(_TEREDO),
+)
+# Where the low 32 bits are an IPv4 address: IPv4-compatible (RFC 4291), IPv4-mapped (RFC 4291) and NAT64's
+# well-known and local-use prefixes in their /96 form (RFC 6052, RFC 8215).
+_LOW_32_EMBEDDINGS = tuple(
+    ipaddress.IPv6Network(block) for block in ("::/96", "::ffff:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48")
+)
 
 
 class RefusedTarget(ValueError):
@@ -28,35 +85,46 @@ class RefusedTarget(ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    """A checked callback URL: its ``scheme``, ``host`` as written (an IP literal already checked) and
-    ``port``.
+    """A checked callback URL: its ``scheme``; ``host`` normalised by ``normalise_host`` (an ASCII name
+    without its trailing dot, or an address's text); ``address`` when the host is an address (already
+    checked); ``port``; and ``request_url``, the URL with that host, which is what a delivery asks for.
     """
 
     url: str
     scheme: str
     host: str
+    address: IPAddress | None
     port: int
+    request_url: str
 
 
 def check_url(url: str, *, allow_private: bool) -> Target:
-    """The callback target of ``url``; raises ``RefusedTarget``. A host name is checked for what it names
-    literally here; its addresses are checked by ``check_addresses`` at each delivery.
+    """The callback target of ``url``, its host read by ``normalise_host``: the one check of the submit and
+    of each delivery. Raises ``RefusedTarget``. A name is checked for what it names literally here; its
+    addresses are checked by ``check_addresses`` at each delivery.
     """
     if len(url) > MAX_URL_LENGTH:
         raise RefusedTarget(f"longer than {MAX_URL_LENGTH} characters")
     try:
         parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = _DEFAULT_PORTS.get(parts.scheme, 0) if parts.port is None else parts.port
     except ValueError:
         raise RefusedTarget("not a URL") from None
     _check_form(parts, allow_private=allow_private)
-    host = parts.hostname or ""
-    address = literal_address(host)
-    if address is not None:
-        check_address(address, allow_private=allow_private)
-    elif not allow_private and _names_this_machine(host):
-        raise RefusedTarget("the host names this machine or a local network")
-    return Target(url=url, scheme=parts.scheme, host=host, port=port)
+    host = normalise_host(parts.hostname or "", bracketed=parts.netloc.startswith("["))
+    if isinstance(host, str):
+        if not allow_private and _names_this_machine(host):
+            raise RefusedTarget("the host names this machine or a local network")
+    else:
+        check_address(host, allow_private=allow_private)
+    address = None if isinstance(host, str) else host
+    request_url = _with_host(parts, str(host))
+    return Target(url=url, scheme=parts.scheme, host=str(host), address=address, port=port, request_url=request_url)
+
+
+def _with_host(parts: SplitResult, host: str) -> str:
+    authority = f"[{host}]" if ":" in host else host
+    return parts._replace(netloc=authority if parts.port is None else f"{authority}:{parts.port}").geturl()
 
 
 def _check_form(parts: SplitResult, *, allow_private: bool) -> None:
@@ -68,44 +136,95 @@ def _check_form(parts: SplitResult, *, allow_private: bool) -> None:
         raise RefusedTarget("the URL has no host")
 
 
-def _names_this_machine(host: str) -> bool:
-    name = host.rstrip(".").lower()
-    return name == "localhost" or name.endswith((".localhost", ".local", ".internal", ".localdomain"))
+def normalise_host(host: str, *, bracketed: bool) -> str | IPAddress:
+    """What a resolver makes of a URL's ``host`` (lower-cased, brackets removed; ``bracketed`` when the URL
+    wrote it in brackets): an address, or an ASCII name without its trailing dot. Raises ``RefusedTarget``.
 
-
-def literal_address(host: str) -> IPAddress | None:
-    """The address ``host`` spells, in any form a resolver accepts (dotted, integer, octal, hex, short
-    IPv4, IPv6 without brackets), or None for a name. A zone index (``fe80::1%eth0``) is an address too.
+    In order (README: API reference, Completion callbacks): percent-escapes are refused; a bracketed host is
+    an IPv6 address; any other is mapped by IDNA/UTS 46 (``127。0。0。1`` is ``127.0.0.1``), refused if that
+    fails; one trailing dot is removed (two are refused); a host whose last label is a number is an IPv4
+    address in any spelling (``parse_ipv4``), else it is a name.
     """
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        pass
-    if host and all(character in "0123456789abcdefxABCDEFX." for character in host):
+    if "%" in host:
+        raise RefusedTarget("the host holds percent-escapes")
+    if bracketed:
         try:
-            return ipaddress.IPv4Address(socket.inet_aton(host))
-        except OSError:
-            return None
-    return None
+            return ipaddress.IPv6Address(host)
+        except ValueError:
+            raise RefusedTarget("the host is not an IPv6 address") from None
+    try:
+        mapped = idna.uts46_remap(host, std3_rules=False, transitional=False)
+        if mapped.endswith(".."):
+            raise RefusedTarget("the host ends with more than one dot")
+        name = idna.encode(mapped.removesuffix("."), strict=True).decode("ascii")
+    except UnicodeError:  # idna.IDNAError and its kinds
+        raise RefusedTarget("the host is not a valid domain name (IDNA)") from None
+    return parse_ipv4(name) or name
+
+
+def parse_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address ``host`` spells when its last label is a number, in the forms resolvers and
+    browsers accept (dotted, integer, octal, hex, short: ``2130706433``, ``0x7f.1``, ``0177.0.0.1``); None
+    when it ends in a name. A host that ends in a number but is no valid address is refused
+    (``RefusedTarget``). The rules of the WHATWG URL Standard's IPv4 parser, so that no C library's
+    ``inet_aton`` decides.
+    """
+    labels = host.split(".")
+    if not (labels[-1].isascii() and labels[-1].isdigit()) and _ipv4_number(labels[-1]) is None:
+        return None
+    numbers = [_ipv4_number(label) for label in labels]
+    if len(numbers) > 4 or any(number is None for number in numbers):
+        raise RefusedTarget("the host ends in a number but is not an IPv4 address")
+    *head, last = [number for number in numbers if number is not None]
+    if any(number > 255 for number in head) or last >= 256 ** (4 - len(head)):
+        raise RefusedTarget("the host ends in a number but is not an IPv4 address")
+    return ipaddress.IPv4Address(sum(number << 8 * (3 - index) for index, number in enumerate(head)) + last)
+
+
+def _ipv4_number(label: str) -> int | None:
+    # 0x... is hex, a leading 0 octal, else decimal; an empty number after the prefix is 0.
+    digits, base = (label[2:], 16) if label[:2].lower() == "0x" else (label[1:], 8) if label[:1] == "0" else (label, 10)
+    allowed = "0123456789abcdef"[:base]
+    if not label or any(character not in allowed for character in digits.lower()):
+        return None
+    return int(digits, base) if digits else 0
+
+
+def _names_this_machine(name: str) -> bool:
+    return name == "localhost" or name.endswith(_LOCAL_SUFFIXES)
 
 
 def check_address(address: IPAddress, *, allow_private: bool) -> None:
-    """Raise ``RefusedTarget`` unless ``address`` is globally routable (or ``allow_private``)."""
+    """Raise ``RefusedTarget`` when ``address``, or an IPv4 address it carries (``embedded_ipv4``), is in a
+    refused network (this module's tables, from IANA's special-purpose registries); nothing when
+    ``allow_private``.
+    """
     if allow_private:
         return
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or _ipv4_compatible(address)
-        if embedded is not None:
-            check_address(embedded, allow_private=False)
-    if not address.is_global or address.is_multicast:
+    if _refused(address):
         raise RefusedTarget("the address is not a public internet address")
+    if any(_refused(embedded) for embedded in embedded_ipv4(address)):
+        raise RefusedTarget("the address carries an IPv4 address that is not a public internet address")
 
 
-def _ipv4_compatible(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    # ::a.b.c.d, deprecated but still understood by some stacks.
-    if int(address) >> 32 == 0 and int(address) > 1:
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    return None
+def _refused(address: IPAddress) -> bool:
+    networks = _REFUSED_V4 if isinstance(address, ipaddress.IPv4Address) else _REFUSED_V6
+    return any(address in network for network in networks)
+
+
+def embedded_ipv4(address: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:
+    """The IPv4 addresses an IPv6 ``address`` carries: Teredo's server and client (RFC 4380), 6to4's
+    (RFC 3056), and the low 32 bits of the IPv4-mapped, IPv4-compatible and NAT64 forms; none otherwise.
+    """
+    if isinstance(address, ipaddress.IPv4Address):
+        return ()
+    if address.teredo is not None:
+        return address.teredo
+    if address.sixtofour is not None:
+        return (address.sixtofour,)
+    if any(address in network for network in _LOW_32_EMBEDDINGS):
+        return (ipaddress.IPv4Address(int(address) & 0xFFFFFFFF),)
+    return ()
 
 
 def check_addresses(addresses: list[str], *, allow_private: bool) -> IPAddress:

@@ -130,15 +130,78 @@ async def test_each_user_reads_a_secret_of_their_own(api: Client, auth: Auth) ->
     await expect_problem(await api.get("/v3/webhooks/secret"), 401, "UNAUTHENTICATED")
 
 
+async def ended_with_callback(pool: asyncpg.Pool, operation_id: str, url: str) -> None:
+    """An operation that failed with ``url`` to notify: the trigger writes its delivery, due at once. The URL
+    never met the submit's check, as a row written before a rule changed would not have.
+    """
+    await insert_operation(pool, operation_id, "RUNNING", notify_url=url)
+    await pool.execute("UPDATE operations SET state = 'FAILED' WHERE operation_id = $1", operation_id)
+
+
+async def attempt_errors(pool: asyncpg.Pool) -> dict[str, str]:
+    """Each delivery's URL -> the error its attempt recorded."""
+    rows = await pool.fetch(
+        "SELECT d.url, a.error FROM webhook_attempts a JOIN webhook_deliveries d USING (delivery_id)"
+    )
+    return {row["url"]: row["error"] for row in rows}
+
+
 async def test_a_batch_of_due_callbacks_is_sent_together(
     auth: Auth, pool: asyncpg.Pool, receiver: Receiver, settings: Settings
 ) -> None:
     for operation_id in ("op_hook_1", "op_hook_2"):
-        await insert_operation(pool, operation_id, "RUNNING", notify_url=receiver.url)
-        await pool.execute("UPDATE operations SET state = 'FAILED' WHERE operation_id = $1", operation_id)
+        await ended_with_callback(pool, operation_id, receiver.url)
 
     assert await WebhookSender(pool=pool, settings=settings).send_due() == 2
 
     types = sorted(json.loads(body)["type"] for _, body in receiver.received)
     assert types == ["export.failed", "export.failed"]
     assert await pool.fetchval("SELECT count(*) FROM webhook_deliveries WHERE delivered_at IS NOT NULL") == 2
+
+
+# Internal addresses spelt as the submit once let them through; the relay must refuse each before connecting.
+INTERNAL_URLS = [
+    "https://169.254.169.254./latest",
+    "https://127.0.0.1./hook",
+    "https://127。0。0。1/hook",
+    "https://localhost。/hook",
+    "https://[64:ff9b::7f00:1]/hook",
+    "https://[64:ff9b::a9fe:a9fe]/latest",
+    "https://[2002:7f00:1::]/hook",
+    "https://[2001:0:808:808::80ff:fffe]/hook",
+]
+# Names, and what an injected resolver answers for them: each hides an internal address in an IPv6 form.
+RESOLVED = {
+    "nat64.hooks.test": ["64:ff9b::7f00:1"],
+    "metadata.hooks.test": ["93.184.216.34", "64:ff9b::a9fe:a9fe"],
+    "sixtofour.hooks.test": ["2002:7f00:1::"],
+    "teredo.hooks.test": ["2001:0:808:808::80ff:fffe"],
+    "xn--bcher-kva.hooks.test": ["::ffff:127.0.0.1"],
+}
+NAMED_URLS = [
+    "https://NAT64.hooks.test./hook",
+    "https://metadata.hooks.test/latest",
+    "https://sixtofour.hooks.test/hook",
+    "https://teredo.hooks.test/hook",
+    "https://Bücher.hooks.test./hook",
+]
+
+
+async def test_the_relay_refuses_an_internal_address_in_any_spelling(pool: asyncpg.Pool, settings: Settings) -> None:
+    asked: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return RESOLVED[host]
+
+    urls = INTERNAL_URLS + NAMED_URLS
+    for number, url in enumerate(urls):
+        await ended_with_callback(pool, f"op_internal_{number}", url)
+    strict = settings.model_copy(update={"webhook_allow_private": False})
+
+    assert await WebhookSender(pool=pool, settings=strict, resolve=resolve).send_due() == len(urls)
+
+    errors = await attempt_errors(pool)
+    assert {url: errors[url].split(":")[0] for url in urls} == dict.fromkeys(urls, "refused")
+    # Only names were looked up, each as a resolver reads it (IDNA, no trailing dot).
+    assert sorted(asked) == sorted(RESOLVED)

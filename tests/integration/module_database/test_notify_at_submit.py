@@ -26,6 +26,15 @@ NOTHING = dict.fromkeys(("operations", "idempotency_keys", "outbox"), 0)
         "https://169.254.169.254/latest?token=topsecret",
         "https://user:topsecret@example.com/hook",
         "https://localhost/hook?token=topsecret",
+        # Internal addresses in other spellings: a trailing dot, IDNA's full stops, NAT64, 6to4, Teredo.
+        "https://169.254.169.254./latest?token=topsecret",
+        "https://127.0.0.1./hook?token=topsecret",
+        "https://127。0。0。1/hook?token=topsecret",
+        "https://localhost。/hook?token=topsecret",
+        "https://[64:ff9b::7f00:1]/hook?token=topsecret",
+        "https://[64:ff9b::a9fe:a9fe]/latest?token=topsecret",
+        "https://[2002:7f00:1::]/hook?token=topsecret",
+        "https://[2001:0:808:808::80ff:fffe]/hook?token=topsecret",
     ],
 )
 async def test_a_url_that_may_not_receive_callbacks_is_refused(
