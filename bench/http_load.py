@@ -18,7 +18,6 @@ import contextlib
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -131,14 +130,8 @@ async def prepare(system: LocalSystem) -> list[tuple[str, str, str]]:
 @contextlib.contextmanager
 def paused_background(system: LocalSystem) -> Iterator[None]:
     """SIGSTOP every part but the api for the block."""
-    names = [name for name in system.group.pids() if not name.startswith("api")]
-    for name in names:
-        system.group.send(name, signal.SIGSTOP)
-    try:
+    with system.group.paused([name for name in system.group.pids() if not name.startswith("api")]):
         yield
-    finally:
-        for name in names:
-            system.group.send(name, signal.SIGCONT)
 
 
 @contextlib.contextmanager

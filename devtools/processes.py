@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -141,6 +141,19 @@ class ProcessGroup:
     def send(self, name: str, sig: int) -> None:
         """Deliver ``sig`` to part ``name`` without waiting."""
         self._parts[name].signal(sig)
+
+    @contextlib.contextmanager
+    def paused(self, names: Sequence[str]) -> Iterator[None]:
+        """Every part in ``names`` stopped (SIGSTOP) for the block, and continued (SIGCONT) after it, whatever
+        the block raised.
+        """
+        for name in names:
+            self.send(name, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for name in names:
+                self.send(name, signal.SIGCONT)
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         """Send ``sig``, wait up to ``timeout`` seconds, then SIGKILL; return the exit code."""
