@@ -88,7 +88,11 @@ def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     sub.add_argument("--no-import", action="store_true", help="skip loading the demo corpus")
     sub.add_argument(
-        "--ready-timeout", type=_positive_seconds, default=60.0, metavar="SECONDS", help="wait for /readyz (default 60)"
+        "--ready-timeout",
+        type=client.positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="wait for /readyz (default 60)",
     )
     sub.set_defaults(handler=_cmd_dev)
 
@@ -111,19 +115,9 @@ def _add_health(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "(default: 127.0.0.1, CHATEXPORT_METRICS_PORT)",
     )
     sub.add_argument(
-        "--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS", help="give up after (default 5)"
+        "--timeout", type=client.positive_seconds, default=5.0, metavar="SECONDS", help="give up after (default 5)"
     )
     sub.set_defaults(handler=_cmd_health)
-
-
-def _positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError("must be a positive number of seconds")
-    return seconds
 
 
 def _http_url(value: str) -> str:

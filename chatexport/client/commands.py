@@ -28,7 +28,7 @@ from rich.console import Console
 from chatexport.client.api import Api, ApiError
 from chatexport.client.download import EXTENSIONS, NotVerified, download_result, extension_of
 from chatexport.client.exporting import Outcome, export, export_incrementally
-from chatexport.client.progress import Progress, human_bytes
+from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, Progress, human_bytes
 from chatexport.client.statefiles import UnusableStateFile
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
@@ -107,6 +107,14 @@ def _add_export(commands: Subparsers) -> None:
         action="store_true",
         help="append what is new since the last --incremental run to the output (jsonl, one file)",
     )
+    sub.add_argument(
+        "--progress-interval",
+        type=positive_seconds,
+        default=DEFAULT_INTERVAL_SECONDS,
+        metavar="SECONDS",
+        help="when stderr is not a terminal, a progress line at least this often (default %(default)g)",
+    )
+    sub.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr, only the result and errors")
     sub.set_defaults(handler=_cmd_export)
 
 
@@ -127,6 +135,17 @@ def _api_url(value: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"not an http(s) URL: {value!r}")
     return value
+
+
+def positive_seconds(value: str) -> float:
+    """``value`` as a positive, finite number of seconds, for argparse; raises ``ArgumentTypeError``."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return seconds
 
 
 def _operation_id(value: str) -> str:
@@ -183,11 +202,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     request = export_request(args)
     output: Path = args.output or Path(args.conversation_id + extension_of(request))
     exporting = export_incrementally if args.incremental else export
-    console = Console(stderr=True)
+    progress = Progress(Console(stderr=True), interval=args.progress_interval, quiet=args.quiet)
 
     async def run(api: Api) -> int:
         outcome = await exporting(
-            api, conversation_id=args.conversation_id, request=request, output=output, progress=Progress(console)
+            api, conversation_id=args.conversation_id, request=request, output=output, progress=progress
         )
         return _report(outcome, appended=args.incremental)
 

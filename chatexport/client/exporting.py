@@ -106,7 +106,7 @@ async def _until_ended(
         # Refused: no export started under this key (or its replay window is over), so nothing is resumable.
         state_path(output).unlink(missing_ok=True)
         raise
-    with progress:
+    async with progress:
         operation = await until_terminal(api, submitted.operation, progress.observe)
     if operation["state"] != "SUCCEEDED":
         state_path(output).unlink(missing_ok=True)

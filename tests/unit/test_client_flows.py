@@ -26,7 +26,7 @@ from chatexport.client import incremental
 from chatexport.client.api import Api, ApiError
 from chatexport.client.exporting import Outcome, export, export_incrementally, state_path
 from chatexport.client.incremental import history_path
-from chatexport.client.progress import Progress
+from chatexport.client.progress import Clock, LiveLine, Progress
 
 CID = "c1"
 
@@ -291,6 +291,10 @@ async def test_a_crash_just_after_the_watermark_save_leaves_nothing_in_the_next_
     assert [body["after_seq"] for body in fake.submits] == [0, 3]
 
 
+def live_line(operation: dict[str, Any]) -> str:
+    return LiveLine(Console(file=io.StringIO()), Clock()).line(operation)
+
+
 def test_the_progress_line_shows_the_share_of_the_estimate_when_there_is_one() -> None:
     operation: dict[str, Any] = {
         "operation_id": "op_1",
@@ -298,12 +302,12 @@ def test_the_progress_line_shows_the_share_of_the_estimate_when_there_is_one() -
         "progress": {"phase": "writing", "messages_written": 250, "bytes_written": 2048},
         "estimate": {"messages_at_most": 1000},
     }
-    assert "250 of at most 1,000 messages (25%)" in quiet().line(operation)
+    assert "250 of at most 1,000 messages (25%)" in live_line(operation)
     operation["progress"]["messages_written"] = 1200  # an upper bound: never more than 100 %
-    assert "(100%)" in quiet().line(operation)
+    assert "(100%)" in live_line(operation)
     operation["estimate"]["messages_at_most"] = 0
-    assert "1,200 of at most 0 messages (100%)" in quiet().line(operation)
+    assert "1,200 of at most 0 messages (100%)" in live_line(operation)
     operation["estimate"]["messages_at_most"] = None
-    assert "1,200 messages, 2.0 KiB" in quiet().line(operation)
+    assert "1,200 messages, 2.0 KiB" in live_line(operation)
     del operation["estimate"]  # an API from before the estimate
-    assert "1,200 messages, 2.0 KiB" in quiet().line(operation)
+    assert "1,200 messages, 2.0 KiB" in live_line(operation)

@@ -93,6 +93,11 @@ def test_the_default_output_name_follows_the_format(options: tuple[str, ...], na
         ("--format", "xml"),
         ("--max-part-bytes", "5242879"),
         ("--max-part-bytes", "5MiB"),
+        ("--progress-interval", "0"),
+        ("--progress-interval", "-1"),
+        ("--progress-interval", "inf"),
+        ("--progress-interval", "nan"),
+        ("--progress-interval", "soon"),
     ],
 )
 def test_a_bad_option_is_a_usage_error(options: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,6 +127,13 @@ def test_options_that_do_not_go_together_are_a_usage_error_before_any_request(
     args.token = None
     assert args.handler(args) == commands.EXIT_USAGE
     assert said in capsys.readouterr().err
+
+
+def test_progress_lines_come_every_ten_seconds_unless_told_otherwise() -> None:
+    assert (parse("export", "c1").progress_interval, parse("export", "c1").quiet) == (10.0, False)
+    told = parse("export", "c1", "--progress-interval", "0.5", "--quiet")
+    assert (told.progress_interval, told.quiet) == (0.5, True)
+    assert parse("export", "c1", "-q").quiet
 
 
 def test_a_hundred_senders_and_repeats_are_allowed() -> None:
