@@ -7,8 +7,9 @@ needs. Build it once in ``main()`` and pass it down: nothing imports a global in
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"
@@ -91,6 +92,8 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(5.0, gt=0)
     webhook_retry_seconds: float = Field(24 * 3600.0, gt=0)
     webhook_first_retry_seconds: float = Field(5.0, gt=0)
+    # An egress proxy every callback goes through, http://[user:password@]host:port; secret for its password.
+    webhook_proxy_url: SecretStr | None = None
 
     lease_seconds: float = Field(30.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)
@@ -127,6 +130,8 @@ class Settings(BaseSettings):
             raise ValueError("CHATEXPORT_WEBHOOK_SIGNING_KEY is the development placeholder; set a real key")
         if self.environment != "development" and self.webhook_allow_private:
             raise ValueError("CHATEXPORT_WEBHOOK_ALLOW_PRIVATE is for development and tests only")
+        if self.webhook_proxy_url is not None and not _is_http_proxy(self.webhook_proxy_url.get_secret_value()):
+            raise ValueError("CHATEXPORT_WEBHOOK_PROXY_URL must be http://[user:password@]host[:port]")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError("CHATEXPORT_HEARTBEAT_SECONDS must be shorter than CHATEXPORT_LEASE_SECONDS")
         if self.result_ttl_seconds > self.operation_retention_seconds:
@@ -134,6 +139,15 @@ class Settings(BaseSettings):
         if self.idempotency_replay_window_seconds > self.operation_retention_seconds:
             raise ValueError("the idempotency replay window must not exceed the operation retention")
         return self
+
+
+def _is_http_proxy(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:
+        return False
+    return parts.scheme == "http" and bool(parts.hostname) and parts.path in ("", "/")
 
 
 def local_url(host: str, port: int) -> str:

@@ -4,10 +4,13 @@ recorded; a failed one is retried with exponential backoff and jitter until ``we
 the event.
 
 Each URL is checked again right before it is sent, with the very rules of the submit
-(``shared.webhooks.targets``): a name is resolved again, every address it resolves to must be public, and
-the connection is pinned to the checked address, so a name that changed to a private one since the submit
-(DNS rebinding) reaches nothing. No proxy from the environment, no redirect, ``webhook_timeout_seconds`` in
-all, at most ``MAX_ANSWER_BYTES`` of the answer read and none stored; the URL's query is never logged.
+(``shared.webhooks.targets``). Without a proxy, a name is resolved again, every address it resolves to must
+be public, and the connection is pinned to the checked address, so a name that changed to a private one
+since the submit (DNS rebinding) reaches nothing. With ``webhook_proxy_url``, every callback goes through
+that proxy, which is asked for the name (``CONNECT host:port``) and whose rules decide; its credentials go
+in a header, never into a URL an error could quote. No proxy from the environment, no redirect,
+``webhook_timeout_seconds`` in all, at most ``MAX_ANSWER_BYTES`` of the answer read and none stored; the
+URL's query is never logged.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import logging
 import random
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -25,6 +29,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import asyncpg
 from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
 
 from services.relay import metrics
 from shared import jsontext
@@ -70,7 +75,8 @@ class WebhookSender:
     """Sends due deliveries until ``run`` is stopped; ``send_due`` sends one batch.
 
     ``resolve`` names a callback's host (``resolve_host``, the system's resolver, unless a test brings its
-    own).
+    own); ``ssl_context`` holds the certificate authorities receivers are checked against (the system's
+    unless given).
     """
 
     def __init__(
@@ -79,12 +85,16 @@ class WebhookSender:
         pool: asyncpg.Pool,
         settings: Settings,
         resolve: Resolve | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._pool = pool
         self._settings = settings
         keys = [settings.webhook_signing_key, settings.webhook_previous_signing_key]
         self._keys = [key.encode() for key in keys if key]
         self._resolve = resolve or resolve_host
+        self._ssl: ssl.SSLContext | bool = ssl_context or True
+        proxy = settings.webhook_proxy_url
+        self._proxy, self._proxy_headers = _proxy_parts(None if proxy is None else proxy.get_secret_value())
 
     async def run(self, *, stop: asyncio.Event) -> None:
         """Send due deliveries every ``relay_poll_seconds`` until ``stop`` is set. The database's transient
@@ -120,6 +130,8 @@ class WebhookSender:
             error = None if 200 <= status_code < 300 else f"HTTP {status_code}"
         except RefusedTarget as refusal:
             status_code, error = None, f"refused: {refusal}"
+        except aiohttp.ClientHttpProxyError as refusal:
+            status_code, error = None, f"the proxy answered {refusal.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             status_code, error = None, type(exc).__name__
         return status_code, int((time.monotonic() - started) * 1000), error
@@ -141,13 +153,20 @@ class WebhookSender:
                 data=body,
                 headers=self._headers(delivery, body),
                 allow_redirects=False,
+                ssl=self._ssl,
+                proxy=self._proxy,
+                proxy_headers=self._proxy_headers,
             ) as response,
         ):
             await response.content.read(MAX_ANSWER_BYTES)
             return response.status
 
     async def _connector(self, target: Target) -> aiohttp.TCPConnector:
-        """A connector pinned to the target's checked address, resolved here for a name."""
+        """Through the proxy, a connector that resolves only the proxy's own name; else one pinned to the
+        target's checked address, resolved here for a name.
+        """
+        if self._proxy is not None:
+            return aiohttp.TCPConnector(use_dns_cache=False)
         address = target.address
         if address is None:
             addresses = await self._resolve(target.host, target.port)
@@ -208,3 +227,15 @@ async def resolve_host(host: str, port: int) -> list[str]:
     except socket.gaierror:
         raise RefusedTarget("the host name does not resolve") from None
     return [str(info[4][0]) for info in infos]
+
+
+def _proxy_parts(url: str | None) -> tuple[URL | None, dict[str, str] | None]:
+    """The proxy's URL without its credentials, and the ``Proxy-Authorization`` header they make: kept apart,
+    no error that names the proxy's URL can carry the password.
+    """
+    if url is None:
+        return None, None
+    proxy = URL(url)
+    if proxy.user is None:
+        return proxy, None
+    return proxy.with_user(None), {"Proxy-Authorization": aiohttp.encode_basic_auth(proxy.user, proxy.password or "")}

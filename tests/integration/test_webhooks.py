@@ -1,28 +1,33 @@
 """Completion callbacks end to end on the real API, relay, worker and janitor (README: API reference,
 Completion callbacks): a signed message at a local receiver when the export ends, delivered again after
-the receiver was down, every attempt shown to operators; the URL rules at submit; each user's secret.
-Private addresses are allowed here by the setting meant for tests, so that the receiver can be local.
+the receiver was down, every attempt shown to operators; the URL rules at delivery, whatever the spelling;
+the egress proxy that decides instead of the relay, whose password no log line shows; each user's secret.
+Private addresses are allowed here by the setting meant for tests, so that the receiver can be local,
+except in the tests of the address rules.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-from aiohttp import web
+from pydantic import SecretStr
 
 from devtools.broker import delete_broker_objects
 from devtools.moto import MotoServer
 from services.relay.webhooks import WebhookSender
+from shared.logs import JsonFormatter
 from shared.settings import Settings
 from tests.conftest import make_settings, wait_for
 from tests.helpers import expect_problem, import_lines, make_conversation, submit, verified_callback
 from tests.integration.messages_support import Auth, Client
 from tests.integration.rows import insert_operation
+from tests.integration.webhook_peers import ConnectProxy, Receiver, certificate_for, listening
 
 pytestmark = pytest.mark.integration
 
@@ -35,32 +40,12 @@ async def settings(database_url: str, moto: MotoServer) -> AsyncIterator[Setting
     await delete_broker_objects(test_settings)
 
 
-@dataclass
-class Receiver:
-    """A local callback receiver: what it got, and the status it answers with."""
-
-    url: str = ""
-    status: int = 200
-    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
-
-
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     state = Receiver()
-
-    async def hook(request: web.Request) -> web.Response:
-        state.received.append((dict(request.headers), await request.read()))
-        return web.Response(status=state.status)
-
-    app = web.Application()
-    app.router.add_post("/hook", hook)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}/hook?token=receiver-secret"
-    yield state
-    await runner.cleanup()
+    async with listening(state) as port:
+        state.url = f"http://127.0.0.1:{port}/hook?token=receiver-secret"
+        yield state
 
 
 async def exported_with_callback(api: Client, auth: Auth, url: str, key: str) -> str:
@@ -205,3 +190,65 @@ async def test_the_relay_refuses_an_internal_address_in_any_spelling(pool: async
     assert {url: errors[url].split(":")[0] for url in urls} == dict.fromkeys(urls, "refused")
     # Only names were looked up, each as a resolver reads it (IDNA, no trailing dot).
     assert sorted(asked) == sorted(RESOLVED)
+
+
+async def unresolvable(host: str, port: int) -> list[str]:
+    """A resolver for senders that must resolve nothing: the proxy resolves."""
+    raise AssertionError(f"the relay resolved {host} itself")
+
+
+async def test_through_the_proxy_the_relay_asks_for_the_name_and_the_proxy_decides(
+    pool: asyncpg.Pool, settings: Settings, tmp_path: Path
+) -> None:
+    server_tls, client_tls = certificate_for("hooks.example.test", tmp_path)
+    receiver = Receiver()
+    async with listening(receiver, ssl_context=server_tls) as port:
+        routes = {"hooks.example.test": port}
+        async with ConnectProxy(routes, user="relay", password="pr0xy-s3cret") as proxy:
+            allowed, blocked, internal = (
+                "https://Hooks.Example.Test.:8443/hook?token=receiver-secret",
+                "https://blocked.example.test/hook",
+                "https://[64:ff9b::7f00:1]/hook",
+            )
+            for number, url in enumerate((allowed, blocked, internal)):
+                await ended_with_callback(pool, f"op_proxied_{number}", url)
+            proxied = settings.model_copy(
+                update={"webhook_allow_private": False, "webhook_proxy_url": SecretStr(proxy.url)}
+            )
+            sender = WebhookSender(pool=pool, settings=proxied, resolve=unresolvable, ssl_context=client_tls)
+
+            assert await sender.send_due() == 3
+
+    errors = await attempt_errors(pool)
+    assert (errors[allowed], errors[blocked]) == (None, "the proxy answered 403")
+    assert errors[internal].startswith("refused: ")  # the submit's rules still hold, before the proxy is asked
+    [(headers, body)] = receiver.received
+    assert json.loads(body)["type"] == "export.failed" and headers["Host"] == "hooks.example.test:8443"
+    # The proxy was asked for the names as normalised, with the credentials of its URL.
+    assert sorted(proxy.requests) == [
+        ("CONNECT blocked.example.test:443 HTTP/1.1", "Basic cmVsYXk6cHIweHktczNjcmV0"),
+        ("CONNECT hooks.example.test:8443 HTTP/1.1", "Basic cmVsYXk6cHIweHktczNjcmV0"),
+    ]
+
+
+async def test_no_log_line_and_no_attempt_shows_the_proxy_password(
+    pool: asyncpg.Pool, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    await ended_with_callback(pool, "op_proxy_password", "https://hooks.example.test/hook")
+
+    async def send_through(proxy_url: str) -> None:
+        proxied = settings.model_copy(update={"webhook_proxy_url": SecretStr(proxy_url)})
+        assert "pr0xy-s3cret" not in repr(proxied)
+        with caplog.at_level(logging.DEBUG):
+            assert await WebhookSender(pool=pool, settings=proxied, resolve=unresolvable).send_due() == 1
+        await pool.execute("UPDATE webhook_deliveries SET next_attempt_at = now()")
+
+    async with ConnectProxy({}, user="relay", password="right-one") as proxy:
+        await send_through(proxy.url.replace("right-one", "pr0xy-s3cret"))  # refused: 407
+    await send_through(proxy.url.replace("right-one", "pr0xy-s3cret"))  # the proxy is gone
+
+    errors = [row["error"] for row in await pool.fetch("SELECT error FROM webhook_attempts ORDER BY attempt")]
+    assert errors == ["the proxy answered 407", "ClientProxyConnectionError"]
+    lines = [JsonFormatter("relay").format(record) for record in caplog.records]
+    assert len([line for line in lines if "webhook attempt" in line]) == 2
+    assert not [line for line in lines if "pr0xy-s3cret" in line]

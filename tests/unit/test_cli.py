@@ -78,6 +78,20 @@ def test_invalid_settings_are_reported_not_raised(
     assert "invalid settings" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "proxy_url",
+    ["http://relay:pr0xy-s3cret@proxy.internal:3128", "socks5://relay:pr0xy-s3cret@proxy.internal:1080"],
+)
+def test_a_settings_error_never_shows_the_proxy_password(
+    proxy_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHATEXPORT_ENVIRONMENT", "production")  # with the placeholder secret: refused
+    monkeypatch.setenv("CHATEXPORT_WEBHOOK_PROXY_URL", proxy_url)
+    assert cli.main(["token", "--sub", "alice"]) == 2
+    error = capsys.readouterr().err
+    assert "invalid settings" in error and "pr0xy-s3cret" not in error
+
+
 @pytest.mark.parametrize("part", ["api", "relay", "worker", "janitor"])
 def test_part_subcommands_call_the_parts_main_with_settings(part: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Settings] = []

@@ -1,0 +1,148 @@
+"""What a completion callback meets on its way, for the tests of the relay's sender: a receiver (plain or
+over TLS with a certificate made here), and a small CONNECT proxy whose rules are a table of names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import encode_basic_auth, web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+@dataclass
+class Receiver:
+    """A local callback receiver: what it got, and the status it answers with."""
+
+    url: str = ""
+    status: int = 200
+    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def listening(receiver: Receiver, *, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[int]:
+    """Serve ``receiver`` at ``/hook`` on a free port of 127.0.0.1 (over TLS with ``ssl_context``) for the
+    block; yield the port.
+    """
+
+    async def hook(request: web.Request) -> web.Response:
+        receiver.received.append((dict(request.headers), await request.read()))
+        return web.Response(status=receiver.status)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+def certificate_for(name: str, folder: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context holding a new self-signed certificate for ``name`` (files written to ``folder``),
+    and a client context that trusts that certificate alone.
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = dt.datetime.now(dt.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    pem = certificate.public_bytes(serialization.Encoding.PEM)
+    (folder / "cert.pem").write_bytes(pem)
+    (folder / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(folder / "cert.pem", folder / "key.pem")
+    return server, ssl.create_default_context(cadata=pem.decode())
+
+
+class ConnectProxy:
+    """A CONNECT proxy (RFC 9110, section 9.3.6) on 127.0.0.1: it wants Basic credentials ``user`` and
+    ``password`` (else 407), tunnels a host named in ``routes`` to that local port whatever port was asked
+    for, and refuses anything else with 403. ``requests`` holds each request's line and its
+    Proxy-Authorization header.
+    """
+
+    def __init__(self, routes: dict[str, int], *, user: str, password: str) -> None:
+        self.routes = routes
+        self.user, self.password = user, password
+        self.requests: list[tuple[str, str | None]] = []
+        self._handlers: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        """The proxy's URL, credentials included."""
+        return f"http://{self.user}:{self.password}@127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> ConnectProxy:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self._server.close()
+        for handler in self._handlers:
+            handler.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            headers = {
+                name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in head[1:])
+            }
+            self.requests.append((head[0], headers.get("proxy-authorization")))
+            method, authority, _ = head[0].split(" ")
+            if headers.get("proxy-authorization") != encode_basic_auth(self.user, self.password):
+                writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+            elif method != "CONNECT" or authority.rpartition(":")[0] not in self.routes:
+                writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            else:
+                await self._tunnel(reader, writer, self.routes[authority.rpartition(":")[0]])
+            await writer.drain()
+        finally:
+            writer.close()
+            self._handlers.discard(handler)
+
+    async def _tunnel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        try:
+            await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+        finally:
+            upstream_writer.close()
+
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    """Copy ``source`` to ``sink`` until ``source`` ends, then close ``sink``."""
+    while data := await source.read(65536):
+        sink.write(data)
+        await sink.drain()
+    sink.close()
