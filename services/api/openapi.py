@@ -348,16 +348,18 @@ def _operation_events() -> dict[str, Any]:
         "streamOperationEvents",
         "The operation's changes as server-sent events",
         tag="operations",
-        description="The representation on connect (unless `Last-Event-ID` is its version already) and on every "
-        "change, progress at most twice a second, until a terminal state ends the stream. A wake-up hint: "
-        "`getOperation` stays the source of truth.",
+        description="The representation on connect (unless `Last-Event-ID` is its current version) and on every "
+        "change, progress at most twice a second, until a terminal state: the stream sends it, then ends. A "
+        "wake-up hint: `getOperation` stays the source of truth.",
         parameters=[
             {
                 "name": "Last-Event-ID",
                 "in": "header",
                 "required": False,
                 "schema": {"type": "string"},
-                "description": "The `id` of the last event received; anything but a version is ignored.",
+                "description": "The `id` of the last event received. Only the current version holds back the "
+                "representation on connect; any other value (older, above the current version, negative, not a "
+                "number) gets it at once.",
             }
         ],
         responses={
@@ -365,7 +367,12 @@ def _operation_events() -> dict[str, Any]:
                 "description": "The event stream.",
                 "headers": {"Cache-Control": NO_STORE},
                 "content": {EVENT_STREAM: {"schema": stream_schema}},
-            }
+            },
+            "204": {
+                "description": "The operation is terminal and `Last-Event-ID` is its version: nothing more will "
+                "come (this stops an `EventSource` from reconnecting).",
+                "headers": {"Cache-Control": NO_STORE},
+            },
         },
         problems=(*ALWAYS, "NOT_FOUND", "VALIDATION_FAILED", "TOO_MANY_WAITERS"),
     )

@@ -44,12 +44,12 @@ async def watching(request: web.Request, read: Reader) -> AsyncIterator[tuple[as
     block; yield the operation as read once subscribed, and the subscription. Raises ``Problem`` 404 when
     ``read`` finds nothing, and what ``ConnectionSlots.take`` raises (429 ``TOO_MANY_WAITERS``, 503).
     """
-    row = await _read_or_404(read)
+    row = await read_or_404(read)
     with (
         request.app[WAIT_SLOTS].take(request[PRINCIPAL].user_id),
         request.app[CHANGES].subscribe(row["operation_id"]) as subscription,
     ):
-        yield await _read_or_404(read), subscription
+        yield await read_or_404(read), subscription
 
 
 async def wait_for_state_change(request: web.Request, read: Reader, *, wait_seconds: int) -> asyncpg.Record:
@@ -57,7 +57,7 @@ async def wait_for_state_change(request: web.Request, read: Reader, *, wait_seco
     that is terminal, else after ``wait_seconds``; progress alone does not end the wait. Raises what
     ``watching`` raises.
     """
-    row = await _read_or_404(read)
+    row = await read_or_404(read)
     if is_terminal(row):
         return row
     loop = asyncio.get_running_loop()
@@ -72,8 +72,8 @@ async def wait_for_state_change(request: web.Request, read: Reader, *, wait_seco
                 subscription, arrived_in
             ):
                 subscription.missed = False
-                row = await _read_or_404(read)
-    return await _read_or_404(read)
+                row = await read_or_404(read)
+    return await read_or_404(read)
 
 
 def _may_have_moved(subscription: Subscription, state: str) -> bool:
@@ -84,18 +84,18 @@ def _may_have_moved(subscription: Subscription, state: str) -> bool:
 async def operation_events(
     request: web.Request, read: Reader, row: asyncpg.Record, subscription: Subscription, *, last_event_id: int | None
 ) -> AsyncIterator[asyncpg.Record | None]:
-    """For an event stream inside ``watching``: ``row`` (unless ``last_event_id`` is its version already),
-    then the operation ``read`` returns whenever its version grows, progress alone at most every
-    ``PROGRESS_INTERVAL_SECONDS``; it ends after a terminal state, on shutdown or when the client goes. A
-    None between them asks for a heartbeat, every ``event_heartbeat_seconds``. A read the database cannot
-    answer is tried again every ``CONNECTION_CHECK_SECONDS`` meanwhile.
+    """For an event stream inside ``watching``: ``row`` first unless ``last_event_id`` is its version (an
+    older id, one from the future, or None for an id missing or not a number gets it, so that no client is
+    left without the state), then the operation ``read`` returns whenever its version grows, progress alone
+    at most every ``PROGRESS_INTERVAL_SECONDS``; it ends after a terminal state, on shutdown or when the
+    client goes. A None between them asks for a heartbeat, every ``event_heartbeat_seconds``. A read the
+    database cannot answer is tried again every ``CONNECTION_CHECK_SECONDS`` meanwhile. The rule: README,
+    API reference, Waiting for a change.
     """
     heartbeat = request.app[SETTINGS].event_heartbeat_seconds
     loop = asyncio.get_running_loop()
-    sent = last_event_id if last_event_id is not None else 0
-    if row["version"] > sent:
+    if row["version"] != last_event_id:
         yield row
-        sent = row["version"]
     heartbeat_at, sent_at = loop.time() + heartbeat, loop.time()
     while not is_terminal(row) and not subscription.closed and not client_gone(request):
         woken = await subscription.wait(min(max(heartbeat_at - loop.time(), 0.0), CONNECTION_CHECK_SECONDS))
@@ -103,8 +103,6 @@ async def operation_events(
             heartbeat_at = loop.time() + heartbeat
             yield None
         latest = subscription.latest
-        # Compared with the version last read, not the last sent: a Last-Event-ID from the future must
-        # not keep the stream from seeing the terminal state that ends it.
         newer = woken and latest is not None and latest.version > row["version"]
         if not (subscription.missed or newer):
             continue
@@ -120,13 +118,14 @@ async def operation_events(
             continue
         if fresh is None:
             return
+        if fresh["version"] > row["version"]:
+            yield fresh
+            sent_at = loop.time()
         row = fresh
-        if row["version"] > sent:
-            yield row
-            sent, sent_at = row["version"], loop.time()
 
 
-async def _read_or_404(read: Reader) -> asyncpg.Record:
+async def read_or_404(read: Reader) -> asyncpg.Record:
+    """The operation ``read`` returns; raises ``Problem`` 404 when it finds none."""
     row = await read()
     if row is None:
         raise not_found()

@@ -14,11 +14,11 @@ from services.api.pagination import decode_cursor, split_page
 from services.api.problems import Problem, not_found
 from services.api.responses import NO_STORE, dumps, json_response, operation_response
 from services.api.schemas import EmptyQuery, EmptyRequest, OperationListQuery, OperationQuery
-from services.api.waiting import Reader, operation_events, wait_for_state_change, watching
+from services.api.waiting import Reader, operation_events, read_or_404, wait_for_state_change, watching
 from shared.ids import is_operation_id
 from shared.repository import operations
 from shared.repository.outbox import enqueue_run
-from shared.representation import EVENT_STREAM, operation_url, represent
+from shared.representation import EVENT_STREAM, is_terminal, operation_url, represent
 from shared.states import State
 
 
@@ -29,9 +29,7 @@ async def get_operation(request: web.Request) -> web.Response:
     query = validate_query(OperationQuery, request)
     read = _reader(request)
     if query.wait is None:
-        row = await read()
-        if row is None:
-            raise not_found()
+        row = await read_or_404(read)
     else:
         row = await wait_for_state_change(request, read, wait_seconds=query.wait)
     return operation_response(row)
@@ -39,15 +37,22 @@ async def get_operation(request: web.Request) -> web.Response:
 
 async def stream_operation_events(request: web.Request) -> web.StreamResponse:
     """``GET /v3/operations/{id}/events``: ``text/event-stream`` of ``operation`` events, one representation
-    each with the operation's version as ``id``, until a terminal state (README: API reference, Waiting for a
-    change). A ``Last-Event-ID`` that is not a version is ignored.
+    each with the operation's version as ``id``, until a terminal state; ``Last-Event-ID`` as
+    ``operation_events`` takes it (README: API reference, Waiting for a change). A reconnect whose
+    ``Last-Event-ID`` is already the terminal version is answered ``204 No Content``: the HTML standard's
+    signal that stops ``EventSource`` from reconnecting.
     """
     validate_query(EmptyQuery, request)
     read = _reader(request)
+    last_event_id = _last_event_id(request)
+    current = await read_or_404(read)
+    if is_terminal(current) and current["version"] == last_event_id:
+        # Before taking a wait slot: nothing is left to wait for, so the cap must not make it a 429.
+        return web.Response(status=204, headers=NO_STORE)
     async with watching(request, read) as (row, subscription):
         response = web.StreamResponse(headers={**NO_STORE, "Content-Type": EVENT_STREAM, "X-Accel-Buffering": "no"})
         await response.prepare(request)
-        events = operation_events(request, read, row, subscription, last_event_id=_last_event_id(request))
+        events = operation_events(request, read, row, subscription, last_event_id=last_event_id)
         try:
             async for event in events:
                 await response.write(_event(event))
@@ -71,6 +76,9 @@ def _reader(request: web.Request) -> Reader:
 
 
 def _last_event_id(request: web.Request) -> int | None:
+    """The ``Last-Event-ID`` header as a version; None when it is absent or not a version (a sign or over 18
+    digits included).
+    """
     value = request.headers.get("Last-Event-ID", "")
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
 

@@ -190,22 +190,49 @@ async def test_the_event_stream_sends_every_change_and_ends_after_a_terminal_sta
     await wait_for(lambda: waiters(api) == 0)
 
 
-async def test_a_reconnect_gets_only_what_is_newer_than_its_last_event_id(
-    api: Client, auth: Auth, pool: asyncpg.Pool
-) -> None:
+async def terminal_version(pool: asyncpg.Pool) -> int:
+    """Take the operation from QUEUED to SUCCEEDED; return its version then."""
     await insert_operation(pool, OPERATION, "QUEUED")
     await set_state(pool, "SUCCEEDED")
-    version = await pool.fetchval("SELECT version FROM operations WHERE operation_id = $1", OPERATION)
+    version = int(await pool.fetchval("SELECT version FROM operations WHERE operation_id = $1", OPERATION))
     assert version == 2
+    return version
 
-    seen = await api.get(f"{URL}/events", headers={**auth("alice"), "Last-Event-ID": str(version)})
-    assert seen.status == 200 and await seen.read() == b""
 
-    for last_event_id in (str(version - 1), "junk", ""):
-        behind = await api.get(f"{URL}/events", headers={**auth("alice"), "Last-Event-ID": last_event_id})
-        event_id, operation = await next_operation(behind)
-        assert (event_id, operation["state"]) == (version, "SUCCEEDED")
-        assert await read_event(behind) == {}
+async def test_a_reconnect_with_the_terminal_version_is_204_even_at_the_cap(
+    api: Client, auth: Auth, pool: asyncpg.Pool
+) -> None:
+    version = await terminal_version(pool)
+    await insert_operation(pool, "op_held", "QUEUED")
+    # Alice already holds both of her wait slots: nothing is left to wait for, so the cap does not apply.
+    base = str(api.make_url(""))
+    async with aiohttp.ClientSession(base_url=base) as held:
+        polls = [
+            asyncio.create_task(held.get("/v3/operations/op_held?wait=60", headers=auth("alice"))) for _ in range(2)
+        ]
+        await wait_for(lambda: api.app[WAIT_SLOTS].in_use == 2)
+
+        seen = await api.get(f"{URL}/events", headers={**auth("alice"), "Last-Event-ID": str(version)})
+
+        assert seen.status == 204
+        assert seen.headers["Cache-Control"] == "no-store"
+        assert await seen.read() == b""
+        for poll in polls:
+            poll.cancel()
+
+
+@pytest.mark.parametrize("last_event_id", ["1", "1000", "999999", "-2", "junk", "2.0", ""])
+async def test_a_reconnect_after_the_end_with_another_id_gets_the_terminal_state_then_the_end(
+    api: Client, auth: Auth, pool: asyncpg.Pool, last_event_id: str
+) -> None:
+    version = await terminal_version(pool)
+
+    behind = await api.get(f"{URL}/events", headers={**auth("alice"), "Last-Event-ID": last_event_id})
+
+    assert behind.status == 200
+    event_id, operation = await next_operation(behind)
+    assert (event_id, operation["state"]) == (version, "SUCCEEDED")
+    assert await read_event(behind) == {}
 
 
 async def test_waiters_are_answered_at_once_on_shutdown(settings: Settings, moto: MotoServer, auth: Auth) -> None:
@@ -247,15 +274,34 @@ async def test_a_change_made_while_the_listen_connection_is_down_still_ends_the_
     await wait_for(lambda: api.app[CHANGES].listening)
 
 
-async def test_a_last_event_id_from_the_future_still_ends_with_the_terminal_state(
+@pytest.mark.parametrize("last_event_id", ["999999", "-1", "junk", "1e3", ""])
+async def test_an_id_that_is_not_the_current_version_gets_the_state_at_once_then_every_change(
+    api: Client, auth: Auth, pool: asyncpg.Pool, last_event_id: str
+) -> None:
+    await insert_operation(pool, OPERATION, "QUEUED")
+    response = await api.get(f"{URL}/events", headers={**auth("alice"), "Last-Event-ID": last_event_id})
+
+    # Before any heartbeat: the client that sent a version from the future learns the state at once.
+    first = await read_event(response)
+    assert (first["id"], json.loads(first["data"])["state"]) == ("1", "QUEUED")
+
+    await set_state(pool, "RUNNING")
+    assert (await next_operation(response))[1]["state"] == "RUNNING"
+    await set_state(pool, "SUCCEEDED")
+    assert (await next_operation(response))[1]["state"] == "SUCCEEDED"
+    assert await read_event(response) == {}
+    await wait_for(lambda: waiters(api) == 0)
+
+
+async def test_an_id_at_the_current_version_gets_only_newer_changes(
     api: Client, auth: Auth, pool: asyncpg.Pool
 ) -> None:
     await insert_operation(pool, OPERATION, "QUEUED")
-    response = await api.get(f"{URL}/events", headers={**auth("alice"), "Last-Event-ID": "1000"})
-    assert await read_event(response) == {"comment": "heartbeat"}  # nothing newer than 1000 to send
+    response = await api.get(f"{URL}/events", headers={**auth("alice"), "Last-Event-ID": "1"})
+    assert await read_event(response) == {"comment": "heartbeat"}  # the client has version 1 already
 
-    await set_state(pool, "FAILED")
+    await set_state(pool, "RUNNING")
 
-    while event := await read_event(response):
-        assert event == {"comment": "heartbeat"}
-    await wait_for(lambda: waiters(api) == 0)
+    event_id, operation = await next_operation(response)
+    assert (event_id, operation["state"]) == (2, "RUNNING")
+    response.close()
