@@ -74,12 +74,14 @@ def init_app(settings: Settings) -> web.Application:
     app[DOWNLOAD_SLOTS] = ConnectionSlots(
         total=settings.download_concurrency,
         per_user=settings.download_per_user_concurrency,
+        name="download",
         what="downloads",
         code="TOO_MANY_DOWNLOADS",
     )
     app[WAIT_SLOTS] = ConnectionSlots(
         total=settings.wait_concurrency,
         per_user=settings.wait_per_user_concurrency,
+        name="wait",
         what="waiting requests",
         code="TOO_MANY_WAITERS",
     )

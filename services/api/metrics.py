@@ -5,7 +5,9 @@ Shared with other parts: ``shared.metrics.AUTHORIZATION_REFUSALS`` (stages submi
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from typing import Literal, get_args
+
+from prometheus_client import Counter, Gauge, Histogram
 
 from shared.metrics import counter_from_zero
 
@@ -34,4 +36,24 @@ DOWNLOADS = Counter(
     "chatexport_downloads_total",
     "Download attempts by outcome (the access event's outcome: GRANTED, EXPIRED, ACCESS_REVOKED, ...).",
     ["outcome"],
+)
+
+# The requests that wait for an operation to change (README: API reference, Waiting for a change).
+WaitKind = Literal["long_poll", "event_stream"]
+WAITING_REQUESTS = Gauge(
+    "chatexport_api_waiting_requests",
+    "Long polls and event streams open in this process now, by kind (long_poll, event_stream).",
+    ["kind"],
+)
+for _kind in get_args(WaitKind):
+    WAITING_REQUESTS.labels(_kind)
+DOWNLOADS_STREAMING = Gauge(
+    "chatexport_api_downloads_streaming",
+    "Downloads this process streams now, each holding a download slot.",
+)
+CAP_REFUSALS = Counter(
+    "chatexport_api_cap_refusals_total",
+    "Requests refused because a cap on long-held connections was reached, by the setting whose cap it is"
+    " (wait_per_user_concurrency, download_concurrency, ...).",
+    ["cap"],
 )

@@ -1,5 +1,6 @@
-"""Bounds on long-held connections (downloads today): so many per process, and fewer per user, so that one
-user can never hold every slot (README: API reference, Download slots).
+"""Bounds on long-held connections (downloads, long polls and event streams): so many per process, and fewer
+per user, so that one user can never hold every slot (README: API reference, Download slots; Waiting for a
+change). Every refusal is counted (README: Monitoring).
 """
 
 from __future__ import annotations
@@ -8,22 +9,29 @@ import contextlib
 from collections import Counter
 from collections.abc import Iterator
 
+from services.api.metrics import CAP_REFUSALS
 from services.api.problems import Problem
 
 
 class ConnectionSlots:
     """At most ``total`` connections at once in this process, and at most ``per_user`` of them for one user.
 
-    ``what`` names the connections in the refusals' details ("downloads"); ``code`` is the problem code a
-    user over their own cap gets. Single-threaded asyncio: the counts need no lock.
+    ``name`` is the prefix of the two caps' settings, ``<name>_concurrency`` (``total``) and
+    ``<name>_per_user_concurrency`` (``per_user``): ``CAP_REFUSALS`` counts each refusal under the name of
+    the setting that caused it, so that an operator knows which one to raise. ``what`` names the connections
+    in the refusals' details ("downloads"); ``code`` is the problem code a user over their own cap gets.
+    Single-threaded asyncio: the counts need no lock.
     """
 
-    def __init__(self, *, total: int, per_user: int, what: str, code: str) -> None:
+    def __init__(self, *, total: int, per_user: int, name: str, what: str, code: str) -> None:
         self._total = total
         self._per_user = per_user
         self._what = what
         self._code = code
         self._held: Counter[str] = Counter()
+        # Created now, so that both series exist at 0 before the first refusal.
+        self._refused_total = CAP_REFUSALS.labels(f"{name}_concurrency")
+        self._refused_per_user = CAP_REFUSALS.labels(f"{name}_per_user_concurrency")
 
     @property
     def in_use(self) -> int:
@@ -35,12 +43,14 @@ class ConnectionSlots:
         with ``code`` when the user holds ``per_user`` slots, else 503 SERVICE_UNAVAILABLE when all are held.
         """
         if self._held[user_id] >= self._per_user:
+            self._refused_per_user.inc()
             raise Problem(
                 self._code,
                 f"You already have {self._per_user} {self._what} open; finish one first.",
                 headers={"Retry-After": "5"},
             )
         if self.in_use >= self._total:
+            self._refused_total.inc()
             raise Problem(
                 "SERVICE_UNAVAILABLE", f"Too many {self._what} right now; try again soon.", headers={"Retry-After": "5"}
             )

@@ -2,7 +2,8 @@
 and the event stream of ``GET /v3/operations/{id}/events`` (README: API reference, Waiting for a change).
 
 Both subscribe to the process's ``OperationChanges`` before they read the operation, so no change can slip
-between the read and the wait, and both hold one of the caller's wait slots. aiohttp does not cancel a
+between the read and the wait, and both hold one of the caller's wait slots and are counted in
+``WAITING_REQUESTS`` meanwhile (README: Monitoring). aiohttp does not cancel a
 handler whose client went away, so a waiter looks at its connection every ``CONNECTION_CHECK_SECONDS`` and
 gives its slot back once the connection is closing.
 """
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from services.api.changes import Subscription
 from services.api.keys import CHANGES, PRINCIPAL, SETTINGS, WAIT_SLOTS
+from services.api.metrics import WAITING_REQUESTS, WaitKind
 from services.api.problems import not_found
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.representation import is_terminal
@@ -39,14 +41,18 @@ def client_gone(request: web.BaseRequest) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def watching(request: web.Request, read: Reader) -> AsyncIterator[tuple[asyncpg.Record, Subscription]]:
+async def watching(
+    request: web.Request, read: Reader, *, kind: WaitKind
+) -> AsyncIterator[tuple[asyncpg.Record, Subscription]]:
     """Hold one of the caller's wait slots and a subscription to the operation ``read`` returns for the
-    block; yield the operation as read once subscribed, and the subscription. Raises ``Problem`` 404 when
-    ``read`` finds nothing, and what ``ConnectionSlots.take`` raises (429 ``TOO_MANY_WAITERS``, 503).
+    block, counted as a waiting request of ``kind``; yield the operation as read once subscribed, and the
+    subscription. Raises ``Problem`` 404 when ``read`` finds nothing, and what ``ConnectionSlots.take``
+    raises (429 ``TOO_MANY_WAITERS``, 503).
     """
     row = await read_or_404(read)
     with (
         request.app[WAIT_SLOTS].take(request[PRINCIPAL].user_id),
+        WAITING_REQUESTS.labels(kind).track_inprogress(),
         request.app[CHANGES].subscribe(row["operation_id"]) as subscription,
     ):
         yield await read_or_404(read), subscription
@@ -62,7 +68,7 @@ async def wait_for_state_change(request: web.Request, read: Reader, *, wait_seco
         return row
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
-    async with watching(request, read) as (row, subscription):
+    async with watching(request, read, kind="long_poll") as (row, subscription):
         arrived_in = row["state"]
         while row["state"] == arrived_in and not subscription.closed and not client_gone(request):
             remaining = deadline - loop.time()

@@ -1,13 +1,17 @@
 """Helpers of the exports API tests (README: API reference): raw submissions, stored-row counts, the access events of
-downloads, and the constants their checks share. Problems are checked with ``tests.helpers.expect_problem``,
-rows arranged with ``tests.integration.rows``; the fixtures are in the ``conftest.py`` files.
+downloads, a download whose reading the test holds back, and the constants their checks share. Problems are
+checked with ``tests.helpers.expect_problem``, rows arranged with ``tests.integration.rows``; the fixtures are in
+the ``conftest.py`` files.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
-from collections.abc import Callable
+import socket
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
@@ -85,3 +89,23 @@ async def download_events(pool: asyncpg.Pool, operation_id: str) -> list[tuple[s
             operation_id,
         )
     return [(row["user_id"], row["outcome"]) for row in rows]
+
+
+@contextlib.asynccontextmanager
+async def held_download(client: Client, url: str, authorization: str) -> AsyncIterator[asyncio.StreamReader]:
+    """A download over a socket with a tiny receive buffer, whose reading the test controls; yields once the
+    status line says 200. A file far larger than the socket buffers keeps its download slot taken until the
+    test reads it or leaves the block.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (client.host, client.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        writer.write(f"GET {url} HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n\r\n".encode())
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        yield reader
+    finally:
+        writer.close()

@@ -17,7 +17,7 @@ from services.api.bodies import read_model
 from services.api.fields import sole_field
 from services.api.idempotency import HEADER, parse_idempotency_key
 from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
-from services.api.metrics import DOWNLOADS, IDEMPOTENCY_REPLAYS
+from services.api.metrics import DOWNLOADS, DOWNLOADS_STREAMING, IDEMPOTENCY_REPLAYS
 from services.api.preconditions import Outcome, Validators
 from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
@@ -145,7 +145,7 @@ async def _download(request: web.Request, *, part_number: str | None) -> web.Str
     except Exception as refusal:
         await _record_refusal(request, operation_id, user_id, refusal)
         raise
-    with slots.take(user_id):
+    with slots.take(user_id), DOWNLOADS_STREAMING.track_inprogress():
         return await _send_result(request, file, byte_range, validators)
 
 

@@ -49,7 +49,7 @@ async def stream_operation_events(request: web.Request) -> web.StreamResponse:
     if is_terminal(current) and current["version"] == last_event_id:
         # Before taking a wait slot: nothing is left to wait for, so the cap must not make it a 429.
         return web.Response(status=204, headers=NO_STORE)
-    async with watching(request, read) as (row, subscription):
+    async with watching(request, read, kind="event_stream") as (row, subscription):
         response = web.StreamResponse(headers={**NO_STORE, "Content-Type": EVENT_STREAM, "X-Accel-Buffering": "no"})
         await response.prepare(request)
         events = operation_events(request, read, row, subscription, last_event_id=last_event_id)

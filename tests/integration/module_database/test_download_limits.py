@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +18,7 @@ from services.api.app import init_app
 from shared.settings import Settings
 from tests.conftest import wait_for
 from tests.helpers import expect_problem, import_lines, make_conversation, submit, wait_terminal
-from tests.integration.exports_support import Auth, Client, download_events
+from tests.integration.exports_support import Auth, Client, download_events, held_download
 
 pytestmark = pytest.mark.integration
 
@@ -43,25 +42,6 @@ async def _api(settings: Settings, **overrides: Any) -> AsyncIterator[Client]:
         yield client
 
 
-@contextlib.asynccontextmanager
-async def _raw_download(client: Client, url: str, authorization: str) -> AsyncIterator[asyncio.StreamReader]:
-    """A download over a socket with a tiny receive buffer, whose reading the test controls; yields once the
-    status line says 200.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (client.host, client.port))
-    reader, writer = await asyncio.open_connection(sock=sock)
-    try:
-        writer.write(f"GET {url} HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n\r\n".encode())
-        await writer.drain()
-        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
-        yield reader
-    finally:
-        writer.close()
-
-
 async def test_one_user_cannot_take_every_download_slot(
     api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool, pipeline: None
 ) -> None:
@@ -71,7 +51,7 @@ async def test_one_user_cannot_take_every_download_slot(
     alice = auth("alice")["Authorization"]
     async with _api(settings, download_concurrency=3, download_per_user_concurrency=2) as capped:
         url = big["result"]["url"]
-        async with _raw_download(capped, url, alice), _raw_download(capped, url, alice):
+        async with held_download(capped, url, alice), held_download(capped, url, alice):
             third = await capped.get(url, headers=auth("alice"))
             await expect_problem(third, 429, "TOO_MANY_DOWNLOADS")
             assert third.headers["Retry-After"] == "5"
@@ -101,7 +81,7 @@ async def test_a_download_below_the_minimum_rate_is_cut_and_frees_its_slot(
     async with _api(settings, **limits) as strict:
         url = big["result"]["url"]
         received = 0
-        async with _raw_download(strict, url, auth("alice")["Authorization"]) as reader:
+        async with held_download(strict, url, auth("alice")["Authorization"]) as reader:
 
             async def cut() -> bool:
                 nonlocal received
