@@ -8,6 +8,7 @@ except in the tests of the address rules.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from tests.conftest import make_settings, wait_for
 from tests.helpers import expect_problem, import_lines, make_conversation, submit, verified_callback
 from tests.integration.messages_support import Auth, Client
 from tests.integration.rows import insert_operation
-from tests.integration.webhook_peers import ConnectProxy, Receiver, certificate_for, listening
+from tests.integration.webhook_peers import ConnectProxy, Receiver, certificate_for, listening, trickling
 
 pytestmark = pytest.mark.integration
 
@@ -252,3 +253,20 @@ async def test_no_log_line_and_no_attempt_shows_the_proxy_password(
     lines = [JsonFormatter("relay").format(record) for record in caplog.records]
     assert len([line for line in lines if "webhook attempt" in line]) == 2
     assert not [line for line in lines if "pr0xy-s3cret" in line]
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_one_deadline_covers_the_whole_attempt(pool: asyncpg.Pool, settings: Settings, scheme: str) -> None:
+    async def slow_resolve(host: str, port: int) -> list[str]:
+        await asyncio.sleep(0.5)  # a resolver that takes half of the deadline
+        return ["127.0.0.1"]
+
+    timed = settings.model_copy(update={"webhook_timeout_seconds": 1.0})
+    async with trickling() as port:
+        # Over http the headers trickle in; over https the handshake never completes.
+        await ended_with_callback(pool, "op_slow", f"{scheme}://slow.hooks.test:{port}/hook")
+        assert await WebhookSender(pool=pool, settings=timed, resolve=slow_resolve).send_due() == 1
+
+    attempt = await pool.fetchrow("SELECT error, duration_ms FROM webhook_attempts")
+    assert attempt["error"] == "TimeoutError"
+    assert 1000 <= attempt["duration_ms"] <= 1300

@@ -1,5 +1,6 @@
 """What a completion callback meets on its way, for the tests of the relay's sender: a receiver (plain or
-over TLS with a certificate made here), and a small CONNECT proxy whose rules are a table of names.
+over TLS with a certificate made here), one that trickles its answer, and a small CONNECT proxy whose rules
+are a table of names.
 """
 
 from __future__ import annotations
@@ -47,6 +48,41 @@ async def listening(receiver: Receiver, *, ssl_context: ssl.SSLContext | None = 
         yield runner.addresses[0][1]
     finally:
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def trickling() -> AsyncIterator[int]:
+    """A receiver on a free port of 127.0.0.1 that, once it has a request's head, answers one byte every
+    50 ms and never ends its headers (nor a TLS handshake, which never sends such a head); yields the port.
+    """
+    handlers: set[asyncio.Task[None]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        handlers.add(handler)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nX-Trickle: ")
+            while not writer.is_closing():
+                writer.write(b".")
+                await writer.drain()
+                await asyncio.sleep(0.05)  # the trickle itself, not a wait for anything
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client gave up
+        finally:
+            writer.close()
+            handlers.discard(handler)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for handler in handlers:
+            handler.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
 
 
 def certificate_for(name: str, folder: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
