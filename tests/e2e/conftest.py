@@ -67,9 +67,8 @@ async def api(system: LocalSystem) -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-@pytest.fixture(scope="session")
-def auth(system: LocalSystem) -> Callable[..., dict[str, str]]:
-    """``auth("u-a")`` -> headers with a token signed with the system's secret; ``admin=True`` adds the scope."""
+def headers_for(system: LocalSystem) -> Callable[..., dict[str, str]]:
+    """``auth("u-a")`` -> headers with a token signed with ``system``'s secret; ``admin=True`` adds the scope."""
     settings = system.settings()
 
     def headers(user_id: str, *, admin: bool = False) -> dict[str, str]:
@@ -77,6 +76,12 @@ def auth(system: LocalSystem) -> Callable[..., dict[str, str]]:
         return {"Authorization": f"Bearer {token}"}
 
     return headers
+
+
+@pytest.fixture(scope="session")
+def auth(system: LocalSystem) -> Callable[..., dict[str, str]]:
+    """``headers_for`` the session's system."""
+    return headers_for(system)
 
 
 CHROMIUM = "/usr/bin/chromium"

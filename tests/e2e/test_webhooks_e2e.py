@@ -1,12 +1,16 @@
 """Completion callbacks on the real processes (README: API reference, Completion callbacks): an export's
 callback reaches a local receiver that was down when the export ended, signed with the owner's secret.
 This system of its own allows private addresses (a setting for development and tests only), so that the
-receiver can listen on this machine.
+receiver can listen on this machine. Another, with the private addresses refused, sends its callbacks
+through an egress proxy, which alone knows where the receiver's name leads; no part logs its password.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -14,10 +18,10 @@ from aiohttp import web
 
 from devtools.localsystem import LocalSystem
 from devtools.moto import free_port
-from shared.auth import mint_token
 from tests.conftest import cloned_database, unique, wait_for
-from tests.e2e.conftest import local_system
+from tests.e2e.conftest import headers_for, local_system
 from tests.helpers import import_lines, make_conversation, submit, verified_callback, wait_terminal
+from tests.webhook_peers import ConnectProxy, Receiver, certificate_for, listening
 
 pytestmark = pytest.mark.e2e
 
@@ -42,12 +46,7 @@ async def permissive_system(
 async def test_a_callback_reaches_a_receiver_that_was_down_when_the_export_ended(
     permissive_system: LocalSystem,
 ) -> None:
-    settings = permissive_system.settings()
-
-    def auth(user_id: str, *, admin: bool = False) -> dict[str, str]:
-        token = mint_token(settings, user_id=user_id, scopes=["admin"] if admin else None)
-        return {"Authorization": f"Bearer {token}"}
-
+    auth = headers_for(permissive_system)
     port = free_port()
     received: list[tuple[dict[str, str], bytes]] = []
     user, cid = unique("hook-user"), unique("hook-conversation")
@@ -88,3 +87,64 @@ async def test_a_callback_reaches_a_receiver_that_was_down_when_the_export_ended
     headers, payload = received[0]
     message = verified_callback(secret, headers, payload)
     assert (message["type"], message["data"]["operation_id"]) == ("export.succeeded", operation["operation_id"])
+
+
+@pytest.fixture(scope="module")
+async def proxy() -> AsyncIterator[ConnectProxy]:
+    """A CONNECT proxy that knows no name yet."""
+    async with ConnectProxy({}, user="relay", password="pr0xy-s3cret") as running:
+        yield running
+
+
+@dataclass
+class Proxied:
+    """A system whose callbacks go through the proxy: its log folder, and the TLS context of a receiver
+    whose certificate, for ``hooks.example.test``, is the only one its parts trust.
+    """
+
+    system: LocalSystem
+    logs: Path
+    receiver_tls: ssl.SSLContext
+
+
+@pytest.fixture(scope="module")
+async def proxied(
+    template_db: str, proxy: ConnectProxy, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Proxied]:
+    """The compose file's parts on a database of their own, every callback through ``proxy``."""
+    certificates, logs = tmp_path_factory.mktemp("certificates"), tmp_path_factory.mktemp("e2e-proxied-logs")
+    receiver_tls, _ = certificate_for("hooks.example.test", certificates)
+    overrides = {"CHATEXPORT_WEBHOOK_PROXY_URL": proxy.url, "SSL_CERT_FILE": str(certificates / "cert.pem")}
+    async with (
+        cloned_database(template_db, "chatexport_proxied") as database,
+        local_system(database, logs, **overrides) as local,
+    ):
+        yield Proxied(local, logs, receiver_tls)
+
+
+async def test_a_callback_goes_through_the_proxy_which_alone_resolves_the_name(
+    proxied: Proxied, proxy: ConnectProxy
+) -> None:
+    auth = headers_for(proxied.system)
+    receiver, user, cid = Receiver(), unique("proxied-user"), unique("proxied-conversation")
+    async with (
+        listening(receiver, ssl_context=proxied.receiver_tls) as port,
+        aiohttp.ClientSession(base_url=proxied.system.base_url) as api,
+    ):
+        proxy.routes["hooks.example.test"] = port
+        await make_conversation(api, auth, cid, [user])
+        await import_lines(api, auth, cid, [{"message_id": "m1", "sender_id": user, "body": "x"}])
+        body = {"format": "jsonl", "notify": {"url": "https://hooks.example.test:8443/hook"}}
+        response = await submit(api, auth, user, cid, body, unique("key"))
+        assert response.status == 202, await response.text()
+        operation = await wait_terminal(api, auth, user, response.headers["Location"], timeout=60)
+        await wait_for(lambda: receiver.received, timeout=30)
+        secret = (await (await api.get("/v3/webhooks/secret", headers=auth(user))).json())["secret"]
+
+    headers, payload = receiver.received[0]
+    message = verified_callback(secret, headers, payload)
+    assert (message["type"], message["data"]["operation_id"]) == ("export.succeeded", operation["operation_id"])
+    assert ("CONNECT hooks.example.test:8443 HTTP/1.1", "Basic cmVsYXk6cHIweHktczNjcmV0") in proxy.requests
+    logs = {path.name: path.read_text(encoding="utf-8") for path in proxied.logs.glob("*.log")}
+    assert "webhook attempt" in logs["relay.log"]
+    assert [name for name, text in logs.items() if "pr0xy-s3cret" in text] == []
