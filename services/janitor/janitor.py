@@ -5,7 +5,7 @@ Artifacts are reconciled from both ends (README: How it works: every object or u
 is an orphan, removed after a grace period):
 
 - from Postgres (``remove_stale_artifacts``): a recorded artifact that can never be published goes through
-  ``shared.artifacts.remove_artifact``, which commits the record as REMOVING before S3 is touched and so
+  ``shared.artifact_removal.remove_artifact``, which commits the record as REMOVING before S3 is touched and so
   conflicts on the artifact's row with an adoption's ``COMPLETE -> PUBLISHED``: exactly one of them wins;
 - from S3 (``remove_orphan_objects``, ``abort_stale_uploads``): the bucket is listed under ``s3_prefix``
   and what no live record names is removed. This side decides from a listing and a separate read of the
@@ -26,7 +26,7 @@ from typing import Any
 import asyncpg
 
 from services.janitor import metrics
-from shared.artifacts import remove_artifact, remove_artifacts
+from shared.artifact_removal import remove_artifact, remove_artifacts
 from shared.repository import artifacts, operations, outbox
 from shared.repository.access_events import record_access_event
 from shared.repository.artifacts import LiveArtifact, StaleArtifact

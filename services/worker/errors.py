@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from services.worker.artifact import StoredBytesDiffer
+from services.worker.object_writer import StoredBytesDiffer
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.settings import Settings
 from shared.states import State

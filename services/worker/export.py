@@ -16,11 +16,11 @@ import asyncpg
 from botocore.exceptions import ClientError
 
 from services.worker import metrics
-from services.worker.artifact import ArtifactWriter, read_digest
 from services.worker.errors import LeaseLost, PermanentError, access_revoked
 from services.worker.files import FileSet, ObjectFile, WrittenFile
+from services.worker.object_writer import ObjectWriter, read_digest
 from services.worker.rendering import renderer
-from shared.artifacts import remove_artifact
+from shared.artifact_removal import remove_artifact
 from shared.logs import update_log_fields
 from shared.repository import artifacts, conversations, operations
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord, StoredPart
@@ -62,7 +62,7 @@ class ExportJob:
 
     def _open_file(self, number: int) -> ObjectFile:
         key = part_key(self.key, number, extension=self._kind.extension) if self._split else self.key
-        writer = ArtifactWriter(
+        writer = ObjectWriter(
             self._s3,
             bucket=self._settings.s3_bucket,
             key=key,
@@ -220,7 +220,7 @@ class ExportJob:
     async def _finish_and_verify(self) -> ArtifactFiles:
         await self._progress("uploading")
         # SUCCEEDED promises verified files (README: States and failure model): each writer checks what S3
-        # stored against what it sent (``ArtifactWriter.finish``).
+        # stored against what it sent (``ObjectWriter.finish``).
         written = await self._files.finish()
         files = ArtifactFiles(self.key, tuple(_stored_part(done) for done in written), split=self._split)
         claimed = self._claimed

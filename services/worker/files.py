@@ -2,7 +2,7 @@
 complete file of its format (README: API reference, Export options).
 
 Each file renders through a new renderer (``services.worker.rendering``), is gzip-compressed when asked
-(every part its own gzip stream), and is written by its own ``ArtifactWriter``. Parts are written one after
+(every part its own gzip stream), and is written by its own ``ObjectWriter``. Parts are written one after
 the other, so memory stays that of one writer whatever the number of parts.
 """
 
@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.worker.artifact import ArtifactWriter, Digest
+from services.worker.object_writer import Digest, ObjectWriter
 from services.worker.rendering import Renderer
 from shared.repository.conversations import ExportRow
 
@@ -38,7 +38,7 @@ class WrittenFile:
 class ObjectFile:
     """One object being written: rendered bytes, compressed when ``compressed``, into ``writer``."""
 
-    def __init__(self, writer: ArtifactWriter, renderer: Renderer, *, key: str, number: int, compressed: bool) -> None:
+    def __init__(self, writer: ObjectWriter, renderer: Renderer, *, key: str, number: int, compressed: bool) -> None:
         self.key = key
         self.number = number
         self.renderer = renderer
@@ -50,7 +50,7 @@ class ObjectFile:
         self.last_seq: int | None = None
 
     @property
-    def writer(self) -> ArtifactWriter:
+    def writer(self) -> ObjectWriter:
         """The writer of the stored bytes."""
         return self._writer
 
@@ -119,7 +119,7 @@ class FileSet:
             stored += self._current.writer.digest().size_bytes
         return messages, stored
 
-    def writers(self) -> list[ArtifactWriter]:
+    def writers(self) -> list[ObjectWriter]:
         """The writer of the file being written, if any (to abandon it)."""
         return [] if self._current is None else [self._current.writer]
 

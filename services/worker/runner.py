@@ -15,7 +15,7 @@ import asyncpg
 from services.worker import metrics
 from services.worker.errors import LeaseLost, access_revoked, classify, error_name, is_missing_bucket
 from services.worker.export import ExportJob
-from shared.artifacts import remove_artifacts
+from shared.artifact_removal import remove_artifacts
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED

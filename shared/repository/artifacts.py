@@ -126,7 +126,7 @@ async def complete_artifact(
 async def publish_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
     """COMPLETE -> PUBLISHED, in the SUCCEEDED transaction; False when the artifact was removed meanwhile.
 
-    The row lock this takes orders it against ``shared.artifacts.remove_artifact``.
+    The row lock this takes orders it against ``shared.artifact_removal.remove_artifact``.
     """
     status = await conn.execute(
         """

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.worker.runner import LeaseRunner
-from shared.artifacts import remove_artifact
+from shared.artifact_removal import remove_artifact
 from shared.repository import artifacts, operations
 from shared.repository.artifacts import ArtifactFiles, StoredPart
 from shared.repository.operations import ClaimedOperation

@@ -1,4 +1,4 @@
-"""The artifact writer against a real moto server: parts, single PutObject, verification, abandon."""
+"""The object writer against a real moto server: parts, single PutObject, verification, abandon."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.worker.artifact import ArtifactWriter, StoredBytesDiffer, read_digest
-from shared.artifacts import remove_object
+from services.worker.object_writer import ObjectWriter, StoredBytesDiffer, read_digest
+from shared.artifact_removal import remove_object
 from shared.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -16,11 +16,11 @@ pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
 
 
-def writer(s3: Any, settings: Settings, key: str, started: list[str]) -> ArtifactWriter:
+def writer(s3: Any, settings: Settings, key: str, started: list[str]) -> ObjectWriter:
     async def on_upload_started(upload_id: str) -> None:
         started.append(upload_id)
 
-    return ArtifactWriter(
+    return ObjectWriter(
         s3,
         bucket=settings.s3_bucket,
         key=key,

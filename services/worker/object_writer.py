@@ -33,7 +33,7 @@ class Digest:
     sha256: str
 
 
-class ArtifactWriter:
+class ObjectWriter:
     """Streams bytes into ``bucket/key``, stored with ``content_type``; ``on_upload_started(upload_id)`` runs
     before any part is sent.
 
@@ -142,7 +142,7 @@ class ArtifactWriter:
 
     async def abandon(self) -> None:
         """Stop the part upload in flight and drop the buffer; removing what S3 holds is the caller's job
-        (``shared.artifacts.remove_artifact``), under the artifact's record.
+        (``shared.artifact_removal.remove_artifact``), under the artifact's record.
         """
         self._buffer.clear()
         if self._in_flight is not None:
