@@ -12,12 +12,11 @@ from typing import Any
 import asyncpg
 
 from shared.fingerprint import ExportRequest
+from shared.phases import Phase
 from shared.states import TERMINAL, State
 from shared.timefmt import format_timestamp
 
 EVENT_STREAM = "text/event-stream"
-# Shown before a worker has measured anything.
-WAITING_PHASE = "waiting"
 
 
 def operation_url(operation_id: str) -> str:
@@ -63,7 +62,7 @@ def represent(row: asyncpg.Record) -> dict[str, Any]:
         "updated_at": format_timestamp(row["updated_at"]),
         "attempt": row["attempt"],
         "progress": {
-            "phase": row["progress_phase"] or WAITING_PHASE,
+            "phase": row["progress_phase"] or Phase.WAITING,
             "messages_written": row["messages_written"],
             "bytes_written": row["bytes_written"],
         },

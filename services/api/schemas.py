@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from shared.fingerprint import ExportRequest
 from shared.formats import CONTENT_TYPES, DEFAULT_COMPRESSION, DEFAULT_FORMAT, MIN_PART_BYTES
 from shared.ids import ID_PATTERN
+from shared.phases import described
 from shared.states import State
 from shared.timefmt import ceil_millisecond, parse_instant, parse_timestamp
 
@@ -367,13 +368,7 @@ class Progress(StrictModel):
     Operation).
     """
 
-    phase: Annotated[
-        str,
-        Field(
-            description="waiting (not started), starting, writing, uploading, done, retry_at, failed, "
-            "failed_repair, canceled, expired or handed back"
-        ),
-    ]
+    phase: Annotated[str, Field(description=described())]
     messages_written: Count
     bytes_written: Count
 

@@ -22,6 +22,7 @@ from services.worker.object_writer import ObjectWriter, read_digest
 from services.worker.rendering import renderer
 from shared.artifact_removal import remove_artifact
 from shared.logs import update_log_fields
+from shared.phases import Phase
 from shared.repository import artifacts, conversations, operations
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord, StoredPart
 from shared.repository.operations import ClaimedOperation
@@ -169,7 +170,7 @@ class ExportJob:
                 handed = self._files.progress()[1]
                 await self._take(current)
                 metrics.EXPORTED_BYTES.inc(self._files.progress()[1] - handed)
-                await self._progress("writing")
+                await self._progress(Phase.WRITING)
         finally:
             if reading is not None:
                 reading.cancel()
@@ -218,7 +219,7 @@ class ExportJob:
         return max(1, int(self._settings.s3_part_size_bytes / bytes_per_seq))
 
     async def _finish_and_verify(self) -> ArtifactFiles:
-        await self._progress("uploading")
+        await self._progress(Phase.UPLOADING)
         # SUCCEEDED promises verified files (README: States and failure model): each writer checks what S3
         # stored against what it sent (``ObjectWriter.finish``).
         written = await self._files.finish()
@@ -264,7 +265,7 @@ class ExportJob:
             ),
         )
 
-    async def _progress(self, phase: str) -> None:
+    async def _progress(self, phase: Phase) -> None:
         """Show ``phase`` and the counts so far in the operation, at most every ``PROGRESS_INTERVAL_SECONDS``
         after the first ``writing``: a small export then writes its progress once, not three times. The
         lease does not depend on it (the heartbeat keeps it), and every write that ends the attempt is

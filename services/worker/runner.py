@@ -19,6 +19,7 @@ from shared.artifact_removal import remove_artifacts
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
+from shared.phases import Phase
 from shared.repository import operations
 from shared.repository.operations import ClaimedOperation, CurrentState, current_state, finish_cancel
 from shared.repository.outbox import enqueue_run
@@ -206,7 +207,7 @@ def _attempt_context(claimed: ClaimedOperation) -> Iterator[None]:
     """While an attempt runs: counted in the running gauge, and every log line names its operation,
     generation and attempt (the job adds the phase as it goes).
     """
-    with metrics.EXPORTS_RUNNING.track_inprogress(), log_fields(**claimed.log_extra(phase="starting")):
+    with metrics.EXPORTS_RUNNING.track_inprogress(), log_fields(**claimed.log_extra(phase=Phase.STARTING)):
         yield
 
 

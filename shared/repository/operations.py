@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from shared.fingerprint import ExportRequest
+from shared.phases import Phase
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.attempts import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
 from shared.repository.rows import Row
@@ -228,7 +229,7 @@ async def record_progress(
     *,
     operation_id: str,
     generation: int,
-    phase: str,
+    phase: Phase,
     messages_written: int,
     bytes_written: int,
     lease_seconds: float,

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from shared.phases import Phase
 from shared.repository import artifacts, operations
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.operations import ClaimedOperation, finish_cancel
@@ -69,7 +70,7 @@ async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyn
     old: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
     assert not await operations.extend_lease(conn, **old, lease_seconds=LEASE)
     assert not await operations.record_progress(
-        conn, **old, phase="writing", messages_written=5, bytes_written=50, lease_seconds=LEASE
+        conn, **old, phase=Phase.WRITING, messages_written=5, bytes_written=50, lease_seconds=LEASE
     )
     assert not await artifacts.record_artifact(conn, **old, object_key="exports/op_1/g1.jsonl")
     assert not await operations.succeed(
@@ -105,7 +106,7 @@ async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps
         result_ttl_seconds=60,
     )
     assert not await operations.record_progress(
-        conn, **held, phase="writing", messages_written=1, bytes_written=1, lease_seconds=LEASE
+        conn, **held, phase=Phase.WRITING, messages_written=1, bytes_written=1, lease_seconds=LEASE
     )
     assert await operations.extend_lease(conn, **held, lease_seconds=LEASE)
     assert not await finish_cancel(conn, operation_id="op_1", generation=2, abandoned=False)
