@@ -31,7 +31,7 @@ from shared.auth import mint_token
 from shared.fingerprint import ExportRequest
 from shared.repository.conversations import copy_export_lines
 from shared.settings import Settings
-from shared.storage import s3_client
+from shared.storage import open_s3_client
 
 CID = "bench-1m"
 WORDS = ["hello", "world", "export", "message", "你好", "привет", "café", "naïve", "ok", "😀", '"quoted"']
@@ -108,7 +108,7 @@ async def copy_to_s3_baseline(settings: Settings, last_seq: int) -> float:
     conn = await asyncpg.connect(settings.database_url)
     key = f"{settings.s3_prefix}baseline-{uuid.uuid4().hex}.jsonl"
     try:
-        async with s3_client(settings) as s3:
+        async with open_s3_client(settings) as s3:
             started = time.perf_counter()
             upload = (await s3.create_multipart_upload(Bucket=settings.s3_bucket, Key=key))["UploadId"]
             parts: list[dict[str, Any]] = []

@@ -33,7 +33,7 @@ from devtools.processes import ProcessGroup
 from shared.auth import mint_token
 from shared.db import create_pool, migrate_database
 from shared.settings import Settings, local_url
-from shared.storage import ensure_bucket, s3_client
+from shared.storage import ensure_bucket, open_s3_client
 
 __all__ = ["DevOptions", "ProcessGroup", "run_dev"]
 
@@ -294,7 +294,7 @@ def _answers(url: str) -> bool:
 
 
 async def _ensure_bucket(settings: Settings) -> None:
-    async with s3_client(settings) as client:
+    async with open_s3_client(settings) as client:
         await ensure_bucket(client, settings.s3_bucket)
 
 

@@ -51,7 +51,7 @@ def is_folder(key: str) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def s3_client(settings: Settings) -> AsyncIterator[Any]:
+async def open_s3_client(settings: Settings) -> AsyncIterator[Any]:
     """Yield an aiobotocore S3 client with timeouts and a bounded pool; closed on exit."""
     config = AioConfig(
         connect_timeout=settings.s3_timeout_seconds,

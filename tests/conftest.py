@@ -21,7 +21,7 @@ from services.api.app import init_app
 from shared.auth import mint_token
 from shared.db import migrate
 from shared.settings import Settings
-from shared.storage import ensure_bucket, s3_client
+from shared.storage import ensure_bucket, open_s3_client
 
 PG_SERVER = os.environ.get("CHATEXPORT_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("CHATEXPORT_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
@@ -117,7 +117,7 @@ async def pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
 @pytest.fixture
 async def s3(settings: Settings) -> AsyncIterator[Any]:
     """An S3 client on the moto server with this test's bucket created."""
-    async with s3_client(settings) as client:
+    async with open_s3_client(settings) as client:
         await ensure_bucket(client, settings.s3_bucket)
         yield client
 

@@ -21,7 +21,7 @@ from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, database_check, serving, storage_check
 from shared.settings import Settings
-from shared.storage import s3_client
+from shared.storage import open_s3_client
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ async def _s3_context(app: web.Application) -> AsyncIterator[None]:
     # The API only reads results that workers wrote, so it neither creates the bucket nor needs S3 up to
     # start: a download while S3 is unreachable is a 5xx problem, not a dead API. Readiness still reports
     # S3, so that an orchestrator sees a replica that cannot serve downloads.
-    async with s3_client(app[SETTINGS]) as client:
+    async with open_s3_client(app[SETTINGS]) as client:
         app[S3] = client
         app[MONITOR].checks["storage"] = storage_check(client, app[SETTINGS].s3_bucket)
         yield

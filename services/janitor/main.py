@@ -14,7 +14,7 @@ from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, database_check, serving, storage_check
 from shared.settings import Settings
-from shared.storage import s3_client
+from shared.storage import open_s3_client
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
 async def _run(settings: Settings, pool: asyncpg.Pool, monitor: Monitor, *, stop: asyncio.Event) -> None:
     leader: asyncpg.Connection | None = None
     try:
-        async with s3_client(settings) as s3:
+        async with open_s3_client(settings) as s3:
             monitor.checks["storage"] = storage_check(s3, settings.s3_bucket)
             janitor = Janitor(pool=pool, s3=s3, settings=settings)
             while not stop.is_set():

@@ -165,16 +165,16 @@ class Consumer:
         await _settle(message, requeue=False)
         if work is None:
             return
-        claimed, task = work
-        if task is Task.EXPORT:
+        claimed, purpose = work
+        if purpose is LeasePurpose.EXPORT:
             log.info("lease taken", extra=claimed.log_extra(worker=self._worker_id))
             await self._runner.run(claimed)
-        elif task is Task.REFUSE:
+        elif purpose is LeasePurpose.REFUSE:
             await self._runner.refuse(claimed)
         else:
             await self._runner.finish_cancellation(claimed)
 
-    async def _claim(self, operation_id: str) -> tuple[ClaimedOperation, Task] | None:
+    async def _claim(self, operation_id: str) -> tuple[ClaimedOperation, LeasePurpose] | None:
         """Claim the lease and check membership in one transaction; return the claimed operation with what to
         do with it, or None when there is nothing to do (README: Authorization, the first of the execution checks).
 
@@ -198,11 +198,11 @@ class Consumer:
             )
         if claimed.took_over:  # counted once the claim has committed
             metrics.LEASE_TAKEOVERS.inc()
-        return claimed, Task.EXPORT if member else Task.REFUSE
+        return claimed, LeasePurpose.EXPORT if member else LeasePurpose.REFUSE
 
     async def _claim_cancellation(
         self, conn: asyncpg.Connection, operation_id: str
-    ) -> tuple[ClaimedOperation, Task] | None:
+    ) -> tuple[ClaimedOperation, LeasePurpose] | None:
         """The lease of a cancellation to finish; None, after logging and counting a wake-up that names no
         operation (a purged one, or one from another deployment), when there is nothing to do.
         """
@@ -210,14 +210,14 @@ class Consumer:
             conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=self._settings.lease_seconds
         )
         if claimed is not None:
-            return claimed, Task.CANCEL
+            return claimed, LeasePurpose.CANCEL
         if await current_state(conn, operation_id=operation_id) is None:
             metrics.UNKNOWN_WAKEUPS.inc()
             log.warning("wake-up for an unknown operation acked", extra={"operation_id": operation_id})
         return None
 
 
-class Task(Enum):
+class LeasePurpose(Enum):
     """What a claimed lease is for: run the export, refuse it (the owner lost access), or finish a cancel."""
 
     EXPORT = "export"

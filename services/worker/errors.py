@@ -44,8 +44,8 @@ def access_revoked() -> PermanentError:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """The next state after a failed attempt, its error, and the retry delay in seconds (RETRY_AT only)."""
+class Verdict:
+    """How a failed attempt ends: the next state, its error, and the retry delay in seconds (RETRY_AT only)."""
 
     state: State
     code: str
@@ -87,15 +87,15 @@ def is_missing_bucket(exc: BaseException) -> bool:
     return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "NoSuchBucket"
 
 
-def classify(exc: BaseException, *, attempt: int, settings: Settings) -> Outcome:
+def classify(exc: BaseException, *, attempt: int, settings: Settings) -> Verdict:
     """Decide how attempt number ``attempt`` (1-based) that raised ``exc`` ends."""
     if isinstance(exc, PermanentError):
-        return Outcome(State.FAILED, exc.code, exc.message)
+        return Verdict(State.FAILED, exc.code, exc.message)
     code, cause = _describe(exc)
     if attempt >= settings.max_attempts:
         budget = f"The retry budget of {settings.max_attempts} attempts is spent; an operator must requeue it."
-        return Outcome(State.FAILED_REPAIR, code, f"{cause}. {budget}")
-    return Outcome(State.RETRY_AT, code, f"{cause}; the export will be retried.", backoff_seconds(attempt, settings))
+        return Verdict(State.FAILED_REPAIR, code, f"{cause}. {budget}")
+    return Verdict(State.RETRY_AT, code, f"{cause}; the export will be retried.", backoff_seconds(attempt, settings))
 
 
 def backoff_seconds(attempt: int, settings: Settings) -> float:

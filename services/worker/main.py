@@ -16,7 +16,7 @@ from shared.lifecycle import drain, keep_trying, run_until_signalled
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, Unavailable, broker_check, database_check, serving, storage_check
 from shared.settings import Settings
-from shared.storage import STORAGE_ERRORS, ensure_bucket, s3_client
+from shared.storage import STORAGE_ERRORS, ensure_bucket, open_s3_client
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         )
         resources.push_async_callback(session.connection.close)
         monitor.checks["broker"] = broker_check(session.connection)
-        s3 = await resources.enter_async_context(s3_client(settings))
+        s3 = await resources.enter_async_context(open_s3_client(settings))
         monitor.checks["storage"] = storage_check(s3, settings.s3_bucket)
         await keep_trying(
             lambda: ensure_bucket(s3, settings.s3_bucket), what="file store", errors=STORAGE_ERRORS, stop=stop

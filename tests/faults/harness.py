@@ -22,7 +22,7 @@ from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
 from shared.settings import Settings
 from shared.states import TERMINAL
-from shared.storage import artifact_prefix, ensure_bucket, s3_client
+from shared.storage import artifact_prefix, ensure_bucket, open_s3_client
 from tests.conftest import wait_for
 from tests.faults.servers import PrivateRabbitMQ, TcpProxy
 from tests.helpers import expected_file, metric_samples, read_all, submit
@@ -198,7 +198,7 @@ async def running(
         direct_settings = settings.model_copy(update={"s3_endpoint_url": moto.endpoint_url})
         async with (
             aiohttp.ClientSession(base_url=system.base_url) as http,
-            s3_client(direct_settings) as s3,
+            open_s3_client(direct_settings) as s3,
             asyncpg.create_pool(database_url, min_size=1, max_size=4) as pool,
         ):
             if not workers:
