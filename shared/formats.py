@@ -1,26 +1,71 @@
-"""The kinds of file an export writes: format and compression, and what follows from them (README: API
-reference, Export options): the file name's extension, the stored object's content type, the part size floor.
+"""The kinds of file an export writes (README: API reference, Export options): the registry of formats, the
+compressions, and what follows from them: the file name's extension, the stored object's content type, the
+renderer, the part size floor.
+
+``FORMATS`` is the one list of formats: the API's request and response types, its OpenAPI document and the
+worker's choice of renderer derive from it, and a test compares the database's CHECK constraint with it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-FORMATS = ("jsonl", "csv", "html")
-COMPRESSIONS = ("none", "gzip")
+from shared.rendering import Csv, Html, JsonLines, Renderer
+
+
+@dataclass(frozen=True)
+class Format:
+    """One export format: its ``name`` (the request's ``format``), the stored object's ``content_type`` when it
+    is not compressed, ``description`` (the file, for the API document), ``renderer`` (a new renderer for one
+    file of the conversation whose id it is given), and ``postgres_renders``: whether Postgres renders its
+    file whole (``rendering.JSONL_LINE_SQL``) when it is not split.
+    """
+
+    name: str
+    content_type: str
+    description: str
+    renderer: Callable[[str], Renderer]
+    postgres_renders: bool = False
+
+    @property
+    def extension(self) -> str:
+        """The file name's extension without its dot: the format's name (README: API reference, Export options), which
+        the command-line client relies on.
+        """
+        return self.name
+
+
+FORMATS: Final = {
+    entry.name: entry
+    for entry in (
+        Format(
+            "jsonl",
+            "application/x-ndjson",
+            "UTF-8, one `Message` JSON object per line in ascending seq, each line ending in `\\n`.",
+            lambda conversation_id: JsonLines(),
+            postgres_renders=True,
+        ),
+        Format(
+            "csv",
+            "text/csv; charset=utf-8",
+            "RFC 4180 with a header row, one row per message; a text cell starting with `=`, `+`, `-`, `@`, tab or "
+            "CR starts with `'`.",
+            Csv,
+        ),
+        Format("html", "text/html; charset=utf-8", "One self-contained transcript, grouped by day (UTC).", Html),
+    )
+}
+FORMAT_NAMES: Final = tuple(FORMATS)
+COMPRESSIONS: Final = ("none", "gzip")
 DEFAULT_FORMAT: Final = "jsonl"
 DEFAULT_COMPRESSION: Final = "none"
 # The smallest max_part_bytes: S3's smallest multipart part, so that no part is split into tiny requests.
 MIN_PART_BYTES = 5 * 1024 * 1024
 
-_CONTENT_TYPES = {
-    "jsonl": "application/x-ndjson",
-    "csv": "text/csv; charset=utf-8",
-    "html": "text/html; charset=utf-8",
-}
 GZIP_CONTENT_TYPE = "application/gzip"
-CONTENT_TYPES = (*_CONTENT_TYPES.values(), GZIP_CONTENT_TYPE)
+CONTENT_TYPES: Final = (*(entry.content_type for entry in FORMATS.values()), GZIP_CONTENT_TYPE)
 
 
 @dataclass(frozen=True)
@@ -37,17 +82,20 @@ class FileKind:
 
     @property
     def extension(self) -> str:
-        """The file name's extension without its dot: ``jsonl``, ``csv``, ``html``, each with ``.gz`` when
-        compressed.
-        """
-        return f"{self.format}.gz" if self.compressed else self.format
+        """The file name's extension without its dot: the format's, with ``.gz`` when compressed."""
+        extension = FORMATS[self.format].extension
+        return f"{extension}.gz" if self.compressed else extension
 
     @property
     def content_type(self) -> str:
         """The stored object's media type: the format's, or ``application/gzip`` when compressed."""
-        return GZIP_CONTENT_TYPE if self.compressed else _CONTENT_TYPES[self.format]
+        return GZIP_CONTENT_TYPE if self.compressed else FORMATS[self.format].content_type
 
     @property
-    def lines_are_messages(self) -> bool:
-        """True when every stored line is one message (uncompressed JSONL), so counting lines counts messages."""
-        return self.format == "jsonl" and not self.compressed
+    def postgres_renders(self) -> bool:
+        """True when Postgres renders a file of this format whole (``Format.postgres_renders``)."""
+        return FORMATS[self.format].postgres_renders
+
+    def renderer(self, conversation_id: str) -> Renderer:
+        """A new renderer for one file of ``conversation_id``."""
+        return FORMATS[self.format].renderer(conversation_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -27,7 +27,14 @@ from pydantic.json_schema import JsonDict, SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from shared.fingerprint import ExportRequest
-from shared.formats import CONTENT_TYPES, DEFAULT_COMPRESSION, DEFAULT_FORMAT, MIN_PART_BYTES
+from shared.formats import (
+    COMPRESSIONS,
+    CONTENT_TYPES,
+    DEFAULT_COMPRESSION,
+    DEFAULT_FORMAT,
+    FORMAT_NAMES,
+    MIN_PART_BYTES,
+)
 from shared.ids import ID_PATTERN
 from shared.phases import described
 from shared.states import State
@@ -130,12 +137,19 @@ class NotifyTarget(StrictModel):
 
 
 SenderList = Annotated[list[Identifier], Field(min_length=1, max_length=MAX_SENDERS)]
+if TYPE_CHECKING:
+    FormatName = str
+    Compression = str
+else:
+    # The registry's names (shared.formats) as literals, which the JSON schema shows as an enum.
+    FormatName = Literal[FORMAT_NAMES]
+    Compression = Literal[COMPRESSIONS]
 
 
 class ExportSubmission(StrictModel):
     """Body of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Submit; Export options)."""
 
-    format: Literal["jsonl", "csv", "html"] = DEFAULT_FORMAT
+    format: FormatName = DEFAULT_FORMAT
     notify: NotifyTarget | SkipJsonSchema[None] = ABSENT
     # Bounded by Postgres' bigint: a bigger value is a 422 here, not a driver error (a 500) at insert.
     before_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
@@ -144,7 +158,7 @@ class ExportSubmission(StrictModel):
     since: Instant | None = ABSENT_PARAMETER
     until: Instant | None = ABSENT_PARAMETER
     senders: SenderList | None = ABSENT_PARAMETER
-    compression: Literal["none", "gzip"] = DEFAULT_COMPRESSION
+    compression: Compression = DEFAULT_COMPRESSION
     max_part_bytes: Annotated[StrictInt, Field(ge=MIN_PART_BYTES, le=MAX_SEQ)] | None = ABSENT_PARAMETER
 
     @model_validator(mode="after")
@@ -347,13 +361,13 @@ class OperationRequest(StrictModel):
     """The export request after defaults: the canonical request without user, conversation and callback (README: API
     reference, Submit; Export options)."""
 
-    format: Literal["jsonl", "csv", "html"]
+    format: FormatName
     before_seq: Seq | None
     after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
     since: TimestampText | None
     until: TimestampText | None
     senders: list[str] | None
-    compression: Literal["none", "gzip"]
+    compression: Compression
     max_part_bytes: Annotated[int, Field(ge=MIN_PART_BYTES)] | None
 
 

@@ -19,7 +19,6 @@ from services.worker import metrics
 from services.worker.errors import LeaseLost, PermanentError, access_revoked
 from services.worker.files import FileSet, ObjectFile, WrittenFile
 from services.worker.object_writer import ObjectWriter, read_digest
-from services.worker.rendering import renderer
 from shared.artifact_removal import remove_artifact
 from shared.logs import update_log_fields
 from shared.phases import Phase
@@ -54,7 +53,7 @@ class ExportJob:
         )
         # Postgres writes JSONL lines straight through COPY; other formats, and parts (which need each
         # message's seq and size), render message by message.
-        self._by_row = self._kind.format != "jsonl" or self._split
+        self._by_row = not self._kind.postgres_renders or self._split
         # Once the SUCCEEDED commit was sent its outcome may be unknown (a lost connection): from then on
         # the object must not be deleted here; the janitor removes it if it was not published.
         self._commit_sent = False
@@ -72,7 +71,7 @@ class ExportJob:
             content_type=self._kind.content_type,
             on_upload_started=self._record_upload_id,
         )
-        shape = renderer(self._kind.format, self._claimed.conversation_id)
+        shape = self._kind.renderer(self._claimed.conversation_id)
         return ObjectFile(writer, shape, key=key, number=number, compressed=self._kind.compressed)
 
     async def run(self) -> None:

@@ -1,7 +1,7 @@
 """The files of one artifact: one object, or parts of at most ``max_part_bytes`` before compression, each a
 complete file of its format (README: API reference, Export options).
 
-Each file renders through a new renderer (``services.worker.rendering``), is gzip-compressed when asked
+Each file renders through a new renderer (``shared.rendering``), is gzip-compressed when asked
 (every part its own gzip stream), and is written by its own ``ObjectWriter``. Parts are written one after
 the other, so memory stays that of one writer whatever the number of parts.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.worker.object_writer import Digest, ObjectWriter
-from services.worker.rendering import Renderer
+from shared.rendering import Renderer
 from shared.repository.conversations import ExportRow
 
 # wbits for zlib's gzip container (RFC 1952) with a 32 KiB window; the header's time is 0, so the same

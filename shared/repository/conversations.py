@@ -18,6 +18,7 @@ import asyncpg
 
 from shared.fingerprint import ExportRequest
 from shared.ids import is_valid_id
+from shared.rendering import JSONL_LINE_SQL
 from shared.repository.rows import Row
 
 
@@ -318,20 +319,6 @@ async def import_messages(
     return ImportResult(imported=imported, skipped=len(lines) - imported)
 
 
-# One export line per message, rendered by Postgres so no row crosses into Python objects. to_json escapes
-# exactly as json.dumps(ensure_ascii=False) does; the three replace() escape what shared.jsontext escapes
-# (U+0085, U+2028, U+2029, outside JSON's own escapes), so every line is one line for every reader and the
-# file matches the read API byte for byte (README: API reference, The file).
-# sent_at is printed as shared.timefmt prints timestamps in the API.
-_EXPORT_LINE = """replace(replace(replace(
-    '{"conversation_id":' || to_json(conversation_id)::text
-    || ',"seq":' || seq
-    || ',"message_id":' || to_json(message_id)::text
-    || ',"sender_id":' || to_json(sender_id)::text
-    || ',"sent_at":"' || to_char(sent_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'
-    || ',"body":' || to_json(body)::text || '}',
-    chr(133), '\\u0085'), chr(8232), '\\u2028'), chr(8233), '\\u2029')"""
-
 # The messages of one export range that the request's options select (README: API reference, Export
 # options): since inclusive, until exclusive, on sent_at; only the listed senders.
 _EXPORTED_MESSAGES = """
@@ -342,8 +329,9 @@ WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
 ORDER BY seq
 """
 
-EXPORT_LINES_SQL = f"SELECT {_EXPORT_LINE} {_EXPORTED_MESSAGES}"
-_EXPORT_ROWS_SQL = f"SELECT seq, message_id, sender_id, sent_at, body, {_EXPORT_LINE} AS line {_EXPORTED_MESSAGES}"
+# JSONL lines are rendered by Postgres (README: API reference, The file), so no row crosses into Python objects.
+EXPORT_LINES_SQL = f"SELECT {JSONL_LINE_SQL} {_EXPORTED_MESSAGES}"
+_EXPORT_ROWS_SQL = f"SELECT seq, message_id, sender_id, sent_at, body, {JSONL_LINE_SQL} AS line {_EXPORTED_MESSAGES}"
 
 # COPY's csv format with quote and delimiter characters that JSON text never contains passes the
 # lines through verbatim; the text format would double every backslash.
@@ -396,8 +384,8 @@ async def range_bytes(conn: asyncpg.Connection, *, conversation_id: str, after_s
 
 @dataclass(frozen=True)
 class ExportRow(Row):
-    """One exported message: its fields, and ``line``, its JSONL line without the newline (as
-    ``copy_export_lines`` writes it)."""
+    """One exported message (``shared.message_shape.ExportedMessage``): its fields, and ``line``, its JSONL line
+    without the newline (as ``copy_export_lines`` writes it)."""
 
     seq: int
     message_id: str

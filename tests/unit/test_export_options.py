@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from services.api.results import content_disposition
 from services.api.schemas import ExportSubmission
-from services.worker.rendering import Csv, Html, JsonLines
 from shared.fingerprint import fingerprint
+from shared.rendering import Csv, Html, JsonLines
 from shared.repository.conversations import ExportRow
 from tests.exported_files import FORMULAS
 

@@ -1,7 +1,10 @@
-"""How a file of each format renders messages (README: API reference, Export options): a header, one piece
-per message, a footer, so that every file (and every part of a split result) is complete on its own.
+"""How a file of each format renders messages (README: API reference, Export options; The file): a header,
+one piece per message, a footer, so that every file (and every part of a split result) is complete on its own.
 
-A renderer keeps state within one file only (the HTML day it is in), so each file gets a new one.
+A renderer keeps state within one file only (the HTML day it is in), so each file gets a new one; which
+renderer a format has is its entry in ``shared.formats.FORMATS``. JSONL lines are rendered by Postgres, the
+export's fast path (COPY hands them over without a row ever becoming Python objects): ``JSONL_LINE_SQL`` is
+that rendering, kept here with the other formats'.
 """
 
 from __future__ import annotations
@@ -11,11 +14,10 @@ import html
 import io
 from typing import Protocol
 
-from services.worker.formulas import guarded
-from shared.repository.conversations import ExportRow
+from shared.formulas import guarded
+from shared.jsontext import LINE_BREAKING
+from shared.message_shape import FIELDS, ExportedMessage, message_json
 from shared.timefmt import format_timestamp
-
-CSV_COLUMNS = ("conversation_id", "seq", "message_id", "sender_id", "sent_at", "body")
 
 
 class Renderer(Protocol):
@@ -27,20 +29,51 @@ class Renderer(Protocol):
 
     def header(self) -> bytes: ...
 
-    def message(self, row: ExportRow) -> bytes: ...
+    def message(self, row: ExportedMessage) -> bytes: ...
 
     def footer(self) -> bytes: ...
 
 
+# Each field's JSON value as Postgres writes it: to_json escapes exactly as json.dumps(ensure_ascii=False) does,
+# and sent_at is printed as shared.timefmt prints timestamps in the API.
+_JSON_OF_FIELD = {
+    "conversation_id": "to_json(conversation_id)::text",
+    "seq": "seq",
+    "message_id": "to_json(message_id)::text",
+    "sender_id": "to_json(sender_id)::text",
+    "sent_at": """'"' || to_char(sent_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'""",
+    "body": "to_json(body)::text",
+}
+
+
+def _jsonl_line_sql() -> str:
+    """A message row's JSONL line as a SQL expression over the ``messages`` columns: the ``FIELDS`` of the read
+    API's message, in order, and ``shared.jsontext.LINE_BREAKING`` escaped as ``shared.jsontext`` escapes them,
+    so that every line is one line for every reader and the file matches the read API byte for byte.
+    """
+    members = " || ".join(
+        f"""'{"," if number else "{"}"{name}":' || {_JSON_OF_FIELD[name]}""" for number, name in enumerate(FIELDS)
+    )
+    line = f"{members} || '}}'"
+    for char in LINE_BREAKING:
+        line = f"replace({line}, chr({ord(char)}), '\\u{ord(char):04x}')"
+    return line
+
+
+JSONL_LINE_SQL = _jsonl_line_sql()
+
+
 class JsonLines:
-    """JSONL: the line Postgres rendered (``conversations.ExportRow.line``), one per message."""
+    """JSONL: one ``message_shape.message_json`` object per line, the line Postgres rendered with
+    ``JSONL_LINE_SQL`` (``ExportedMessage.line``).
+    """
 
     footer_at_most = 0
 
     def header(self) -> bytes:
         return b""
 
-    def message(self, row: ExportRow) -> bytes:
+    def message(self, row: ExportedMessage) -> bytes:
         return row.line.encode() + b"\n"
 
     def footer(self) -> bytes:
@@ -48,8 +81,9 @@ class JsonLines:
 
 
 class Csv:
-    """CSV (RFC 4180): a header row, then one row per message, CRLF line ends, UTF-8; every text cell that
-    holds what users chose (ids and body) goes through ``formulas.guarded``, so none runs as a formula.
+    """CSV (RFC 4180): a header row of the ``FIELDS``, then one row per message with the read API's values,
+    CRLF line ends, UTF-8; every cell goes through ``formulas.guarded``, so that none of those that hold what
+    users chose (ids and body) runs as a formula (the others, seq and sent_at, cannot start like one).
     """
 
     footer_at_most = 0
@@ -60,19 +94,11 @@ class Csv:
         self._writer = csv.writer(self._text, lineterminator="\r\n")
 
     def header(self) -> bytes:
-        return self._row(CSV_COLUMNS)
+        return self._row(FIELDS)
 
-    def message(self, row: ExportRow) -> bytes:
-        return self._row(
-            (
-                guarded(self._conversation_id),
-                str(row.seq),
-                guarded(row.message_id),
-                guarded(row.sender_id),
-                format_timestamp(row.sent_at) or "",
-                guarded(row.body),
-            )
-        )
+    def message(self, row: ExportedMessage) -> bytes:
+        shown = message_json({"conversation_id": self._conversation_id, **vars(row)})
+        return self._row(tuple(guarded(str(value)) for value in shown.values()))
 
     def footer(self) -> bytes:
         return b""
@@ -105,15 +131,6 @@ _HTML_DAY_END = "</section>\n"
 _HTML_END = "</body>\n</html>\n"
 
 
-def renderer(file_format: str, conversation_id: str) -> Renderer:
-    """A new renderer of ``file_format`` (``shared.formats.FORMATS``) for one file of ``conversation_id``."""
-    if file_format == "csv":
-        return Csv(conversation_id)
-    if file_format == "html":
-        return Html(conversation_id)
-    return JsonLines()
-
-
 class Html:
     """One self-contained HTML document: the messages grouped by day (UTC), each with sender, time (UTC)
     and body; every text escaped, ``dir="auto"`` on text a user wrote, no script and no external resource.
@@ -128,7 +145,7 @@ class Html:
     def header(self) -> bytes:
         return _HTML_HEAD.format(title=html.escape(self._conversation_id)).encode()
 
-    def message(self, row: ExportRow) -> bytes:
+    def message(self, row: ExportedMessage) -> bytes:
         stamp = format_timestamp(row.sent_at) or ""
         day, time = stamp[:10], stamp[11:19]
         opening = ""
