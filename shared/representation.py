@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.fingerprint import ExportRequest
+from shared.export_request import ExportRequest
 from shared.phases import Phase
 from shared.states import TERMINAL, State
 from shared.timefmt import format_timestamp

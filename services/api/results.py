@@ -10,7 +10,7 @@ from urllib.parse import quote
 import asyncpg
 
 from services.api.problems import Problem, not_found
-from shared.fingerprint import ExportRequest
+from shared.export_request import ExportRequest
 from shared.representation import result_parts
 
 # Sent with every file: a browser that opens a downloaded HTML transcript (or is tricked into rendering any

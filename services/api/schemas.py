@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic.json_schema import JsonDict, SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from shared.fingerprint import ExportRequest
+from shared.export_request import SHOWN_FIELDS, ExportRequest
 from shared.formats import (
     COMPRESSIONS,
     CONTENT_TYPES,
@@ -178,18 +178,19 @@ class ExportSubmission(StrictModel):
         return until
 
     def export_request(self, *, notify_url: str | None) -> ExportRequest:
-        """The canonical request (``shared.fingerprint``) with the checked callback URL."""
+        """The canonical request (``shared.export_request``): the fields of the same names, the checked
+        callback URL, and the senders as a set.
+        """
+        given = {name: getattr(self, name) for name in SHOWN_FIELDS}
         return ExportRequest(
-            format=self.format,
-            before_seq=self.before_seq,
-            after_seq=self.after_seq,
+            **{
+                **given,
+                # sent_at is kept to the millisecond: the next whole millisecond selects the same messages.
+                "since": None if self.since is None else ceil_millisecond(self.since),
+                "until": None if self.until is None else ceil_millisecond(self.until),
+                "senders": None if self.senders is None else tuple(sorted(set(self.senders))),
+            },
             notify_url=notify_url,
-            # sent_at is kept to the millisecond: the next whole millisecond selects the same messages.
-            since=None if self.since is None else ceil_millisecond(self.since),
-            until=None if self.until is None else ceil_millisecond(self.until),
-            senders=None if self.senders is None else tuple(sorted(set(self.senders))),
-            compression=self.compression,
-            max_part_bytes=self.max_part_bytes,
         )
 
 

@@ -11,7 +11,8 @@ import asyncpg
 
 from services.api.metrics import IDEMPOTENCY_CONFLICTS
 from services.api.problems import Problem, not_found
-from shared.fingerprint import ExportRequest, fingerprint
+from shared.export_request import ExportRequest
+from shared.fingerprint import fingerprint
 from shared.ids import new_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository.submissions import submit_export

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Protocol
 
 import asyncpg
 
-from shared.fingerprint import ExportRequest
+from shared.export_request import ExportRequest
 from shared.ids import is_valid_id
 from shared.rendering import JSONL_LINE_SQL
 from shared.repository.rows import Row

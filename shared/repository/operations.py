@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.fingerprint import ExportRequest
+from shared.export_request import FIELDS, ExportRequest
 from shared.phases import Phase
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.attempts import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
@@ -129,8 +129,9 @@ class ClaimedOperation(Row):
 
 
 # What a claim returns besides the snapshot: the operation and its whole request (``ExportRequest.from_row``).
-_CLAIMED_COLUMNS = """o.operation_id, o.owner_id, o.conversation_id, o.generation, o.attempt, o.format, o.before_seq,
-    o.after_seq, o.since, o.until, o.senders, o.compression, o.max_part_bytes"""
+_CLAIMED_COLUMNS = "o.operation_id, o.owner_id, o.conversation_id, o.generation, o.attempt, " + ", ".join(
+    f"o.{name}" for name in FIELDS
+)
 
 
 async def claim(

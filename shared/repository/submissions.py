@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from shared.broker import EXPORT_ROUTING_KEY
-from shared.fingerprint import ExportRequest
+from shared.export_request import ExportRequest
 from shared.ids import is_valid_id
 from shared.repository.rows import Row
 from shared.states import ACTIVE

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from services.worker.export import ExportJob
-from shared.fingerprint import ExportRequest
+from shared.export_request import ExportRequest
 from shared.repository.operations import ClaimedOperation
 from shared.settings import Settings
 

@@ -12,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.api.schemas import ExportSubmission
-from shared.fingerprint import ExportRequest, fingerprint
+from shared.export_request import ExportRequest
+from shared.fingerprint import fingerprint
 from shared.ids import is_operation_id, is_valid_id, new_operation_id
 from shared.settings import PLACEHOLDER_JWT_SECRET, Settings
 from shared.timefmt import format_timestamp, parse_timestamp

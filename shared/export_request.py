@@ -1,0 +1,76 @@
+"""The export request (README: API reference, Submit; Export options): the one list of its fields. The body
+a client submits names the same fields (``notify`` holding ``notify_url``), and the ``operations`` table
+stores each in the column of its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shared.formats import DEFAULT_COMPRESSION, DEFAULT_FORMAT, FileKind
+from shared.timefmt import format_timestamp
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """An export request after defaults: ``{}`` equals ``{"format": "jsonl", "after_seq": 0, "compression":
+    "none"}``. ``since`` and ``until`` are aware datetimes (UTC, milliseconds, as ``shared.timefmt`` parses
+    them); ``senders`` is sorted and without repeats, or None for every sender; ``max_part_bytes`` is None
+    for one file.
+    """
+
+    format: str = DEFAULT_FORMAT
+    before_seq: int | None = None
+    after_seq: int = 0
+    # Where the completion callback goes, if anywhere (README: API reference, Completion callbacks).
+    notify_url: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    senders: tuple[str, ...] | None = None
+    compression: str = DEFAULT_COMPRESSION
+    max_part_bytes: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ExportRequest:
+        """The request stored in an ``operations`` row: its columns named as the fields. ``notify_url`` may be
+        left out of ``row`` (only the callbacks read it); raises ``KeyError`` when another field's is.
+        """
+        values = {name: row[name] for name in SHOWN_FIELDS}
+        senders = values["senders"]
+        values["senders"] = None if senders is None else tuple(senders)
+        return cls(**values, notify_url=row.get("notify_url"))
+
+    @property
+    def selects_messages(self) -> bool:
+        """True when an option (``since``, ``until``, ``senders``) leaves out some messages of the seq range."""
+        return self.since is not None or self.until is not None or self.senders is not None
+
+    @property
+    def file_kind(self) -> FileKind:
+        """The format and compression of the file."""
+        return FileKind(self.format, self.compression)
+
+    def options(self) -> dict[str, Any]:
+        """The request as the operation shows it (README: API reference, Operation): every field but the
+        callback's URL, defaults included, times as API timestamps, ``senders`` a list.
+        """
+        return {name: _shown(getattr(self, name)) for name in SHOWN_FIELDS}
+
+
+def _shown(value: object) -> object:
+    if isinstance(value, datetime):
+        return format_timestamp(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+# The request's field names, in order: also its columns in ``operations``.
+FIELDS = tuple(field.name for field in dataclasses.fields(ExportRequest))
+# What the operation shows of it: the callback's URL stays with its owner (README: API reference,
+# Completion callbacks).
+SHOWN_FIELDS = tuple(name for name in FIELDS if name != "notify_url")
