@@ -20,15 +20,19 @@ READ_TIMEOUT_SECONDS = 60.0
 
 class ApiError(Exception):
     """The API answered with a problem (RFC 9457): its HTTP ``status``, stable ``code`` and ``detail``;
-    ``retry_after`` in seconds when the answer carried one.
+    ``retry_after`` in seconds when the answer carried one; ``errors``, a validation error's fields and what
+    is wrong with each (``body.format: Input should be ...``).
     """
 
-    def __init__(self, status: int, code: str, detail: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, status: int, code: str, detail: str, retry_after: float | None = None, errors: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(f"{code}: {detail}")
         self.status = status
         self.code = code
         self.detail = detail
         self.retry_after = retry_after
+        self.errors = errors
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ async def problem_of(response: aiohttp.ClientResponse) -> ApiError:
     seconds = float(retry_after) if retry_after.isdigit() else None
     try:
         body = await response.json(content_type=None)
-        return ApiError(response.status, str(body["code"]), str(body.get("detail", "")), seconds)
+        errors = tuple(".".join(map(str, error["loc"])) + f": {error['msg']}" for error in body.get("errors", ()))
+        return ApiError(response.status, str(body["code"]), str(body.get("detail", "")), seconds, errors)
     except (ValueError, KeyError, TypeError, aiohttp.ContentTypeError):
         return ApiError(response.status, f"HTTP_{response.status}", response.reason or "", seconds)

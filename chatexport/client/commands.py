@@ -26,7 +26,7 @@ import aiohttp
 from rich.console import Console
 
 from chatexport.client.api import Api, ApiError
-from chatexport.client.download import EXTENSIONS, NotVerified, download_result, extension_of
+from chatexport.client.download import NotVerified, download_result, extension_of
 from chatexport.client.exporting import Outcome, export, export_incrementally
 from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, Progress, human_bytes
 from chatexport.client.statefiles import UnusableStateFile
@@ -37,6 +37,8 @@ EXIT_INTERRUPTED = 130
 # The API's id syntaxes (README: API reference): anything else is a usage error, never a path or a request.
 OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 USER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+# A format's name, which names the output file (its extension): which names exist, the API's 422 says.
+FORMAT_NAME = re.compile(r"[a-z0-9]{1,16}")
 # RFC 3339 section 5.6 date-time with its offset (fromisoformat alone also takes week dates, spaces, no offset).
 RFC3339 = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
@@ -94,7 +96,13 @@ def _add_export(commands: Subparsers) -> None:
         metavar="ID",
         help=f"only this sender's messages; repeatable (at most {MAX_SENDERS})",
     )
-    sub.add_argument("--format", choices=tuple(EXTENSIONS), default="jsonl", help="the file's format (default jsonl)")
+    sub.add_argument(
+        "--format",
+        type=_format_name,
+        default="jsonl",
+        metavar="NAME",
+        help="the file's format, as the API names it (default jsonl); an unknown one, the API refuses",
+    )
     sub.add_argument("--gzip", action="store_true", help="compress the file with gzip")
     sub.add_argument(
         "--max-part-bytes",
@@ -181,6 +189,12 @@ def _timestamp(value: str) -> datetime:
     raise argparse.ArgumentTypeError("not an RFC 3339 date-time with an offset, such as 2024-05-01T08:00:00Z")
 
 
+def _format_name(value: str) -> str:
+    if not FORMAT_NAME.fullmatch(value):
+        raise argparse.ArgumentTypeError("not a format name (1-16 of a-z 0-9)")
+    return value
+
+
 def _sender(value: str) -> str:
     if not USER_ID.fullmatch(value):
         raise argparse.ArgumentTypeError("not a user id (1-64 of A-Z a-z 0-9 _ . : -)")
@@ -224,7 +238,7 @@ def _export_usage_problem(args: argparse.Namespace) -> str | None:
         return "--incremental follows the conversation as it grows: it takes no --after-seq or --before-seq"
     if args.incremental and (args.format != "jsonl" or args.max_part_bytes is not None):
         # Only JSONL files (and gzip members) concatenate into one valid file of the same format.
-        return "--incremental appends to one JSONL file: it takes no --format csv or html and no --max-part-bytes"
+        return "--incremental appends to one JSONL file: it takes only --format jsonl and no --max-part-bytes"
     return None
 
 
@@ -319,7 +333,7 @@ def _run(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) -> int
     try:
         return asyncio.run(session())
     except ApiError as exc:
-        print(f"chatexport: the API refused: {exc.code}: {exc.detail}", file=sys.stderr)
+        print(f"chatexport: the API refused: {exc.code}: {exc.detail}", *exc.errors, sep="\n  ", file=sys.stderr)
         return EXIT_REFUSED
     except (aiohttp.ClientError, TimeoutError) as exc:
         print(

@@ -15,8 +15,6 @@ from typing import Any
 from chatexport.client.api import Api, problem_of
 
 CHUNK_BYTES = 256 * 1024
-# The file name's extension of each format the API writes (README: API reference, Export options).
-EXTENSIONS = {"jsonl": ".jsonl", "csv": ".csv", "html": ".html"}
 
 
 class NotVerified(Exception):
@@ -34,12 +32,12 @@ class Downloaded:
 
 
 def extension_of(request: dict[str, Any]) -> str:
-    """The extension of a result of ``request`` (a submit body, or an operation's ``request``): ``.jsonl``,
-    ``.csv`` or ``.html`` for its ``format`` (jsonl when absent), then ``.gz`` when its ``compression`` is
-    gzip. Raises ``KeyError`` for a format the client does not know.
+    """The extension of a result of ``request`` (a submit body, or an operation's ``request``): its ``format``
+    (jsonl when absent), as the API names a file after its format (README: API reference, Export options), then
+    ``.gz`` when its ``compression`` is gzip: ``.csv``, ``.html.gz``. Which formats exist, the API says.
     """
     compressed = request.get("compression") == "gzip"
-    return EXTENSIONS[request.get("format", "jsonl")] + (".gz" if compressed else "")
+    return f".{request.get('format', 'jsonl')}" + (".gz" if compressed else "")
 
 
 def result_part_path(destination: Path, number: int, extension: str) -> Path:

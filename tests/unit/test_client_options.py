@@ -90,7 +90,7 @@ def test_the_default_output_name_follows_the_format(options: tuple[str, ...], na
         ("--after-seq", str(2**63)),  # over Postgres' bigint
         ("--sender", "a b"),
         ("--sender", "x" * 65),
-        ("--format", "xml"),
+        ("--format", "../x"),  # not a name: it would name the output file
         ("--max-part-bytes", "5242879"),
         ("--max-part-bytes", "5MiB"),
         ("--progress-interval", "0"),

@@ -153,6 +153,12 @@ async def test_refusals_exit_with_their_code_and_print_the_problem(api: Client, 
     # Refused, nothing started: no state file is left to block the next export to this path.
     assert sorted(path.name for path in tmp_path.iterdir()) == []
 
+    # Which formats exist, the API says: the client lets its 422 speak.
+    unknown_format = await chatexport(api, token_of(auth, "alice"), "export", CID, "-o", output, "--format", "xml")
+    assert unknown_format.code == 3, unknown_format
+    assert "VALIDATION_FAILED" in unknown_format.stderr and "\n  body.format: Input should be" in unknown_format.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+
     no_token = await chatexport(api, None, "export", CID, "-o", output)
     assert no_token.code == 2, no_token
 
@@ -175,7 +181,7 @@ async def test_refusals_exit_with_their_code_and_print_the_problem(api: Client, 
         ("export", CID, "--until", "2024-02-30T08:00:00Z"),
         ("export", CID, "--since", "2024-05-02T00:00:00Z", "--until", "2024-05-01T00:00:00Z"),
         ("export", CID, "--sender", "a b"),
-        ("export", CID, "--format", "xml"),
+        ("export", CID, "--format", "../x"),
         ("export", CID, "--max-part-bytes", "5242879"),
         ("export", CID, "--incremental", "--format", "csv"),
         ("export", CID, "--incremental", "--max-part-bytes", "5242880"),
