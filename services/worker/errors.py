@@ -38,6 +38,12 @@ class PermanentError(Exception):
         self.message = message
 
 
+class ArtifactGone(Exception):
+    """The object to publish was removed before the SUCCEEDED transaction could take it (an adoption lost a
+    race with a removal); the transaction is rolled back.
+    """
+
+
 def access_revoked() -> PermanentError:
     """The owner is no longer a member of the conversation (README: States and failure model)."""
     return PermanentError("ACCESS_REVOKED", "You are no longer a member of this conversation.")

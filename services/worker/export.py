@@ -1,5 +1,7 @@
-"""One export attempt under a lease: read the messages in seq ranges, stream them into S3, verify, and commit SUCCEEDED
-together with the membership re-check (README: API reference, The file; States and failure model; How it works).
+"""One export attempt's work under a lease: find an earlier generation's verified file to adopt, or read the
+messages in seq ranges, stream them into S3 and verify what S3 stored; return what is to be published. The
+runner (``services.worker.runner``) commits SUCCEEDED with it, as it records every other end (README: API
+reference, The file; States and failure model; How it works).
 """
 
 from __future__ import annotations
@@ -16,18 +18,18 @@ import asyncpg
 from botocore.exceptions import ClientError
 
 from services.worker import metrics
-from services.worker.errors import LeaseLost, PermanentError, access_revoked
-from services.worker.files import FileSet, ObjectFile, WrittenFile
-from services.worker.object_writer import ObjectWriter, read_digest
+from services.worker.errors import LeaseLost
+from services.worker.files import Destination, FileSet
+from services.worker.object_writer import read_digest
 from shared.artifact_removal import remove_artifact
 from shared.logs import update_log_fields
 from shared.phases import Phase
 from shared.repository import artifacts, conversations, operations
-from shared.repository.artifacts import ArtifactFiles, ArtifactRecord, StoredPart
+from shared.repository.artifacts import ArtifactFiles, ArtifactRecord
 from shared.repository.operations import ClaimedOperation
 from shared.settings import Settings
 from shared.states import ArtifactState
-from shared.storage import artifact_key, part_key
+from shared.storage import artifact_key
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,21 @@ FIRST_RANGE_SEQS = 1000
 PROGRESS_INTERVAL_SECONDS = 1.0
 
 
+@dataclass(frozen=True)
+class Written:
+    """What an attempt has to publish: the verified ``files`` of ``generation``, the attempt's own or, when
+    ``adopted``, an earlier generation's that S3 still holds exactly as verified.
+    """
+
+    generation: int
+    files: ArtifactFiles
+    adopted: bool
+
+
 class ExportJob:
-    """Runs one attempt for ``claimed``; raises ``LeaseLost``, ``PermanentError`` or a transient error."""
+    """The work of one attempt for ``claimed`` (``write``); raises ``LeaseLost``, ``PermanentError`` or a
+    transient error.
+    """
 
     def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, claimed: ClaimedOperation) -> None:
         self._pool = pool
@@ -54,32 +69,18 @@ class ExportJob:
         # Postgres writes JSONL lines straight through COPY; other formats, and parts (which need each
         # message's seq and size), render message by message.
         self._by_row = not self._kind.postgres_renders or self._split
-        # Once the SUCCEEDED commit was sent its outcome may be unknown (a lost connection): from then on
-        # the object must not be deleted here; the janitor removes it if it was not published.
-        self._commit_sent = False
-        self._files = FileSet(self._open_file, max_part_bytes=request.max_part_bytes)
+        destination = Destination(self.key, self._kind, claimed.conversation_id, request.max_part_bytes)
+        self._files = FileSet(s3, settings, destination)
+        self._recorded_upload_id: str | None = None
         self._progress_written_at: float | None = None
 
-    def _open_file(self, number: int) -> ObjectFile:
-        key = part_key(self.key, number, extension=self._kind.extension) if self._split else self.key
-        writer = ObjectWriter(
-            self._s3,
-            bucket=self._settings.s3_bucket,
-            key=key,
-            part_size=self._settings.s3_part_size_bytes,
-            timeout_seconds=self._settings.s3_timeout_seconds,
-            content_type=self._kind.content_type,
-            on_upload_started=self._record_upload_id,
-        )
-        shape = self._kind.renderer(self._claimed.conversation_id)
-        return ObjectFile(writer, shape, key=key, number=number, compressed=self._kind.compressed)
-
-    async def run(self) -> None:
-        """Adopt an earlier generation's verified file, or write, verify and publish a new one; on any
-        failure remove what this attempt uploaded.
+    async def write(self) -> Written:
+        """An earlier generation's verified files to adopt, or this attempt's own, written and verified (its
+        record COMPLETE); on any failure remove what this attempt uploaded. Call it once per job.
         """
-        if await self._settle_earlier_generations():
-            return
+        earlier = await self._settle_earlier_generations()
+        if earlier is not None:
+            return earlier
         claimed = self._claimed
         async with self._pool.acquire() as conn:
             if not await artifacts.record_artifact(
@@ -89,18 +90,15 @@ class ExportJob:
         try:
             await self._write_messages()
             files = await self._finish_and_verify()
-            await self._publish(files, generation=claimed.generation)
-        except (LeaseLost, PermanentError):
-            await asyncio.shield(self._discard())
-            raise
         except BaseException:
-            if not self._commit_sent:
-                await asyncio.shield(self._discard())
+            await asyncio.shield(self.discard(claimed.generation))
             raise
+        return Written(claimed.generation, files, adopted=False)
 
-    async def _settle_earlier_generations(self) -> bool:
-        """After a takeover, publish an earlier generation's complete object if S3 still holds exactly what
-        was verified (True), and remove every other earlier object and upload (README: How it works: unknown outcomes).
+    async def _settle_earlier_generations(self) -> Written | None:
+        """After a takeover, the newest earlier generation's complete files if S3 still holds exactly what was
+        verified; every earlier object and upload newer than those, or all when there are none, is removed
+        (README: States and failure model, Unknown outcomes).
         """
         claimed = self._claimed
         async with self._pool.acquire() as conn:
@@ -108,9 +106,8 @@ class ExportJob:
                 conn, operation_id=claimed.operation_id, below_generation=claimed.generation
             )
         for artifact in earlier:
-            if artifact.state == ArtifactState.COMPLETE and await self._adopt(artifact):
-                metrics.ARTIFACTS_ADOPTED.inc()
-                return True
+            if artifact.state == ArtifactState.COMPLETE and await self._still_stored(artifact):
+                return Written(artifact.generation, artifact.files(), adopted=True)
             removed = await self._remove(artifact.generation)
             if removed:
                 metrics.EARLIER_ARTIFACTS_REMOVED.inc()
@@ -118,11 +115,11 @@ class ExportJob:
                 "earlier generation's artifact removed" if removed else "earlier generation's artifact kept",
                 extra=claimed.log_extra(artifact_generation=artifact.generation, artifact_state=artifact.state),
             )
-        return False
+        return None
 
-    async def _adopt(self, artifact: ArtifactRecord) -> bool:
-        recorded = artifact.files()
-        for part in recorded.parts:
+    async def _still_stored(self, artifact: ArtifactRecord) -> bool:
+        """True when S3 holds every file of the COMPLETE ``artifact`` with its recorded size and sha256."""
+        for part in artifact.files().parts:
             try:
                 stored = await read_digest(self._s3, bucket=self._settings.s3_bucket, key=part.key)
             except ClientError as exc:
@@ -132,18 +129,6 @@ class ExportJob:
             # The same size and sha256 are the same bytes, so every count made of them still holds.
             if (stored.size_bytes, stored.sha256) != (part.size_bytes, part.sha256):
                 return False
-        try:
-            await self._publish(recorded, generation=artifact.generation)
-        except ArtifactGone:
-            return False
-        except (LeaseLost, PermanentError):
-            # Canceled, superseded or refused: the object must not outlive the attempt that found it (a
-            # newer generation's adoption is safe: a published object is never removed). A failed removal
-            # is left to the janitor and must not hide why the attempt ended.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._remove(artifact.generation))
-            raise
-        log.info("earlier generation's artifact adopted", extra=self._claimed.log_extra(adopted=artifact.generation))
         return True
 
     async def _write_messages(self) -> None:
@@ -168,6 +153,7 @@ class ExportJob:
                     reading = asyncio.create_task(self._read_range(current.high, span))
                 handed = self._files.progress()[1]
                 await self._take(current)
+                await self._record_upload_id()
                 metrics.EXPORTED_BYTES.inc(self._files.progress()[1] - handed)
                 await self._progress(Phase.WRITING)
         finally:
@@ -221,8 +207,8 @@ class ExportJob:
         await self._progress(Phase.UPLOADING)
         # SUCCEEDED promises verified files (README: States and failure model): each writer checks what S3
         # stored against what it sent (``ObjectWriter.finish``).
-        written = await self._files.finish()
-        files = ArtifactFiles(self.key, tuple(_stored_part(done) for done in written), split=self._split)
+        files = ArtifactFiles(self.key, tuple(await self._files.finish()), split=self._split)
+        await self._record_upload_id()
         claimed = self._claimed
         async with self._pool.acquire() as conn:
             if not await artifacts.complete_artifact(
@@ -230,39 +216,6 @@ class ExportJob:
             ):
                 raise LeaseLost("artifact")
         return files
-
-    async def _publish(self, files: ArtifactFiles, *, generation: int) -> None:
-        """Commit SUCCEEDED with the ``files`` of ``generation`` (ours, or an adopted earlier one) after the
-        membership re-check, in one transaction (README: States and failure model). Raises ``PermanentError`` (access
-        revoked), ``LeaseLost``, or ``ArtifactGone`` when that object was removed meanwhile.
-        """
-        claimed = self._claimed
-        async with self._pool.acquire() as conn, conn.transaction():
-            if not await conversations.is_member(
-                conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id, lock=True
-            ):
-                raise access_revoked()
-            published = await operations.succeed(
-                conn,
-                operation_id=claimed.operation_id,
-                generation=claimed.generation,
-                files=files,
-                result_ttl_seconds=self._settings.result_ttl_seconds,
-            )
-            if not published:
-                raise LeaseLost("result")
-            if not await artifacts.publish_artifact(conn, operation_id=claimed.operation_id, generation=generation):
-                raise ArtifactGone(files.key)
-            self._commit_sent = True
-        log.info(
-            "export succeeded",
-            extra=claimed.log_extra(
-                size_bytes=files.size_bytes,
-                messages=files.message_count,
-                parts=len(files.parts),
-                key_generation=generation,
-            ),
-        )
 
     async def _progress(self, phase: Phase) -> None:
         """Show ``phase`` and the counts so far in the operation, at most every ``PROGRESS_INTERVAL_SECONDS``
@@ -290,7 +243,13 @@ class ExportJob:
         if not held:
             raise LeaseLost("progress")
 
-    async def _record_upload_id(self, upload_id: str) -> None:
+    async def _record_upload_id(self) -> None:
+        """Record the multipart upload the files began last, once, for operators (README: API reference,
+        Admin view of an operation); clean-up finds uploads by listing their keys, so it does not depend on this.
+        """
+        upload_id = self._files.upload_id
+        if upload_id is None or upload_id == self._recorded_upload_id:
+            return
         async with self._pool.acquire() as conn:
             await artifacts.record_upload_id(
                 conn,
@@ -298,19 +257,24 @@ class ExportJob:
                 generation=self._claimed.generation,
                 upload_id=upload_id,
             )
+        self._recorded_upload_id = upload_id
 
-    async def _discard(self) -> None:
-        """Remove this attempt's object and upload; what cannot be removed now, the janitor removes later.
+    async def discard(self, generation: int) -> None:
+        """Stop the upload in flight and remove the objects and uploads of ``generation`` (this attempt's, or
+        the earlier one ``write`` returned); what cannot be removed now, the janitor removes later.
 
-        Under the artifact's record: a newer generation may have adopted this object meanwhile, and then it
-        is kept (``remove_artifact`` refuses a served result).
+        Under the artifact's record: a newer generation may have adopted the object meanwhile, and then it is
+        kept (``remove_artifact`` refuses a served result).
         """
         for writer in self._files.writers():
             await writer.abandon()
         try:
-            await self._remove(self._claimed.generation)
+            await self._remove(generation)
         except Exception:
-            log.warning("could not remove artifact; left to the janitor", extra=self._claimed.log_extra(key=self.key))
+            log.warning(
+                "could not remove artifact; left to the janitor",
+                extra=self._claimed.log_extra(artifact_generation=generation),
+            )
 
     async def _remove(self, generation: int) -> bool:
         """``remove_artifact`` for this operation's ``generation``; raises what it raises."""
@@ -336,18 +300,6 @@ class Range:
     rows: list[conversations.ExportRow] | None = None
 
 
-def _stored_part(done: WrittenFile) -> StoredPart:
-    return StoredPart(
-        number=done.number,
-        key=done.key,
-        size_bytes=done.written.size_bytes,
-        sha256=done.written.sha256,
-        message_count=done.message_count,
-        first_seq=done.first_seq,
-        last_seq=done.last_seq,
-    )
-
-
 def _appender(chunks: list[bytes]) -> Callable[[bytes], Awaitable[None]]:
     """A COPY sink that appends each chunk to ``chunks``."""
 
@@ -355,9 +307,3 @@ def _appender(chunks: list[bytes]) -> Callable[[bytes], Awaitable[None]]:
         chunks.append(data)
 
     return append
-
-
-class ArtifactGone(Exception):
-    """The object to publish was removed before the SUCCEEDED transaction could take it (adoption lost a
-    race with a removal); the transaction is rolled back.
-    """

@@ -9,12 +9,16 @@ the other, so memory stays that of one writer whatever the number of parts.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from services.worker.object_writer import Digest, ObjectWriter
+from services.worker.object_writer import ObjectWriter
+from shared.formats import FileKind
 from shared.rendering import Renderer
+from shared.repository.artifacts import StoredPart
 from shared.repository.conversations import ExportRow
+from shared.settings import Settings
+from shared.storage import part_key
 
 # wbits for zlib's gzip container (RFC 1952) with a 32 KiB window; the header's time is 0, so the same
 # messages give the same bytes.
@@ -22,17 +26,24 @@ GZIP_WBITS = 16 + zlib.MAX_WBITS
 
 
 @dataclass(frozen=True)
-class WrittenFile:
-    """A finished file: its ``key``, 1-based ``number``, what was ``written`` (stored bytes), and the
-    messages it holds with their first and last seq (None when it holds none).
+class Destination:
+    """Where and how the files of one artifact are written: under ``key`` (with ``max_part_bytes``, the folder
+    of its parts, ``shared.storage.part_key``), as ``kind`` rendered for ``conversation_id``.
     """
 
     key: str
-    number: int
-    written: Digest
-    message_count: int
-    first_seq: int | None
-    last_seq: int | None
+    kind: FileKind
+    conversation_id: str
+    max_part_bytes: int | None
+
+    @property
+    def split(self) -> bool:
+        """True when the artifact is parts of at most ``max_part_bytes``."""
+        return self.max_part_bytes is not None
+
+    def file_key(self, number: int) -> str:
+        """The key of file ``number`` (1-based): the artifact's own, or its part's."""
+        return part_key(self.key, number, extension=self.kind.extension) if self.split else self.key
 
 
 class ObjectFile:
@@ -65,28 +76,33 @@ class ObjectFile:
         self.last_seq = last_seq if last_seq is not None else self.last_seq
         await self._writer.write(self._compressor.compress(data) if self._compressor else data)
 
-    async def finish(self) -> WrittenFile:
-        """Write the footer, end the compressed stream and make the object visible."""
+    async def finish(self) -> StoredPart:
+        """Write the footer, end the compressed stream and make the object visible; return it as verified."""
         footer = self.renderer.footer()
         self.rendered_bytes += len(footer)
         if self._compressor is not None:
             footer = self._compressor.compress(footer) + self._compressor.flush()
         await self._writer.write(footer)
-        written = await self._writer.finish()
-        return WrittenFile(self.key, self.number, written, self.message_count, self.first_seq, self.last_seq)
+        stored = await self._writer.finish()
+        return StoredPart(
+            self.number, self.key, stored.size_bytes, stored.sha256, self.message_count, self.first_seq, self.last_seq
+        )
 
 
 class FileSet:
-    """The files of one artifact. ``open_file(number)`` starts file ``number`` (its header written by the
-    caller through ``ObjectFile.add``); with ``max_part_bytes`` a file that a message would take past that
-    size (rendered, before compression, footer included) is finished and the message starts the next one.
+    """The files of one artifact, written with the aiobotocore client ``s3`` to ``destination`` in the bucket
+    of ``settings``, in upload parts of ``s3_part_size_bytes``. With ``destination.max_part_bytes`` a file
+    that a message would take past that size (rendered, before compression, footer included) is finished
+    and the message starts the next one.
     """
 
-    def __init__(self, open_file: Callable[[int], ObjectFile], *, max_part_bytes: int | None) -> None:
-        self._open_file = open_file
-        self._max_part_bytes = max_part_bytes
-        self._finished: list[WrittenFile] = []
+    def __init__(self, s3: Any, settings: Settings, destination: Destination) -> None:
+        self._s3 = s3
+        self._settings = settings
+        self._destination = destination
+        self._finished: list[StoredPart] = []
         self._current: ObjectFile | None = None
+        self._latest: ObjectFile | None = None
 
     async def add_rows(self, rows: list[ExportRow]) -> None:
         """Render and append ``rows`` (in seq order), starting a new part where the size requires."""
@@ -101,10 +117,10 @@ class FileSet:
 
     async def add_lines(self, data: bytes) -> None:
         """Append ``data``, JSONL lines (one message each, counted by their ends) of a file that is never split."""
-        assert self._max_part_bytes is None
+        assert not self._destination.split
         await (await self._file()).add(data, messages=data.count(b"\n"))
 
-    async def finish(self) -> list[WrittenFile]:
+    async def finish(self) -> list[StoredPart]:
         """Finish the last file (an empty export still has one) and return every file, in order."""
         await self._file()
         await self._finish_current()
@@ -113,7 +129,7 @@ class FileSet:
     def progress(self) -> tuple[int, int]:
         """(messages, stored bytes) written so far."""
         messages = sum(done.message_count for done in self._finished)
-        stored = sum(done.written.size_bytes for done in self._finished)
+        stored = sum(done.size_bytes for done in self._finished)
         if self._current is not None:
             messages += self._current.message_count
             stored += self._current.writer.digest().size_bytes
@@ -123,19 +139,38 @@ class FileSet:
         """The writer of the file being written, if any (to abandon it)."""
         return [] if self._current is None else [self._current.writer]
 
+    @property
+    def upload_id(self) -> str | None:
+        """The multipart upload of the file opened last, once its writer began one (for the caller to record)."""
+        return None if self._latest is None else self._latest.writer.upload_id
+
     def _outgrows(self, current: ObjectFile, piece: bytes) -> bool:
         # A file holds at least one message: no message is near the 5 MiB floor of max_part_bytes (the
         # body limits), so this only guards the impossible case against an endless loop.
-        limit = self._max_part_bytes
+        limit = self._destination.max_part_bytes
         if limit is None or current.message_count == 0:
             return False
         return current.rendered_bytes + len(piece) + current.renderer.footer_at_most > limit
 
     async def _file(self) -> ObjectFile:
         if self._current is None:
-            self._current = self._open_file(len(self._finished) + 1)
+            self._current = self._latest = self._open(len(self._finished) + 1)
             await self._current.add(self._current.renderer.header(), messages=0)
         return self._current
+
+    def _open(self, number: int) -> ObjectFile:
+        where, settings = self._destination, self._settings
+        key = where.file_key(number)
+        writer = ObjectWriter(
+            self._s3,
+            bucket=settings.s3_bucket,
+            key=key,
+            part_size=settings.s3_part_size_bytes,
+            timeout_seconds=settings.s3_timeout_seconds,
+            content_type=where.kind.content_type,
+        )
+        renderer = where.kind.renderer(where.conversation_id)
+        return ObjectFile(writer, renderer, key=key, number=number, compressed=where.kind.compressed)
 
     async def _finish_current(self) -> None:
         assert self._current is not None

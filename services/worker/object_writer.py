@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +33,8 @@ class Digest:
 
 
 class ObjectWriter:
-    """Streams bytes into ``bucket/key``, stored with ``content_type``; ``on_upload_started(upload_id)`` runs
-    before any part is sent.
+    """Streams bytes into ``bucket/key``, stored with ``content_type``. It calls nothing but S3: what the
+    caller records (the multipart upload it began, the digest of what it stored) it reads from the writer.
 
     Each upload request is bounded by ``shared.storage.upload_deadline`` from ``timeout_seconds``.
     """
@@ -49,7 +48,6 @@ class ObjectWriter:
         part_size: int,
         timeout_seconds: float,
         content_type: str,
-        on_upload_started: Callable[[str], Awaitable[None]],
     ) -> None:
         self._s3 = s3
         self._timeout_seconds = timeout_seconds
@@ -57,7 +55,6 @@ class ObjectWriter:
         self._key = key
         self._part_size = part_size
         self._content_type = content_type
-        self._on_upload_started = on_upload_started
         self._buffer = bytearray()
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
@@ -65,6 +62,11 @@ class ObjectWriter:
         self._part_md5s: dict[int, bytes] = {}
         self._hash = hashlib.sha256()
         self._size = 0
+
+    @property
+    def upload_id(self) -> str | None:
+        """The multipart upload this writer began, or None while the object is still a single PutObject."""
+        return self._upload_id
 
     def digest(self) -> Digest:
         """Size and sha256 of everything written so far."""
@@ -88,7 +90,6 @@ class ObjectWriter:
                 Bucket=self._bucket, Key=self._key, ContentType=self._content_type
             )
             self._upload_id = created["UploadId"]
-            await self._on_upload_started(self._upload_id)
         part = {"PartNumber": len(self._parts) + 1}
         self._parts.append(part)
         self._in_flight = asyncio.create_task(self._upload_part(part, chunk))

@@ -1,5 +1,6 @@
-"""Running one claimed lease to its end: heartbeats while the job works, then the state the outcome
-calls for (SUCCEEDED is written by the job; FAILED, RETRY_AT, FAILED_REPAIR, CANCELED here).
+"""Running one claimed lease to its end: heartbeats while the job works, then the record of how the attempt
+ended, every end written here: SUCCEEDED with what the job returns (``services.worker.export``), or FAILED,
+RETRY_AT, FAILED_REPAIR, CANCELED, or the lease handed back.
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ from typing import Any
 import asyncpg
 
 from services.worker import metrics
-from services.worker.errors import LeaseLost, access_revoked, classify, error_name, is_missing_bucket
-from services.worker.export import ExportJob
+from services.worker.errors import (
+    ArtifactGone,
+    LeaseLost,
+    PermanentError,
+    access_revoked,
+    classify,
+    error_name,
+    is_missing_bucket,
+)
+from services.worker.export import ExportJob, Written
 from shared.artifact_removal import remove_artifacts
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.phases import Phase
-from shared.repository import operations
+from shared.repository import artifacts, conversations, operations
 from shared.repository.operations import ClaimedOperation, CurrentState, current_state, finish_cancel
 from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
@@ -69,7 +78,7 @@ class LeaseRunner:
 
     async def _attempt(self, claimed: ClaimedOperation) -> None:
         try:
-            await ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, claimed=claimed).run()
+            await self._export(claimed)
             metrics.ATTEMPTS_ENDED.labels(State.SUCCEEDED).inc()
         except LeaseLost as lost:
             await self._after_lease_lost(claimed, write=lost.write)
@@ -83,6 +92,57 @@ class LeaseRunner:
                 await asyncio.shield(self._hand_back(claimed))
                 raise asyncio.CancelledError from exc
             await self._end_failed_attempt(claimed, exc)
+
+    async def _export(self, claimed: ClaimedOperation) -> None:
+        """Have the job write (or find) the files, then commit SUCCEEDED with them. When the object of an
+        earlier generation the job would adopt is removed before the commit takes it, a new job looks again
+        (README: States and failure model, Unknown outcomes): each look removes that object for good.
+        """
+        while True:
+            job = ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, claimed=claimed)
+            if await self._succeed(claimed, job, await job.write()):
+                return
+
+    async def _succeed(self, claimed: ClaimedOperation, job: ExportJob, written: Written) -> bool:
+        """Commit SUCCEEDED with ``written`` after the membership re-check, in one transaction (README: States
+        and failure model); False, with nothing committed, when ``written`` was adopted and its object removed
+        meanwhile. Raises ``PermanentError`` (access revoked), ``LeaseLost`` or a transient error; the object of
+        ``written`` is removed first (``_must_discard``).
+        """
+        commit_sent = False
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await self._publish(conn, claimed, written)
+                # From here the commit's outcome may be unknown (a lost connection): the object must not be
+                # removed here; the janitor removes it if it was not published.
+                commit_sent = True
+        except BaseException as exc:
+            if isinstance(exc, ArtifactGone) and written.adopted:
+                return False
+            if _must_discard(exc, written, commit_sent=commit_sent):
+                await asyncio.shield(job.discard(written.generation))
+            raise
+        _report_success(claimed, written)
+        return True
+
+    async def _publish(self, conn: asyncpg.Connection, claimed: ClaimedOperation, written: Written) -> None:
+        """The statements of the SUCCEEDED transaction on ``conn``; raises ``PermanentError`` (access revoked),
+        ``LeaseLost``, or ``ArtifactGone`` when the object of ``written`` was removed meanwhile.
+        """
+        if not await conversations.is_member(
+            conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id, lock=True
+        ):
+            raise access_revoked()
+        if not await operations.succeed(
+            conn,
+            operation_id=claimed.operation_id,
+            generation=claimed.generation,
+            files=written.files,
+            result_ttl_seconds=self._settings.result_ttl_seconds,
+        ):
+            raise LeaseLost("result")
+        if not await artifacts.publish_artifact(conn, operation_id=claimed.operation_id, generation=written.generation):
+            raise ArtifactGone(written.files.key)
 
     async def refuse(self, claimed: ClaimedOperation) -> None:
         """End ``claimed`` FAILED with ``ACCESS_REVOKED`` before any work: the owner is no longer a member
@@ -153,8 +213,8 @@ class LeaseRunner:
                 log.info("export canceled by the worker", extra=claimed.log_extra())
 
     async def _end_failed_attempt(self, claimed: ClaimedOperation, exc: Exception) -> None:
-        outcome = classify(exc, attempt=claimed.attempt, settings=self._settings)
-        if outcome.code == "ACCESS_REVOKED":
+        verdict = classify(exc, attempt=claimed.attempt, settings=self._settings)
+        if verdict.code == "ACCESS_REVOKED":
             AUTHORIZATION_REFUSALS.labels("execute").inc()
         if is_missing_bucket(exc):
             # Recreated here, so that the retry can succeed once the file store is back.
@@ -162,7 +222,7 @@ class LeaseRunner:
                 await ensure_bucket(self._s3, self._settings.s3_bucket)
         log.warning(
             "export attempt failed",
-            extra=claimed.log_extra(error=error_name(exc), code=outcome.code, next_state=outcome.state),
+            extra=claimed.log_extra(error=error_name(exc), code=verdict.code, next_state=verdict.state),
         )
         try:
             async with self._pool.acquire() as conn, conn.transaction():
@@ -170,14 +230,14 @@ class LeaseRunner:
                     conn,
                     operation_id=claimed.operation_id,
                     generation=claimed.generation,
-                    state=outcome.state,
-                    error_code=outcome.code,
-                    error_message=outcome.message,
-                    retry_delay_seconds=outcome.retry_delay_seconds,
+                    state=verdict.state,
+                    error_code=verdict.code,
+                    error_message=verdict.message,
+                    retry_delay_seconds=verdict.retry_delay_seconds,
                 )
-                if ended and outcome.retry_delay_seconds is not None:
+                if ended and verdict.retry_delay_seconds is not None:
                     await enqueue_run(
-                        conn, operation_id=claimed.operation_id, delay_seconds=outcome.retry_delay_seconds
+                        conn, operation_id=claimed.operation_id, delay_seconds=verdict.retry_delay_seconds
                     )
         except TRANSIENT_DATABASE_ERRORS:
             # The lease expires and the janitor re-enqueues the operation: nothing is lost.
@@ -186,7 +246,7 @@ class LeaseRunner:
         if not ended:
             await self._after_lease_lost(claimed, write="state")
         else:
-            metrics.ATTEMPTS_ENDED.labels(outcome.state).inc()
+            metrics.ATTEMPTS_ENDED.labels(verdict.state).inc()
 
     async def _hand_back(self, claimed: ClaimedOperation) -> None:
         handed_back = False
@@ -220,6 +280,33 @@ def _report_rejection(claimed: ClaimedOperation, *, write: str, now: CurrentStat
         "fenced write rejected: a newer generation holds the operation" if superseded else "fenced write rejected",
         extra=claimed.log_extra(write=write, state_now=now and now.state, generation_now=now and now.generation),
     )
+
+
+def _report_success(claimed: ClaimedOperation, written: Written) -> None:
+    """Log the committed SUCCEEDED with its figures; count and log an adoption."""
+    files = written.files
+    log.info(
+        "export succeeded",
+        extra=claimed.log_extra(
+            size_bytes=files.size_bytes,
+            messages=files.message_count,
+            parts=len(files.parts),
+            key_generation=written.generation,
+        ),
+    )
+    if written.adopted:
+        metrics.ARTIFACTS_ADOPTED.inc()
+        log.info("earlier generation's artifact adopted", extra=claimed.log_extra(adopted=written.generation))
+
+
+def _must_discard(exc: BaseException, written: Written, *, commit_sent: bool) -> bool:
+    """Whether ``written`` must be removed after its SUCCEEDED transaction raised ``exc``: always when canceled,
+    superseded or refused (it must not outlive the attempt that wrote or found it; a published object is never
+    removed), else only an object of this attempt's own whose commit was not sent.
+    """
+    if isinstance(exc, LeaseLost | PermanentError):
+        return True
+    return not (commit_sent or written.adopted)
 
 
 def _being_cancelled() -> bool:

@@ -15,9 +15,10 @@ from shared.repository.rows import Row
 
 @dataclass(frozen=True)
 class StoredPart:
-    """One verified object of an artifact: its 1-based ``number``, S3 ``key``, stored ``size_bytes`` and hex
-    ``sha256`` (of the stored, possibly compressed, bytes), the messages it holds and their first and last
-    seq (None when it holds none).
+    """One finished, verified file of an artifact (its one file, or one of its parts): its 1-based ``number``,
+    S3 ``key``, stored ``size_bytes`` and hex ``sha256`` (of the stored, possibly compressed, bytes), the
+    messages it holds and their first and last seq (None when it holds none). The worker's files return it
+    (``services.worker.files``), the ``parts`` column holds its fields, and so does a result's ``parts``.
     """
 
     number: int

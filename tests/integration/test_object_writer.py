@@ -16,10 +16,7 @@ pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
 
 
-def writer(s3: Any, settings: Settings, key: str, started: list[str]) -> ObjectWriter:
-    async def on_upload_started(upload_id: str) -> None:
-        started.append(upload_id)
-
+def writer(s3: Any, settings: Settings, key: str) -> ObjectWriter:
     return ObjectWriter(
         s3,
         bucket=settings.s3_bucket,
@@ -27,7 +24,6 @@ def writer(s3: Any, settings: Settings, key: str, started: list[str]) -> ObjectW
         part_size=5 * MIB,
         timeout_seconds=settings.s3_timeout_seconds,
         content_type="application/x-ndjson",
-        on_upload_started=on_upload_started,
     )
 
 
@@ -38,13 +34,16 @@ def payload(size: int) -> bytes:
 
 async def test_large_file_becomes_a_multipart_upload_with_matching_digest(s3: Any, settings: Settings) -> None:
     data = payload(12 * MIB + 123)
-    started: list[str] = []
-    artifact = writer(s3, settings, "exports/op/g1.jsonl", started)
+    artifact = writer(s3, settings, "exports/op/g1.jsonl")
+    upload_ids: set[str | None] = set()
     for offset in range(0, len(data), 700_000):
         await artifact.write(data[offset : offset + 700_000])
+        upload_ids.add(artifact.upload_id)
     digest = await artifact.finish()
 
-    assert len(started) == 1
+    # None until the first part was full, then the one upload it began.
+    assert upload_ids - {None} == {artifact.upload_id}
+    assert artifact.upload_id is not None
     assert digest.size_bytes == len(data)
     assert digest.sha256 == hashlib.sha256(data).hexdigest()
     assert await read_digest(s3, bucket=settings.s3_bucket, key="exports/op/g1.jsonl") == digest
@@ -54,20 +53,19 @@ async def test_large_file_becomes_a_multipart_upload_with_matching_digest(s3: An
 
 async def test_small_and_empty_files_are_single_objects(s3: Any, settings: Settings) -> None:
     for key, data in (("exports/op/small.jsonl", payload(1000)), ("exports/op/empty.jsonl", b"")):
-        started: list[str] = []
-        artifact = writer(s3, settings, key, started)
+        artifact = writer(s3, settings, key)
         await artifact.write(data)
         digest = await artifact.finish()
-        assert started == []
+        assert artifact.upload_id is None
         assert await read_digest(s3, bucket=settings.s3_bucket, key=key) == digest
         assert digest.size_bytes == len(data)
 
 
 async def test_abandon_then_remove_object_leaves_no_object_and_no_upload(s3: Any, settings: Settings) -> None:
-    started: list[str] = []
-    artifact = writer(s3, settings, "exports/op/g2.jsonl", started)
+    artifact = writer(s3, settings, "exports/op/g2.jsonl")
     await artifact.write(payload(11 * MIB))
-    assert len(started) == 1
+    uploads = await s3.list_multipart_uploads(Bucket=settings.s3_bucket)
+    assert [upload["UploadId"] for upload in uploads["Uploads"]] == [artifact.upload_id]
     await artifact.abandon()
     await remove_object(s3, bucket=settings.s3_bucket, key="exports/op/g2.jsonl")
 
@@ -105,7 +103,7 @@ class ChangedOnTheWay:
 async def test_bytes_changed_on_the_way_to_s3_fail_the_upload(
     s3: Any, settings: Settings, size: int, upload: int
 ) -> None:
-    artifact = writer(ChangedOnTheWay(s3, upload=upload), settings, "exports/op/g3.jsonl", [])
+    artifact = writer(ChangedOnTheWay(s3, upload=upload), settings, "exports/op/g3.jsonl")
     with pytest.raises(StoredBytesDiffer):
         await artifact.write(payload(size))
         await artifact.finish()
