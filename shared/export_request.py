@@ -1,11 +1,14 @@
 """The export request (README: API reference, Submit; Export options): the one list of its fields. The body
-a client submits names the same fields (``notify`` holding ``notify_url``), and the ``operations`` table
-stores each in the column of its name.
+a client submits names the same fields (``notify`` holding ``notify_url``), the ``operations`` table stores
+each in the column of its name, and the server-side submit takes the request as one JSON object of them
+(migration 0009). A new field goes here, into the submission's schema, into a new column and into a new
+version of that function (README: Rolling deploys).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -59,6 +62,12 @@ class ExportRequest:
         callback's URL, defaults included, times as API timestamps, ``senders`` a list.
         """
         return {name: _shown(getattr(self, name)) for name in SHOWN_FIELDS}
+
+    def as_json(self) -> str:
+        """Every field as one JSON object, times in ISO 8601 with their offset: the argument of the
+        server-side submit, which stores each member in the ``operations`` column of its name.
+        """
+        return json.dumps({name: getattr(self, name) for name in FIELDS}, default=datetime.isoformat)
 
 
 def _shown(value: object) -> object:

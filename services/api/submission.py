@@ -1,42 +1,32 @@
 """Submitting an export (README: API reference, Submit): membership, idempotency, quota, and the one
-transaction that creates it (``shared.repository.submissions``).
+transaction that creates it (``shared.repository.submissions``), and how each of its outcomes is answered.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import assert_never
 
 import asyncpg
 
-from services.api.metrics import IDEMPOTENCY_CONFLICTS
+from services.api.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
 from services.api.problems import Problem, not_found
 from shared.export_request import ExportRequest
 from shared.fingerprint import fingerprint
 from shared.ids import new_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
-from shared.repository.submissions import submit_export
+from shared.repository.submissions import SubmitOutcome, SubmitResult, submit_export
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 QUOTA_RETRY_AFTER_SECONDS = 10
 
-_CONFLICTS = {
-    "reused": (
-        "IDEMPOTENCY_KEY_REUSED",
-        "This Idempotency-Key was already used for a different request; use a new key.",
-    ),
-    "expired": (
-        "IDEMPOTENCY_KEY_EXPIRED",
-        "This Idempotency-Key is past its replay window; use a new key to start a new export.",
-    ),
-}
-
 
 @dataclass(frozen=True)
-class Submitted:
-    """The operation a submission answers with, and whether it was a replay of an earlier one."""
+class AcceptedSubmission:
+    """The operation a submission is answered with (202), and whether it was a replay of an earlier one."""
 
     operation_id: str
     replayed: bool
@@ -50,14 +40,14 @@ async def submit(
     conversation_id: str,
     idempotency_key: str,
     request: ExportRequest,
-) -> Submitted:
+) -> AcceptedSubmission:
     """Create the export, or find the one this key already created; commits at once (one statement).
 
     Raises ``Problem`` NOT_FOUND (not a member, or no such conversation), IDEMPOTENCY_KEY_REUSED /
     IDEMPOTENCY_KEY_EXPIRED (409) or TOO_MANY_ACTIVE_EXPORTS (429); on success the operation, its
     idempotency record and its outbox row are committed together.
     """
-    outcome = await submit_export(
+    result = await submit_export(
         conn,
         operation_id=new_operation_id(),
         owner_id=owner_id,
@@ -68,19 +58,43 @@ async def submit(
         replay_window_seconds=settings.idempotency_replay_window_seconds,
         max_active=settings.max_active_exports,
     )
-    if outcome.outcome == "not_member":
-        AUTHORIZATION_REFUSALS.labels("submit").inc()
-        raise not_found()
-    if outcome.outcome in _CONFLICTS:
-        IDEMPOTENCY_CONFLICTS.labels(_CONFLICTS[outcome.outcome][0]).inc()
-        raise Problem(*_CONFLICTS[outcome.outcome])
-    if outcome.outcome == "quota":
-        raise Problem(
-            "TOO_MANY_ACTIVE_EXPORTS",
-            f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
-            headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)},
-        )
-    assert outcome.operation_id is not None
-    if outcome.outcome == "created":
-        log.info("export submitted", extra={"operation_id": outcome.operation_id, "conversation_id": conversation_id})
-    return Submitted(operation_id=outcome.operation_id, replayed=outcome.outcome == "replayed")
+    if result.outcome is SubmitOutcome.CREATED:
+        log.info("export submitted", extra={"operation_id": result.operation_id, "conversation_id": conversation_id})
+    return _answer(result, settings)
+
+
+def _answer(result: SubmitResult, settings: Settings) -> AcceptedSubmission:
+    """Every outcome's answer and count, in one place (README: API reference, Submit; Error codes)."""
+    match result.outcome:
+        case SubmitOutcome.CREATED | SubmitOutcome.REPLAYED:
+            assert result.operation_id is not None
+            replayed = result.outcome is SubmitOutcome.REPLAYED
+            if replayed:
+                IDEMPOTENCY_REPLAYS.inc()
+            return AcceptedSubmission(result.operation_id, replayed=replayed)
+        case SubmitOutcome.NOT_MEMBER:
+            AUTHORIZATION_REFUSALS.labels("submit").inc()
+            raise not_found()
+        case SubmitOutcome.REUSED:
+            raise _conflict(
+                "IDEMPOTENCY_KEY_REUSED",
+                "This Idempotency-Key was already used for a different request; use a new key.",
+            )
+        case SubmitOutcome.EXPIRED:
+            raise _conflict(
+                "IDEMPOTENCY_KEY_EXPIRED",
+                "This Idempotency-Key is past its replay window; use a new key to start a new export.",
+            )
+        case SubmitOutcome.QUOTA:
+            raise Problem(
+                "TOO_MANY_ACTIVE_EXPORTS",
+                f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
+                headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)},
+            )
+        case _:
+            assert_never(result.outcome)
+
+
+def _conflict(code: str, detail: str) -> Problem:
+    IDEMPOTENCY_CONFLICTS.labels(code).inc()
+    return Problem(code, detail)

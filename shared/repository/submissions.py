@@ -1,5 +1,5 @@
-"""The submit's transaction (README: API reference, Submit): the server-side function ``submit_export``
-(migration 0008) checks membership, takes the per-user lock, looks the Idempotency-Key up, applies the quota
+"""The submit's transaction (README: API reference, Submit): the server-side function ``submit_export_v2``
+(migration 0009) checks membership, takes the per-user lock, looks the Idempotency-Key up, applies the quota
 and writes the operation, its idempotency record and its outbox row, in one round trip.
 
 It is the only code that writes ``idempotency_keys`` (a user's keys, going with their operation by ``ON
@@ -11,25 +11,38 @@ could answer (README: Benchmark).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import asyncpg
 
 from shared.broker import EXPORT_ROUTING_KEY
 from shared.export_request import ExportRequest
 from shared.ids import is_valid_id
-from shared.repository.rows import Row
 from shared.states import ACTIVE
 
 _ACTIVE_STATES = sorted(state.value for state in ACTIVE)
 
 
+class SubmitOutcome(StrEnum):
+    """What the submit decided, as the SQL type ``submit_outcome`` (migration 0009) names it."""
+
+    NOT_MEMBER = "not_member"
+    # The key's earlier operation, for a different request.
+    REUSED = "reused"
+    # The key's earlier operation, past the replay window.
+    EXPIRED = "expired"
+    QUOTA = "quota"
+    REPLAYED = "replayed"
+    CREATED = "created"
+
+
 @dataclass(frozen=True)
-class SubmitOutcome(Row):
-    """What ``submit_export`` did: ``outcome`` is ``created`` or ``replayed`` (``operation_id`` is the
-    operation), ``reused`` or ``expired`` (the key's earlier operation), ``quota`` or ``not_member``.
+class SubmitResult:
+    """What ``submit_export`` did, and the operation it concerns: the new or replayed one, the key's earlier
+    one when ``REUSED`` or ``EXPIRED``, None when ``NOT_MEMBER`` or ``QUOTA``.
     """
 
-    outcome: str
+    outcome: SubmitOutcome
     operation_id: str | None
 
 
@@ -44,18 +57,18 @@ async def submit_export(
     request: ExportRequest,
     replay_window_seconds: int,
     max_active: int,
-) -> SubmitOutcome:
+) -> SubmitResult:
     """Create ``operation_id`` for ``request`` unless an earlier use of ``idempotency_key`` by ``owner_id``,
     the quota of ``max_active`` active operations, or the caller's membership decides otherwise; commits
     with the caller's transaction, or at once without one.
 
-    A conversation id that breaks the id syntax (``shared.ids``) cannot be stored, so it is ``not_member``
+    A conversation id that breaks the id syntax (``shared.ids``) cannot be stored, so it is ``NOT_MEMBER``
     without a query, as in ``conversations.is_member``: a U+0000 never reaches Postgres.
     """
     if not is_valid_id(conversation_id):
-        return SubmitOutcome("not_member", None)
+        return SubmitResult(SubmitOutcome.NOT_MEMBER, None)
     row = await conn.fetchrow(
-        "SELECT * FROM submit_export($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
+        "SELECT outcome::text, operation_id FROM submit_export_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)",
         operation_id,
         owner_id,
         conversation_id,
@@ -65,14 +78,6 @@ async def submit_export(
         max_active,
         _ACTIVE_STATES,
         EXPORT_ROUTING_KEY,
-        request.format,
-        request.before_seq,
-        request.after_seq,
-        request.notify_url,
-        request.since,
-        request.until,
-        None if request.senders is None else list(request.senders),
-        request.compression,
-        request.max_part_bytes,
+        request.as_json(),
     )
-    return SubmitOutcome.from_row(row)
+    return SubmitResult(SubmitOutcome(row["outcome"]), row["operation_id"])

@@ -17,7 +17,7 @@ from services.api.bodies import read_model
 from services.api.fields import sole_field
 from services.api.idempotency import HEADER, parse_idempotency_key
 from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
-from services.api.metrics import DOWNLOADS, DOWNLOADS_STREAMING, IDEMPOTENCY_REPLAYS
+from services.api.metrics import DOWNLOADS, DOWNLOADS_STREAMING
 from services.api.preconditions import Outcome, Validators
 from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
@@ -72,7 +72,6 @@ async def submit_export(request: web.Request) -> web.Response:
     assert row is not None
     headers = {"Location": operation_url(submitted.operation_id)}
     if submitted.replayed:
-        IDEMPOTENCY_REPLAYS.inc()
         headers["Idempotent-Replayed"] = "true"
     response = operation_response(row, status=202, **headers)
     if not is_terminal(row):
