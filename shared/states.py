@@ -1,12 +1,15 @@
 """The operation state machine (README: States and failure model).
 
 Every transition is one conditional UPDATE on the expected state (and, for a lease holder, the fencing
-generation). This module lists which moves exist; repositories derive conditions from it where a move has
-several sources (``sources_of``), and the worker's fenced updates name their single source in SQL.
+generation). This module lists which moves exist and the sets of states the rules speak of; a statement that
+tests a set passes it from here (``values``, ``sources_of``), and SQL names a state only alone (the worker's
+fenced updates name their single source). A test compares every state the SQL and the migrations name with
+this module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -52,11 +55,25 @@ TERMINAL: frozenset[State] = frozenset(
     {State.SUCCEEDED, State.CANCELED, State.FAILED, State.FAILED_REPAIR, State.EXPIRED}
 )
 ACTIVE: frozenset[State] = frozenset(State) - TERMINAL
+# The states an export ends in for its owner (its completion callback is sent, migration 0006): no attempt
+# runs or will publish a file any more. EXPIRED comes later, to a SUCCEEDED one.
+ENDED: frozenset[State] = TERMINAL - {State.EXPIRED}
+# The states whose records the janitor purges once retained long enough (README: Retention periods): a
+# SUCCEEDED result is served until it has EXPIRED first.
+PURGEABLE: frozenset[State] = TERMINAL - {State.SUCCEEDED}
+# The states in which a lease holder still writes its heartbeat and may hand its lease back: while
+# CANCEL_REQUESTED it still has objects to remove before CANCELED (README: States and failure model, Cancel).
+LEASE_HELD: frozenset[State] = frozenset({State.RUNNING, State.CANCEL_REQUESTED})
+
+
+def values(states: Iterable[State]) -> list[str]:
+    """``states`` as sorted strings, for a SQL ``state = ANY($n::text[])``."""
+    return sorted(state.value for state in states)
 
 
 def sources_of(target: State) -> list[str]:
     """The states from which ``target`` may be entered, as strings for a SQL ``state = ANY($n)``."""
-    return sorted(source.value for source, targets in TRANSITIONS.items() if target in targets)
+    return values(source for source, targets in TRANSITIONS.items() if target in targets)
 
 
 class ArtifactState(StrEnum):

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 import asyncpg
 
 from shared.repository.rows import Row
+from shared.states import ENDED, values
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, lim
                    o.state = 'EXPIRED' AS expired_result,
                    (a.state <> 'PUBLISHED'
                     AND (a.generation < o.generation
-                         OR o.state IN ('SUCCEEDED', 'CANCELED', 'FAILED', 'FAILED_REPAIR'))) AS left_behind
+                         OR o.state = ANY($3::text[]))) AS left_behind
             FROM artifacts a JOIN operations o USING (operation_id)
             WHERE a.state <> 'DELETED' AND a.updated_at < now() - make_interval(secs => $1)) candidates
         WHERE expired_result OR left_behind
@@ -252,6 +253,7 @@ async def stale_artifacts(conn: asyncpg.Connection, *, grace_seconds: float, lim
         """,
         grace_seconds,
         limit,
+        values(ENDED),
     )
     return [StaleArtifact.from_row(row) for row in rows]
 

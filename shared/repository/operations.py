@@ -21,7 +21,7 @@ from shared.phases import Phase
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.attempts import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
 from shared.repository.rows import Row
-from shared.states import State, sources_of
+from shared.states import LEASE_HELD, PURGEABLE, State, sources_of, values
 
 
 async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> asyncpg.Record | None:
@@ -216,11 +216,12 @@ async def extend_lease(conn: asyncpg.Connection, *, operation_id: str, generatio
     status = await conn.execute(
         """
         UPDATE operations SET lease_expires_at = now() + make_interval(secs => $3)
-        WHERE operation_id = $1 AND generation = $2 AND state IN ('RUNNING', 'CANCEL_REQUESTED')
+        WHERE operation_id = $1 AND generation = $2 AND state = ANY($4::text[])
         """,
         operation_id,
         generation,
         lease_seconds,
+        values(LEASE_HELD),
     )
     return status == "UPDATE 1"
 
@@ -332,10 +333,11 @@ async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: 
             """
             UPDATE operations SET lease_expires_at = now() - interval '1 millisecond',
                 progress_phase = 'handed back', attempt = attempt - 1, updated_at = now()
-            WHERE operation_id = $1 AND generation = $2 AND state IN ('RUNNING', 'CANCEL_REQUESTED')
+            WHERE operation_id = $1 AND generation = $2 AND state = ANY($3::text[])
             """,
             operation_id,
             generation,
+            values(LEASE_HELD),
         )
         return await close_attempt_if_matched(
             status, conn, operation_id=operation_id, generation=generation, outcome="HANDED_BACK"
@@ -537,7 +539,7 @@ async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int)
         DELETE FROM operations WHERE operation_id IN (
             SELECT operation_id FROM operations
             WHERE created_at < now() - make_interval(secs => $1)
-              AND state IN ('EXPIRED', 'CANCELED', 'FAILED', 'FAILED_REPAIR')
+              AND state = ANY($3::text[])
               -- Keep the record of an object not yet removed: it is the only pointer to it.
               AND NOT EXISTS (SELECT 1 FROM artifacts a
                               WHERE a.operation_id = operations.operation_id AND a.state <> 'DELETED')
@@ -546,6 +548,7 @@ async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int)
         """,
         float(retention_seconds),
         limit,
+        values(PURGEABLE),
     )
     return [row["operation_id"] for row in rows]
 
