@@ -22,12 +22,17 @@ def dumps(body: Any) -> str:
 NO_STORE = {"Cache-Control": "no-store"}
 
 
-def operation_response(row: asyncpg.Record, *, status: int = 200, **headers: str) -> web.Response:
-    """The operation as JSON with the status monitor's headers (no-store; Retry-After while active)."""
+def operation_response(
+    row: asyncpg.Record, *, status: int = 200, poll_after_seconds: int | None = None, **headers: str
+) -> web.Response:
+    """The operation as JSON with the status monitor's headers: no-store, and while it is not terminal
+    ``Retry-After``, ``poll_after_seconds`` or else the representation's ``next_poll_after_seconds``.
+    """
     body = represent(row)
     all_headers = {**NO_STORE, **headers}
     if not is_terminal(row):
-        all_headers["Retry-After"] = str(body["next_poll_after_seconds"])
+        poll_after = body["next_poll_after_seconds"] if poll_after_seconds is None else poll_after_seconds
+        all_headers["Retry-After"] = str(poll_after)
     return json_response(body, status=status, headers=all_headers)
 
 

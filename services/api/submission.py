@@ -22,6 +22,8 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 QUOTA_RETRY_AFTER_SECONDS = 10
+# The 202's Retry-After, also on a replay: a new export may end within a second (README: API reference, Submit).
+FIRST_POLL_AFTER_SECONDS = 1
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.responses import NO_STORE, operation_response
 from services.api.results import DOWNLOAD_SAFETY, ResultFile, content_disposition, result_file
 from services.api.schemas import ExportSubmission
-from services.api.submission import submit
+from services.api.submission import FIRST_POLL_AFTER_SECONDS, submit
 from services.api.transfer import TransferCut, stream
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
@@ -32,7 +32,7 @@ from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository import operations
 from shared.repository.access_events import record_access_event
 from shared.repository.conversations import is_member
-from shared.representation import is_terminal, operation_url
+from shared.representation import operation_url
 from shared.settings import Settings
 from shared.states import State
 from shared.storage import STORAGE_ERRORS
@@ -73,10 +73,7 @@ async def submit_export(request: web.Request) -> web.Response:
     headers = {"Location": operation_url(submitted.operation_id)}
     if submitted.replayed:
         headers["Idempotent-Replayed"] = "true"
-    response = operation_response(row, status=202, **headers)
-    if not is_terminal(row):
-        response.headers["Retry-After"] = "1"  # the first poll after a submit (README: API reference)
-    return response
+    return operation_response(row, status=202, poll_after_seconds=FIRST_POLL_AFTER_SECONDS, **headers)
 
 
 # Download refusals (README: API reference, Download), by state, in the order they are checked.
