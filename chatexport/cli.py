@@ -163,8 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except pydantic.ValidationError as exc:
-        print(f"chatexport: invalid settings: {exc}", file=sys.stderr)
+        print(f"chatexport: invalid settings: {_without_values(exc)}", file=sys.stderr)
         return 2
+
+
+def _without_values(exc: pydantic.ValidationError) -> str:
+    # pydantic's own message quotes the input, whose shortened form can end in a secret (a proxy password).
+    return "; ".join(
+        f"{'.'.join(map(str, error['loc'])) or 'settings'}: {error['msg']}"
+        for error in exc.errors(include_input=False, include_url=False)
+    )
 
 
 def _cmd_part(args: argparse.Namespace) -> int:

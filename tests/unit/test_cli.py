@@ -80,7 +80,12 @@ def test_invalid_settings_are_reported_not_raised(
 
 @pytest.mark.parametrize(
     "proxy_url",
-    ["http://relay:pr0xy-s3cret@proxy.internal:3128", "socks5://relay:pr0xy-s3cret@proxy.internal:1080"],
+    [
+        "http://relay:pr0xy-s3cret@proxy.internal:3128",
+        "socks5://relay:pr0xy-s3cret@proxy.internal:1080",
+        # Short enough that pydantic's shortened quote of the input keeps its end, the password whole.
+        "http://egress:s3cret@10.1.2.3:3128",
+    ],
 )
 def test_a_settings_error_never_shows_the_proxy_password(
     proxy_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -89,7 +94,8 @@ def test_a_settings_error_never_shows_the_proxy_password(
     monkeypatch.setenv("CHATEXPORT_WEBHOOK_PROXY_URL", proxy_url)
     assert cli.main(["token", "--sub", "alice"]) == 2
     error = capsys.readouterr().err
-    assert "invalid settings" in error and "pr0xy-s3cret" not in error
+    password = proxy_url.split(":")[2].split("@")[0]
+    assert "invalid settings" in error and password not in error
 
 
 @pytest.mark.parametrize("part", ["api", "relay", "worker", "janitor"])
