@@ -13,25 +13,11 @@ import asyncpg
 
 from shared.export_request import ExportRequest
 from shared.phases import Phase
+from shared.routes import path
 from shared.states import TERMINAL, State
 from shared.timefmt import format_timestamp
 
 EVENT_STREAM = "text/event-stream"
-
-
-def operation_url(operation_id: str) -> str:
-    """The status monitor's path: ``/v3/operations/{id}``."""
-    return f"/v3/operations/{operation_id}"
-
-
-def result_url(operation_id: str) -> str:
-    """The download path: ``/v3/exports/{id}/result``."""
-    return f"/v3/exports/{operation_id}/result"
-
-
-def part_url(operation_id: str, number: int) -> str:
-    """The download path of part ``number`` of a split result: ``/v3/exports/{id}/result/parts/{number}``."""
-    return f"{result_url(operation_id)}/parts/{number}"
 
 
 def next_poll_after_seconds(age_seconds: float) -> int:
@@ -109,7 +95,7 @@ def _result(row: asyncpg.Record, request: ExportRequest) -> dict[str, Any] | Non
     if parts:
         return {"expires_at": expires_at, **figures, "parts": [_part(operation_id, part) for part in parts]}
     return {
-        "url": result_url(operation_id),
+        "url": path("downloadResult", operation_id=operation_id),
         "expires_at": expires_at,
         "size_bytes": row["result_size_bytes"],
         "sha256": row["result_sha256"],
@@ -126,17 +112,17 @@ def result_parts(row: asyncpg.Record) -> list[dict[str, Any]]:
 def _part(operation_id: str, part: dict[str, Any]) -> dict[str, Any]:
     return {
         "number": part["number"],
-        "url": part_url(operation_id, part["number"]),
+        "url": path("downloadResultPart", operation_id=operation_id, number=part["number"]),
         **{name: part[name] for name in ("size_bytes", "sha256", "message_count", "first_seq", "last_seq")},
     }
 
 
 def _links(operation_id: str, state: str, terminal: bool, *, split: bool) -> dict[str, str]:
-    links = {"self": operation_url(operation_id)}
+    links = {"self": path("getOperation", operation_id=operation_id)}
     if not terminal:
-        links["cancel"] = f"{operation_url(operation_id)}/cancel"
+        links["cancel"] = path("cancelOperation", operation_id=operation_id)
     if state == State.SUCCEEDED and not split:
-        links["result"] = result_url(operation_id)
+        links["result"] = path("downloadResult", operation_id=operation_id)
     return links
 
 

@@ -20,6 +20,15 @@ from services.api.problems import Problem, validation_failed
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 JSON_MEDIA_TYPE = "application/json"
+# What ``read_model`` can answer, in the order it checks.
+JSON_BODY_PROBLEMS = (
+    "UNSUPPORTED_MEDIA_TYPE",
+    "UNSUPPORTED_CONTENT_ENCODING",
+    "PAYLOAD_TOO_LARGE",
+    "REQUEST_TIMEOUT",
+    "MALFORMED_JSON",
+    "VALIDATION_FAILED",
+)
 
 
 async def read_limited(request: web.Request, *, max_bytes: int) -> bytes:

@@ -12,14 +12,16 @@ from aiohttp.typedefs import Handler
 
 from services.api.keys import PRINCIPAL, VERIFIER
 from services.api.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
-from services.api.openapi import OPENAPI_PATH
 from services.api.problems import Problem
 from shared.auth import InvalidToken
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.routes import ROUTES
 
 log = logging.getLogger(__name__)
 
 PROTECTED_PREFIXES = ("/v2/", "/v3/", "/admin/")
+# Public routes under those prefixes are let through; none of them has a path parameter.
+PUBLIC_PATHS = frozenset(route.path for route in ROUTES if route.public)
 
 # Any other method is counted as "other": the label set stays bounded whatever clients send.
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
@@ -161,10 +163,11 @@ def _from_http_exception(exc: web.HTTPException) -> Problem:
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Require a valid bearer token on ``/v2``, ``/v3`` and ``/admin``; ``/admin`` also needs ``admin``.
 
-    The OpenAPI document is the one exception: clients and tools read it before they hold a token.
+    The public routes of ``shared.routes`` are the exception: clients and tools read the OpenAPI document
+    before they hold a token.
     """
     path = request.path
-    if not path.startswith(PROTECTED_PREFIXES) or path == OPENAPI_PATH:
+    if not path.startswith(PROTECTED_PREFIXES) or path in PUBLIC_PATHS:
         return await handler(request)
     try:
         principal = request.app[VERIFIER].verify(_authorization(request))

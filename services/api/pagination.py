@@ -15,13 +15,30 @@ import json
 from datetime import UTC, datetime
 
 import asyncpg
+from pydantic import BaseModel
 
+from services.api.contract import NO_STORE_HEADER, Answer, Endpoint
 from services.api.problems import Problem, validation_failed
 from shared.ids import is_operation_id, is_valid_id
 from shared.timefmt import MAX_YEAR, MIN_YEAR
 
 # Where the list's cursor and the last row of a page come from: (created_at, operation_id).
 Keyset = tuple[datetime, str]
+
+
+def page_endpoint(route: str, summary: str, *, tag: str, query: type[BaseModel], page: type[BaseModel]) -> Endpoint:
+    """The contract of a GET of one keyset page: its ``query`` model's parameters, the ``page`` model with
+    ``no-store``, and a 422 for a bad cursor or parameter.
+    """
+    return Endpoint(
+        route=route,
+        summary=summary,
+        tag=tag,
+        description="`cursor` is a `next_cursor` passed back as it is; anything else is a 422.",
+        query=query,
+        answers=(Answer(200, "One page.", page, headers={"Cache-Control": NO_STORE_HEADER}),),
+        problems=("VALIDATION_FAILED",),
+    )
 
 
 def split_page(rows: list[asyncpg.Record], *, limit: int) -> tuple[list[asyncpg.Record], str | None]:

@@ -10,6 +10,8 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from services.api.contract import NO_STORE_HEADER, Answer
+from services.api.schemas import Operation
 from shared import jsontext
 from shared.representation import is_terminal, represent
 
@@ -34,6 +36,13 @@ def operation_response(
         poll_after = body["next_poll_after_seconds"] if poll_after_seconds is None else poll_after_seconds
         all_headers["Retry-After"] = str(poll_after)
     return json_response(body, status=status, headers=all_headers)
+
+
+def operation_answer(status: int, description: str, headers: Mapping[str, Any] | None = None) -> Answer:
+    """The contract of an ``operation_response`` of ``status``: an ``Operation`` with ``no-store`` and ``headers``
+    (``services.api.contract.header`` objects by name).
+    """
+    return Answer(status, description, Operation, headers={"Cache-Control": NO_STORE_HEADER, **(headers or {})})
 
 
 def json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:

@@ -22,11 +22,14 @@ import schemathesis
 from schemathesis import checks
 
 from devtools.localsystem import LocalSystem
-from services.api.openapi import OPENAPI_PATH, build_document
+from services.api.openapi import build_document
+from shared.routes import path
 from tests.conftest import unique
 from tests.helpers import Headers, import_lines, make_conversation, submit, wait_terminal
 
 pytestmark = pytest.mark.e2e
+
+OPENAPI_PATH = path("getOpenApiDocument")
 
 CHECKS = [
     checks.not_a_server_error,

@@ -13,15 +13,19 @@ from openapi_spec_validator import OpenAPIV31SpecValidator
 from pydantic import BaseModel
 
 from services.api import schemas
+from services.api.contract import REF_TEMPLATE
 from services.api.keys import VERIFIER
 from services.api.middlewares import auth_middleware, error_middleware
-from services.api.openapi import EVENTS_PATH, MODELS, OPENAPI_PATH, REF_TEMPLATE, build_document, document_bytes
+from services.api.openapi import MODELS, build_document, document_bytes
 from services.api.problems import CODES, PROBLEM_CONTENT_TYPE
 from services.api.routes import setup_routes
 from shared.auth import TokenVerifier
+from shared.routes import ROUTES_BY_NAME
 from shared.settings import Settings
 
 DOCUMENT = build_document()
+OPENAPI_PATH = ROUTES_BY_NAME["getOpenApiDocument"].path
+EVENTS_PATH = ROUTES_BY_NAME["streamOperationEvents"].path
 PUBLIC_PREFIXES = ("/v2/", "/v3/")
 
 

@@ -26,6 +26,7 @@ from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
 from shared.repository import access_events, artifacts, attempts, conversations, operations, webhook_deliveries
 from shared.representation import represent_for_admin, represent_for_admin_list
+from shared.routes import path
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ def _conversation_not_found(conversation_id: str) -> Problem:
     # The id passed the id syntax, so it is safe to echo; the detail tells the operator the next step.
     return Problem(
         "CONVERSATION_NOT_FOUND",
-        f"There is no conversation {conversation_id}; create it with PUT /admin/conversations/{conversation_id} first.",
+        f"There is no conversation {conversation_id}; create it with PUT "
+        f"{path('adminPutConversation', cid=conversation_id)} first.",
     )
 
 

@@ -13,7 +13,17 @@ import asyncpg
 from aiohttp import hdrs, web
 from botocore.exceptions import BotoCoreError, ClientError
 
-from services.api.bodies import read_model
+from services.api.bodies import JSON_BODY_PROBLEMS, read_model
+from services.api.contract import (
+    LOCATION_HEADER,
+    NO_STORE_HEADER,
+    Answer,
+    Body,
+    Endpoint,
+    header,
+    header_parameter,
+    retry_after,
+)
 from services.api.fields import sole_field
 from services.api.idempotency import HEADER, parse_idempotency_key
 from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
@@ -21,18 +31,19 @@ from services.api.metrics import DOWNLOADS, DOWNLOADS_STREAMING
 from services.api.preconditions import Outcome, Validators
 from services.api.problems import Problem, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
-from services.api.responses import NO_STORE, operation_response
+from services.api.responses import NO_STORE, operation_answer, operation_response
 from services.api.results import DOWNLOAD_SAFETY, ResultFile, content_disposition, result_file
 from services.api.schemas import ExportSubmission
 from services.api.submission import FIRST_POLL_AFTER_SECONDS, submit
 from services.api.transfer import TransferCut, stream
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.formats import FORMATS, GZIP_CONTENT_TYPE
 from shared.ids import is_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository import operations
 from shared.repository.access_events import record_access_event
 from shared.repository.conversations import is_member
-from shared.representation import operation_url
+from shared.routes import path
 from shared.settings import Settings
 from shared.states import State
 from shared.storage import STORAGE_ERRORS
@@ -70,7 +81,7 @@ async def submit_export(request: web.Request) -> web.Response:
         # Read after COMMIT: a replay shows the operation's current state.
         row = await operations.get_operation(conn, operation_id=submitted.operation_id, owner_id=owner_id)
     assert row is not None
-    headers = {"Location": operation_url(submitted.operation_id)}
+    headers = {"Location": path("getOperation", operation_id=submitted.operation_id)}
     if submitted.replayed:
         headers["Idempotent-Replayed"] = "true"
     return operation_response(row, status=202, poll_after_seconds=FIRST_POLL_AFTER_SECONDS, **headers)
@@ -296,3 +307,136 @@ def _download_headers(file: ResultFile, byte_range: ByteRange | None, validators
     if byte_range:
         headers["Content-Range"] = byte_range.content_range()
     return headers
+
+
+SUBMIT = Endpoint(
+    route="submitExport",
+    summary="Submit an export of a conversation",
+    tag="exports",
+    description="Checks in this order: token, Idempotency-Key, body, membership, idempotency, quota. The body is at "
+    "most `CHATEXPORT_EXPORT_REQUEST_MAX_BYTES` bytes (by default "
+    f"{Settings.model_fields['export_request_max_bytes'].default}, which fits the largest valid body).",
+    parameters=(
+        {
+            "name": HEADER,
+            "in": "header",
+            "required": True,
+            "description": "1-255 visible ASCII characters, optionally as an RFC 8941 string in double quotes; "
+            "scoped to the caller. The same key and request within the replay window replays the first answer.",
+            "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"},
+        },
+    ),
+    body=Body(ExportSubmission, "What to export."),
+    answers=(
+        operation_answer(
+            202,
+            "The operation is stored with its scheduling intent (or this is a replay): its current representation.",
+            {
+                "Location": LOCATION_HEADER,
+                "Retry-After": retry_after("Seconds before the first poll, while not terminal.", required=False),
+                "Idempotent-Replayed": header("Present on a replay.", {"const": "true"}),
+            },
+        ),
+    ),
+    problems=(
+        "IDEMPOTENCY_KEY_MISSING",
+        "IDEMPOTENCY_KEY_INVALID",
+        *JSON_BODY_PROBLEMS,
+        "NOT_FOUND",
+        "IDEMPOTENCY_KEY_REUSED",
+        "IDEMPOTENCY_KEY_EXPIRED",
+        "TOO_MANY_ACTIVE_EXPORTS",
+        "NOTIFY_URL_REFUSED",
+    ),
+)
+
+# The result's validators (RFC 9110 section 8.8), sent with the file and with a 304.
+_VALIDATORS = {
+    "ETag": header("The file's quoted sha256.", {"type": "string", "pattern": '^"[0-9a-f]{64}"$'}, required=True),
+    "Last-Modified": header("When the result was published (IMF-fixdate).", {"type": "string"}, required=True),
+}
+
+# The file in each format of the registry, and gzip-compressed (README: API reference, The file; Export options).
+_FILE_CONTENT = {
+    **{
+        entry.content_type: {"schema": {"type": "string", "description": entry.description}}
+        for entry in FORMATS.values()
+    },
+    GZIP_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary", "description": "The file, gzip-compressed."}},
+}
+
+
+def _file_answer(status: int, description: str, *, partial: bool) -> Answer:
+    """A download's answer with the file (``_download_headers``)."""
+    headers = {
+        "Cache-Control": NO_STORE_HEADER,
+        "Content-Length": header("Bytes in this response.", {"type": "integer", "minimum": 0}, required=True),
+        "Content-Disposition": header(
+            "`<conversation>-<creation date, UTC>.<extension>` (a part: `...part-<n>.<extension>`); `filename*` "
+            "(RFC 8187) when the name is not plain ASCII.",
+            {"type": "string", "pattern": '^attachment; filename=".+"'},
+            required=True,
+        ),
+        "Repr-Digest": header(
+            "The whole file's sha-256 (RFC 9530), also on a 206.",
+            {"type": "string", "pattern": "^sha-256=:[A-Za-z0-9+/]{43}=:$"},
+            required=True,
+        ),
+        "Content-Security-Policy": header(
+            "A downloaded HTML file never runs with this origin.", {"const": "sandbox"}, required=True
+        ),
+        "X-Content-Type-Options": header("No type sniffing.", {"const": "nosniff"}, required=True),
+        **_VALIDATORS,
+        "Accept-Ranges": header("One byte range per request.", {"const": "bytes"}, required=True),
+    }
+    if partial:
+        headers["Content-Range"] = header(
+            "The bytes sent.", {"type": "string", "pattern": "^bytes [0-9]+-[0-9]+/[0-9]+$"}, required=True
+        )
+    return Answer(status, description, content=_FILE_CONTENT, headers=headers)
+
+
+def _download_endpoint(*, part: bool) -> Endpoint:
+    what = "one part of a split result (`result.parts`)" if part else "the file of a result that is not split"
+    return Endpoint(
+        route="downloadResultPart" if part else "downloadResult",
+        summary=f"Download {what}",
+        tag="exports",
+        description="Checks in this order: token, owner, state, the owner's current membership, then the "
+        "preconditions of RFC 9110 section 13.2.2. Every attempt is recorded as an access event. Each user has "
+        "at most `CHATEXPORT_DOWNLOAD_PER_USER_CONCURRENCY` downloads open (429 beyond).",
+        parameters=(
+            header_parameter(
+                "Range",
+                "One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n`; several ranges or bad syntax: ignored.",
+            ),
+            header_parameter("If-Match", "412 unless one of these entity-tags matches strongly (or `*`)."),
+            header_parameter("If-Unmodified-Since", "Without If-Match: 412 if the result was published later."),
+            header_parameter("If-None-Match", "304 when one of these entity-tags matches weakly (or `*`)."),
+            header_parameter("If-Modified-Since", "Without If-None-Match: 304 unless the result was published later."),
+            header_parameter("If-Range", "Range applies only when this is the current ETag or exactly Last-Modified."),
+        ),
+        answers=(
+            _file_answer(200, "The whole file.", partial=False),
+            _file_answer(206, "The requested byte range.", partial=True),
+            Answer(
+                304,
+                "Not modified: the client's copy is current.",
+                headers={"Cache-Control": NO_STORE_HEADER, **_VALIDATORS},
+            ),
+        ),
+        problems=(
+            "NOT_FOUND",
+            "RESULT_EXPIRED",
+            "RESULT_NOT_READY",
+            "RESULT_NOT_AVAILABLE",
+            *(() if part else ("RESULT_IN_PARTS",)),
+            "ACCESS_REVOKED",
+            "PRECONDITION_FAILED",
+            "RANGE_NOT_SATISFIABLE",
+            "TOO_MANY_DOWNLOADS",
+        ),
+    )
+
+
+ENDPOINTS = (SUBMIT, _download_endpoint(part=False), _download_endpoint(part=True))

@@ -13,12 +13,22 @@ import asyncpg
 from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
-from services.api.bodies import check_body_bytes, read_model, validate_query
+from services.api.bodies import JSON_BODY_PROBLEMS, check_body_bytes, read_model, validate_query
+from services.api.contract import Answer, Body, Endpoint
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
-from services.api.pagination import decode_conversation_cursor, encode_conversation_cursor
+from services.api.pagination import decode_conversation_cursor, encode_conversation_cursor, page_endpoint
 from services.api.problems import Problem, not_found
 from services.api.responses import NO_STORE, json_response
-from services.api.schemas import ConversationListQuery, MessageId, MessagePageQuery, MessageSubmission
+from services.api.schemas import (
+    ConversationListQuery,
+    ConversationPage,
+    MessageId,
+    MessagePage,
+    MessagePageQuery,
+    MessageSubmission,
+    RecalledMessage,
+    StoredMessage,
+)
 from shared.ids import is_valid_id
 from shared.repository import conversations
 from shared.timefmt import format_timestamp
@@ -157,3 +167,42 @@ def _is_message_id(value: str) -> bool:
     except ValidationError:
         return False
     return True
+
+
+ENDPOINTS = (
+    page_endpoint(
+        "listConversations",
+        "The conversations the caller is a member of, by id",
+        tag="messages",
+        query=ConversationListQuery,
+        page=ConversationPage,
+    ),
+    Endpoint(
+        route="sendMessage",
+        summary="Store a message in a conversation the caller is a member of",
+        tag="messages",
+        description="`body` is at most `CHATEXPORT_MESSAGE_BODY_MAX_BYTES` UTF-8 bytes (default 6) and the request "
+        "at most `CHATEXPORT_MESSAGE_REQUEST_MAX_BYTES` (default 4096). A `message_id` already stored in the "
+        "conversation is a 409, also after a recall.",
+        body=Body(MessageSubmission, "The message."),
+        answers=(Answer(200, "Stored, with the seq and time it was given.", StoredMessage),),
+        problems=(*JSON_BODY_PROBLEMS, "NOT_FOUND", "DUPLICATE_MESSAGE_ID"),
+    ),
+    Endpoint(
+        route="readMessages",
+        summary="Read non-recalled messages in seq order",
+        tag="messages",
+        description="Query values are plain decimal digits; other values and unknown parameters are a 422.",
+        query=MessagePageQuery,
+        answers=(Answer(200, "One page of messages.", MessagePage),),
+        problems=("VALIDATION_FAILED", "NOT_FOUND"),
+    ),
+    Endpoint(
+        route="recallMessage",
+        summary="The sender recalls a message",
+        tag="messages",
+        description="Idempotent. Anyone but the sender, a missing message or conversation: the same 404.",
+        answers=(Answer(200, "Recalled; it is never exported.", RecalledMessage),),
+        problems=("NOT_FOUND",),
+    ),
+)

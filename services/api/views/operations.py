@@ -8,17 +8,35 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from services.api.bodies import read_model, validate_query
+from services.api.bodies import JSON_BODY_PROBLEMS, JSON_MEDIA_TYPE, read_model, validate_query
+from services.api.contract import (
+    LOCATION_HEADER,
+    NO_STORE_HEADER,
+    Answer,
+    Body,
+    Endpoint,
+    header_parameter,
+    ref,
+    retry_after,
+)
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
-from services.api.pagination import decode_cursor, split_page
+from services.api.pagination import decode_cursor, page_endpoint, split_page
 from services.api.problems import Problem, not_found
-from services.api.responses import NO_STORE, dumps, json_response, operation_response
-from services.api.schemas import EmptyQuery, EmptyRequest, OperationListQuery, OperationQuery
+from services.api.responses import NO_STORE, dumps, json_response, operation_answer, operation_response
+from services.api.schemas import (
+    EmptyQuery,
+    EmptyRequest,
+    Operation,
+    OperationListQuery,
+    OperationPage,
+    OperationQuery,
+)
 from services.api.waiting import Reader, operation_events, read_or_404, wait_for_state_change, watching
 from shared.ids import is_operation_id
 from shared.repository import operations
 from shared.repository.outbox import enqueue_run
-from shared.representation import EVENT_STREAM, is_terminal, operation_url, represent
+from shared.representation import EVENT_STREAM, is_terminal, represent
+from shared.routes import path
 from shared.states import State
 
 
@@ -124,7 +142,7 @@ async def cancel_operation(request: web.Request) -> web.Response:
     if row is None:
         raise not_found()
     if row["state"] == State.CANCEL_REQUESTED:
-        return operation_response(row, status=202, Location=operation_url(operation_id))
+        return operation_response(row, status=202, Location=path("getOperation", operation_id=operation_id))
     if row["state"] == State.CANCELED:
         return operation_response(row)
     raise Problem(
@@ -132,3 +150,100 @@ async def cancel_operation(request: web.Request) -> web.Response:
         f"The operation already ended as {row['state']}; it can no longer be canceled.",
         state=row["state"],
     )
+
+
+# OpenAPI 3.2's convention, which schemathesis checks: the schema of one event; comments are not events.
+_EVENT_SCHEMA = {
+    "description": "One server-sent event; `: heartbeat` comments come between events.",
+    "type": "object",
+    "properties": {
+        "event": {"const": "operation"},
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The operation's version."},
+        "data": {
+            "type": "string",
+            "description": "The `Operation` as one line of JSON.",
+            "contentMediaType": JSON_MEDIA_TYPE,
+            "contentSchema": ref(Operation),
+        },
+    },
+    "required": ["event", "id", "data"],
+}
+_WAITING_PROBLEMS = ("NOT_FOUND", "VALIDATION_FAILED", "TOO_MANY_WAITERS")
+
+ENDPOINTS = (
+    page_endpoint(
+        "listOperations",
+        "The caller's operations, newest first",
+        tag="operations",
+        query=OperationListQuery,
+        page=OperationPage,
+    ),
+    Endpoint(
+        route="getOperation",
+        summary="The status monitor of an export",
+        tag="operations",
+        description="With `wait` (1-60 seconds) a long poll: answered as soon as the state differs from the one "
+        "it had when the request arrived, at once when it is terminal, else after `wait` seconds; progress alone "
+        "does not end it. The caller's waiting requests are capped: 429 `TOO_MANY_WAITERS` beyond.",
+        query=OperationQuery,
+        answers=(
+            operation_answer(
+                200,
+                "The operation's current representation.",
+                {"Retry-After": retry_after("Seconds before polling again, while not terminal.", required=False)},
+            ),
+        ),
+        problems=_WAITING_PROBLEMS,
+    ),
+    Endpoint(
+        route="streamOperationEvents",
+        summary="The operation's changes as server-sent events",
+        tag="operations",
+        description="The representation on connect (unless `Last-Event-ID` is its current version) and on every "
+        "change, progress at most twice a second, until a terminal state: the stream sends it, then ends. A "
+        "wake-up hint: `getOperation` stays the source of truth.",
+        parameters=(
+            header_parameter(
+                "Last-Event-ID",
+                "The `id` of the last event received. Only the current version holds back the representation on "
+                "connect; any other value (older, above the current version, negative, not a number) gets it at "
+                "once.",
+            ),
+        ),
+        answers=(
+            Answer(
+                200,
+                "The event stream.",
+                content={EVENT_STREAM: {"schema": _EVENT_SCHEMA}},
+                headers={"Cache-Control": NO_STORE_HEADER},
+            ),
+            Answer(
+                204,
+                "The operation is terminal and `Last-Event-ID` is its version: nothing more will come (this stops "
+                "an `EventSource` from reconnecting).",
+                headers={"Cache-Control": NO_STORE_HEADER},
+            ),
+        ),
+        problems=_WAITING_PROBLEMS,
+    ),
+    Endpoint(
+        route="cancelOperation",
+        summary="Request cancellation of an export",
+        tag="operations",
+        description="Idempotent. After SUCCEEDED, FAILED, FAILED_REPAIR or EXPIRED: 409 `ALREADY_TERMINAL` with "
+        "the `state`.",
+        body=Body(EmptyRequest, "Empty, or `{}`.", required=False),
+        answers=(
+            operation_answer(200, "Already CANCELED."),
+            operation_answer(
+                202,
+                "CANCEL_REQUESTED is stored; the worker or the janitor finishes the cancellation.",
+                {
+                    "Location": LOCATION_HEADER,
+                    "Retry-After": retry_after("Seconds before polling again.", required=True),
+                },
+            ),
+        ),
+        problems=(*JSON_BODY_PROBLEMS, "NOT_FOUND", "ALREADY_TERMINAL"),
+    ),
+)

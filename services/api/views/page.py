@@ -8,6 +8,8 @@ from importlib import resources
 
 from aiohttp import web
 
+from shared.routes import path
+
 # Only this origin's own files and fetches; no inline script or style, no framing, no form posts.
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
@@ -15,13 +17,12 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
-# Path under /ui/ -> (file of services/api/page, media type).
+# Path under /ui/ -> (file of services/api/page, media type); the route's template (shared.routes) names the same.
 FILES = {
     "": ("index.html", "text/html"),
     "page.js": ("page.js", "text/javascript"),
     "page.css": ("page.css", "text/css"),
 }
-PAGE_ROUTE = "/ui/{name:(|page\\.js|page\\.css)}"
 
 
 def _read(name: str) -> bytes:
@@ -39,4 +40,4 @@ async def page_file(request: web.Request) -> web.Response:
 
 async def to_page(request: web.Request) -> web.Response:
     """``GET /ui``: to ``/ui/``, where the page's relative links resolve."""
-    raise web.HTTPPermanentRedirect("/ui/")
+    raise web.HTTPPermanentRedirect(path("pageFile", name=""))

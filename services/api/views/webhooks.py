@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from services.api.contract import NO_STORE_HEADER, Answer, Endpoint
 from services.api.keys import PRINCIPAL, SETTINGS
 from services.api.responses import NO_STORE, json_response
+from services.api.schemas import WebhookSecret
 from shared.webhooks.signing import secret_text, user_secret
 
 
@@ -25,3 +27,15 @@ async def webhook_secret(request: web.Request) -> web.Response:
         },
         headers=NO_STORE,
     )
+
+
+ENDPOINTS = (
+    Endpoint(
+        route="getWebhookSecret",
+        summary="The caller's signing secret for completion callbacks",
+        tag="exports",
+        description="Callbacks carry Standard Webhooks signatures made with this secret (and, while the "
+        "deployment key is rotated, with `previous_secret` too). Only its owner can read it.",
+        answers=(Answer(200, "The secret.", WebhookSecret, headers={"Cache-Control": NO_STORE_HEADER}),),
+    ),
+)

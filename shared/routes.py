@@ -1,0 +1,90 @@
+"""Every route of the API as plain data: its name, method and path template, each written once (README: API
+reference).
+
+The API's router (``services.api.routes``) and the OpenAPI document's paths (``services.api.openapi``) are
+both built from ``ROUTES``, and the operation representation's links (``shared.representation``) come from
+``path``. The table lives in ``shared/`` because the relay renders representations for completion callbacks
+and ``shared/`` imports no part.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# A ``{name:regex}`` parameter of an aiohttp template; the regex only narrows what the router matches.
+_CONSTRAINED = re.compile(r"\{(\w+):[^{}]*(?:\{[^{}]*\}[^{}]*)*\}")
+_PARAMETER = re.compile(r"\{(\w+)\}")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route. ``name`` is unique: aiohttp's route name, the key its handler is bound by and, for a
+    documented route, the OpenAPI ``operationId``. ``template`` is aiohttp's path template, where
+    ``{name:regex}`` constrains a parameter. A GET route also answers HEAD unless ``head`` is False (an event
+    stream: its headers would wait for the end of the stream). A ``public`` route answers without a token
+    (README: API reference): the probes, the web page and the OpenAPI document.
+    """
+
+    name: str
+    method: str
+    template: str
+    head: bool = True
+    public: bool = False
+
+    @property
+    def path(self) -> str:
+        """The template with plain ``{name}`` parameters, as OpenAPI writes it."""
+        return _CONSTRAINED.sub(r"{\1}", self.template)
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The names of the path's parameters, in order."""
+        return tuple(_PARAMETER.findall(self.path))
+
+    @property
+    def documented(self) -> bool:
+        """True for the ``/v2`` and ``/v3`` routes, which the OpenAPI document describes; the ``/admin``
+        routes are operator tooling, the others probes and the web page (README: API reference).
+        """
+        return self.template.startswith(("/v2/", "/v3/"))
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("healthz", "GET", "/healthz", public=True),
+    Route("readyz", "GET", "/readyz", public=True),
+    Route("listConversations", "GET", "/v2/conversations"),
+    Route("sendMessage", "POST", "/v2/conversations/{cid}/messages"),
+    Route("readMessages", "GET", "/v2/conversations/{cid}/messages"),
+    Route("recallMessage", "DELETE", "/v2/conversations/{cid}/messages/{message_id:[^/]+}"),
+    Route("submitExport", "POST", "/v3/conversations/{cid}/exports"),
+    Route("downloadResult", "GET", "/v3/exports/{operation_id}/result"),
+    Route("downloadResultPart", "GET", "/v3/exports/{operation_id}/result/parts/{number}"),
+    Route("listOperations", "GET", "/v3/operations"),
+    Route("getOperation", "GET", "/v3/operations/{operation_id}"),
+    Route("streamOperationEvents", "GET", "/v3/operations/{operation_id}/events", head=False),
+    Route("cancelOperation", "POST", "/v3/operations/{operation_id}/cancel"),
+    Route("getWebhookSecret", "GET", "/v3/webhooks/secret"),
+    Route("getOpenApiDocument", "GET", "/v3/openapi.json", public=True),
+    Route("toPage", "GET", "/ui", public=True),
+    Route("pageFile", "GET", "/ui/{name:(|page\\.js|page\\.css)}", public=True),
+    Route("adminPutConversation", "PUT", "/admin/conversations/{cid}"),
+    Route("adminGetConversation", "GET", "/admin/conversations/{cid}"),
+    Route("adminAddMember", "PUT", "/admin/conversations/{cid}/members/{uid}"),
+    Route("adminRemoveMember", "DELETE", "/admin/conversations/{cid}/members/{uid}"),
+    Route("adminImportMessages", "POST", "/admin/conversations/{cid}/messages:import"),
+    Route("adminListOperations", "GET", "/admin/operations"),
+    Route("adminGetOperation", "GET", "/admin/operations/{operation_id}"),
+    Route("adminRequeueOperation", "POST", "/admin/operations/{operation_id}/requeue"),
+)
+
+ROUTES_BY_NAME: dict[str, Route] = {route.name: route for route in ROUTES}
+_PATHS = {route.name: route.path for route in ROUTES}
+
+
+def path(route: str, /, **parameters: str | int) -> str:
+    """The path of the route named ``route`` with ``parameters`` filled in as they are (the callers pass
+    URL-safe ids): ``path("getOperation", operation_id="op_1")`` is ``/v3/operations/op_1``. Raises ``KeyError``
+    for an unknown route or a missing parameter.
+    """
+    return _PATHS[route].format_map(parameters)
