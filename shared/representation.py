@@ -57,6 +57,7 @@ def represent(row: asyncpg.Record) -> dict[str, Any]:
         "error": _error(row),
         "result": _result(row, request),
         "links": _links(operation_id, row["state"], terminal, split=row["result_parts"] is not None),
+        "done": terminal,
     }
     if not terminal:
         body["next_poll_after_seconds"] = next_poll_after_seconds(row["age_seconds"])

@@ -37,7 +37,7 @@ from shared.formats import (
 )
 from shared.ids import ID_PATTERN
 from shared.phases import described
-from shared.states import State
+from shared.states import TERMINAL, State
 from shared.timefmt import ceil_millisecond, parse_instant, parse_timestamp
 
 # The largest seq Postgres' bigint holds; a bigger after_seq would fail in the driver, not validate.
@@ -456,6 +456,13 @@ class Operation(StrictModel):
     error: OperationError | None
     result: OperationResult | None
     links: OperationLinks
+    done: Annotated[
+        bool,
+        Field(
+            description=f"True exactly in the terminal states ({', '.join(s for s in State if s in TERMINAL)}); "
+            "an admin requeue of FAILED_REPAIR makes it false again."
+        ),
+    ]
     next_poll_after_seconds: Annotated[int, Field(ge=1, le=30)] | SkipJsonSchema[None] = ABSENT
 
 

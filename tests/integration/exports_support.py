@@ -41,6 +41,7 @@ REPRESENTATION_KEYS = {
     "error",
     "result",
     "links",
+    "done",
 }
 # An id that was never handed out, with the shape of a real one.
 GUESSED_ID = "op_AAAAAAAAAAAAAAAAAAAAAAAA"

@@ -53,6 +53,17 @@ async def test_requeue_puts_a_parked_operation_back_with_a_fresh_budget(
     assert await wake_ups(pool) == 1
 
 
+async def test_a_requeued_operation_is_no_longer_done(api: Client, auth: Auth, pool: asyncpg.Pool) -> None:
+    # FAILED_REPAIR is parked, not final: its owner sees done until an operator requeues it (README: API
+    # reference, Operation).
+    await parked(pool)
+    before = await api.get("/v3/operations/op_1", headers=auth("alice"))
+    assert (await before.json())["done"] is True
+    await api.post("/admin/operations/op_1/requeue", headers=auth("root", admin=True))
+    after = await api.get("/v3/operations/op_1", headers=auth("alice"))
+    assert (await after.json())["done"] is False
+
+
 async def test_requeue_refusals_change_nothing(api: Client, auth: Auth, pool: asyncpg.Pool) -> None:
     await parked(pool)
     await insert_operation(pool, "op_2", "SUCCEEDED")

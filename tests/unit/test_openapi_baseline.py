@@ -13,8 +13,15 @@ from services.api.openapi import build_document
 
 BASELINE = Path(__file__).with_name("openapi_baseline.json")
 PROSE = frozenset({"description", "summary"})
-# (path of keys into the document, value) that the document gained on purpose since the baseline.
-ADDED: list[tuple[tuple[str, ...], Any]] = []
+# (path of keys into the document, addition) that the document gained on purpose since the baseline. The
+# addition is merged into what is there (``_add``), so an entry says only what is new.
+ADDED: list[tuple[tuple[str, ...], Any]] = [
+    # The representation says whether the operation is finished (README: API reference, Operation).
+    (
+        ("components", "schemas", "Operation"),
+        {"properties": {"done": {"title": "Done", "type": "boolean"}}, "required": ["done"]},
+    ),
+]
 
 
 def _without_prose(node: Any) -> Any:
@@ -25,14 +32,25 @@ def _without_prose(node: Any) -> Any:
     return node
 
 
+def _add(node: Any, addition: Any) -> Any:
+    """``node`` with ``addition`` merged in: an object member by member, a list extended at its end; anything
+    else (or nothing) is replaced by ``addition``.
+    """
+    if isinstance(node, dict) and isinstance(addition, dict):
+        return {**node, **{key: _add(node.get(key), value) for key, value in addition.items()}}
+    if isinstance(node, list) and isinstance(addition, list):
+        return [*node, *addition]
+    return addition
+
+
 def _baseline_with_additions() -> dict[str, Any]:
     document: dict[str, Any] = json.loads(BASELINE.read_text())
-    for keys, value in ADDED:
+    for keys, addition in ADDED:
         *parents, last = keys
         node = document
         for key in parents:
             node = node[key]
-        node[last] = value
+        node[last] = _add(node.get(last), addition)
     return document
 
 
