@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.webhooks.targets import RefusedTarget, normalise_host
+
 PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"
 PLACEHOLDER_WEBHOOK_SIGNING_KEY = "dev-only-insecure-webhook-key-change-me"
 MIN_JWT_SECRET_BYTES = 32
@@ -142,12 +144,15 @@ class Settings(BaseSettings):
 
 
 def _is_http_proxy(url: str) -> bool:
+    # The proxy's host is read as a callback's is (an internal proxy is what it is for, so any address).
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 (raises on a port that is not a number)
-    except ValueError:
+        port = parts.port
+        normalise_host(parts.hostname or "", bracketed=parts.netloc.rpartition("@")[2].startswith("["))
+    except (RefusedTarget, ValueError):
         return False
-    return parts.scheme == "http" and bool(parts.hostname) and parts.path in ("", "/")
+    where = parts.path in ("", "/") and not (parts.query or parts.fragment)
+    return parts.scheme == "http" and bool(parts.hostname) and port != 0 and where
 
 
 def local_url(host: str, port: int) -> str:

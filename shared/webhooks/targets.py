@@ -5,14 +5,15 @@ too (README: API reference, Completion callbacks).
 Refused unless ``allow_private`` (a setting for development and tests only): any scheme but https, a URL
 with user information, a name of this machine or its network (``localhost``, ``*.local``, ...), and any
 address in one of the networks IANA's special-purpose registries do not call globally reachable, or in the
-multicast and reserved space, whatever its spelling; an IPv6 address that carries an IPv4 one is judged by
-that one too. The table is ours rather than ``ipaddress``'s ``is_global``, whose answers changed between
-Python 3.11 patch releases.
+multicast and reserved space, or an IPv6 address outside global unicast, whatever its spelling; an IPv6
+address that carries an IPv4 one is judged by that one too. The table is ours rather than ``ipaddress``'s
+``is_global``, whose answers changed between Python 3.11 patch releases.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlsplit
 
@@ -24,6 +25,8 @@ MAX_URL_LENGTH = 900
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _DEFAULT_PORTS = {"https": 443, "http": 80}
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal", ".localdomain")
+# Python's urlsplit reads "[::1]evil" as the host ::1; browsers and resolvers refuse it, and so do we.
+_BRACKETED_AUTHORITY = re.compile(r"\[[^\]]*\](:[0-9]*)?")
 
 _TEREDO = ipaddress.IPv6Network("2001::/32")
 # IANA IPv4 Special-Purpose Address Registry (blocks not globally reachable, whole even where the registry
@@ -72,6 +75,9 @@ _REFUSED_V6 = (
     ),
     *ipaddress.IPv6Network("2001::/23").address_exclude(_TEREDO),
 )
+# Outside these every IPv6 address is refused: global unicast (RFC 4291; the rest is unassigned or special)
+# and NAT64's well-known prefix, which is judged by the IPv4 address it carries.
+_ROUTABLE_V6 = tuple(ipaddress.IPv6Network(block) for block in ("2000::/3", "64:ff9b::/96"))
 # Where the low 32 bits are an IPv4 address: IPv4-compatible (RFC 4291), IPv4-mapped (RFC 4291) and NAT64's
 # well-known and local-use prefixes in their /96 form (RFC 6052, RFC 8215).
 _LOW_32_EMBEDDINGS = tuple(
@@ -134,6 +140,10 @@ def _check_form(parts: SplitResult, *, allow_private: bool) -> None:
         raise RefusedTarget("a URL with user information is refused")
     if not parts.hostname:
         raise RefusedTarget("the URL has no host")
+    if parts.netloc.startswith("[") and not _BRACKETED_AUTHORITY.fullmatch(parts.netloc):
+        raise RefusedTarget("only a port may follow a bracketed address")
+    if parts.port == 0:
+        raise RefusedTarget("port 0 receives nothing")
 
 
 def normalise_host(host: str, *, bracketed: bool) -> str | IPAddress:
@@ -208,8 +218,10 @@ def check_address(address: IPAddress, *, allow_private: bool) -> None:
 
 
 def _refused(address: IPAddress) -> bool:
-    networks = _REFUSED_V4 if isinstance(address, ipaddress.IPv4Address) else _REFUSED_V6
-    return any(address in network for network in networks)
+    if isinstance(address, ipaddress.IPv4Address):
+        return any(address in network for network in _REFUSED_V4)
+    outside = not any(address in network for network in _ROUTABLE_V6)
+    return outside or any(address in network for network in _REFUSED_V6)
 
 
 def embedded_ipv4(address: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:

@@ -65,6 +65,16 @@ REFUSED = [
     "https://[2002:a9fe:a9fe::1]/",
     "https://[2001:0:7f00:1::fefe:fefe]/",
     "https://[2001:0:808:808::80ff:fffe]/",
+    # Outside global unicast: the old IPv4-translated form, unassigned space, beside the NAT64 prefix.
+    "https://[::ffff:0:7f00:1]/",
+    "https://[::ffff:0:a9fe:a9fe]/",
+    "https://[1::]/",
+    "https://[4000::1]/",
+    "https://[fe00::1]/",
+    "https://[64:ff9b::1:0:0]/",
+    # What follows a bracketed address can only be a port; port 0 receives nothing.
+    "https://[2001:4860:4860::8888]evil.com/",
+    "https://example.com:0/",
 ]
 
 
