@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from services.api.schemas import ExportSubmission, Message, OperationRequest
 from shared.formats import CONTENT_TYPES, FORMAT_NAMES, FORMATS, FileKind
 from shared.message_shape import FIELDS
 from shared.rendering import JSONL_LINE_SQL, Csv
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("name", FORMAT_NAMES)
@@ -37,3 +40,9 @@ def test_the_read_api_the_jsonl_line_and_the_csv_header_show_the_same_fields() -
     assert tuple(Message.model_fields) == FIELDS
     assert tuple(re.findall(r'"(\w+)":', JSONL_LINE_SQL)) == FIELDS
     assert next(csv.reader(io.StringIO(Csv("c-a").header().decode()))) == list(FIELDS)
+
+
+def test_the_readme_names_every_format_in_the_option_table() -> None:
+    row = next(line for line in README.splitlines() if line.startswith("  | `format` |"))
+    offered = row.split("|")[3].split(";")[0]
+    assert re.findall(r"`(\w+)`", offered) == list(FORMAT_NAMES)
