@@ -1,6 +1,7 @@
 """The OpenAPI document keeps its meaning: against the committed baseline (``openapi_baseline.json``, the
 document as it was before the code that builds it was reorganised), only descriptions and summaries may
-differ, and the additions named in ``ADDED``.
+differ, and the order of an ``enum``'s values (which means nothing in JSON Schema), and the additions named in
+``ADDED``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,19 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
 
 def _without_prose(node: Any) -> Any:
     if isinstance(node, dict):
-        return {key: _without_prose(value) for key, value in node.items() if key not in PROSE}
+        return {key: _meaning(key, value) for key, value in node.items() if key not in PROSE}
     if isinstance(node, list):
         return [_without_prose(item) for item in node]
     return node
+
+
+def _meaning(key: str, value: Any) -> Any:
+    """A member's value as the comparison sees it: an ``enum``'s values as a sorted list, anything else
+    ``_without_prose``.
+    """
+    if key == "enum" and isinstance(value, list):
+        return sorted(value, key=json.dumps)
+    return _without_prose(value)
 
 
 def _add(node: Any, addition: Any) -> Any:
