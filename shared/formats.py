@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from shared.rendering import Csv, Html, JsonLines, Renderer
+from shared.rendering import Csv, Html, JsonLines, Renderer, Text
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,14 @@ FORMATS: Final = {
             Csv,
         ),
         Format("html", "text/html; charset=utf-8", "One self-contained transcript, grouped by day (UTC).", Html),
+        Format(
+            "txt",
+            "text/plain; charset=utf-8",
+            "UTF-8, one line per message in ascending seq, `[2026-03-01 12:30:00.000Z] alice: body` (UTC); in a "
+            "body `\\` is written `\\\\`, a line feed `\\n`, a carriage return `\\r` and every other line "
+            "break of `str.splitlines()` `\\uXXXX`.",
+            lambda conversation_id: Text(),
+        ),
     )
 }
 FORMAT_NAMES: Final = tuple(FORMATS)

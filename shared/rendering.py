@@ -163,3 +163,34 @@ class Html:
 
     def footer(self) -> bytes:
         return ((_HTML_DAY_END if self._day is not None else "") + _HTML_END).encode()
+
+
+# str.splitlines() ends a line at each of these as well as at LF and CR (Python's documentation of str.splitlines).
+_OTHER_LINE_BREAKS = "\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+_TEXT_ESCAPES = {
+    ord("\\"): "\\\\",
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    **{ord(char): f"\\u{ord(char):04x}" for char in _OTHER_LINE_BREAKS},
+}
+
+
+class Text:
+    """TXT, the plain text DiscordChatExporter's users know: one line per message in seq order,
+    ``[2026-03-01 12:30:00.000Z] alice: body`` (the time in UTC, as the API prints it with a space for the
+    ``T``), UTF-8, no header. In a body a backslash is written ``\\\\``, a line feed ``\\n``, a carriage
+    return ``\\r`` and every other character ``str.splitlines()`` ends a line at ``\\uXXXX``, so that
+    ``splitlines()`` counts messages; a sender id cannot hold any of them (``shared.ids``).
+    """
+
+    footer_at_most = 0
+
+    def header(self) -> bytes:
+        return b""
+
+    def message(self, row: ExportedMessage) -> bytes:
+        stamp = (format_timestamp(row.sent_at) or "").replace("T", " ")
+        return f"[{stamp}] {row.sender_id}: {row.body.translate(_TEXT_ESCAPES)}\n".encode()
+
+    def footer(self) -> bytes:
+        return b""

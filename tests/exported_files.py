@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from html.parser import HTMLParser
 
 # Cells a spreadsheet would run, each of which the CSV holds with a leading ' (README: API reference, Export
@@ -81,6 +82,25 @@ def assert_self_contained(transcript: Transcript) -> None:
 def csv_rows(content: bytes) -> list[list[str]]:
     """The rows of a UTF-8 CSV file, header first."""
     return list(csv.reader(io.StringIO(content.decode("utf-8"), newline="")))
+
+
+# A TXT line: the time in UTC, the sender id (which holds no space) and the body with its escapes.
+_TXT_LINE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z)\] (\S+): (.*)")
+_TXT_ESCAPE = re.compile(r"\\(\\|n|r|u[0-9a-f]{4})")
+_TXT_ESCAPED = {"\\": "\\", "n": "\n", "r": "\r"}
+
+
+def txt_messages(content: bytes) -> list[tuple[str, str, str]]:
+    """(time, sender, body) of each line of a UTF-8 TXT file, as ``str.splitlines()`` splits it; each body
+    read back from its escapes. Fails on a line that is not a message.
+    """
+    messages = []
+    for line in content.decode("utf-8").splitlines():
+        matched = _TXT_LINE.fullmatch(line)
+        assert matched is not None, line
+        body = _TXT_ESCAPE.sub(lambda escape: _TXT_ESCAPED.get(escape[1]) or chr(int(escape[1][1:], 16)), matched[3])
+        messages.append((matched[1], matched[2], body))
+    return messages
 
 
 def big_bodies(count: int) -> list[str]:

@@ -22,6 +22,18 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
         ("components", "schemas", "Operation"),
         {"properties": {"done": {"title": "Done", "type": "boolean"}}, "required": ["done"]},
     ),
+    # The plain-text format (README: API reference, Export options): its name, its content type, its file.
+    (("components", "schemas", "ExportSubmission", "properties", "format", "enum"), ["txt"]),
+    (("components", "schemas", "OperationRequest", "properties", "format", "enum"), ["txt"]),
+    (("components", "schemas", "OperationResult", "properties", "content_type", "enum"), ["text/plain; charset=utf-8"]),
+    *(
+        (
+            ("paths", path, "get", "responses", status, "content", "text/plain; charset=utf-8"),
+            {"schema": {"type": "string"}},
+        )
+        for path in ("/v3/exports/{operation_id}/result", "/v3/exports/{operation_id}/result/parts/{number}")
+        for status in ("200", "206")
+    ),
 ]
 
 

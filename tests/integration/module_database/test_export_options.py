@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.exported_files import BODIES, FORMULAS, assert_self_contained, big_bodies, csv_rows, parsed
+from tests.exported_files import BODIES, FORMULAS, assert_self_contained, big_bodies, csv_rows, parsed, txt_messages
 from tests.helpers import (
     expect_problem,
     expected_file,
@@ -104,6 +104,22 @@ async def test_html_gives_back_every_body_as_text_grouped_by_day(api: Client, au
     assert [attrs["datetime"] for tag, attrs in transcript.tags if tag == "time" and len(attrs["datetime"] or "") == 10]
     assert content.count(b"<section>") == 2  # one per day, in UTC
     assert content.count(b'dir="auto"') >= 2 * len(BODIES)
+
+
+async def test_txt_gives_back_every_message_one_line_each(api: Client, auth: Auth, pipeline: None) -> None:
+    messages = await conversation_of(api, auth, "c-txt", BODIES)
+    operation = await succeeded(api, auth, "alice", "c-txt", {"format": "txt"}, "k-1")
+    result = operation["result"]
+    assert (result["content_type"], result["message_count"]) == ("text/plain; charset=utf-8", len(BODIES))
+    content, headers = await download(api, auth, result["url"])
+    assert hashlib.sha256(content).hexdigest() == result["sha256"]
+    assert headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert headers["Content-Disposition"].endswith('.txt"')
+    # Bodies with line feeds, CRLF, U+2028 and formula signs: still one line each.
+    assert len(content.decode("utf-8").splitlines()) == result["message_count"]
+    assert txt_messages(content) == [
+        (message["sent_at"].replace("T", " "), message["sender_id"], message["body"]) for message in messages
+    ]
 
 
 async def test_gzip_decompresses_to_the_uncompressed_file(api: Client, auth: Auth, pipeline: None) -> None:
@@ -242,7 +258,13 @@ async def test_every_part_of_every_format_opens_on_its_own(api: Client, auth: Au
     bodies = big_bodies(1600)  # about 6.6 MB of JSONL: two parts in every format
     await conversation_of(api, auth, "c-kinds", bodies)
     for number, options in enumerate(
-        ({"format": "csv"}, {"format": "html"}, {"format": "csv", "compression": "gzip"}, {"compression": "gzip"})
+        (
+            {"format": "csv"},
+            {"format": "html"},
+            {"format": "csv", "compression": "gzip"},
+            {"compression": "gzip"},
+            {"format": "txt", "compression": "gzip"},
+        )
     ):
         body = {**options, "max_part_bytes": 5 * MIB}
         operation = await succeeded(api, auth, "alice", "c-kinds", body, f"k-{number}")
@@ -264,6 +286,10 @@ async def test_every_part_of_every_format_opens_on_its_own(api: Client, auth: Au
                 transcript = parsed(content)
                 assert_self_contained(transcript)
                 seen += transcript.bodies
+            elif options.get("format") == "txt":
+                lines = txt_messages(content)
+                assert len(text.splitlines()) == len(lines) == part["message_count"], options
+                seen += [body for _, _, body in lines]
             else:
                 seen += [json.loads(line)["body"] for line in text.splitlines()]
         guarded = options.get("format") == "csv"
