@@ -14,8 +14,6 @@ import aiohttp
 
 from chatexport.client.api import Api, ApiError
 
-# The API's terminal states: nothing changes after them without an operator.
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "FAILED_REPAIR", "EXPIRED"})
 LONG_POLL_SECONDS = 30
 # Plain polls wait what the API asks, times a random factor in this range.
 JITTER = (1.0, 1.25)
@@ -24,12 +22,12 @@ Observer = Callable[[dict[str, Any]], None]
 
 
 async def until_terminal(api: Api, operation: dict[str, Any], observe: Observer) -> dict[str, Any]:
-    """Follow ``operation`` until a terminal state, calling ``observe`` with each representation seen;
+    """Follow ``operation`` until it is done (``is_done``), calling ``observe`` with each representation seen;
     return the last one. Raises ``ApiError`` for a refusal that waiting longer cannot fix (401, 404).
     """
     observe(operation)
     operation_id = operation["operation_id"]
-    while operation["state"] not in TERMINAL:
+    while not is_done(operation):
         try:
             async for operation in api.events(operation_id):
                 observe(operation)
@@ -37,6 +35,14 @@ async def until_terminal(api: Api, operation: dict[str, Any], observe: Observer)
             _reraise_final(exc)
             operation = await _long_poll_or_poll(api, operation, observe)
     return operation
+
+
+def is_done(operation: dict[str, Any]) -> bool:
+    """Whether ``operation`` (a representation) is finished: its ``done`` (README: API reference, Operation),
+    or, from an API that did not show ``done`` yet, the absence of ``next_poll_after_seconds``, which it showed
+    exactly while the operation was not finished.
+    """
+    return bool(operation.get("done", "next_poll_after_seconds" not in operation))
 
 
 async def _long_poll_or_poll(api: Api, operation: dict[str, Any], observe: Observer) -> dict[str, Any]:

@@ -117,6 +117,7 @@ class FakeApi:
         return {
             "operation_id": operation_id,
             "state": "SUCCEEDED",
+            "done": True,
             "conversation_id": CID,
             "request": {"format": "jsonl", "compression": "none", "after_seq": 0, **body},
             "estimate": {"messages_at_most": len(chosen)},

@@ -4,7 +4,6 @@
 // text (textContent), never parsed as HTML.
 "use strict";
 
-const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELED", "FAILED_REPAIR", "EXPIRED"]);
 let token = null;
 const watched = new Map();
 
@@ -93,7 +92,7 @@ function show(operation) {
     element("td", id), element("td", operation.conversation_id), element("td", operation.state, { class: "state" }),
     element("td", progress.phase + ": " + progress.messages_written + " messages, " + progress.bytes_written + " bytes"),
     actions);
-  if (!TERMINAL.has(operation.state) && !watched.has(id)) {
+  if (!operation.done && !watched.has(id)) {
     watched.set(id, true);
     watch(id).finally(() => watched.delete(id));
   }
@@ -120,7 +119,7 @@ async function watch(id) {
     for (;;) {
       const operation = await (await call("/v3/operations/" + encodeURIComponent(id))).json();
       show(operation);
-      if (TERMINAL.has(operation.state)) return;
+      if (operation.done) return;
       await new Promise((resolve) => setTimeout(resolve, 1000 * (operation.next_poll_after_seconds || 1)));
     }
   }
