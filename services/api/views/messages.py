@@ -7,7 +7,6 @@ itself (415 / 413 / 400 / 422), then membership (404, identical for a missing co
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import asyncpg
 from aiohttp import web
@@ -30,24 +29,13 @@ from services.api.schemas import (
     StoredMessage,
 )
 from shared.ids import is_valid_id
+from shared.message_shape import message_json
 from shared.repository import conversations
 from shared.timefmt import format_timestamp
 
 log = logging.getLogger(__name__)
 
 _MESSAGE_ID = TypeAdapter(MessageId)
-
-
-def message_json(row: asyncpg.Record) -> dict[str, Any]:
-    """A stored message with the keys, order and values of an export file line (README: API reference, The file)."""
-    return {
-        "conversation_id": row["conversation_id"],
-        "seq": row["seq"],
-        "message_id": row["message_id"],
-        "sender_id": row["sender_id"],
-        "sent_at": format_timestamp(row["sent_at"]),
-        "body": row["body"],
-    }
 
 
 async def _require_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> None:
