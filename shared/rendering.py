@@ -82,8 +82,8 @@ class JsonLines:
 
 class Csv:
     """CSV (RFC 4180): a header row of the ``FIELDS``, then one row per message with the read API's values,
-    CRLF line ends, UTF-8; every cell goes through ``formulas.guarded``, so that none of those that hold what
-    users chose (ids and body) runs as a formula (the others, seq and sent_at, cannot start like one).
+    CRLF line ends, UTF-8; every text cell goes through ``formulas.guarded``, so that none of those that hold
+    what users chose (ids and body) runs as a formula (sent_at, which the service writes, cannot start like one).
     """
 
     footer_at_most = 0
@@ -98,7 +98,7 @@ class Csv:
 
     def message(self, row: ExportedMessage) -> bytes:
         shown = message_json({"conversation_id": self._conversation_id, **vars(row)})
-        return self._row(tuple(guarded(str(value)) for value in shown.values()))
+        return self._row(tuple([guarded(value) if type(value) is str else str(value) for value in shown.values()]))
 
     def footer(self) -> bytes:
         return b""
