@@ -28,7 +28,7 @@ from rich.console import Console
 from chatexport.client.api import Api, ApiError
 from chatexport.client.download import NotVerified, download_result, extension_of
 from chatexport.client.exporting import Outcome, export, export_incrementally
-from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, Progress, human_bytes
+from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, Progress, human_bytes
 from chatexport.client.statefiles import UnusableStateFile
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
@@ -117,7 +117,7 @@ def _add_export(commands: Subparsers) -> None:
     )
     sub.add_argument(
         "--progress-interval",
-        type=positive_seconds,
+        type=interval_seconds,
         default=DEFAULT_INTERVAL_SECONDS,
         metavar="SECONDS",
         help="when stderr is not a terminal, a progress line at least this often (default %(default)g)",
@@ -153,6 +153,16 @@ def positive_seconds(value: str) -> float:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
     if not 0 < seconds < float("inf"):
         raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return seconds
+
+
+def interval_seconds(value: str) -> float:
+    """``value`` as seconds between progress lines, at least ``MIN_INTERVAL_SECONDS`` (a smaller one would
+    flood a log); raises ``ArgumentTypeError``.
+    """
+    seconds = positive_seconds(value)
+    if seconds < MIN_INTERVAL_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL_SECONDS:g} seconds")
     return seconds
 
 

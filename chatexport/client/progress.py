@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 DEFAULT_INTERVAL_SECONDS = 10.0
+MIN_INTERVAL_SECONDS = 0.1
 # A value made of these is written bare; any other is quoted as a JSON string (logfmt), so that a phase such as
 # "handed back" stays one field and no control character reaches a log.
 BARE_VALUE = re.compile(r"[A-Za-z0-9_.:/+-]+")
@@ -118,7 +119,8 @@ class LiveLine:
 
 class PlainLines:
     """The display of a stream that is not a terminal: a ``plain_line`` at each state change and whenever
-    ``interval`` seconds have passed since the last line, each written whole and flushed.
+    ``interval`` seconds have passed since the last line, each written whole and flushed. Once the stream
+    refuses a write (its reader gone, its disk full) no more lines are written, and the export goes on.
     """
 
     def __init__(self, stream: IO[str], interval: float, clock: Clock) -> None:
@@ -127,6 +129,7 @@ class PlainLines:
         self._clock = clock
         self._latest: dict[str, Any] | None = None
         self._started = self._printed_at = 0.0
+        self._stream_failed = False
         self._ticker: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -135,7 +138,7 @@ class PlainLines:
         self._ticker = asyncio.create_task(self._tick(), name="progress-lines")
 
     async def stop(self) -> None:
-        """Stop the clock; a failure of its writes is raised here."""
+        """Stop the clock."""
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -158,9 +161,14 @@ class PlainLines:
     def _print(self) -> None:
         now = self._clock.now()
         self._printed_at = now
-        if self._latest is not None:
+        if self._latest is None or self._stream_failed:
+            return
+        try:
             self._stream.write(plain_line(self._latest, elapsed=now - self._started) + "\n")
             self._stream.flush()
+        except OSError:
+            # A log that stopped taking lines (its reader gone, its disk full) must not end the export.
+            self._stream_failed = True
 
 
 def plain_line(operation: dict[str, Any], *, elapsed: float) -> str:

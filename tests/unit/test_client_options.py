@@ -94,6 +94,8 @@ def test_the_default_output_name_follows_the_format(options: tuple[str, ...], na
         ("--max-part-bytes", "5242879"),
         ("--max-part-bytes", "5MiB"),
         ("--progress-interval", "0"),
+        ("--progress-interval", "5e-324"),
+        ("--progress-interval", "0.09"),
         ("--progress-interval", "-1"),
         ("--progress-interval", "inf"),
         ("--progress-interval", "nan"),

@@ -135,6 +135,25 @@ async def test_a_forced_colour_environment_still_gets_plain_lines(monkeypatch: p
     assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
 
 
+class RefusingStream(io.StringIO):
+    """A stderr whose reader has gone: every write fails as a broken pipe does."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+async def test_a_log_that_stops_taking_lines_does_not_end_the_export() -> None:
+    clock = FakeClock(end=35)
+    stream = RefusingStream()
+    progress = Progress(Console(file=stream), interval=10, clock=clock)
+    clock.at(12, lambda: progress.observe(representation("RUNNING", 5)))
+    async with progress:
+        progress.observe(representation("QUEUED"))
+        await asyncio.wait_for(clock.ended.wait(), 10)
+        progress.observe(representation("SUCCEEDED", 9))
+    assert clock.time >= 30  # the ticker ran on past the refused writes
+
+
 def test_the_line_has_one_greppable_shape() -> None:
     operation = representation("RUNNING", 12_345)
     assert plain_line(operation, elapsed=20.04) == (
