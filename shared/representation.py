@@ -29,7 +29,9 @@ def is_terminal(row: asyncpg.Record) -> bool:
     """True when the operation will not change without an operator: no Retry-After (README: API reference,
     Operation).
     """
-    return State(row["state"]) in TERMINAL
+    # The text compares equal to its State (a StrEnum): no conversion on the poll path, which calls this twice.
+    state: str = row["state"]
+    return state in TERMINAL
 
 
 def represent(row: asyncpg.Record) -> dict[str, Any]:
