@@ -95,9 +95,11 @@ def _reader(request: web.Request) -> Reader:
 
 def _last_event_id(request: web.Request) -> int | None:
     """The ``Last-Event-ID`` header as a version; None when it is absent or not a version (a sign or over 18
-    digits included).
+    digits included), or sent more than once: repeated fields read as one list (RFC 9110, Field Order),
+    which is no number.
     """
-    value = request.headers.get("Last-Event-ID", "")
+    values = request.headers.getall("Last-Event-ID", [])
+    value = values[0] if len(values) == 1 else ""
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
+from multidict import CIMultiDict
 
 from devtools.moto import MotoServer
 from services.api.keys import CHANGES, WAIT_SLOTS
@@ -228,6 +229,22 @@ async def test_a_reconnect_after_the_end_with_another_id_gets_the_terminal_state
     version = await terminal_version(pool)
 
     behind = await api.get(f"{URL}/events", headers={**auth("alice"), "Last-Event-ID": last_event_id})
+
+    assert behind.status == 200
+    event_id, operation = await next_operation(behind)
+    assert (event_id, operation["state"]) == (version, "SUCCEEDED")
+    assert await read_event(behind) == {}
+
+
+@pytest.mark.parametrize("order", ["terminal first", "terminal last"])
+async def test_a_repeated_last_event_id_is_no_version(api: Client, auth: Auth, pool: asyncpg.Pool, order: str) -> None:
+    version = await terminal_version(pool)
+    ids = [str(version), "1"] if order == "terminal first" else ["1", str(version)]
+    headers = CIMultiDict({**auth("alice")})
+    for event_id in ids:
+        headers.add("Last-Event-ID", event_id)
+
+    behind = await api.get(f"{URL}/events", headers=headers)
 
     assert behind.status == 200
     event_id, operation = await next_operation(behind)
