@@ -15,7 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from services.api.keys import SETTINGS
-from services.api.problems import Problem, validation_failed
+from services.api.problems import ProblemError, validation_failed
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -34,7 +34,7 @@ JSON_BODY_PROBLEMS = (
 async def read_limited(request: web.Request, *, max_bytes: int) -> bytes:
     """Return the raw body, at most ``max_bytes`` bytes.
 
-    Raises ``Problem``: 415 ``UNSUPPORTED_CONTENT_ENCODING`` before reading anything when the body has a
+    Raises ``ProblemError``: 415 ``UNSUPPORTED_CONTENT_ENCODING`` before reading anything when the body has a
     content coding (``require_identity_coding``); 413 beyond ``max_bytes``; 408 ``REQUEST_TIMEOUT`` when
     the whole body has not arrived ``request_body_timeout_seconds`` after reading began, and 400
     ``MALFORMED_REQUEST`` when its framing breaks (the error middleware closes the connection after either,
@@ -55,15 +55,17 @@ async def read_limited(request: web.Request, *, max_bytes: int) -> bytes:
                     raise _too_large(max_bytes)
                 chunks.append(chunk)
     except TimeoutError:
-        raise Problem("REQUEST_TIMEOUT", f"The request body did not arrive in full within {timeout:g} s.") from None
+        raise ProblemError(
+            "REQUEST_TIMEOUT", f"The request body did not arrive in full within {timeout:g} s."
+        ) from None
     except web.RequestPayloadError:
         # aiohttp's message quotes the offending bytes: only say what happened.
-        raise Problem("MALFORMED_REQUEST", "The request body's framing is broken.") from None
+        raise ProblemError("MALFORMED_REQUEST", "The request body's framing is broken.") from None
     return b"".join(chunks)
 
 
 def require_identity_coding(request: web.Request) -> None:
-    """Raise ``Problem`` 415 ``UNSUPPORTED_CONTENT_ENCODING`` with ``Accept-Encoding: identity`` (RFC 9110
+    """Raise ``ProblemError`` 415 ``UNSUPPORTED_CONTENT_ENCODING`` with ``Accept-Encoding: identity`` (RFC 9110
     section 15.5.16) unless every coding ``Content-Encoding`` names is ``identity``: the service takes bodies
     only as they are (README: API reference). Codings are case-insensitive tokens in comma-separated lists,
     over any number of fields (RFC 9110 section 8.4); an empty list is no coding.
@@ -74,40 +76,40 @@ def require_identity_coding(request: web.Request) -> None:
         raise unsupported_content_encoding()
 
 
-def unsupported_content_encoding() -> Problem:
+def unsupported_content_encoding() -> ProblemError:
     """415 ``UNSUPPORTED_CONTENT_ENCODING``, naming the one coding a body may have."""
-    return Problem(
+    return ProblemError(
         "UNSUPPORTED_CONTENT_ENCODING",
         "Send the request body without a content coding (no Content-Encoding, or identity).",
         headers={"Accept-Encoding": "identity"},
     )
 
 
-def _too_large(max_bytes: int) -> Problem:
-    return Problem("PAYLOAD_TOO_LARGE", f"The request body is over this endpoint's limit of {max_bytes} bytes.")
+def _too_large(max_bytes: int) -> ProblemError:
+    return ProblemError("PAYLOAD_TOO_LARGE", f"The request body is over this endpoint's limit of {max_bytes} bytes.")
 
 
 def require_media_type(request: web.Request, media_type: str = JSON_MEDIA_TYPE) -> None:
-    """Raise ``Problem`` 415 unless the Content-Type is ``media_type`` (parameters such as charset allowed)."""
+    """Raise ``ProblemError`` 415 unless the Content-Type is ``media_type`` (parameters such as charset allowed)."""
     if request.content_type != media_type:
-        raise Problem("UNSUPPORTED_MEDIA_TYPE", f"Send the body as {media_type}.")
+        raise ProblemError("UNSUPPORTED_MEDIA_TYPE", f"Send the body as {media_type}.")
 
 
 def parse_json(raw: bytes) -> Any:
-    """Decode strict UTF-8 JSON; raises ``Problem`` 400 MALFORMED_JSON otherwise."""
+    """Decode strict UTF-8 JSON; raises ``ProblemError`` 400 MALFORMED_JSON otherwise."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise Problem("MALFORMED_JSON", "The body is not valid UTF-8.") from None
+        raise ProblemError("MALFORMED_JSON", "The body is not valid UTF-8.") from None
     try:
         return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_members)
     except json.JSONDecodeError as exc:
-        raise Problem("MALFORMED_JSON", f"The body is not JSON: {exc.msg} at position {exc.pos}.") from None
+        raise ProblemError("MALFORMED_JSON", f"The body is not JSON: {exc.msg} at position {exc.pos}.") from None
     except _NotStrictJson as exc:
-        raise Problem("MALFORMED_JSON", f"The body is not strict JSON: {exc}.") from None
+        raise ProblemError("MALFORMED_JSON", f"The body is not strict JSON: {exc}.") from None
     except (RecursionError, ValueError):
         # Nesting deeper than the parser's recursion limit, or an integer of thousands of digits.
-        raise Problem("MALFORMED_JSON", "The body is JSON nested too deeply or with a number too long.") from None
+        raise ProblemError("MALFORMED_JSON", "The body is JSON nested too deeply or with a number too long.") from None
 
 
 class _NotStrictJson(ValueError):
@@ -128,20 +130,20 @@ def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 async def read_model(request: web.Request, model: type[ModelT], *, max_bytes: int, allow_empty: bool = False) -> ModelT:
     """Read, size-check, parse and validate a JSON body into ``model``.
 
-    With ``allow_empty`` an absent body validates as ``{}``. Raises ``Problem`` (415, 413, 400, 422).
+    With ``allow_empty`` an absent body validates as ``{}``. Raises ``ProblemError`` (415, 413, 400, 422).
     """
     if request.body_exists:
         require_media_type(request)
     raw = await read_limited(request, max_bytes=max_bytes)
     if not raw:
         if not allow_empty:
-            raise Problem("MALFORMED_JSON", "A JSON body is required.")
+            raise ProblemError("MALFORMED_JSON", "A JSON body is required.")
         return validate(model, {})
     return validate(model, parse_json(raw))
 
 
 def validate(model: type[ModelT], data: Any) -> ModelT:
-    """Validate ``data`` against ``model``; raises ``Problem`` 422 listing every error (never the input)."""
+    """Validate ``data`` against ``model``; raises ``ProblemError`` 422 listing every error (never the input)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -151,7 +153,7 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
 def validate_query(model: type[ModelT], request: web.Request) -> ModelT:
     """Validate the query string of ``request`` against ``model``. A parameter given more than once is a
     422 at ``["query", name]`` (which of its values counts would otherwise be a guess); schema errors are
-    422 under ``"query"`` too (README: API reference, Errors). Raises ``Problem``.
+    422 under ``"query"`` too (README: API reference, Errors). Raises ``ProblemError``.
     """
     repeated = sorted({name for name in request.query if len(request.query.getall(name)) > 1})
     if repeated:
@@ -176,7 +178,7 @@ def _message(error: Any) -> str:
 
 
 def check_body_bytes(body: str, *, max_bytes: int, loc: list[Any]) -> None:
-    """Raise ``Problem`` 422 at ``loc`` when a message ``body`` is over ``max_bytes`` UTF-8 bytes (README: API
+    """Raise ``ProblemError`` 422 at ``loc`` when a message ``body`` is over ``max_bytes`` UTF-8 bytes (README: API
     reference, Send and Import).
     """
     if len(body.encode("utf-8")) > max_bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from services.api.problems import Problem
+from services.api.problems import ProblemError
 
 HEADER = "Idempotency-Key"
 _VISIBLE = re.compile(r"[\x21-\x7e]{1,255}")
@@ -16,16 +16,16 @@ _SF_ESCAPE = re.compile(r"\\([\"\\])")
 def parse_idempotency_key(value: str | None) -> str:
     """Return the key: 1-255 visible ASCII characters (0x21-0x7E), unquoted if sent as an RFC 8941 string.
 
-    Raises ``Problem`` IDEMPOTENCY_KEY_MISSING when absent, IDEMPOTENCY_KEY_INVALID otherwise: an empty
+    Raises ``ProblemError`` IDEMPOTENCY_KEY_MISSING when absent, IDEMPOTENCY_KEY_INVALID otherwise: an empty
     value is present but breaks the 1-255 rule, like ``""``. The unquoted key must itself be visible ASCII,
     so ``" a"`` (with a space) is invalid.
     """
     if value is None:
-        raise Problem("IDEMPOTENCY_KEY_MISSING", f"Send an {HEADER} header to make the submission safe to retry.")
+        raise ProblemError("IDEMPOTENCY_KEY_MISSING", f"Send an {HEADER} header to make the submission safe to retry.")
     quoted = _SF_STRING.fullmatch(value)
     key = _SF_ESCAPE.sub(r"\1", quoted.group(1)) if quoted else value
     if (value.startswith('"') and not quoted) or not _VISIBLE.fullmatch(key):
-        raise Problem(
+        raise ProblemError(
             "IDEMPOTENCY_KEY_INVALID",
             f"The {HEADER} must be 1-255 visible ASCII characters (0x21-0x7E), optionally in double quotes.",
         )

@@ -12,7 +12,7 @@ from aiohttp.typedefs import Handler
 
 from services.api.keys import PRINCIPAL, VERIFIER
 from services.api.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
-from services.api.problems import Problem
+from services.api.problems import ProblemError
 from shared.auth import InvalidToken
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.routes import ROUTES
@@ -60,7 +60,7 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Render ``Problem`` and aiohttp's HTTP errors as problem+json; any other failure as a bare 500. A
+    """Render ``ProblemError`` and aiohttp's HTTP errors as problem+json; any other failure as a bare 500. A
     failure after the answer has begun (a download or an event stream) closes the connection instead: a second
     answer would be read as the rest of the first.
     """
@@ -95,7 +95,7 @@ async def _problem_for(request: web.Request, error: Exception) -> web.StreamResp
     """The problem+json answer to ``error``, raised by a handler before its answer began."""
     try:
         raise error
-    except Problem as problem:
+    except ProblemError as problem:
         if problem.code in _CLOSING_CODES:
             return await _answer_and_close(request, problem.response())
         return problem.response()
@@ -106,7 +106,7 @@ async def _problem_for(request: web.Request, error: Exception) -> web.StreamResp
         # The client went away mid-request: not a fault of ours. The answer reaches nobody; aiohttp only
         # logs the access instead of an error with a traceback.
         log.info("client disconnected", extra={"route": request.path})
-        return Problem("BAD_REQUEST", "The client disconnected.").response()
+        return ProblemError("BAD_REQUEST", "The client disconnected.").response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -115,7 +115,7 @@ async def _problem_for(request: web.Request, error: Exception) -> web.StreamResp
         return _unavailable(request, exc)
     except Exception:
         log.exception("unhandled error", extra={"route": request.path, "method": request.method})
-        return Problem("INTERNAL", "An internal error occurred.").response()
+        return ProblemError("INTERNAL", "An internal error occurred.").response()
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -128,7 +128,7 @@ def _unavailable(request: web.Request, exc: BaseException) -> web.Response:
     request can succeed when retried, so it is no internal fault (README: Error codes).
     """
     log.warning("database unavailable", extra={"route": request.path, "error": type(exc).__name__})
-    return Problem(
+    return ProblemError(
         "SERVICE_UNAVAILABLE", "The service is busy; try again shortly.", headers={"Retry-After": "5"}
     ).response()
 
@@ -147,7 +147,7 @@ async def _answer_and_close(request: web.Request, response: web.Response) -> web
     return response
 
 
-def _from_http_exception(exc: web.HTTPException) -> Problem:
+def _from_http_exception(exc: web.HTTPException) -> ProblemError:
     code = _HTTP_CODES.get(exc.status, "BAD_REQUEST" if exc.status < 500 else "INTERNAL")
     headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
     if exc.status == 404:
@@ -156,7 +156,7 @@ def _from_http_exception(exc: web.HTTPException) -> Problem:
         detail = f"This route does not answer this method; it allows {headers['Allow']}."
     else:
         detail = exc.reason or "Request refused."
-    return Problem(code, detail, headers=headers)
+    return ProblemError(code, detail, headers=headers)
 
 
 @web.middleware
@@ -174,13 +174,13 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     except InvalidToken as refusal:
         log.info("token refused", extra={"reason": refusal.reason, "route": request.path})
         description = "expired" if refusal.expired else "invalid"
-        raise Problem(
+        raise ProblemError(
             "UNAUTHENTICATED",
             "A valid bearer token is required.",
             headers={"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{description}"'},
         ) from None
     if path.startswith("/admin/") and not principal.is_admin:
-        raise Problem("FORBIDDEN", "This route needs the admin scope.")
+        raise ProblemError("FORBIDDEN", "This route needs the admin scope.")
     request[PRINCIPAL] = principal
     return await handler(request)
 

@@ -18,7 +18,7 @@ import asyncpg
 from pydantic import BaseModel
 
 from services.api.contract import NO_STORE_HEADER, Answer, Endpoint
-from services.api.problems import Problem, validation_failed
+from services.api.problems import ProblemError, validation_failed
 from shared.ids import is_operation_id, is_valid_id
 from shared.timefmt import MAX_YEAR, MIN_YEAR
 
@@ -62,7 +62,7 @@ def encode_conversation_cursor(conversation_id: str) -> str:
 
 def decode_conversation_cursor(cursor: str | None) -> str | None:
     """The conversation id a cursor of ``encode_conversation_cursor`` names; None without a cursor. Raises
-    ``Problem`` 422 at ``["query", "cursor"]`` for anything else.
+    ``ProblemError`` 422 at ``["query", "cursor"]`` for anything else.
     """
     if cursor is None:
         return None
@@ -75,13 +75,13 @@ def decode_conversation_cursor(cursor: str | None) -> str | None:
     return conversation_id
 
 
-def _not_a_cursor() -> Problem:
+def _not_a_cursor() -> ProblemError:
     return validation_failed([{"loc": ["query", "cursor"], "msg": "Not a cursor from this API"}])
 
 
 def decode_cursor(cursor: str | None) -> Keyset | None:
     """The keyset a cursor of ``encode_cursor`` names; None without a cursor. Anything that does not decode
-    to a zoned creation time (years 1000-9999) and an operation id raises ``Problem`` 422 at
+    to a zoned creation time (years 1000-9999) and an operation id raises ``ProblemError`` 422 at
     ``["query", "cursor"]``.
     """
     if cursor is None:

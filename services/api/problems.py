@@ -1,6 +1,6 @@
 """RFC 9457 problem responses with stable ``code`` strings (README: Error codes).
 
-A handler raises ``Problem``; the error middleware renders it. Nothing here may echo a message body, a
+A handler raises ``ProblemError``; the error middleware renders it. Nothing here may echo a message body, a
 token or a signed URL.
 """
 
@@ -56,8 +56,8 @@ CODES: dict[str, tuple[int, str]] = {
 NOT_FOUND_DETAIL = "The resource does not exist or you may not see it."
 
 
-class Problem(Exception):
-    """An error answered as ``application/problem+json``.
+class ProblemError(Exception):
+    """An error answered as ``application/problem+json``, whose body the model ``schemas.Problem`` describes.
 
     ``code`` is a key of ``CODES``; ``extra`` members (``errors``, ``state``, ...) are added to the body and
     ``headers`` to the response.
@@ -96,11 +96,11 @@ class Problem(Exception):
         )
 
 
-def not_found() -> Problem:
+def not_found() -> ProblemError:
     """The one 404 for "does not exist" and "you may not know it exists": identical bodies (README: Error codes)."""
-    return Problem("NOT_FOUND", NOT_FOUND_DETAIL)
+    return ProblemError("NOT_FOUND", NOT_FOUND_DETAIL)
 
 
-def validation_failed(errors: list[dict[str, Any]], detail: str = "The request breaks the schema.") -> Problem:
+def validation_failed(errors: list[dict[str, Any]], detail: str = "The request breaks the schema.") -> ProblemError:
     """A 422 with ``errors: [{"loc": [...], "msg": "..."}]`` (README: Error codes)."""
-    return Problem("VALIDATION_FAILED", detail, errors=errors)
+    return ProblemError("VALIDATION_FAILED", detail, errors=errors)

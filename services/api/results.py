@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import asyncpg
 
-from services.api.problems import Problem, not_found
+from services.api.problems import ProblemError, not_found
 from shared.export_request import ExportRequest
 from shared.representation import result_parts
 
@@ -40,7 +40,7 @@ def result_file(row: asyncpg.Record, part_number: str | None) -> ResultFile:
     """The file of ``row`` (a SUCCEEDED operation) that a download asks for: ``part_number`` (decimal text,
     1-based) of a split result, or the single file when None.
 
-    Raises ``Problem`` RESULT_IN_PARTS (409) for the single file of a split result, NOT_FOUND for a part
+    Raises ``ProblemError`` RESULT_IN_PARTS (409) for the single file of a split result, NOT_FOUND for a part
     that does not exist (and any part of a result that is one file).
     """
     request = ExportRequest.from_row(row)
@@ -50,7 +50,7 @@ def result_file(row: asyncpg.Record, part_number: str | None) -> ResultFile:
     common = {"operation_id": row["operation_id"], "content_type": kind.content_type}
     if part_number is None:
         if parts:
-            raise Problem(
+            raise ProblemError(
                 "RESULT_IN_PARTS",
                 "This result is split into parts; download each one from the operation's result.parts.",
             )

@@ -27,7 +27,7 @@ from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError, L
 from multidict import CIMultiDict
 
 from services.api.bodies import unsupported_content_encoding
-from services.api.problems import Problem
+from services.api.problems import ProblemError
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 KEEPALIVE_TIMEOUT_SECONDS = 75.0
 
 
-def parser_problem(exc: BaseException, *, max_line_bytes: int) -> Problem:
+def parser_problem(exc: BaseException, *, max_line_bytes: int) -> ProblemError:
     """The problem answering a request aiohttp's HTTP parser refused with ``exc``; never quotes the request.
 
     A line over ``max_line_bytes`` is 431 ``REQUEST_HEADER_TOO_LARGE`` (RFC 6585 section 5; aiohttp does not
@@ -45,12 +45,12 @@ def parser_problem(exc: BaseException, *, max_line_bytes: int) -> Problem:
     other parser error is 400 ``MALFORMED_REQUEST``.
     """
     if isinstance(exc, LineTooLong):
-        return Problem(
+        return ProblemError(
             "REQUEST_HEADER_TOO_LARGE", f"The request line or a header field is longer than {max_line_bytes} bytes."
         )
     if isinstance(exc, ContentEncodingError):
         return unsupported_content_encoding()
-    return Problem("MALFORMED_REQUEST", "The request is not valid HTTP/1.1; the connection is closed.")
+    return ProblemError("MALFORMED_REQUEST", "The request is not valid HTTP/1.1; the connection is closed.")
 
 
 class _ProblemRequestHandler(web.RequestHandler):
@@ -79,7 +79,7 @@ class _ProblemRequestHandler(web.RequestHandler):
             )
         else:
             log.error("unhandled error", exc_info=exc, extra={"status": status})
-            problem = Problem("INTERNAL", "An internal error occurred.")
+            problem = ProblemError("INTERNAL", "An internal error occurred.")
         if request.writer.output_size > 0:
             raise ConnectionError("Response is sent already, cannot send another response with the error message")
         response = problem.response()
@@ -124,7 +124,7 @@ def _answering_expectations(handler: Callable[[web.BaseRequest], Awaitable[web.S
         members = [member for member in members if member]
         if any(member != "100-continue" for member in members):
             log.info("request refused for its Expect field", extra={"code": "EXPECTATION_FAILED"})
-            problem = Problem("EXPECTATION_FAILED", "The only expectation this server meets is 100-continue.")
+            problem = ProblemError("EXPECTATION_FAILED", "The only expectation this server meets is 100-continue.")
             response = problem.response()
             response.force_close()
             return response

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from services.api.metrics import CAP_REFUSALS
-from services.api.problems import Problem
+from services.api.problems import ProblemError
 
 
 class ConnectionSlots:
@@ -39,19 +39,19 @@ class ConnectionSlots:
         return self._held.total()
 
     def check(self, user_id: str) -> None:
-        """Raise the refusal ``take`` would raise for ``user_id`` now, without taking a slot: ``Problem`` 429
+        """Raise the refusal ``take`` would raise for ``user_id`` now, without taking a slot: ``ProblemError`` 429
         with ``code`` when the user holds ``per_user`` slots, else 503 SERVICE_UNAVAILABLE when all are held.
         """
         if self._held[user_id] >= self._per_user:
             self._refused_per_user.inc()
-            raise Problem(
+            raise ProblemError(
                 self._code,
                 f"You already have {self._per_user} {self._what} open; finish one first.",
                 headers={"Retry-After": "5"},
             )
         if self.in_use >= self._total:
             self._refused_total.inc()
-            raise Problem(
+            raise ProblemError(
                 "SERVICE_UNAVAILABLE", f"Too many {self._what} right now; try again soon.", headers={"Retry-After": "5"}
             )
 

@@ -11,7 +11,7 @@ from typing import assert_never
 import asyncpg
 
 from services.api.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
-from services.api.problems import Problem, not_found
+from services.api.problems import ProblemError, not_found
 from shared.export_request import ExportRequest
 from shared.fingerprint import fingerprint
 from shared.ids import new_operation_id
@@ -45,7 +45,7 @@ async def submit(
 ) -> AcceptedSubmission:
     """Create the export, or find the one this key already created; commits at once (one statement).
 
-    Raises ``Problem`` NOT_FOUND (not a member, or no such conversation), IDEMPOTENCY_KEY_REUSED /
+    Raises ``ProblemError`` NOT_FOUND (not a member, or no such conversation), IDEMPOTENCY_KEY_REUSED /
     IDEMPOTENCY_KEY_EXPIRED (409) or TOO_MANY_ACTIVE_EXPORTS (429); on success the operation, its
     idempotency record and its outbox row are committed together.
     """
@@ -88,7 +88,7 @@ def _answer(result: SubmitResult, settings: Settings) -> AcceptedSubmission:
                 "This Idempotency-Key is past its replay window; use a new key to start a new export.",
             )
         case SubmitOutcome.QUOTA:
-            raise Problem(
+            raise ProblemError(
                 "TOO_MANY_ACTIVE_EXPORTS",
                 f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
                 headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)},
@@ -97,6 +97,6 @@ def _answer(result: SubmitResult, settings: Settings) -> AcceptedSubmission:
             assert_never(result.outcome)
 
 
-def _conflict(code: str, detail: str) -> Problem:
+def _conflict(code: str, detail: str) -> ProblemError:
     IDEMPOTENCY_CONFLICTS.labels(code).inc()
-    return Problem(code, detail)
+    return ProblemError(code, detail)

@@ -46,7 +46,7 @@ async def watching(
 ) -> AsyncIterator[tuple[asyncpg.Record, Subscription]]:
     """Hold one of the caller's wait slots and a subscription to the operation ``read`` returns for the
     block, counted as a waiting request of ``kind``; yield the operation as read once subscribed, and the
-    subscription. Raises ``Problem`` 404 when ``read`` finds nothing, and what ``ConnectionSlots.take``
+    subscription. Raises ``ProblemError`` 404 when ``read`` finds nothing, and what ``ConnectionSlots.take``
     raises (429 ``TOO_MANY_WAITERS``, 503).
     """
     row = await read_or_404(read)
@@ -131,7 +131,7 @@ async def operation_events(
 
 
 async def read_or_404(read: Reader) -> asyncpg.Record:
-    """The operation ``read`` returns; raises ``Problem`` 404 when it finds none."""
+    """The operation ``read`` returns; raises ``ProblemError`` 404 when it finds none."""
     row = await read()
     if row is None:
         raise not_found()

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from services.api.bodies import check_body_bytes, read_limited, read_model, validate_query, validation_errors
 from services.api.keys import POOL, SETTINGS
 from services.api.pagination import decode_cursor, split_page
-from services.api.problems import Problem, not_found, validation_failed
+from services.api.problems import ProblemError, not_found, validation_failed
 from services.api.responses import NO_STORE, json_response
 from services.api.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
 from shared.ids import is_operation_id, is_valid_id
@@ -47,9 +47,9 @@ def _path_id(request: web.Request, name: str) -> str:
     return value
 
 
-def _conversation_not_found(conversation_id: str) -> Problem:
+def _conversation_not_found(conversation_id: str) -> ProblemError:
     # The id passed the id syntax, so it is safe to echo; the detail tells the operator the next step.
-    return Problem(
+    return ProblemError(
         "CONVERSATION_NOT_FOUND",
         f"There is no conversation {conversation_id}; create it with PUT "
         f"{path('adminPutConversation', cid=conversation_id)} first.",
@@ -128,7 +128,7 @@ async def import_messages(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     conversation_id = _path_id(request, "cid")
     if request.body_exists and request.content_type not in IMPORT_MEDIA_TYPES:
-        raise Problem("UNSUPPORTED_MEDIA_TYPE", "Send the lines as application/x-ndjson.")
+        raise ProblemError("UNSUPPORTED_MEDIA_TYPE", "Send the lines as application/x-ndjson.")
     raw = await read_limited(request, max_bytes=settings.import_request_max_bytes)
     # Up to 64 MiB of lines take seconds of CPU: parse them off the event loop so other requests and
     # the probes keep being answered meanwhile.
@@ -158,7 +158,7 @@ async def requeue_operation(request: web.Request) -> web.Response:
     if outcome.state is None:
         raise not_found()
     if not outcome.requeued:
-        raise Problem(
+        raise ProblemError(
             "NOT_REQUEUEABLE",
             f"Only a FAILED_REPAIR operation can be requeued; this one is {outcome.state}.",
             state=outcome.state,

@@ -29,7 +29,7 @@ from services.api.idempotency import HEADER, parse_idempotency_key
 from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
 from services.api.metrics import DOWNLOADS, DOWNLOADS_STREAMING
 from services.api.preconditions import Outcome, Validators
-from services.api.problems import Problem, not_found
+from services.api.problems import ProblemError, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.responses import NO_STORE, operation_answer, operation_response
 from services.api.results import DOWNLOAD_SAFETY, ResultFile, content_disposition, result_file
@@ -101,7 +101,7 @@ def _notify_url(url: str, settings: Settings) -> str:
     try:
         return check_url(url, allow_private=settings.webhook_allow_private).url
     except RefusedTarget as refusal:
-        raise Problem(
+        raise ProblemError(
             "NOTIFY_URL_REFUSED",
             f"notify.url cannot receive callbacks: {refusal}.",
             errors=[{"loc": ["body", "notify", "url"], "msg": str(refusal)}],
@@ -142,7 +142,7 @@ async def _download(request: web.Request, *, part_number: str | None) -> web.Str
         validators = Validators(etag=file.sha256, last_modified=row["finished_at"])
         outcome = validators.evaluate(request.headers)
         if outcome is Outcome.PRECONDITION_FAILED:
-            raise Problem("PRECONDITION_FAILED", "A precondition of the request does not hold for this result.")
+            raise ProblemError("PRECONDITION_FAILED", "A precondition of the request does not hold for this result.")
         if outcome is Outcome.NOT_MODIFIED:
             await _record_access(request, operation_id, user_id, "NOT_MODIFIED")
             return web.Response(status=304, headers=_validator_headers(validators))
@@ -166,13 +166,13 @@ async def _record_access(request: web.Request, operation_id: str, user_id: str, 
 
 
 async def _record_refusal(request: web.Request, operation_id: str, user_id: str, refusal: Exception) -> None:
-    """Record a download attempt that ``refusal`` ended: a ``Problem`` under its code; any other failure
+    """Record a download attempt that ``refusal`` ended: a ``ProblemError`` under its code; any other failure
     under the code the error middleware answers it with. Recording that other failure is best effort: a
     database that cannot take the record must not hide the failure itself.
     """
     # The id as requested; a U+0000, which Postgres text cannot hold, is stored as U+FFFD.
     operation_id = operation_id.replace("\x00", "\ufffd")
-    if isinstance(refusal, Problem):
+    if isinstance(refusal, ProblemError):
         await _record_access(request, operation_id, user_id, refusal.code)
         return
     outcome = "SERVICE_UNAVAILABLE" if isinstance(refusal, TRANSIENT_DATABASE_ERRORS) else "INTERNAL"
@@ -190,11 +190,13 @@ async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, us
         raise not_found()
     refusal = _STATE_REFUSALS.get(row["state"])
     if refusal is not None:
-        raise Problem(*refusal, state=row["state"])
+        raise ProblemError(*refusal, state=row["state"])
     if row["state"] != State.SUCCEEDED:
-        raise Problem("RESULT_NOT_READY", "The export has not finished yet; poll the operation.", state=row["state"])
+        raise ProblemError(
+            "RESULT_NOT_READY", "The export has not finished yet; poll the operation.", state=row["state"]
+        )
     if not await is_member(conn, conversation_id=row["conversation_id"], user_id=user_id):
-        raise Problem("ACCESS_REVOKED", "You are no longer a member of this conversation.")
+        raise ProblemError("ACCESS_REVOKED", "You are no longer a member of this conversation.")
     return row
 
 
@@ -202,7 +204,7 @@ def _requested_range(request: web.Request, size: int) -> ByteRange | None:
     try:
         return parse_range(sole_field(request.headers, "Range"), size)
     except RangeNotSatisfiable:
-        raise Problem(
+        raise ProblemError(
             "RANGE_NOT_SATISFIABLE",
             "The requested range is outside the file.",
             headers={"Content-Range": f"bytes */{size}"},
@@ -274,15 +276,15 @@ async def _open_result(request: web.Request, key: str, byte_range: ByteRange | N
             raise _storage_unavailable(key, exc) from None
         # SUCCEEDED promises the file: a missing object is lost data, for an operator, not for a retry.
         log.error("published result missing from storage", extra={"key": key})
-        raise Problem("INTERNAL", "The result file is missing from storage; it cannot be downloaded.") from None
+        raise ProblemError("INTERNAL", "The result file is missing from storage; it cannot be downloaded.") from None
     except BotoCoreError as exc:
         raise _storage_unavailable(key, exc) from None
     return s3_object["Body"]
 
 
-def _storage_unavailable(key: str, exc: Exception) -> Problem:
+def _storage_unavailable(key: str, exc: Exception) -> ProblemError:
     log.error("result unreadable", extra={"key": key, "error": type(exc).__name__})
-    return Problem(
+    return ProblemError(
         "SERVICE_UNAVAILABLE",
         "The result file cannot be read from storage right now; try again later.",
         headers={"Retry-After": "30"},

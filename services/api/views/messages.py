@@ -16,7 +16,7 @@ from services.api.bodies import JSON_BODY_PROBLEMS, check_body_bytes, read_model
 from services.api.contract import Answer, Body, Endpoint
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.pagination import decode_conversation_cursor, encode_conversation_cursor, page_endpoint
-from services.api.problems import Problem, not_found
+from services.api.problems import ProblemError, not_found
 from services.api.responses import NO_STORE, json_response
 from services.api.schemas import (
     ConversationListQuery,
@@ -61,7 +61,7 @@ async def send_message(request: web.Request) -> web.Response:
                 body=message.body,
             )
         except conversations.DuplicateMessageId:
-            raise Problem(
+            raise ProblemError(
                 "DUPLICATE_MESSAGE_ID",
                 "A message with this message_id is already stored in the conversation.",
             ) from None

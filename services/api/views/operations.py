@@ -21,7 +21,7 @@ from services.api.contract import (
 )
 from services.api.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.pagination import decode_cursor, page_endpoint, split_page
-from services.api.problems import Problem, not_found
+from services.api.problems import ProblemError, not_found
 from services.api.responses import NO_STORE, dumps, json_response, operation_answer, operation_response
 from services.api.schemas import (
     EmptyQuery,
@@ -147,7 +147,7 @@ async def cancel_operation(request: web.Request) -> web.Response:
         return operation_response(row, status=202, Location=path("getOperation", operation_id=operation_id))
     if row["state"] == State.CANCELED:
         return operation_response(row)
-    raise Problem(
+    raise ProblemError(
         "ALREADY_TERMINAL",
         f"The operation already ended as {row['state']}; it can no longer be canceled.",
         state=row["state"],
