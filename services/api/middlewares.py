@@ -77,7 +77,7 @@ def _cut_short(request: web.Request, exc: Exception) -> web.StreamResponse:
     first. Returns a stand-in that nobody receives (aiohttp finds the connection closed) but whose status the
     metrics count: 400 for a client that went away, 503 for the database, 500 for anything else.
     """
-    if isinstance(exc, ConnectionError) and _client_gone(request):
+    if isinstance(exc, ConnectionError) and client_gone(request):
         log.info("client disconnected", extra={"route": request.path})
         status = 400
     elif isinstance(exc, TRANSIENT_DATABASE_ERRORS):
@@ -100,7 +100,7 @@ async def _problem_for(request: web.Request, error: Exception) -> web.StreamResp
             return await _answer_and_close(request, problem.response())
         return problem.response()
     except ConnectionResetError as exc:
-        if not _client_gone(request):
+        if not client_gone(request):
             # The reset came from the database (a restart drops its connections), not from the client.
             return _unavailable(request, exc)
         # The client went away mid-request: not a fault of ours. The answer reaches nobody; aiohttp only
@@ -118,9 +118,10 @@ async def _problem_for(request: web.Request, error: Exception) -> web.StreamResp
         return ProblemError("INTERNAL", "An internal error occurred.").response()
 
 
-def _client_gone(request: web.Request) -> bool:
-    """True when the client's connection is closed or closing."""
-    return request.transport is None or request.transport.is_closing()
+def client_gone(request: web.BaseRequest) -> bool:
+    """True once the client's connection is closed or closing."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _unavailable(request: web.Request, exc: BaseException) -> web.Response:

@@ -21,6 +21,7 @@ from aiohttp import web
 from services.api.changes import Subscription
 from services.api.keys import CHANGES, PRINCIPAL, SETTINGS, WAIT_SLOTS
 from services.api.metrics import WAITING_REQUESTS, WaitKind
+from services.api.middlewares import client_gone
 from services.api.problems import not_found
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.representation import is_terminal
@@ -32,12 +33,6 @@ CONNECTION_CHECK_SECONDS = 1.0
 PROGRESS_INTERVAL_SECONDS = 0.5
 
 Reader = Callable[[], Awaitable[asyncpg.Record | None]]
-
-
-def client_gone(request: web.BaseRequest) -> bool:
-    """True once the client's connection is closed or closing."""
-    transport = request.transport
-    return transport is None or transport.is_closing()
 
 
 @contextlib.asynccontextmanager

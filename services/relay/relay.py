@@ -62,7 +62,7 @@ class Relay:
             log.warning("publish not confirmed; rows held back", extra={"rows": len(failed)})
         return len(rows)
 
-    async def _publish(self, row: asyncpg.Record) -> bool:
+    async def _publish(self, row: outbox.OutboxRow) -> bool:
         message = aio_pika.Message(
             body=row.payload.encode(),
             content_type="application/json",
