@@ -28,7 +28,7 @@ from services.api.fields import sole_field
 from services.api.idempotency import HEADER, parse_idempotency_key
 from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
 from services.api.metrics import DOWNLOADS, DOWNLOADS_STREAMING
-from services.api.preconditions import Outcome, Validators
+from services.api.preconditions import PreconditionOutcome, Validators
 from services.api.problems import ProblemError, not_found
 from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.responses import NO_STORE, operation_answer, operation_response
@@ -141,9 +141,9 @@ async def _download(request: web.Request, *, part_number: str | None) -> web.Str
         file = result_file(row, part_number)
         validators = Validators(etag=file.sha256, last_modified=row["finished_at"])
         outcome = validators.evaluate(request.headers)
-        if outcome is Outcome.PRECONDITION_FAILED:
+        if outcome is PreconditionOutcome.PRECONDITION_FAILED:
             raise ProblemError("PRECONDITION_FAILED", "A precondition of the request does not hold for this result.")
-        if outcome is Outcome.NOT_MODIFIED:
+        if outcome is PreconditionOutcome.NOT_MODIFIED:
             await _record_access(request, operation_id, user_id, "NOT_MODIFIED")
             return web.Response(status=304, headers=_validator_headers(validators))
         wanted = validators.range_applies(request.headers)

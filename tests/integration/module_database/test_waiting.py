@@ -19,10 +19,10 @@ from multidict import CIMultiDict
 from devtools.moto import MotoServer
 from services.api.keys import CHANGES, WAIT_SLOTS
 from shared.settings import Settings
-from tests.conftest import wait_for
 from tests.helpers import expect_problem
 from tests.integration.messages_support import Auth, Client, configured_api
 from tests.integration.rows import insert_operation
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -241,8 +241,8 @@ async def test_a_repeated_last_event_id_is_no_version(api: Client, auth: Auth, p
     version = await terminal_version(pool)
     ids = [str(version), "1"] if order == "terminal first" else ["1", str(version)]
     headers = CIMultiDict({**auth("alice")})
-    for event_id in ids:
-        headers.add("Last-Event-ID", event_id)
+    for sent_id in ids:
+        headers.add("Last-Event-ID", sent_id)
 
     behind = await api.get(f"{URL}/events", headers=headers)
 
