@@ -23,7 +23,7 @@ from services.api.fields import field_list, sole_field
 _LIST_ELEMENT = re.compile(r'[ \t]*(?:(W/)?"([\x21\x23-\x7e\x80-\xff]*)")?[ \t]*(?:,|\Z)')
 
 
-class Outcome(Enum):
+class PreconditionOutcome(Enum):
     """What the preconditions decided: go on, answer 304 Not Modified, or answer 412."""
 
     PROCEED = "PROCEED"
@@ -54,7 +54,7 @@ class Validators:
     def _seconds(self) -> datetime:
         return self.last_modified.astimezone(UTC).replace(microsecond=0)
 
-    def evaluate(self, headers: CIMultiDictProxy[str]) -> Outcome:
+    def evaluate(self, headers: CIMultiDictProxy[str]) -> PreconditionOutcome:
         """Evaluate ``If-Match``, ``If-Unmodified-Since``, ``If-None-Match`` and ``If-Modified-Since`` in the
         order of RFC 9110 section 13.2.2 for a GET or HEAD (the only methods of a result). A list field's
         lines are one list; a date field sent twice, or holding anything but one HTTP-date, is ignored.
@@ -62,20 +62,20 @@ class Validators:
         if_match = field_list(headers, "If-Match")
         if if_match is not None:
             if not self._matches(if_match, weak=False):
-                return Outcome.PRECONDITION_FAILED
+                return PreconditionOutcome.PRECONDITION_FAILED
         else:
             since = http_date(sole_field(headers, "If-Unmodified-Since"))
             if since is not None and self._seconds > since:
-                return Outcome.PRECONDITION_FAILED
+                return PreconditionOutcome.PRECONDITION_FAILED
         if_none_match = field_list(headers, "If-None-Match")
         if if_none_match is not None:
             if self._matches(if_none_match, weak=True):
-                return Outcome.NOT_MODIFIED
+                return PreconditionOutcome.NOT_MODIFIED
         else:
             since = http_date(sole_field(headers, "If-Modified-Since"))
             if since is not None and self._seconds <= since:
-                return Outcome.NOT_MODIFIED
-        return Outcome.PROCEED
+                return PreconditionOutcome.NOT_MODIFIED
+        return PreconditionOutcome.PROCEED
 
     def range_applies(self, headers: CIMultiDictProxy[str]) -> bool:
         """True when a ``Range`` may be honoured given ``If-Range`` (RFC 9110 section 13.1.5): absent, a

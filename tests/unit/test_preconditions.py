@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from services.api.preconditions import Outcome, Validators, http_date
+from services.api.preconditions import PreconditionOutcome, Validators, http_date
 
 TAG = "0" * 63 + "a"
 PUBLISHED = datetime(2026, 11, 30, 8, 0, 1, 250000, tzinfo=UTC)
@@ -31,37 +31,37 @@ def test_validator_headers() -> None:
 @pytest.mark.parametrize(
     ("fields", "outcome"),
     [
-        ({}, Outcome.PROCEED),
-        ({"If_Match": f'"{TAG}"'}, Outcome.PROCEED),
-        ({"If_Match": f'"x", "{TAG}"'}, Outcome.PROCEED),
-        ({"If_Match": "*"}, Outcome.PROCEED),
-        ({"If_Match": f'W/"{TAG}"'}, Outcome.PRECONDITION_FAILED),
-        ({"If_Match": '"other"'}, Outcome.PRECONDITION_FAILED),
-        ({"If_Match": "not a tag"}, Outcome.PRECONDITION_FAILED),
-        ({"If_Unmodified_Since": AT}, Outcome.PROCEED),
-        ({"If_Unmodified_Since": AFTER}, Outcome.PROCEED),
-        ({"If_Unmodified_Since": BEFORE}, Outcome.PRECONDITION_FAILED),
-        ({"If_Unmodified_Since": "yesterday"}, Outcome.PROCEED),
+        ({}, PreconditionOutcome.PROCEED),
+        ({"If_Match": f'"{TAG}"'}, PreconditionOutcome.PROCEED),
+        ({"If_Match": f'"x", "{TAG}"'}, PreconditionOutcome.PROCEED),
+        ({"If_Match": "*"}, PreconditionOutcome.PROCEED),
+        ({"If_Match": f'W/"{TAG}"'}, PreconditionOutcome.PRECONDITION_FAILED),
+        ({"If_Match": '"other"'}, PreconditionOutcome.PRECONDITION_FAILED),
+        ({"If_Match": "not a tag"}, PreconditionOutcome.PRECONDITION_FAILED),
+        ({"If_Unmodified_Since": AT}, PreconditionOutcome.PROCEED),
+        ({"If_Unmodified_Since": AFTER}, PreconditionOutcome.PROCEED),
+        ({"If_Unmodified_Since": BEFORE}, PreconditionOutcome.PRECONDITION_FAILED),
+        ({"If_Unmodified_Since": "yesterday"}, PreconditionOutcome.PROCEED),
         # If-Match present: If-Unmodified-Since is not evaluated (13.2.2 step 2).
-        ({"If_Match": f'"{TAG}"', "If_Unmodified_Since": BEFORE}, Outcome.PROCEED),
-        ({"If_None_Match": f'"{TAG}"'}, Outcome.NOT_MODIFIED),
-        ({"If_None_Match": f'W/"{TAG}"'}, Outcome.NOT_MODIFIED),
-        ({"If_None_Match": f'"a", W/"{TAG}"'}, Outcome.NOT_MODIFIED),
-        ({"If_None_Match": "*"}, Outcome.NOT_MODIFIED),
-        ({"If_None_Match": '"other"'}, Outcome.PROCEED),
-        ({"If_Modified_Since": AT}, Outcome.NOT_MODIFIED),
-        ({"If_Modified_Since": AFTER}, Outcome.NOT_MODIFIED),
-        ({"If_Modified_Since": BEFORE}, Outcome.PROCEED),
-        ({"If_Modified_Since": "garbage"}, Outcome.PROCEED),
+        ({"If_Match": f'"{TAG}"', "If_Unmodified_Since": BEFORE}, PreconditionOutcome.PROCEED),
+        ({"If_None_Match": f'"{TAG}"'}, PreconditionOutcome.NOT_MODIFIED),
+        ({"If_None_Match": f'W/"{TAG}"'}, PreconditionOutcome.NOT_MODIFIED),
+        ({"If_None_Match": f'"a", W/"{TAG}"'}, PreconditionOutcome.NOT_MODIFIED),
+        ({"If_None_Match": "*"}, PreconditionOutcome.NOT_MODIFIED),
+        ({"If_None_Match": '"other"'}, PreconditionOutcome.PROCEED),
+        ({"If_Modified_Since": AT}, PreconditionOutcome.NOT_MODIFIED),
+        ({"If_Modified_Since": AFTER}, PreconditionOutcome.NOT_MODIFIED),
+        ({"If_Modified_Since": BEFORE}, PreconditionOutcome.PROCEED),
+        ({"If_Modified_Since": "garbage"}, PreconditionOutcome.PROCEED),
         # If-None-Match present: If-Modified-Since is not evaluated (step 4).
-        ({"If_None_Match": '"other"', "If_Modified_Since": AFTER}, Outcome.PROCEED),
+        ({"If_None_Match": '"other"', "If_Modified_Since": AFTER}, PreconditionOutcome.PROCEED),
         # If-Match fails first, whatever If-None-Match says (step 1 before step 3).
-        ({"If_Match": '"other"', "If_None_Match": f'"{TAG}"'}, Outcome.PRECONDITION_FAILED),
-        ({"If_Unmodified_Since": BEFORE, "If_None_Match": f'"{TAG}"'}, Outcome.PRECONDITION_FAILED),
-        ({"If_Match": f'"{TAG}"', "If_None_Match": f'"{TAG}"'}, Outcome.NOT_MODIFIED),
+        ({"If_Match": '"other"', "If_None_Match": f'"{TAG}"'}, PreconditionOutcome.PRECONDITION_FAILED),
+        ({"If_Unmodified_Since": BEFORE, "If_None_Match": f'"{TAG}"'}, PreconditionOutcome.PRECONDITION_FAILED),
+        ({"If_Match": f'"{TAG}"', "If_None_Match": f'"{TAG}"'}, PreconditionOutcome.NOT_MODIFIED),
     ],
 )
-def test_preconditions_in_the_order_of_rfc_9110(fields: dict[str, str], outcome: Outcome) -> None:
+def test_preconditions_in_the_order_of_rfc_9110(fields: dict[str, str], outcome: PreconditionOutcome) -> None:
     assert VALIDATORS.evaluate(headers(**fields)) is outcome
 
 
@@ -93,17 +93,17 @@ def repeated(*lines: tuple[str, str]) -> CIMultiDictProxy[str]:
     ("lines", "outcome"),
     [
         # Each line of a list field is part of one list (RFC 9110 section 5.3).
-        ((("If-Match", '"x"'), ("If-Match", f'"{TAG}"')), Outcome.PROCEED),
-        ((("If-Match", f'"{TAG}"'), ("If-Match", '"x"')), Outcome.PROCEED),
-        ((("If-Match", '"x"'), ("If-Match", '"y"')), Outcome.PRECONDITION_FAILED),
-        ((("If-None-Match", '"x"'), ("If-None-Match", f'W/"{TAG}"')), Outcome.NOT_MODIFIED),
+        ((("If-Match", '"x"'), ("If-Match", f'"{TAG}"')), PreconditionOutcome.PROCEED),
+        ((("If-Match", f'"{TAG}"'), ("If-Match", '"x"')), PreconditionOutcome.PROCEED),
+        ((("If-Match", '"x"'), ("If-Match", '"y"')), PreconditionOutcome.PRECONDITION_FAILED),
+        ((("If-None-Match", '"x"'), ("If-None-Match", f'W/"{TAG}"')), PreconditionOutcome.NOT_MODIFIED),
         # A date field sent twice is invalid, so ignored, whichever of its dates would decide.
-        ((("If-Unmodified-Since", AT), ("If-Unmodified-Since", BEFORE)), Outcome.PROCEED),
-        ((("If-Unmodified-Since", BEFORE), ("If-Unmodified-Since", AT)), Outcome.PROCEED),
-        ((("If-Modified-Since", AT), ("If-Modified-Since", AT)), Outcome.PROCEED),
+        ((("If-Unmodified-Since", AT), ("If-Unmodified-Since", BEFORE)), PreconditionOutcome.PROCEED),
+        ((("If-Unmodified-Since", BEFORE), ("If-Unmodified-Since", AT)), PreconditionOutcome.PROCEED),
+        ((("If-Modified-Since", AT), ("If-Modified-Since", AT)), PreconditionOutcome.PROCEED),
     ],
 )
-def test_repeated_fields(lines: tuple[tuple[str, str], ...], outcome: Outcome) -> None:
+def test_repeated_fields(lines: tuple[tuple[str, str], ...], outcome: PreconditionOutcome) -> None:
     assert VALIDATORS.evaluate(repeated(*lines)) is outcome
 
 
@@ -118,8 +118,8 @@ def test_repeated_fields(lines: tuple[tuple[str, str], ...], outcome: Outcome) -
     ],
 )
 def test_empty_list_elements_are_allowed(field: str) -> None:
-    assert VALIDATORS.evaluate(headers(If_Match=field)) is Outcome.PROCEED
-    assert VALIDATORS.evaluate(headers(If_None_Match=field)) is Outcome.NOT_MODIFIED
+    assert VALIDATORS.evaluate(headers(If_Match=field)) is PreconditionOutcome.PROCEED
+    assert VALIDATORS.evaluate(headers(If_None_Match=field)) is PreconditionOutcome.NOT_MODIFIED
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_empty_list_elements_are_allowed(field: str) -> None:
     [f'"x" "{TAG}"', f'"x"; "{TAG}"', f"{TAG}", f'"x", {TAG}', f'w/"{TAG}"', f'"{TAG}"\n'],
 )
 def test_a_list_that_does_not_parse_matches_nothing(field: str) -> None:
-    assert VALIDATORS.evaluate(headers(If_Match=field)) is Outcome.PRECONDITION_FAILED
+    assert VALIDATORS.evaluate(headers(If_Match=field)) is PreconditionOutcome.PRECONDITION_FAILED
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ def test_a_list_that_does_not_parse_matches_nothing(field: str) -> None:
     ],
 )
 def test_every_form_of_http_date(date: str) -> None:
-    assert VALIDATORS.evaluate(headers(If_Modified_Since=date)) is Outcome.NOT_MODIFIED
+    assert VALIDATORS.evaluate(headers(If_Modified_Since=date)) is PreconditionOutcome.NOT_MODIFIED
     assert VALIDATORS.range_applies(headers(If_Range=date)) is True
 
 
@@ -174,8 +174,8 @@ def test_rfc850_year_more_than_fifty_years_ahead_is_in_the_past() -> None:
 )
 def test_anything_but_one_http_date_is_ignored(date: str) -> None:
     assert http_date(date) is None
-    assert VALIDATORS.evaluate(headers(If_Modified_Since=date)) is Outcome.PROCEED
-    assert VALIDATORS.evaluate(headers(If_Unmodified_Since=date.replace("2026", "2025"))) is Outcome.PROCEED
+    assert VALIDATORS.evaluate(headers(If_Modified_Since=date)) is PreconditionOutcome.PROCEED
+    assert VALIDATORS.evaluate(headers(If_Unmodified_Since=date.replace("2026", "2025"))) is PreconditionOutcome.PROCEED
     assert VALIDATORS.range_applies(headers(If_Range=date)) is False
 
 
