@@ -27,8 +27,8 @@ from rich.console import Console
 
 from chatexport.client.api import Api, ApiError
 from chatexport.client.download import NotVerified, download_result, extension_of
-from chatexport.client.exporting import Outcome, export, export_incrementally
-from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, Progress, human_bytes
+from chatexport.client.exporting import ExportOutcome, export, export_incrementally
+from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, ProgressDisplay, human_bytes
 from chatexport.client.statefiles import UnusableStateFile
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
@@ -226,7 +226,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     request = export_request(args)
     output: Path = args.output or Path(args.conversation_id + extension_of(request))
     exporting = export_incrementally if args.incremental else export
-    progress = Progress(Console(stderr=True), interval=args.progress_interval, quiet=args.quiet)
+    progress = ProgressDisplay(Console(stderr=True), interval=args.progress_interval, quiet=args.quiet)
 
     async def run(api: Api) -> int:
         outcome = await exporting(
@@ -272,7 +272,7 @@ def _api_timestamp(instant: datetime | None) -> str | None:
     return None if instant is None else instant.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _report(outcome: Outcome, *, appended: bool = False) -> int:
+def _report(outcome: ExportOutcome, *, appended: bool = False) -> int:
     """Print what was written (``appended`` to OUTPUT, for an incremental export), or how the export ended
     when it did not succeed; the exit code.
     """
@@ -327,7 +327,7 @@ async def _download(api: Api, args: argparse.Namespace) -> int:
         print(f"{operation['operation_id']} is {operation['state']}: there is no file to download", file=sys.stderr)
         return EXIT_ENDED_BADLY
     output: Path = args.output or Path(args.operation_id + extension_of(operation["request"]))
-    return _report(Outcome(operation, await download_result(api, operation, output)))
+    return _report(ExportOutcome(operation, await download_result(api, operation, output)))
 
 
 def _run(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 from chatexport.client import incremental
 from chatexport.client.api import Api, ApiError
 from chatexport.client.download import Downloaded, download_result, fetch_verified
-from chatexport.client.progress import Progress
+from chatexport.client.progress import ProgressDisplay
 from chatexport.client.statefiles import UnusableStateFile, read_state, write_state
 from chatexport.client.waiting import until_terminal
 
@@ -32,7 +32,7 @@ class ExportState:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ExportOutcome:
     """How an export run ended: the operation's last representation, and the files written (in order) when
     it SUCCEEDED; for an incremental export, OUTPUT with the figures of what was appended to it.
     """
@@ -47,8 +47,8 @@ def state_path(output: Path) -> Path:
 
 
 async def export(
-    api: Api, *, conversation_id: str, request: dict[str, Any], output: Path, progress: Progress
-) -> Outcome:
+    api: Api, *, conversation_id: str, request: dict[str, Any], output: Path, progress: ProgressDisplay
+) -> ExportOutcome:
     """Export ``conversation_id`` with ``request`` (the submit body) into ``output``, or beside it for a split
     result (``download_result``). Raises ``ApiError``, ``aiohttp.ClientError``, ``NotVerified``,
     ``UnusableStateFile`` and ``OSError`` for the local files.
@@ -57,15 +57,15 @@ async def export(
         api, conversation_id=conversation_id, request=request, output=output, progress=progress
     )
     if operation["state"] != "SUCCEEDED":
-        return Outcome(operation, None)
+        return ExportOutcome(operation, None)
     written = await download_result(api, operation, output)
     state_path(output).unlink(missing_ok=True)
-    return Outcome(operation, written)
+    return ExportOutcome(operation, written)
 
 
 async def export_incrementally(
-    api: Api, *, conversation_id: str, request: dict[str, Any], output: Path, progress: Progress
-) -> Outcome:
+    api: Api, *, conversation_id: str, request: dict[str, Any], output: Path, progress: ProgressDisplay
+) -> ExportOutcome:
     """Export what is new in ``conversation_id`` since the last run into ``output`` with ``request`` (the
     submit body without ``after_seq``; one uncompressed or gzip JSONL file), and append it to ``output``
     (README: Command-line client; ``incremental``). Raises like ``export``.
@@ -79,7 +79,7 @@ async def export_incrementally(
         progress=progress,
     )
     if operation["state"] != "SUCCEEDED":
-        return Outcome(operation, None)
+        return ExportOutcome(operation, None)
     result = operation["result"]
     piece = await fetch_verified(api, result, output)
     # APIs from before next_after_seq documented the same watermark as snapshot.max_seq (README: API reference,
@@ -90,11 +90,13 @@ async def export_incrementally(
     # Gone too soon (a crash before the commit) only costs an export of the same messages again.
     state_path(output).unlink(missing_ok=True)
     incremental.commit(output, pending)
-    return Outcome(operation, [Downloaded(output, result["message_count"], result["size_bytes"], result["sha256"])])
+    return ExportOutcome(
+        operation, [Downloaded(output, result["message_count"], result["size_bytes"], result["sha256"])]
+    )
 
 
 async def _until_ended(
-    api: Api, *, conversation_id: str, request: dict[str, Any], output: Path, progress: Progress
+    api: Api, *, conversation_id: str, request: dict[str, Any], output: Path, progress: ProgressDisplay
 ) -> dict[str, Any]:
     """Submit (or submit again, with the stored key) and wait: the operation's terminal representation. The
     state file is dropped when the submit is refused or the export did not succeed.

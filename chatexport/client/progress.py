@@ -40,7 +40,7 @@ class Clock:
         await asyncio.sleep(seconds)
 
 
-class Progress:
+class ProgressDisplay:
     """Show representations of one operation as they come, on ``console``'s stream; use it as an async context
     manager around the wait. ``interval`` (seconds, > 0) paces the plain lines; ``quiet`` shows nothing.
     """
@@ -64,7 +64,7 @@ class Progress:
         else:
             self._display = PlainLines(console.file, interval, clock)
 
-    async def __aenter__(self) -> Progress:
+    async def __aenter__(self) -> ProgressDisplay:
         if self._display is not None:
             await self._display.start()
         return self

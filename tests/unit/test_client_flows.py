@@ -24,9 +24,9 @@ from rich.console import Console
 
 from chatexport.client import incremental
 from chatexport.client.api import Api, ApiError
-from chatexport.client.exporting import Outcome, export, export_incrementally, state_path
+from chatexport.client.exporting import ExportOutcome, export, export_incrementally, state_path
 from chatexport.client.incremental import history_path
-from chatexport.client.progress import Clock, LiveLine, Progress
+from chatexport.client.progress import Clock, LiveLine, ProgressDisplay
 
 CID = "c1"
 
@@ -154,11 +154,11 @@ async def api(fake: FakeApi) -> AsyncIterator[Api]:
         yield client
 
 
-def quiet() -> Progress:
-    return Progress(Console(file=io.StringIO()))
+def quiet() -> ProgressDisplay:
+    return ProgressDisplay(Console(file=io.StringIO()))
 
 
-async def run(api: Api, output: Path, request: dict[str, Any], *, incrementally: bool = False) -> Outcome:
+async def run(api: Api, output: Path, request: dict[str, Any], *, incrementally: bool = False) -> ExportOutcome:
     exporting = export_incrementally if incrementally else export
     return await exporting(api, conversation_id=CID, request=request, output=output, progress=quiet())
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from chatexport.client.progress import Clock, Progress, plain_line
+from chatexport.client.progress import Clock, ProgressDisplay, plain_line
 
 LINE = re.compile(
     r"chatexport progress operation=(?P<operation>\S+) state=(?P<state>[A-Z_]+) phase=(?P<phase>\S+|\"[^\"]*\") "
@@ -64,7 +64,9 @@ def representation(state: str, messages: int = 0, phase: str = "writing") -> dic
     }
 
 
-async def lines_until(clock: FakeClock, progress: Progress, stream: io.StringIO, first: dict[str, Any]) -> list[str]:
+async def lines_until(
+    clock: FakeClock, progress: ProgressDisplay, stream: io.StringIO, first: dict[str, Any]
+) -> list[str]:
     """Observe ``first`` at time 0, let ``clock`` run to its end, and return the lines written."""
     async with progress:
         progress.observe(first)
@@ -80,7 +82,7 @@ def fields(line: str) -> dict[str, str]:
 
 async def test_a_line_comes_every_interval_even_when_the_server_reports_nothing() -> None:
     clock, stream = FakeClock(end=35), io.StringIO()
-    progress = Progress(Console(file=stream), interval=10, clock=clock)
+    progress = ProgressDisplay(Console(file=stream), interval=10, clock=clock)
 
     lines = await lines_until(clock, progress, stream, representation("RUNNING", 40))
 
@@ -95,7 +97,7 @@ async def test_a_line_comes_every_interval_even_when_the_server_reports_nothing(
 
 async def test_a_state_change_prints_at_once_and_the_interval_counts_from_it() -> None:
     clock, stream = FakeClock(end=30), io.StringIO()
-    progress = Progress(Console(file=stream), interval=10, clock=clock)
+    progress = ProgressDisplay(Console(file=stream), interval=10, clock=clock)
     clock.at(4, lambda: progress.observe(representation("RUNNING", 10)))
     clock.at(7, lambda: progress.observe(representation("RUNNING", 500)))  # a report, no change of state
     clock.at(21, lambda: progress.observe(representation("SUCCEEDED", 900, "done")))
@@ -112,7 +114,7 @@ async def test_a_state_change_prints_at_once_and_the_interval_counts_from_it() -
 
 async def test_quiet_prints_nothing() -> None:
     stream = io.StringIO()
-    progress = Progress(Console(file=stream), interval=10, quiet=True, clock=FakeClock(end=35))
+    progress = ProgressDisplay(Console(file=stream), interval=10, quiet=True, clock=FakeClock(end=35))
 
     async with progress:
         progress.observe(representation("RUNNING"))
@@ -127,7 +129,7 @@ async def test_a_forced_colour_environment_still_gets_plain_lines(monkeypatch: p
     monkeypatch.setenv("TTY_COMPATIBLE", "1")
     clock, stream = FakeClock(end=15), io.StringIO()
 
-    progress = Progress(Console(file=stream), interval=10, clock=clock)
+    progress = ProgressDisplay(Console(file=stream), interval=10, clock=clock)
 
     lines = await lines_until(clock, progress, stream, representation("RUNNING"))
 
@@ -145,7 +147,7 @@ class RefusingStream(io.StringIO):
 async def test_a_log_that_stops_taking_lines_does_not_end_the_export() -> None:
     clock = FakeClock(end=35)
     stream = RefusingStream()
-    progress = Progress(Console(file=stream), interval=10, clock=clock)
+    progress = ProgressDisplay(Console(file=stream), interval=10, clock=clock)
     clock.at(12, lambda: progress.observe(representation("RUNNING", 5)))
     async with progress:
         progress.observe(representation("QUEUED"))
