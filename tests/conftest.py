@@ -4,9 +4,6 @@ test, and a moto server (S3 over real HTTP) per session.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -22,22 +19,7 @@ from shared.auth import mint_token
 from shared.db import migrate
 from shared.settings import Settings
 from shared.storage import ensure_bucket, open_s3_client
-
-PG_SERVER = os.environ.get("CHATEXPORT_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
-AMQP_URL = os.environ.get("CHATEXPORT_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
-
-
-def unique(prefix: str) -> str:
-    """A name no other test uses: ``prefix-<12 hex>``."""
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-async def _admin_execute(sql: str) -> None:
-    conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
+from tests.support import PG_SERVER, admin_execute, cloned_database, make_settings
 
 
 @pytest.fixture(scope="session")
@@ -52,21 +34,10 @@ def moto() -> Iterator[MotoServer]:
 async def template_db() -> AsyncIterator[str]:
     """A migrated database that every test clones (procrastinate's template pattern)."""
     name = f"chatexport_tpl_{uuid.uuid4().hex[:8]}"
-    await _admin_execute(f'CREATE DATABASE "{name}"')
+    await admin_execute(f'CREATE DATABASE "{name}"')
     await migrate(f"{PG_SERVER}/{name}")
     yield name
-    await _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@contextlib.asynccontextmanager
-async def cloned_database(template_db: str, prefix: str) -> AsyncIterator[str]:
-    """Yield the URL of a new clone of ``template_db`` named ``<prefix>_<hex>``; dropped on exit."""
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    await _admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    try:
-        yield f"{PG_SERVER}/{name}"
-    finally:
-        await _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -74,27 +45,6 @@ async def database_url(template_db: str) -> AsyncIterator[str]:
     """A fresh, migrated database for this test, dropped afterwards."""
     async with cloned_database(template_db, "chatexport_t") as url:
         yield url
-
-
-def make_settings(database_url: str, s3_endpoint_url: str, **overrides: Any) -> Settings:
-    """Settings for one test: its own database, bucket, exchange and queue; short timings."""
-    values: dict[str, Any] = {
-        "environment": "development",
-        "database_url": database_url,
-        "amqp_url": AMQP_URL,
-        "amqp_exchange": unique("chatexport-test"),
-        "amqp_queue": unique("chatexport-test"),
-        "s3_endpoint_url": s3_endpoint_url,
-        "s3_bucket": unique("bucket"),
-        "lease_seconds": 5.0,
-        "heartbeat_seconds": 1.0,
-        "relay_poll_seconds": 0.2,
-        "janitor_interval_seconds": 0.5,
-        "shutdown_grace_seconds": 5.0,
-        "metrics_port": 0,  # a free port each: tests run many parts side by side
-    }
-    values.update(overrides)
-    return Settings(**values)
 
 
 @pytest.fixture
@@ -140,18 +90,3 @@ def auth(settings: Settings) -> Callable[..., dict[str, str]]:
         return {"Authorization": f"Bearer {token}"}
 
     return headers
-
-
-async def wait_for(predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05) -> Any:
-    """Poll ``predicate`` (sync or async) until it returns a truthy value; fail after ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(interval)

@@ -19,7 +19,7 @@ from services.worker.main import serve as serve_worker
 from shared import jsontext
 from shared.settings import Settings
 from shared.webhooks.signing import signature
-from tests.conftest import wait_for
+from tests.support import wait_for
 
 Headers = Callable[..., dict[str, str]]
 

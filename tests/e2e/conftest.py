@@ -4,21 +4,17 @@ database of its own.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.remote.webdriver import WebDriver
 
-from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
-from shared.auth import mint_token
-from tests.conftest import AMQP_URL, cloned_database
+from tests.support import cloned_database
+from tests.support.e2e import Browser, headers_for, local_system
 
 pytestmark = pytest.mark.e2e
 
@@ -28,27 +24,6 @@ async def e2e_database(template_db: str) -> AsyncIterator[str]:
     """A migrated database for the e2e session."""
     async with cloned_database(template_db, "chatexport_e2e") as url:
         yield url
-
-
-@contextlib.asynccontextmanager
-async def local_system(database_url: str, log_dir: Path, **overrides: str) -> AsyncIterator[LocalSystem]:
-    """moto and every part with the compose file's replica counts (api, relay, three workers, two janitors)
-    as real processes on ``database_url``, with a one-second janitor and ``overrides`` (setting name ->
-    value), stopped at the end of the block, when each must have exited cleanly.
-    """
-    local = LocalSystem(
-        database_url=database_url,
-        amqp_url=AMQP_URL,
-        log_dir=log_dir,
-        overrides={"CHATEXPORT_JANITOR_INTERVAL_SECONDS": "1", **overrides},
-    )
-    try:
-        local.start()
-        yield local
-    finally:
-        codes = local.stop()
-        await delete_broker_objects(local.settings())
-        assert all(code in (0, -15) for name, code in codes.items() if name != "moto"), codes
 
 
 @pytest.fixture(scope="session")
@@ -67,17 +42,6 @@ async def api(system: LocalSystem) -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def headers_for(system: LocalSystem) -> Callable[..., dict[str, str]]:
-    """``auth("u-a")`` -> headers with a token signed with ``system``'s secret; ``admin=True`` adds the scope."""
-    settings = system.settings()
-
-    def headers(user_id: str, *, admin: bool = False) -> dict[str, str]:
-        token = mint_token(settings, user_id=user_id, scopes=["admin"] if admin else None)
-        return {"Authorization": f"Bearer {token}"}
-
-    return headers
-
-
 @pytest.fixture(scope="session")
 def auth(system: LocalSystem) -> Callable[..., dict[str, str]]:
     """``headers_for`` the session's system."""
@@ -86,14 +50,6 @@ def auth(system: LocalSystem) -> Callable[..., dict[str, str]]:
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-
-
-@dataclass(frozen=True)
-class Browser:
-    """A headless chromium and the folder its downloads land in."""
-
-    driver: WebDriver
-    downloads: Path
 
 
 @pytest.fixture

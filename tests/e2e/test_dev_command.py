@@ -24,8 +24,8 @@ from devtools.broker import delete_broker_objects
 from devtools.moto import free_port
 from devtools.processes import ProcessGroup
 from shared.settings import Settings
-from tests.conftest import AMQP_URL, PG_SERVER
 from tests.helpers import metric_samples
+from tests.support import AMQP_URL, PG_SERVER
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ import pytest
 from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
-from tests.conftest import AMQP_URL, cloned_database, wait_for
+from tests.support import AMQP_URL, cloned_database, wait_for
 
 pytestmark = pytest.mark.e2e
 

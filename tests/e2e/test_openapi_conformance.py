@@ -24,8 +24,8 @@ from schemathesis import checks
 from devtools.localsystem import LocalSystem
 from services.api.openapi import build_document
 from shared.routes import path
-from tests.conftest import unique
 from tests.helpers import Headers, import_lines, make_conversation, submit, wait_terminal
+from tests.support import unique
 
 pytestmark = pytest.mark.e2e
 

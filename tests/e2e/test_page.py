@@ -17,9 +17,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from devtools.localsystem import LocalSystem
-from tests.conftest import unique, wait_for
-from tests.e2e.conftest import Browser
 from tests.helpers import Headers, expected_file, import_lines, make_conversation, read_all
+from tests.support import unique, wait_for
+from tests.support.e2e import Browser
 
 pytestmark = pytest.mark.e2e
 

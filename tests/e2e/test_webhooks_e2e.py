@@ -18,9 +18,9 @@ from aiohttp import web
 
 from devtools.localsystem import LocalSystem
 from devtools.moto import free_port
-from tests.conftest import cloned_database, unique, wait_for
-from tests.e2e.conftest import headers_for, local_system
 from tests.helpers import import_lines, make_conversation, submit, verified_callback, wait_terminal
+from tests.support import cloned_database, unique, wait_for
+from tests.support.e2e import headers_for, local_system
 from tests.webhook_peers import ConnectProxy, Receiver, certificate_for, listening
 
 pytestmark = pytest.mark.e2e

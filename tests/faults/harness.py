@@ -23,9 +23,9 @@ from shared.auth import mint_token
 from shared.settings import Settings
 from shared.states import TERMINAL
 from shared.storage import artifact_prefix, ensure_bucket, open_s3_client
-from tests.conftest import wait_for
 from tests.faults.servers import PrivateRabbitMQ, TcpProxy
 from tests.helpers import expected_file, metric_samples, read_all, submit
+from tests.support import wait_for
 
 # Short leases and passes so that a takeover or a clean-up happens within seconds.
 FAST: dict[str, str] = {

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AMQP_URL, cloned_database
 from tests.faults.harness import (
     SLOW_UPLOADS,
     UPLOAD_BYTES_PER_SECOND,
@@ -21,6 +20,7 @@ from tests.faults.harness import (
     running,
     uploading,
 )
+from tests.support import AMQP_URL, cloned_database
 
 pytestmark = pytest.mark.e2e
 

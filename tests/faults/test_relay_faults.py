@@ -10,8 +10,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from tests.conftest import AMQP_URL, cloned_database, wait_for
 from tests.faults.harness import Faulty, check_ended_correctly, make_conversation, running
+from tests.support import AMQP_URL, cloned_database, wait_for
 
 pytestmark = pytest.mark.e2e
 

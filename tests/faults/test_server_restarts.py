@@ -10,7 +10,6 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from tests.conftest import AMQP_URL, cloned_database, wait_for
 from tests.faults.harness import (
     SLOW_UPLOADS,
     UPLOAD_BYTES_PER_SECOND,
@@ -22,6 +21,7 @@ from tests.faults.harness import (
     wait_for_queue_counts,
 )
 from tests.faults.servers import PrivatePostgres, PrivateRabbitMQ
+from tests.support import AMQP_URL, cloned_database, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AMQP_URL, cloned_database, wait_for
 from tests.faults.harness import (
     MIB,
     SLOW_UPLOADS,
@@ -25,6 +24,7 @@ from tests.faults.harness import (
     running,
     uploading,
 )
+from tests.support import AMQP_URL, cloned_database, wait_for
 
 pytestmark = pytest.mark.e2e
 

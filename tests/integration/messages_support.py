@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from devtools.moto import MotoServer
 from services.api.app import init_app
 from shared.settings import Settings
-from tests.conftest import make_settings
+from tests.support import make_settings
 
 Client = TestClient[Any, Any]
 Auth = Callable[..., dict[str, str]]

@@ -8,9 +8,9 @@ import pytest
 from devtools.moto import MotoServer
 from services.api.keys import POOL
 from shared.settings import Settings
-from tests.conftest import PG_SERVER, wait_for
 from tests.helpers import expect_problem
 from tests.integration.messages_support import Auth, Client, configured_api
+from tests.support import PG_SERVER, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,10 @@ from prometheus_client import REGISTRY
 from devtools.moto import free_port
 from services.api.app import init_app
 from shared.settings import Settings
-from tests.conftest import wait_for
 from tests.helpers import Headers, expect_problem, make_conversation, metric_samples, submit
 from tests.integration.exports_support import held_download
 from tests.integration.rows import insert_operation
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

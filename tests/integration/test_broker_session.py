@@ -15,7 +15,7 @@ import pytest
 from devtools.broker import delete_broker_objects
 from shared import broker
 from shared.settings import Settings
-from tests.conftest import AMQP_URL, unique
+from tests.support import AMQP_URL, unique
 
 
 async def test_a_connection_lost_before_its_channel_is_opened_again(monkeypatch: Any, caplog: Any) -> None:

@@ -15,9 +15,9 @@ from services.janitor.metrics import observe_system
 from shared.settings import Settings
 from shared.states import State
 from shared.storage import ObjectPages
-from tests.conftest import wait_for
 from tests.integration.bucket import keys
 from tests.integration.rows import insert_artifact, insert_operation, shift
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 from chatexport.cli import migrate_database
 from shared.db import ensure_database, migrate, migration_files
 from shared.settings import Settings
-from tests.conftest import PG_SERVER
+from tests.support import PG_SERVER
 
 pytestmark = pytest.mark.integration
 

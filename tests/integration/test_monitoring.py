@@ -22,9 +22,9 @@ from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
 from shared.monitoring import CHECK_TIMEOUT_SECONDS, Monitor, broker_check, database_check, serving, storage_check
 from shared.settings import Settings
-from tests.conftest import AMQP_URL, PG_SERVER, wait_for
 from tests.faults.servers import TcpProxy
 from tests.helpers import metric_samples
+from tests.support import AMQP_URL, PG_SERVER, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 
 from services.api.changes import CHANNEL, OperationChanges
 from shared.settings import Settings
-from tests.conftest import PG_SERVER, wait_for
+from tests.support import PG_SERVER, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,6 @@ from aiohttp.test_utils import TestClient, TestServer
 from services.api.app import init_app
 from services.worker import metrics
 from shared.broker import EXPORT_ROUTING_KEY, declare_topology
-from tests.conftest import wait_for
 from tests.helpers import (
     Headers,
     expected_file,
@@ -28,6 +27,7 @@ from tests.helpers import (
     submit,
     wait_terminal,
 )
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from shared.repository.artifacts import ArtifactFiles, StoredPart
 from shared.repository.operations import ClaimedOperation
 from shared.settings import Settings
 from shared.storage import artifact_key
-from tests.conftest import wait_for
 from tests.integration.bucket import keys, open_uploads
 from tests.integration.rows import insert_artifact, insert_operation
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

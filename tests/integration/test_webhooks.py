@@ -24,10 +24,10 @@ from devtools.moto import MotoServer
 from services.relay.webhooks import WebhookSender
 from shared.logs import JsonFormatter
 from shared.settings import Settings
-from tests.conftest import make_settings, wait_for
 from tests.helpers import expect_problem, import_lines, make_conversation, submit, verified_callback
 from tests.integration.messages_support import Auth, Client
 from tests.integration.rows import insert_operation
+from tests.support import make_settings, wait_for
 from tests.webhook_peers import ConnectProxy, Receiver, certificate_for, listening, trickling
 
 pytestmark = pytest.mark.integration

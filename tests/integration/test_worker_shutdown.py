@@ -13,8 +13,8 @@ import pytest
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
 from shared.settings import Settings
-from tests.conftest import wait_for
 from tests.helpers import Headers, import_lines, make_conversation, submit
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

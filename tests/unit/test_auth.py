@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from shared.auth import InvalidToken, TokenVerifier, mint_token
 from shared.settings import Settings
-from tests.conftest import wait_for
+from tests.support import wait_for
 
 SECRET = "unit-test-secret-of-at-least-32-bytes"
 SETTINGS = Settings(jwt_secret=SECRET)

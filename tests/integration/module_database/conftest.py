@@ -16,7 +16,7 @@ from graphlib import TopologicalSorter
 import asyncpg
 import pytest
 
-from tests.conftest import cloned_database
+from tests.support import cloned_database
 
 _TABLES_SQL = "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'schema_migrations'"
 _FOREIGN_KEYS_SQL = """

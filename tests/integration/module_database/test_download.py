@@ -15,7 +15,6 @@ import pytest
 
 from services.janitor.janitor import Janitor
 from shared.settings import Settings
-from tests.conftest import wait_for
 from tests.helpers import (
     expect_problem,
     expected_file,
@@ -36,6 +35,7 @@ from tests.integration.exports_support import (
     download_events,
     operation_state,
 )
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

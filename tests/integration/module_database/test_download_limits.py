@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from services.api.app import init_app
 from shared.settings import Settings
-from tests.conftest import wait_for
 from tests.helpers import expect_problem, import_lines, make_conversation, submit, wait_terminal
 from tests.integration.exports_support import Auth, Client, download_events, held_download
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

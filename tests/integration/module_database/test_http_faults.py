@@ -22,9 +22,9 @@ from multidict import CIMultiDict
 
 from services.api.app import listening, serve
 from shared.settings import Settings
-from tests.conftest import wait_for
 from tests.helpers import Headers, check_problem, expect_problem
 from tests.integration.rows import insert_operation
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,0 +1,83 @@
+"""Helpers every test folder shares, on the real servers: where Postgres and RabbitMQ are, unique names, a
+clone of the migrated template database, a test's settings, and waiting on a condition with a deadline.
+
+Test modules and ``conftest.py`` files import these from here; a ``conftest.py`` holds fixtures only and
+is never imported (``tests/unit/test_conftest_imports.py`` checks; README: Development).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+
+from shared.settings import Settings
+
+PG_SERVER = os.environ.get("CHATEXPORT_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+AMQP_URL = os.environ.get("CHATEXPORT_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+
+
+def unique(prefix: str) -> str:
+    """A name no other test uses: ``prefix-<12 hex>``."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+async def admin_execute(sql: str) -> None:
+    """Run ``sql`` on the test server's ``postgres`` database (``CREATE``/``DROP DATABASE``)."""
+    conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def cloned_database(template_db: str, prefix: str) -> AsyncIterator[str]:
+    """Yield the URL of a new clone of ``template_db`` named ``<prefix>_<hex>``; dropped on exit."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    await admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        await admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def make_settings(database_url: str, s3_endpoint_url: str, **overrides: Any) -> Settings:
+    """Settings for one test: its own database, bucket, exchange and queue; short timings."""
+    values: dict[str, Any] = {
+        "environment": "development",
+        "database_url": database_url,
+        "amqp_url": AMQP_URL,
+        "amqp_exchange": unique("chatexport-test"),
+        "amqp_queue": unique("chatexport-test"),
+        "s3_endpoint_url": s3_endpoint_url,
+        "s3_bucket": unique("bucket"),
+        "lease_seconds": 5.0,
+        "heartbeat_seconds": 1.0,
+        "relay_poll_seconds": 0.2,
+        "janitor_interval_seconds": 0.5,
+        "shutdown_grace_seconds": 5.0,
+        "metrics_port": 0,  # a free port each: tests run many parts side by side
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+async def wait_for(predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` (sync or async) until it returns a truthy value; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
