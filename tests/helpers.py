@@ -24,7 +24,7 @@ from tests.support import wait_for
 Headers = Callable[..., dict[str, str]]
 
 PROBLEM_TYPE = "application/problem+json"
-# The members every problem has (RFC 9457 and README: API reference, Errors).
+# The members every problem has (RFC 9457; README: Error codes).
 PROBLEM_MEMBERS = {"type", "title", "status", "detail", "code"}
 
 

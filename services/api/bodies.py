@@ -153,7 +153,7 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
 def validate_query(model: type[ModelT], request: web.Request) -> ModelT:
     """Validate the query string of ``request`` against ``model``. A parameter given more than once is a
     422 at ``["query", name]`` (which of its values counts would otherwise be a guess); schema errors are
-    422 under ``"query"`` too (README: API reference, Errors). Raises ``ProblemError``.
+    422 under ``"query"`` too (README: Error codes). Raises ``ProblemError``.
     """
     repeated = sorted({name for name in request.query if len(request.query.getall(name)) > 1})
     if repeated:
@@ -179,7 +179,7 @@ def _message(error: Any) -> str:
 
 def check_body_bytes(body: str, *, max_bytes: int, loc: list[Any]) -> None:
     """Raise ``ProblemError`` 422 at ``loc`` when a message ``body`` is over ``max_bytes`` UTF-8 bytes (README: API
-    reference, Send and Import).
+    reference, Send; README: API reference, Import).
     """
     if len(body.encode("utf-8")) > max_bytes:
         raise validation_failed([{"loc": loc, "msg": f"must be at most {max_bytes} UTF-8 bytes"}])

@@ -176,7 +176,7 @@ class Consumer:
 
     async def _claim(self, operation_id: str) -> tuple[ClaimedOperation, LeasePurpose] | None:
         """Claim the lease and check membership in one transaction; return the claimed operation with what to
-        do with it, or None when there is nothing to do (README: Authorization, the first of the execution checks).
+        do with it, or None when there is nothing to do (README: States and failure model, Operation).
 
         An operation whose every attempt lost its worker is parked in FAILED_REPAIR instead of taken over; a
         cancellation nobody holds is taken to be finished here (README: States and failure model, Cancel).

@@ -1,5 +1,5 @@
 """The database's repositories: one module per table (or per tightly bound group of tables), the only code
-that writes it (README: Layout).
+that writes it (README: How it works, Layout).
 
 - ``operations``: the operation and every transition of its state machine;
 - ``attempts``: one row per claim; ``artifacts``: the record of every object an attempt writes;

@@ -1,6 +1,6 @@
 """The product's connection pool (``shared.db.create_pool``) on real Postgres: a connection goes back to the
 pool without asyncpg's reset round trip, so what the skipped reset would have cleaned must never survive a
-release (README: Benchmark, what was tuned).
+release (README: Benchmark, What was tuned).
 """
 
 from __future__ import annotations

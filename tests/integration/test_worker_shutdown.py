@@ -1,5 +1,5 @@
 """A worker stopped in the middle of an export hands its lease back: no attempt is spent and another
-worker can take the operation over at once (README: failure model).
+worker can take the operation over at once (README: States and failure model).
 """
 
 from __future__ import annotations

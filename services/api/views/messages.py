@@ -130,8 +130,8 @@ async def read_messages(request: web.Request) -> web.Response:
 async def recall_message(request: web.Request) -> web.Response:
     """``DELETE /v2/conversations/{cid}/messages/{message_id}``: the sender recalls; anyone else 404.
 
-    Only the sender counts, whether or not still a member (README: API reference, Message store names no other
-    condition). Recalling an already recalled message answers 200 again (idempotent DELETE).
+    Only the sender counts, whether or not still a member (README: API reference, Recall: it
+    names no other condition). Recalling an already recalled message answers 200 again (idempotent DELETE).
     """
     conversation_id = request.match_info["cid"]
     message_id = request.match_info["message_id"]

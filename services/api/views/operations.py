@@ -1,5 +1,5 @@
 """The status monitor: ``/v3/operations``, ``/v3/operations/{id}`` and its event stream (README: API reference,
-Operation and Waiting for a change; States and failure model, Cancel)."""
+Operation; README: API reference, Waiting for a change; README: States and failure model, Cancel)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Exports that the real relay, worker and janitor run (README: API reference, Download and The file; States and failure
-model; Retention periods): the download with its headers and ranges, refusals after revocation and expiry, cancellation
-finished by the janitor, the worker's own membership check, and what the file holds.
+"""Exports that the real relay, worker and janitor run (README: API reference, Download; README: API reference, The
+file; README: States and failure model; README: Retention periods): the download with its headers and ranges,
+refusals after revocation and expiry, cancellation finished by the janitor, the worker's own membership check, and
+what the file holds.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Accepted submissions of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Submit and Idempotency-Key):
+"""Accepted submissions of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Submit;
+README: API reference, Idempotency-Key):
 what a 202 promises, idempotent replays, key reuse and expiry, and the active-export quota. No pipeline runs here, so
 every operation stays QUEUED unless the test moves it.
 """

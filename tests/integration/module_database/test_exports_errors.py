@@ -1,6 +1,6 @@
-"""Refused submissions of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Authentication,
-Idempotency-Key and Submit): each answers its problem (README: Error codes) and stores nothing, and the
-checks run in one fixed order: the key's syntax, the body, membership, then the key's reuse.
+"""Refused submissions of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Authentication; README: API
+reference, Idempotency-Key; README: API reference, Submit): each answers its problem (README: Error codes) and stores
+nothing, and the checks run in one fixed order: the key's syntax, the body, membership, then the key's reuse.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 NOTHING = dict.fromkeys(("operations", "idempotency_keys", "outbox"), 0)
 VALID = {"format": "jsonl"}
-# The default body limit (README: Configuration, CHATEXPORT_EXPORT_REQUEST_MAX_BYTES).
+# The default body limit (README: Settings: CHATEXPORT_EXPORT_REQUEST_MAX_BYTES).
 LIMIT = 64 * 1024
 
 

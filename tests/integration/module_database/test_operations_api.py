@@ -1,6 +1,7 @@
-"""The status monitor and cancel without a pipeline (README: API reference, Operation, List and Cancel; States and
-failure model): the representation, who may see it, the list, and cancel from the states an operation can be in. State
-changes that only a worker or the janitor makes are written into Postgres directly, as they would have left them.
+"""The status monitor and cancel without a pipeline (README: API reference, Operation; README: API reference, List;
+README: API reference, Cancel; README: States and failure model): the representation, who may see it, the list, and
+cancel from the states an operation can be in. State changes that only a worker or the janitor makes are written into
+Postgres directly, as they would have left them.
 """
 
 from __future__ import annotations
