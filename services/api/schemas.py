@@ -268,8 +268,8 @@ class ImportedMessage(StrictModel):
     sent_at: Timestamp | None = None
 
 
-# Response models (README: Error codes; API reference, Message store and Operation). Field order is the
-# order the views write.
+# Response models (README: Error codes; README: API reference, Message store; README: API reference,
+# Operation). Field order is the order the views write.
 
 TimestampText = Annotated[
     str,

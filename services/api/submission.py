@@ -66,7 +66,7 @@ async def submit(
 
 
 def _answer(result: SubmitResult, settings: Settings) -> AcceptedSubmission:
-    """Every outcome's answer and count, in one place (README: API reference, Submit; Error codes)."""
+    """Every outcome's answer and count, in one place (README: API reference, Submit; README: Error codes)."""
     match result.outcome:
         case SubmitOutcome.CREATED | SubmitOutcome.REPLAYED:
             assert result.operation_id is not None

@@ -1,5 +1,5 @@
-"""One attempt's work on real Postgres and a moto server (README: How it works; States and failure model): the
-export job writes and verifies the files and returns them as it recorded them; SUCCEEDED, like every other
+"""One attempt's work on real Postgres and a moto server (README: How it works; README: States and failure
+model): the export job writes and verifies the files and returns them as it recorded them; SUCCEEDED, like every other
 end of an attempt, is the runner's to write.
 """
 

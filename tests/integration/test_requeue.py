@@ -1,5 +1,5 @@
-"""The admin requeue, FAILED_REPAIR -> QUEUED (README: API reference, Admin requeue; States and failure model,
-FAILED_REPAIR, for operators), over HTTP and from the command line.
+"""The admin requeue, FAILED_REPAIR -> QUEUED (README: API reference, Admin requeue; README: States and
+failure model, FAILED_REPAIR, for operators), over HTTP and from the command line.
 """
 
 from __future__ import annotations
