@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -181,6 +182,7 @@ class _DevRun:
             self.moto = _ensure_s3(self.settings, self.console)
         asyncio.run(_ensure_bucket(self.settings))
         ports = metrics_ports(self.settings, self.names)
+        check_ports_free(self.settings, ports)
         for name in self.names:
             env = {**os.environ, "CHATEXPORT_METRICS_PORT": str(ports[name])}
             with self.signals.deferred():  # a signal mid-start would leave a child we do not know about
@@ -304,6 +306,33 @@ def metrics_ports(settings: Settings, names: Sequence[str]) -> dict[str, int]:
     """
     base = settings.metrics_port
     return {name: base + index if base else 0 for index, name in enumerate(names)}
+
+
+class PortInUse(RuntimeError):
+    """A port this system would listen on is taken, most likely by another system already running."""
+
+
+def check_ports_free(settings: Settings, metrics: dict[str, int]) -> None:
+    """Raise ``PortInUse`` naming the setting to change when the API's port or one of the parts' monitoring
+    ``metrics`` ports (part name to port) cannot be bound: otherwise the readiness check would take another
+    system's API for this one's, and each part would die of the clash after the banner was printed.
+    """
+    wanted = [(settings.api_host, settings.api_port, "CHATEXPORT_API_PORT")]
+    wanted += [(settings.metrics_host, port, "CHATEXPORT_METRICS_PORT") for port in metrics.values()]
+    for host, port, setting in wanted:
+        if port and not _bindable(host, port):
+            raise PortInUse(f"port {port} on {host} is in use (another system?): give this one its own {setting}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no clash
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def api_base_url(settings: Settings) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from devtools import supervisor
@@ -37,3 +39,17 @@ def test_the_printed_example_sets_up_the_client_for_alice() -> None:
     assert "The web page (paste the token there): http://127.0.0.1:8123/ui/" in lines
     command = lines[lines.index(settings_line) + 4]
     assert command == "  .venv/bin/chatexport export corpus-chinese-greetings -o corpus-chinese-greetings.jsonl"
+
+
+@pytest.mark.parametrize("taken", ["api", "worker-2"])
+def test_a_port_another_system_holds_is_refused_before_anything_starts(taken: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        settings = Settings(api_port=port if taken == "api" else 0, metrics_port=0)
+        ports = {"api": 0, "worker-1": 0, "worker-2": port if taken != "api" else 0}
+        setting = "CHATEXPORT_API_PORT" if taken == "api" else "CHATEXPORT_METRICS_PORT"
+        with pytest.raises(supervisor.PortInUse, match=f"port {port} .* own {setting}"):
+            supervisor.check_ports_free(settings, ports)
+    supervisor.check_ports_free(settings, ports)  # free again once the holder is gone
