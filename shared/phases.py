@@ -12,7 +12,7 @@ class Phase(StrEnum):
     """``progress.phase`` of an operation, in the order an export meets them.
 
     The repository writes the phases that end an attempt with the state it writes
-    (``shared.repository.operations``); an attempt that ends in RETRY_AT, FAILED or FAILED_REPAIR shows
+    (``shared.repository.leases``); an attempt that ends in RETRY_AT, FAILED or FAILED_REPAIR shows
     that state's name in lower case.
     """
 

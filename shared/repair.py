@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from shared.repository import operations
+from shared.repository import leases, status_monitor
 from shared.repository.outbox import enqueue_run
 
 
@@ -27,8 +27,8 @@ async def requeue(conn: asyncpg.Connection, *, operation_id: str) -> Requeue:
     in one transaction. Any other state is left alone and reported. Raises the database's errors.
     """
     async with conn.transaction():
-        if await operations.requeue(conn, operation_id=operation_id):
+        if await status_monitor.requeue(conn, operation_id=operation_id):
             await enqueue_run(conn, operation_id=operation_id)
             return Requeue(requeued=True, state="QUEUED")
-        now = await operations.current_state(conn, operation_id=operation_id)
+        now = await leases.current_state(conn, operation_id=operation_id)
     return Requeue(requeued=False, state=None if now is None else now.state)

@@ -27,10 +27,10 @@ import asyncpg
 
 from services.janitor import metrics
 from shared.artifact_removal import remove_artifact, remove_artifacts
-from shared.repository import artifacts, operations, outbox
+from shared.repository import artifacts, outbox, sweeps
 from shared.repository.access_events import record_access_event
 from shared.repository.artifacts import LiveArtifact, StaleArtifact
-from shared.repository.operations import finish_cancel
+from shared.repository.leases import finish_cancel
 from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
 from shared.states import ArtifactState
@@ -56,7 +56,7 @@ OUTBOX_KEEP_SECONDS = 24 * 3600.0
 class PassReport:
     """What one pass did, for the pass's log line; the metrics count the same events.
 
-    ``requeued`` maps each of ``operations.REQUEUE_REASONS`` to the operations re-enqueued for it;
+    ``requeued`` maps each of ``sweeps.REQUEUE_REASONS`` to the operations re-enqueued for it;
     ``unknown_state_artifacts`` is the part of ``stale_artifacts_removed`` that attempts left behind.
     """
 
@@ -122,7 +122,7 @@ class Janitor:
     async def expire_results(self) -> int:
         """SUCCEEDED -> EXPIRED past the result's retention, then delete its objects; return how many."""
         async with self._pool.acquire() as conn, conn.transaction():
-            expired = await operations.expire_results(conn, limit=self._settings.janitor_batch_size)
+            expired = await sweeps.expire_results(conn, limit=self._settings.janitor_batch_size)
             for row in expired:
                 await record_access_event(
                     conn,
@@ -138,17 +138,17 @@ class Janitor:
 
     async def requeue_stranded(self) -> dict[str, int]:
         """Send a new wake-up for expired leases, due retries and QUEUED operations whose message was lost;
-        return how many for each of ``operations.REQUEUE_REASONS``.
+        return how many for each of ``sweeps.REQUEUE_REASONS``.
         """
         async with self._pool.acquire() as conn, conn.transaction():
-            stranded = await operations.stranded_operations(
+            stranded = await sweeps.stranded_operations(
                 conn,
                 quiet_seconds=self._settings.janitor_requeue_after_seconds,
                 limit=self._settings.janitor_batch_size,
             )
             for row in stranded:
                 await enqueue_run(conn, operation_id=row.operation_id)
-        requeued = dict.fromkeys(operations.REQUEUE_REASONS, 0)
+        requeued = dict.fromkeys(sweeps.REQUEUE_REASONS, 0)
         for row in stranded:
             requeued[row.reason] += 1
         for reason, count in requeued.items():
@@ -161,7 +161,7 @@ class Janitor:
         """Remove the objects of CANCEL_REQUESTED operations nobody holds, then mark them CANCELED (README: States and
         failure model, Cancel)."""
         async with self._pool.acquire() as conn:
-            candidates = await operations.abandoned_cancellations(conn, limit=self._settings.janitor_batch_size)
+            candidates = await sweeps.abandoned_cancellations(conn, limit=self._settings.janitor_batch_size)
         finished = 0
         for row in candidates:
             if not await self.remove_artifacts(row.operation_id):
@@ -265,7 +265,7 @@ class Janitor:
         """
         async with self._pool.acquire() as conn:
             async with conn.transaction():
-                purged = await operations.purge(
+                purged = await sweeps.purge(
                     conn,
                     retention_seconds=self._settings.operation_retention_seconds,
                     limit=self._settings.janitor_batch_size,

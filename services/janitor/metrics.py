@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from shared.db import probing_connection
 from shared.metrics import CANCELLATIONS_FINISHED, counter_from_zero
-from shared.repository import operations, outbox
+from shared.repository import outbox, sweeps
 from shared.states import LEFT_BEHIND, State
 
 # The states a record left behind by an attempt can be found in (see ``repository.stale_artifacts``).
@@ -26,7 +26,7 @@ OPERATIONS_REQUEUED = counter_from_zero(
     "New wake-ups sent for stranded operations: lease_expired (RUNNING, its worker gone), retry_due"
     " (RETRY_AT past retry_at) or message_lost (QUEUED with no wake-up on its way).",
     "reason",
-    operations.REQUEUE_REASONS,
+    sweeps.REQUEUE_REASONS,
 )
 CANCELLATIONS_FINISHED_BY_JANITOR = CANCELLATIONS_FINISHED.labels(by="janitor")
 STALE_ARTIFACTS_REMOVED = Counter(
@@ -84,14 +84,14 @@ OUTBOX_OLDEST_AGE = Gauge(
 
 
 async def observe_system(pool: asyncpg.Pool) -> None:
-    """Set the system gauges from two short queries read as of one snapshot (``operations.state_figures``
+    """Set the system gauges from two short queries read as of one snapshot (``sweeps.state_figures``
     and ``outbox.backlog``, database clock): every state's operation count (0 when none), the oldest age in
     each of ``WAITING_STATES``, and the outbox backlog with its oldest due row's age. Meant to run before
     each scrape of the metrics endpoint; raises the driver's errors (``asyncpg.PostgresError``, ``OSError``,
     timeouts), leaving the gauges as they were.
     """
     async with probing_connection(pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        figures = await operations.state_figures(conn)
+        figures = await sweeps.state_figures(conn)
         backlog, oldest_due = await outbox.backlog(conn)
     by_state = {figure.state: figure for figure in figures}
     for state in State:

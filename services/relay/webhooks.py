@@ -34,7 +34,7 @@ from yarl import URL
 from services.relay import metrics
 from shared import jsontext
 from shared.db import TRANSIENT_DATABASE_ERRORS
-from shared.repository import operations, webhook_deliveries
+from shared.repository import status_monitor, webhook_deliveries
 from shared.repository.webhook_deliveries import Delivery
 from shared.representation import represent
 from shared.settings import Settings
@@ -137,7 +137,7 @@ class WebhookSender:
         return status_code, int((time.monotonic() - started) * 1000), error
 
     async def _body(self, conn: asyncpg.Connection, delivery: Delivery) -> bytes:
-        row = await operations.get_operation(conn, operation_id=delivery.operation_id, owner_id=None)
+        row = await status_monitor.get_operation(conn, operation_id=delivery.operation_id, owner_id=None)
         data = represent(row) if row is not None else {"operation_id": delivery.operation_id}
         message = {"type": delivery.event_type, "timestamp": datetime.now(UTC).isoformat(), "data": data}
         return jsontext.dumps(message).encode()

@@ -22,8 +22,8 @@ from services.worker import metrics
 from services.worker.runner import LeaseRunner
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
-from shared.repository import conversations, operations
-from shared.repository.operations import ClaimedOperation, current_state
+from shared.repository import conversations, leases
+from shared.repository.leases import ClaimedOperation, current_state
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -183,12 +183,12 @@ class Consumer:
         """
         lease_seconds = self._settings.lease_seconds
         async with self._pool.acquire() as conn, conn.transaction():
-            if await operations.park_abandoned(
+            if await leases.park_abandoned(
                 conn, operation_id=operation_id, max_attempts=self._settings.max_attempts, message=WORKER_LOST_MESSAGE
             ):
                 log.warning("export parked: every attempt lost its worker", extra={"operation_id": operation_id})
                 return None
-            claimed = await operations.claim(
+            claimed = await leases.claim(
                 conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=lease_seconds
             )
             if claimed is None:
@@ -206,7 +206,7 @@ class Consumer:
         """The lease of a cancellation to finish; None, after logging and counting a wake-up that names no
         operation (a purged one, or one from another deployment), when there is nothing to do.
         """
-        claimed = await operations.claim_cancellation(
+        claimed = await leases.claim_cancellation(
             conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=self._settings.lease_seconds
         )
         if claimed is not None:

@@ -24,9 +24,9 @@ from services.worker.object_writer import read_digest
 from shared.artifact_removal import remove_artifact
 from shared.logs import update_log_fields
 from shared.phases import Phase
-from shared.repository import artifacts, conversations, operations
+from shared.repository import artifacts, conversations, leases
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord
-from shared.repository.operations import ClaimedOperation
+from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 from shared.states import ArtifactState
 from shared.storage import artifact_key
@@ -140,15 +140,15 @@ class ExportJob:
         that memory near one part per range whatever the messages' size, each range is sized from the bytes
         per seq of the one before (at most ``export_batch_rows`` seqs, the first one ``FIRST_RANGE_SEQS``).
         """
-        claimed = self._claimed
-        if claimed.after_seq >= claimed.last_seq:
+        after, last = self._claimed.request.after_seq, last_seq(self._claimed)
+        if after >= last:
             return
-        reading: asyncio.Task[Range] | None = asyncio.create_task(self._read_range(claimed.after_seq, FIRST_RANGE_SEQS))
+        reading: asyncio.Task[Range] | None = asyncio.create_task(self._read_range(after, FIRST_RANGE_SEQS))
         try:
             while reading is not None:
                 current = await reading
                 reading = None
-                if current.high < claimed.last_seq:
+                if current.high < last:
                     span = self._next_span(seqs=current.high - current.low, size=current.size)
                     reading = asyncio.create_task(self._read_range(current.high, span))
                 handed = self._files.progress()[1]
@@ -176,7 +176,7 @@ class ExportJob:
         would make it hold every message of ``export_batch_rows`` seqs at once.
         """
         claimed = self._claimed
-        high = min(low + min(span, self._settings.export_batch_rows), claimed.last_seq)
+        high = min(low + min(span, self._settings.export_batch_rows), last_seq(claimed))
         cid, request = claimed.conversation_id, claimed.request
         async with self._pool.acquire() as conn:
             if self._by_row:
@@ -231,7 +231,7 @@ class ExportJob:
         claimed = self._claimed
         messages, stored_bytes = self._files.progress()
         async with self._pool.acquire() as conn:
-            held = await operations.record_progress(
+            held = await leases.record_progress(
                 conn,
                 operation_id=claimed.operation_id,
                 generation=claimed.generation,
@@ -298,6 +298,15 @@ class Range:
     size: int
     lines: list[bytes] = field(default_factory=list)
     rows: list[conversations.ExportRow] | None = None
+
+
+def last_seq(claimed: ClaimedOperation) -> int:
+    """The highest seq the attempt's file may hold: below the request's ``before_seq`` and within the
+    snapshot the first claim fixed (README: API reference). The file holds the seqs above the request's
+    ``after_seq`` up to this one.
+    """
+    before_seq = claimed.request.before_seq
+    return claimed.snapshot_max_seq if before_seq is None else min(claimed.snapshot_max_seq, before_seq - 1)
 
 
 def _appender(chunks: list[bytes]) -> Callable[[bytes], Awaitable[None]]:

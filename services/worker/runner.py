@@ -29,8 +29,8 @@ from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.phases import Phase
-from shared.repository import artifacts, conversations, operations
-from shared.repository.operations import ClaimedOperation, CurrentState, current_state, finish_cancel
+from shared.repository import artifacts, conversations, leases
+from shared.repository.leases import ClaimedOperation, CurrentState, current_state, finish_cancel
 from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
 from shared.states import State
@@ -133,7 +133,7 @@ class LeaseRunner:
             conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id, lock=True
         ):
             raise access_revoked()
-        if not await operations.succeed(
+        if not await leases.succeed(
             conn,
             operation_id=claimed.operation_id,
             generation=claimed.generation,
@@ -160,7 +160,7 @@ class LeaseRunner:
             await asyncio.sleep(self._settings.heartbeat_seconds)
             try:
                 async with self._pool.acquire() as conn:
-                    held = await operations.extend_lease(
+                    held = await leases.extend_lease(
                         conn,
                         operation_id=claimed.operation_id,
                         generation=claimed.generation,
@@ -199,7 +199,7 @@ class LeaseRunner:
         )
         async with self._pool.acquire() as conn:
             if not removed:
-                if attempt_open and await operations.hand_back(
+                if attempt_open and await leases.hand_back(
                     conn, operation_id=claimed.operation_id, generation=claimed.generation
                 ):
                     metrics.ATTEMPTS_ENDED.labels("HANDED_BACK").inc()
@@ -226,7 +226,7 @@ class LeaseRunner:
         )
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                ended = await operations.end_attempt(
+                ended = await leases.end_attempt(
                     conn,
                     operation_id=claimed.operation_id,
                     generation=claimed.generation,
@@ -252,7 +252,7 @@ class LeaseRunner:
         handed_back = False
         with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
             async with self._pool.acquire() as conn, conn.transaction():
-                handed_back = await operations.hand_back(
+                handed_back = await leases.hand_back(
                     conn, operation_id=claimed.operation_id, generation=claimed.generation
                 )
                 if handed_back:

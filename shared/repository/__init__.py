@@ -1,7 +1,10 @@
 """The database's repositories: one module per table (or per tightly bound group of tables), the only code
 that writes it (README: How it works, Layout).
 
-- ``operations``: the operation and every transition of its state machine;
+- the ``operations`` table, split by who calls it: ``status_monitor`` (the API's reads, the owner's cancel,
+  the admin's requeue), ``leases`` (the worker's claim, heartbeat, progress and every end of an attempt,
+  fenced by the generation) and ``sweeps`` (the janitor's expiry, wake-ups, abandoned cancellations, purge
+  and gauges);
 - ``attempts``: one row per claim; ``artifacts``: the record of every object an attempt writes;
 - ``access_events``: who fetched or removed a result;
 - ``submissions``: a submit, which creates an operation with its idempotency key (``idempotency_keys``)

@@ -12,9 +12,9 @@ import asyncpg
 import pytest
 
 from services.worker.export import ExportJob
-from shared.repository import operations
+from shared.repository import leases
 from shared.repository.artifacts import StoredPart
-from shared.repository.operations import ClaimedOperation
+from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 from shared.storage import artifact_key
 from tests.integration.rows import insert_operation
@@ -43,7 +43,7 @@ async def claimed(pool: asyncpg.Pool, settings: Settings, **columns: Any) -> Cla
     """op_1 (alice's export of c-a, with ``columns``) queued, then claimed as generation 1."""
     await insert_operation(pool, "op_1", "QUEUED", **columns)
     async with pool.acquire() as conn:
-        claim = await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=settings.lease_seconds)
+        claim = await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=settings.lease_seconds)
     assert claim is not None
     return claim
 

@@ -13,7 +13,7 @@ import pytest
 
 from services.worker.export import ExportJob
 from shared.export_request import ExportRequest
-from shared.repository.operations import ClaimedOperation
+from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ from prometheus_client import REGISTRY
 
 from services.worker.runner import LeaseRunner
 from shared.artifact_removal import remove_artifact
-from shared.repository import artifacts, operations
+from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles, StoredPart
-from shared.repository.operations import ClaimedOperation
+from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 from shared.storage import artifact_key
 from tests.integration.bucket import keys, open_uploads
@@ -69,9 +69,7 @@ async def abandoned_at_generation_one(pool: asyncpg.Pool) -> None:
 async def take_over(pool: asyncpg.Pool, s3: Any, settings: Settings, *, then: str | None = None) -> ClaimedOperation:
     """Claim op_1 as generation 2, run ``then`` (SQL) as if another party acted meanwhile, then run it."""
     async with pool.acquire() as conn:
-        claimed = await operations.claim(
-            conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds
-        )
+        claimed = await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
     assert claimed is not None
     assert claimed.generation == 2
     if then is not None:
@@ -219,10 +217,10 @@ async def test_a_superseded_holders_writes_are_rejected_and_counted(
 ) -> None:
     await insert_operation(pool, "op_1", "QUEUED")
     async with pool.acquire() as conn:
-        first = await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=settings.lease_seconds)
+        first = await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=settings.lease_seconds)
         assert first is not None
         await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
-        second = await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
+        second = await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
         assert second is not None
     sample = "chatexport_worker_stale_generation_writes_total"
     before = REGISTRY.get_sample_value(sample, {"write": "artifact"}) or 0.0
@@ -294,7 +292,7 @@ async def test_a_takeover_refused_at_start_removes_what_earlier_generations_left
     await complete_generation_one(pool, s3, settings)
     await pool.execute("DELETE FROM conversation_members WHERE user_id = 'alice'")
     async with pool.acquire() as conn:
-        row = await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
+        row = await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
     assert row is not None
 
     await LeaseRunner(pool=pool, s3=s3, settings=settings).refuse(row)

@@ -11,9 +11,9 @@ import asyncpg
 import pytest
 
 from shared.phases import Phase
-from shared.repository import artifacts, operations
+from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles
-from shared.repository.operations import ClaimedOperation, finish_cancel
+from shared.repository.leases import ClaimedOperation, finish_cancel
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ async def conn(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
 
 
 async def claim(conn: asyncpg.Connection, worker_id: str) -> ClaimedOperation:
-    claimed = await operations.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
+    claimed = await leases.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
     assert claimed is not None
     return claimed
 
@@ -51,7 +51,7 @@ async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(c
     first = await claim(conn, "w1")
     assert (first.generation, first.attempt, first.snapshot_max_seq) == (1, 1, 7)
     assert first.took_over is False
-    assert await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
+    assert await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
 
     await conn.execute("UPDATE conversations SET last_seq = 9")
     await expire_lease(conn)
@@ -62,28 +62,28 @@ async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(c
 
 
 async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyncpg.Connection) -> None:
-    await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
     await expire_lease(conn)
-    await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE)
+    await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE)
     before = await row(conn)
 
     old: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
-    assert not await operations.extend_lease(conn, **old, lease_seconds=LEASE)
-    assert not await operations.record_progress(
+    assert not await leases.extend_lease(conn, **old, lease_seconds=LEASE)
+    assert not await leases.record_progress(
         conn, **old, phase=Phase.WRITING, messages_written=5, bytes_written=50, lease_seconds=LEASE
     )
     assert not await artifacts.record_artifact(conn, **old, object_key="exports/op_1/g1.jsonl")
-    assert not await operations.succeed(
+    assert not await leases.succeed(
         conn, **old, files=ArtifactFiles.one_file("k", size_bytes=1, sha256="s", message_count=1), result_ttl_seconds=60
     )
-    assert not await operations.end_attempt(conn, **old, state="FAILED", error_code="X", error_message="x")
-    assert not await operations.hand_back(conn, **old)
+    assert not await leases.end_attempt(conn, **old, state="FAILED", error_code="X", error_message="x")
+    assert not await leases.hand_back(conn, **old)
     assert await row(conn) == before
     assert await conn.fetchval("SELECT count(*) FROM artifacts") == 0
 
     current: dict[str, Any] = {"operation_id": "op_1", "generation": 2}
     assert await artifacts.record_artifact(conn, **current, object_key="exports/op_1/g2.jsonl")
-    assert await operations.succeed(
+    assert await leases.succeed(
         conn,
         **current,
         files=ArtifactFiles.one_file("exports/op_1/g2.jsonl", size_bytes=1, sha256="s", message_count=1),
@@ -95,20 +95,20 @@ async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyn
 async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps_its_lease(
     conn: asyncpg.Connection,
 ) -> None:
-    await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
     await conn.execute("UPDATE operations SET state = 'CANCEL_REQUESTED'")
     held: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
 
-    assert not await operations.succeed(
+    assert not await leases.succeed(
         conn,
         **held,
         files=ArtifactFiles.one_file("k", size_bytes=1, sha256="s", message_count=1),
         result_ttl_seconds=60,
     )
-    assert not await operations.record_progress(
+    assert not await leases.record_progress(
         conn, **held, phase=Phase.WRITING, messages_written=1, bytes_written=1, lease_seconds=LEASE
     )
-    assert await operations.extend_lease(conn, **held, lease_seconds=LEASE)
+    assert await leases.extend_lease(conn, **held, lease_seconds=LEASE)
     assert not await finish_cancel(conn, operation_id="op_1", generation=2, abandoned=False)
     assert await finish_cancel(conn, **held, abandoned=False)
     assert (await row(conn))["state"] == "CANCELED"
@@ -117,15 +117,15 @@ async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps
 async def test_a_handed_back_lease_is_taken_over_at_once_without_spending_an_attempt(
     conn: asyncpg.Connection,
 ) -> None:
-    await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
-    assert await operations.hand_back(conn, operation_id="op_1", generation=1)
+    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    assert await leases.hand_back(conn, operation_id="op_1", generation=1)
     taken = await claim(conn, "w2")
     assert (taken.generation, taken.attempt, taken.took_over) == (2, 1, False)  # given, not taken
 
 
 async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Connection) -> None:
-    await operations.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
-    assert await operations.end_attempt(
+    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    assert await leases.end_attempt(
         conn,
         operation_id="op_1",
         generation=1,
@@ -134,7 +134,7 @@ async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Co
         error_message="t",
         retry_delay_seconds=60,
     )
-    assert await operations.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
+    assert await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
     await conn.execute("UPDATE operations SET retry_at = now() - interval '1 second'")
     retried = await claim(conn, "w2")
     assert retried.generation == 2
@@ -144,11 +144,11 @@ async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Co
 async def test_an_operation_that_lost_its_worker_on_every_attempt_is_parked(conn: asyncpg.Connection) -> None:
     for _ in range(3):
         await expire_lease(conn)
-        assert not await operations.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
+        assert not await leases.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
         await claim(conn, "w")
-    assert not await operations.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")  # lease live
+    assert not await leases.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")  # lease live
     await expire_lease(conn)
-    assert await operations.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
+    assert await leases.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
     parked = await row(conn)
     assert (parked["state"], parked["error_code"], parked["lease_expires_at"]) == ("FAILED_REPAIR", "WORKER_LOST", None)
-    assert await operations.claim(conn, operation_id="op_1", worker_id="w", lease_seconds=LEASE) is None
+    assert await leases.claim(conn, operation_id="op_1", worker_id="w", lease_seconds=LEASE) is None

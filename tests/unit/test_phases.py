@@ -12,19 +12,19 @@ from shared.phases import Phase
 from shared.states import State
 
 ROOT = Path(__file__).resolve().parents[2]
-OPERATIONS_SQL = (ROOT / "shared" / "repository" / "operations.py").read_text(encoding="utf-8")
+REPOSITORY_SQL = "".join(path.read_text(encoding="utf-8") for path in (ROOT / "shared" / "repository").glob("*.py"))
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_every_phase_the_repository_writes_is_a_phase() -> None:
-    written = set(re.findall(r"progress_phase = '([^']*)'", OPERATIONS_SQL))
+    written = set(re.findall(r"progress_phase = '([^']*)'", REPOSITORY_SQL))
     assert written, "the pattern no longer finds the phases written in SQL"
     assert written <= set(Phase)
 
 
 def test_an_attempt_that_ends_with_an_error_shows_its_state_as_a_phase() -> None:
     # end_attempt writes lower(state) as the phase of the states a worker's error leads to.
-    assert "progress_phase = lower($3)" in OPERATIONS_SQL
+    assert "progress_phase = lower($3)" in REPOSITORY_SQL
     for state in (State.RETRY_AT, State.FAILED, State.FAILED_REPAIR):
         assert Phase(state.lower())
 

@@ -24,7 +24,7 @@ from services.api.responses import NO_STORE, json_response
 from services.api.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
-from shared.repository import access_events, artifacts, attempts, conversations, operations, webhook_deliveries
+from shared.repository import access_events, artifacts, attempts, conversations, status_monitor, webhook_deliveries
 from shared.representation import represent_for_admin, represent_for_admin_list
 from shared.routes import path
 
@@ -179,7 +179,7 @@ async def list_operations(request: web.Request) -> web.Response:
     query = validate_query(AdminOperationListQuery, request)
     after = decode_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
-        rows = await operations.list_operations(
+        rows = await status_monitor.list_operations(
             conn,
             state=query.state.value if query.state else None,
             conversation_id=query.conversation_id,
@@ -200,7 +200,7 @@ async def get_operation(request: web.Request) -> web.Response:
     """
     operation_id = _operation_path_id(request)
     async with request.app[POOL].acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        row = await operations.get_operation(conn, operation_id=operation_id, owner_id=None)
+        row = await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=None)
         if row is None:
             raise not_found()
         body = represent_for_admin(

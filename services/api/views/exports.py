@@ -40,7 +40,7 @@ from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.formats import FORMATS, GZIP_CONTENT_TYPE
 from shared.ids import is_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
-from shared.repository import operations
+from shared.repository import status_monitor
 from shared.repository.access_events import record_access_event
 from shared.repository.conversations import is_member
 from shared.routes import path
@@ -79,7 +79,7 @@ async def submit_export(request: web.Request) -> web.Response:
             conn, settings, owner_id=owner_id, conversation_id=conversation_id, idempotency_key=key, request=export
         )
         # Read after COMMIT: a replay shows the operation's current state.
-        row = await operations.get_operation(conn, operation_id=submitted.operation_id, owner_id=owner_id)
+        row = await status_monitor.get_operation(conn, operation_id=submitted.operation_id, owner_id=owner_id)
     assert row is not None
     headers = {"Location": path("getOperation", operation_id=submitted.operation_id)}
     if submitted.replayed:
@@ -185,7 +185,7 @@ async def _record_refusal(request: web.Request, operation_id: str, user_id: str,
 async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, user_id: str) -> asyncpg.Record:
     if not is_operation_id(operation_id):
         raise not_found()
-    row = await operations.get_operation(conn, operation_id=operation_id, owner_id=user_id)
+    row = await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=user_id)
     if row is None:
         raise not_found()
     refusal = _STATE_REFUSALS.get(row["state"])

@@ -33,7 +33,7 @@ from services.api.schemas import (
 )
 from services.api.waiting import Reader, operation_events, read_or_404, wait_for_state_change, watching
 from shared.ids import is_operation_id
-from shared.repository import operations
+from shared.repository import status_monitor
 from shared.repository.outbox import enqueue_run
 from shared.representation import EVENT_STREAM, is_terminal, represent
 from shared.routes import path
@@ -88,7 +88,7 @@ def _reader(request: web.Request) -> Reader:
         if not is_operation_id(operation_id):
             return None
         async with request.app[POOL].acquire() as conn:
-            return await operations.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
+            return await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
 
     return read
 
@@ -115,7 +115,7 @@ async def list_operations(request: web.Request) -> web.Response:
     query = validate_query(OperationListQuery, request)
     after = decode_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
-        rows = await operations.list_operations(
+        rows = await status_monitor.list_operations(
             conn,
             owner_id=request[PRINCIPAL].user_id,
             state=query.state.value if query.state else None,
@@ -135,12 +135,12 @@ async def cancel_operation(request: web.Request) -> web.Response:
         raise not_found()
     owner_id = request[PRINCIPAL].user_id
     async with request.app[POOL].acquire() as conn, conn.transaction():
-        if await operations.request_cancel(conn, operation_id=operation_id, owner_id=owner_id):
+        if await status_monitor.request_cancel(conn, operation_id=operation_id, owner_id=owner_id):
             # A wake-up in the same transaction: a worker finishes a cancellation that no live worker
             # holds at once, instead of a janitor pass later (README: States and failure model, Cancel).
             await enqueue_run(conn, operation_id=operation_id)
         # Read in the transaction: a request that moved it sees its own CANCEL_REQUESTED.
-        row = await operations.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
+        row = await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
     if row is None:
         raise not_found()
     if row["state"] == State.CANCEL_REQUESTED:

@@ -20,7 +20,7 @@ from services.api.app import init_app
 from services.janitor.janitor import Janitor
 from services.worker.runner import LeaseRunner
 from shared.repair import requeue
-from shared.repository import operations
+from shared.repository import leases
 from shared.repository.artifacts import ArtifactFiles
 from shared.settings import Settings
 from shared.storage import artifact_key
@@ -127,7 +127,7 @@ async def test_a_takeover_shows_the_lost_generation_and_its_holder_cannot_rewrit
     operation_id = await submitted(api, auth, "c-take")
     # A worker claims generation 1, then freezes until its lease has expired.
     async with pool.acquire() as conn:
-        frozen = await operations.claim(conn, operation_id=operation_id, worker_id="w-frozen", lease_seconds=LEASE)
+        frozen = await leases.claim(conn, operation_id=operation_id, worker_id="w-frozen", lease_seconds=LEASE)
         assert frozen is not None
         await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
     running = await admin_view(api, auth, operation_id)
@@ -235,7 +235,7 @@ Ending = Callable[[asyncpg.Connection, int], Awaitable[bool]]
 
 def _end_attempt(state: str, code: str, delay: float | None = None) -> Ending:
     def end(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-        return operations.end_attempt(
+        return leases.end_attempt(
             conn,
             operation_id="op_1",
             generation=generation,
@@ -250,7 +250,7 @@ def _end_attempt(state: str, code: str, delay: float | None = None) -> Ending:
 
 def _succeed(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
     digest = hashlib.sha256(b"").hexdigest()
-    return operations.succeed(
+    return leases.succeed(
         conn,
         operation_id="op_1",
         generation=generation,
@@ -260,19 +260,19 @@ def _succeed(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
 
 
 def _hand_back(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return operations.hand_back(conn, operation_id="op_1", generation=generation)
+    return leases.hand_back(conn, operation_id="op_1", generation=generation)
 
 
 def _finish_cancel(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return operations.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=False)
+    return leases.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=False)
 
 
 def _park(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return operations.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
+    return leases.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
 
 
 def _janitor_cancel(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return operations.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=True)
+    return leases.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=True)
 
 
 EXPIRED_LEASE = "UPDATE operations SET lease_expires_at = now() - interval '1 second'"
@@ -302,7 +302,7 @@ async def attempt_rows(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
 
 
 async def claimed(conn: asyncpg.Connection, worker_id: str) -> int:
-    row = await operations.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
+    row = await leases.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
     assert row is not None
     return row.generation
 
@@ -348,11 +348,11 @@ async def test_a_requeued_or_handed_back_operation_gets_a_new_attempt_row(pool: 
     await insert_operation(pool, "op_1", "QUEUED")
     async with pool.acquire() as conn:
         first = await claimed(conn, "w1")
-        assert await operations.hand_back(conn, operation_id="op_1", generation=first)
+        assert await leases.hand_back(conn, operation_id="op_1", generation=first)
         # A handed back attempt is not counted: the next claim has the same attempt number.
         await claimed(conn, "w2")
         await conn.execute(EXPIRED_LEASE)
-        assert await operations.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
+        assert await leases.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
         assert (await requeue(conn, operation_id="op_1")).requeued
         # The requeue took generation 3 from any late holder; the next claim is generation 4.
         assert await claimed(conn, "w3") == 4

@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from services.api.schemas import Operation
-from shared.repository import operations
+from shared.repository import status_monitor
 from shared.representation import represent
 from shared.states import TERMINAL, State
 from tests.integration.rows import insert_operation
@@ -72,7 +72,7 @@ async def represented(pool: asyncpg.Pool, case: str) -> dict[str, Any]:
     state, columns = CASES[case]
     await insert_operation(pool, f"op_{case}", state, **columns)
     async with pool.acquire() as conn:
-        row = await operations.get_operation(conn, operation_id=f"op_{case}", owner_id=None)
+        row = await status_monitor.get_operation(conn, operation_id=f"op_{case}", owner_id=None)
     assert row is not None
     return represent(row)
 

@@ -1,17 +1,16 @@
-"""The ``operations`` table: every statement that writes it, and its reads (README: States and failure model).
+"""The worker's side of the ``operations`` table: the lease, its fencing generation and every end of an
+attempt (README: States and failure model).
 
-Each transition is one function named by what it does, one conditional ``UPDATE`` whose ``WHERE`` names the
-states it leaves (``shared.states``), so a transition that lost a race matches nothing. Writes of a lease
-holder are fenced: they match only under the holder's generation while the operation is RUNNING (or, for
-the lease itself and the cancellation's end, CANCEL_REQUESTED), so a holder that lost its lease changes
-nothing. A transition that ends an attempt closes it in the same transaction (``attempts``). Every
-function runs on the caller's connection, in the caller's transaction if any.
+A claim takes the lease with generation + 1; every later write of the holder is fenced: it matches only
+under the holder's generation while the operation is RUNNING (or, for the lease itself and the
+cancellation's end, CANCEL_REQUESTED), so a holder that lost its lease changes nothing. A transition that
+ends an attempt closes it in the same transaction (``attempts``). Every function runs on the caller's
+connection, in the caller's transaction if any.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -21,57 +20,7 @@ from shared.phases import Phase
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.attempts import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
 from shared.repository.rows import Row
-from shared.states import LEASE_HELD, PURGEABLE, State, sources_of, values
-
-
-async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> asyncpg.Record | None:
-    """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, README: API reference), or
-    whoever owns it when ``owner_id`` is None (the admin view); None otherwise. The row has the columns of
-    the view ``operation_representations`` (migration 0004).
-    """
-    return await conn.fetchrow(
-        """
-        SELECT * FROM operation_representations
-        WHERE operation_id = $1 AND ($2::text IS NULL OR owner_id = $2)
-        """,
-        operation_id,
-        owner_id,
-    )
-
-
-async def list_operations(
-    conn: asyncpg.Connection,
-    *,
-    owner_id: str | None,
-    state: str | None,
-    limit: int,
-    after: tuple[datetime, str] | None,
-    conversation_id: str | None = None,
-) -> list[asyncpg.Record]:
-    """Up to ``limit`` operations, newest first, strictly after the keyset ``after`` (the (created_at,
-    operation_id) of the last row of the previous page): those of ``owner_id``, in ``state`` and of
-    ``conversation_id``, a None filter admitting every value (the user's list passes its owner, the admin
-    list any). Rows have the columns of ``get_operation``'s.
-    """
-    after_created, after_id = after if after else (None, None)
-    rows: list[asyncpg.Record] = await conn.fetch(
-        """
-        SELECT * FROM operation_representations
-        WHERE ($1::text IS NULL OR owner_id = $1)
-          AND ($2::text IS NULL OR state = $2)
-          AND ($3::text IS NULL OR conversation_id = $3)
-          AND ($4::timestamptz IS NULL OR (created_at, operation_id) < ($4, $5))
-        ORDER BY created_at DESC, operation_id DESC
-        LIMIT $6
-        """,
-        owner_id,
-        state,
-        conversation_id,
-        after_created,
-        after_id,
-        limit,
-    )
-    return rows
+from shared.states import LEASE_HELD, State, values
 
 
 @dataclass(frozen=True)
@@ -110,18 +59,6 @@ class ClaimedOperation(Row):
     def from_claim(cls, row: asyncpg.Record, *, took_over: bool) -> ClaimedOperation:
         """Build from a claim's ``RETURNING`` row (``_CLAIMED_COLUMNS``)."""
         return cls.from_row({**row, "request": ExportRequest.from_row(row), "took_over": took_over})
-
-    @property
-    def after_seq(self) -> int:
-        """The file holds seqs above this one."""
-        return self.request.after_seq
-
-    @property
-    def last_seq(self) -> int:
-        """The highest seq the file may hold: below ``before_seq`` and within the snapshot."""
-        if self.request.before_seq is None:
-            return self.snapshot_max_seq
-        return min(self.snapshot_max_seq, self.request.before_seq - 1)
 
     def log_extra(self, **more: Any) -> dict[str, Any]:
         """The fields every log line about this attempt carries, and ``more``."""
@@ -370,28 +307,6 @@ async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_att
     return True
 
 
-async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> bool:
-    """Move a QUEUED, RUNNING or RETRY_AT operation of ``owner_id`` to CANCEL_REQUESTED; False when it was
-    not moved (unknown, not the owner's, or in another state).
-
-    One conditional UPDATE (README: States and failure model): it cannot overtake a SUCCEEDED that committed
-    first, and once it commits the worker's conditional SUCCEEDED update can no longer match. A retry's error
-    goes: it no longer describes what happens next (an operation shows ``error`` only in RETRY_AT, FAILED and
-    FAILED_REPAIR, README: API reference).
-    """
-    status = await conn.execute(
-        """
-        UPDATE operations SET state = 'CANCEL_REQUESTED', updated_at = now(), retry_at = NULL,
-            error_code = NULL, error_message = NULL
-        WHERE operation_id = $1 AND owner_id = $2 AND state = ANY($3::text[])
-        """,
-        operation_id,
-        owner_id,
-        sources_of(State.CANCEL_REQUESTED),
-    )
-    return status == "UPDATE 1"
-
-
 async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int, abandoned: bool) -> bool:
     """CANCEL_REQUESTED -> CANCELED once every object is gone (README: States and failure model, Cancel);
     False when the operation moved on. By the holder of ``generation`` (its attempt closed as CANCELED), or,
@@ -415,162 +330,3 @@ async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generati
         return await close_attempt_if_matched(
             status, conn, operation_id=operation_id, generation=generation, outcome=outcome
         )
-
-
-async def requeue(conn: asyncpg.Connection, *, operation_id: str) -> bool:
-    """FAILED_REPAIR -> QUEUED with a fresh attempt budget; False (nothing changed) from any other state.
-
-    The generation moves on, so a worker that still holds an old lease (a frozen one, parked as WORKER_LOST) matches
-    none of the fenced writes afterwards, not even those allowed while CANCEL_REQUESTED (README: States and failure
-    model). No attempt is open here (the write that parked the operation closed it), so the attempt history is left as
-    it is; the next claim opens the new generation's attempt.
-    """
-    status = await conn.execute(
-        """
-        UPDATE operations SET state = 'QUEUED', attempt = 0, generation = generation + 1, retry_at = NULL,
-            error_code = NULL, error_message = NULL, progress_phase = NULL, messages_written = 0,
-            bytes_written = 0, lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL, updated_at = now()
-        WHERE operation_id = $1 AND state = 'FAILED_REPAIR'
-        """,
-        operation_id,
-    )
-    return status == "UPDATE 1"
-
-
-@dataclass(frozen=True)
-class ExpiredResult(Row):
-    """A result ``expire_results`` moved to EXPIRED, and its owner."""
-
-    operation_id: str
-    owner_id: str
-
-
-async def expire_results(conn: asyncpg.Connection, *, limit: int) -> list[ExpiredResult]:
-    """SUCCEEDED -> EXPIRED for results past ``result_expires_at``; return (operation_id, owner_id).
-
-    The state moves first, so a download is refused (410) before the object disappears; an object whose
-    deletion then fails stays recorded and ``stale_artifacts`` returns it later, so there is never a
-    SUCCEEDED without its file.
-    """
-    rows = await conn.fetch(
-        """
-        UPDATE operations o SET state = 'EXPIRED', progress_phase = 'expired', updated_at = now()
-        WHERE o.operation_id IN (
-            SELECT operation_id FROM operations
-            WHERE state = 'SUCCEEDED' AND result_expires_at <= now()
-            ORDER BY result_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-          AND o.state = 'SUCCEEDED'
-        RETURNING o.operation_id, o.owner_id
-        """,
-        limit,
-    )
-    return [ExpiredResult.from_row(row) for row in rows]
-
-
-# Why an operation needs a new wake-up, as ``stranded_operations`` names it.
-REQUEUE_REASONS = ("lease_expired", "retry_due", "message_lost")
-
-
-@dataclass(frozen=True)
-class StrandedOperation(Row):
-    """An operation that needs a new wake-up, and why: one of ``REQUEUE_REASONS``."""
-
-    operation_id: str
-    reason: str
-
-
-async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float, limit: int) -> list[StrandedOperation]:
-    """Operations that need a wake-up, with the reason (one of ``REQUEUE_REASONS``): expired leases, due
-    retries, and QUEUED ones whose message was lost. Returns (operation_id, reason).
-
-    Skipped: an operation with a wake-up still to publish, or one published within ``quiet_seconds`` (and,
-    for an expired lease, after the lease expired: a wake-up older than the expiry was for the holder that
-    died, so the first pass after the expiry sends a new one; README: States and failure model).
-    """
-    rows = await conn.fetch(
-        """
-        SELECT o.operation_id,
-               CASE o.state WHEN 'RUNNING' THEN 'lease_expired' WHEN 'RETRY_AT' THEN 'retry_due'
-                            ELSE 'message_lost' END AS reason
-        FROM operations o
-        WHERE operation_is_runnable(o.state, o.retry_at, o.lease_expires_at)
-          AND (o.state <> 'QUEUED' OR o.updated_at < now() - make_interval(secs => $1))
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox b WHERE b.operation_id = o.operation_id
-                AND (b.published_at IS NULL
-                     OR (b.published_at > now() - make_interval(secs => $1)
-                         AND (o.state <> 'RUNNING' OR b.published_at > o.lease_expires_at))))
-        ORDER BY o.updated_at LIMIT $2
-        """,
-        quiet_seconds,
-        limit,
-    )
-    return [StrandedOperation.from_row(row) for row in rows]
-
-
-@dataclass(frozen=True)
-class OperationGeneration(Row):
-    """An operation and the fencing generation of its current or last lease."""
-
-    operation_id: str
-    generation: int
-
-
-async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> list[OperationGeneration]:
-    """CANCEL_REQUESTED operations that no live lease holder will finish: (operation_id, generation)."""
-    rows = await conn.fetch(
-        """
-        SELECT operation_id, generation FROM operations
-        WHERE state = 'CANCEL_REQUESTED' AND (lease_expires_at IS NULL OR lease_expires_at < now())
-        ORDER BY updated_at LIMIT $1
-        """,
-        limit,
-    )
-    return [OperationGeneration.from_row(row) for row in rows]
-
-
-async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int) -> list[str]:
-    """Delete ended operations created more than ``retention_seconds`` ago, with their idempotency keys,
-    attempts and artifacts (cascade); return their ids, whose outbox rows the caller deletes in the same
-    transaction (``outbox.delete_for``). Frees their keys (README: API reference, Submit).
-    """
-    rows = await conn.fetch(
-        """
-        DELETE FROM operations WHERE operation_id IN (
-            SELECT operation_id FROM operations
-            WHERE created_at < now() - make_interval(secs => $1)
-              AND state = ANY($3::text[])
-              -- Keep the record of an object not yet removed: it is the only pointer to it.
-              AND NOT EXISTS (SELECT 1 FROM artifacts a
-                              WHERE a.operation_id = operations.operation_id AND a.state <> 'DELETED')
-            LIMIT $2)
-        RETURNING operation_id
-        """,
-        float(retention_seconds),
-        limit,
-        values(PURGEABLE),
-    )
-    return [row["operation_id"] for row in rows]
-
-
-@dataclass(frozen=True)
-class StateFigure(Row):
-    """How many operations are in ``state``, and the age of the oldest ``updated_at`` among them."""
-
-    state: str
-    operations: int
-    oldest_age_seconds: float
-
-
-async def state_figures(conn: asyncpg.Connection) -> list[StateFigure]:
-    """Counts for the system gauges, judged by the database clock: one row per operation state present,
-    (state, operations, oldest_age_seconds since the oldest ``updated_at`` in that state).
-    """
-    rows = await conn.fetch(
-        """
-        SELECT state, count(*) AS operations,
-               greatest(extract(epoch FROM now() - min(updated_at))::float8, 0) AS oldest_age_seconds
-        FROM operations GROUP BY state
-        """
-    )
-    return [StateFigure.from_row(row) for row in rows]

@@ -1,0 +1,108 @@
+"""The status monitor's side of the ``operations`` table: the API's reads of an operation and the two
+requests that change one from outside a lease, the owner's cancel and the admin's requeue (README: API
+reference; README: States and failure model).
+
+Reads return rows of the view ``operation_representations`` (migration 0004). Each write is one conditional
+``UPDATE`` whose ``WHERE`` names the states it leaves (``shared.states``), so a request that lost a race
+matches nothing. Every function runs on the caller's connection, in the caller's transaction if any.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+from shared.states import State, sources_of
+
+
+async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> asyncpg.Record | None:
+    """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, README: API reference), or
+    whoever owns it when ``owner_id`` is None (the admin view); None otherwise. The row has the columns of
+    the view ``operation_representations`` (migration 0004).
+    """
+    return await conn.fetchrow(
+        """
+        SELECT * FROM operation_representations
+        WHERE operation_id = $1 AND ($2::text IS NULL OR owner_id = $2)
+        """,
+        operation_id,
+        owner_id,
+    )
+
+
+async def list_operations(
+    conn: asyncpg.Connection,
+    *,
+    owner_id: str | None,
+    state: str | None,
+    limit: int,
+    after: tuple[datetime, str] | None,
+    conversation_id: str | None = None,
+) -> list[asyncpg.Record]:
+    """Up to ``limit`` operations, newest first, strictly after the keyset ``after`` (the (created_at,
+    operation_id) of the last row of the previous page): those of ``owner_id``, in ``state`` and of
+    ``conversation_id``, a None filter admitting every value (the user's list passes its owner, the admin
+    list any). Rows have the columns of ``get_operation``'s.
+    """
+    after_created, after_id = after if after else (None, None)
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """
+        SELECT * FROM operation_representations
+        WHERE ($1::text IS NULL OR owner_id = $1)
+          AND ($2::text IS NULL OR state = $2)
+          AND ($3::text IS NULL OR conversation_id = $3)
+          AND ($4::timestamptz IS NULL OR (created_at, operation_id) < ($4, $5))
+        ORDER BY created_at DESC, operation_id DESC
+        LIMIT $6
+        """,
+        owner_id,
+        state,
+        conversation_id,
+        after_created,
+        after_id,
+        limit,
+    )
+    return rows
+
+
+async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> bool:
+    """Move a QUEUED, RUNNING or RETRY_AT operation of ``owner_id`` to CANCEL_REQUESTED; False when it was
+    not moved (unknown, not the owner's, or in another state).
+
+    One conditional UPDATE (README: States and failure model): it cannot overtake a SUCCEEDED that committed
+    first, and once it commits the worker's conditional SUCCEEDED update can no longer match. A retry's error
+    goes: it no longer describes what happens next (an operation shows ``error`` only in RETRY_AT, FAILED and
+    FAILED_REPAIR, README: API reference).
+    """
+    status = await conn.execute(
+        """
+        UPDATE operations SET state = 'CANCEL_REQUESTED', updated_at = now(), retry_at = NULL,
+            error_code = NULL, error_message = NULL
+        WHERE operation_id = $1 AND owner_id = $2 AND state = ANY($3::text[])
+        """,
+        operation_id,
+        owner_id,
+        sources_of(State.CANCEL_REQUESTED),
+    )
+    return status == "UPDATE 1"
+
+
+async def requeue(conn: asyncpg.Connection, *, operation_id: str) -> bool:
+    """FAILED_REPAIR -> QUEUED with a fresh attempt budget; False (nothing changed) from any other state.
+
+    The generation moves on, so a worker that still holds an old lease (a frozen one, parked as WORKER_LOST) matches
+    none of the fenced writes afterwards, not even those allowed while CANCEL_REQUESTED (README: States and failure
+    model). No attempt is open here (the write that parked the operation closed it), so the attempt history is left as
+    it is; the next claim opens the new generation's attempt.
+    """
+    status = await conn.execute(
+        """
+        UPDATE operations SET state = 'QUEUED', attempt = 0, generation = generation + 1, retry_at = NULL,
+            error_code = NULL, error_message = NULL, progress_phase = NULL, messages_written = 0,
+            bytes_written = 0, lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL, updated_at = now()
+        WHERE operation_id = $1 AND state = 'FAILED_REPAIR'
+        """,
+        operation_id,
+    )
+    return status == "UPDATE 1"
