@@ -19,4 +19,6 @@ _ESCAPES = {ord(char): f"\\u{ord(char):04x}" for char in LINE_BREAKING}
 
 def dumps(value: Any, **options: Any) -> str:
     """``json.dumps(value, ensure_ascii=False, **options)`` with ``LINE_BREAKING`` escaped."""
-    return json.dumps(value, ensure_ascii=False, **options).translate(_ESCAPES)
+    text = json.dumps(value, ensure_ascii=False, **options)
+    # translate looks up every character; ASCII text, most answers, holds none of them (README: Benchmark).
+    return text if text.isascii() else text.translate(_ESCAPES)

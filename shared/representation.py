@@ -11,8 +11,8 @@ from typing import Any
 
 import asyncpg
 
-from shared.export_request import ExportRequest
 from shared.phases import Phase
+from shared.repository.operation_view import OperationView
 from shared.routes import path
 from shared.states import TERMINAL, State
 from shared.timefmt import format_timestamp
@@ -25,90 +25,90 @@ def next_poll_after_seconds(age_seconds: float) -> int:
     return max(1, min(30, math.ceil(age_seconds / 10)))
 
 
-def is_terminal(row: asyncpg.Record) -> bool:
+def is_terminal(row: OperationView) -> bool:
     """True when the operation will not change without an operator: no Retry-After (README: API reference,
     Operation).
     """
     # The text compares equal to its State (a StrEnum): no conversion on the poll path, which calls this twice.
-    state: str = row["state"]
-    return state in TERMINAL
+    return row.state in TERMINAL
 
 
-def represent(row: asyncpg.Record) -> dict[str, Any]:
+def represent(row: OperationView) -> dict[str, Any]:
     """The JSON object of one operation (README: API reference, Operation)."""
-    operation_id = row["operation_id"]
+    operation_id = row.operation_id
     terminal = is_terminal(row)
-    request = ExportRequest.from_row(row)
+    snapshot_max_seq = row.snapshot_max_seq
     body: dict[str, Any] = {
         "operation_id": operation_id,
-        "kind": row["kind"],
-        "state": row["state"],
-        "conversation_id": row["conversation_id"],
-        "request": request.options(),
+        "kind": row.kind,
+        "state": row.state,
+        "conversation_id": row.conversation_id,
+        "request": row.request.options(),
         "estimate": {"messages_at_most": messages_at_most(row)},
-        "created_at": format_timestamp(row["created_at"]),
-        "updated_at": format_timestamp(row["updated_at"]),
-        "attempt": row["attempt"],
+        "created_at": format_timestamp(row.created_at),
+        "updated_at": format_timestamp(row.updated_at),
+        "attempt": row.attempt,
         "progress": {
-            "phase": row["progress_phase"] or Phase.WAITING,
-            "messages_written": row["messages_written"],
-            "bytes_written": row["bytes_written"],
+            "phase": row.progress_phase or Phase.WAITING,
+            "messages_written": row.messages_written,
+            "bytes_written": row.bytes_written,
         },
-        "snapshot": None if row["snapshot_max_seq"] is None else {"max_seq": row["snapshot_max_seq"]},
-        "retry_at": format_timestamp(row["retry_at"]),
+        "snapshot": None if snapshot_max_seq is None else {"max_seq": snapshot_max_seq},
+        "retry_at": format_timestamp(row.retry_at),
         "error": _error(row),
-        "result": _result(row, request),
-        "links": _links(operation_id, row["state"], terminal, split=row["result_parts"] is not None),
+        "result": _result(row),
+        "links": _links(operation_id, row.state, terminal, split=row.result_parts is not None),
         "done": terminal,
     }
     if not terminal:
-        body["next_poll_after_seconds"] = next_poll_after_seconds(row["age_seconds"])
+        body["next_poll_after_seconds"] = next_poll_after_seconds(row.age_seconds)
     return body
 
 
-def _error(row: asyncpg.Record) -> dict[str, str] | None:
-    if row["error_code"] is None:
+def _error(row: OperationView) -> dict[str, str] | None:
+    if row.error_code is None:
         return None
-    return {"code": row["error_code"], "message": row["error_message"] or ""}
+    return {"code": row.error_code, "message": row.error_message or ""}
 
 
-def messages_at_most(row: asyncpg.Record) -> int | None:
+def messages_at_most(row: OperationView) -> int | None:
     """An upper bound of the messages the file holds (README: API reference, Operation): known from the submit
     with ``before_seq``, from the first claim's watermark without it, None before.
     """
-    if row["before_seq"] is not None:
-        return int(row["before_seq"]) - 1 - int(row["after_seq"])
-    if row["snapshot_max_seq"] is None:
+    request = row.request
+    if request.before_seq is not None:
+        return request.before_seq - 1 - request.after_seq
+    if row.snapshot_max_seq is None:
         return None
-    return max(0, int(row["snapshot_max_seq"]) - int(row["after_seq"]))
+    return max(0, row.snapshot_max_seq - request.after_seq)
 
 
-def _result(row: asyncpg.Record, request: ExportRequest) -> dict[str, Any] | None:
-    if row["state"] != State.SUCCEEDED:
+def _result(row: OperationView) -> dict[str, Any] | None:
+    if row.state != State.SUCCEEDED:
         return None
-    operation_id = row["operation_id"]
+    operation_id = row.operation_id
     figures = {
-        "message_count": row["result_message_count"],
-        "content_type": request.file_kind.content_type,
+        "message_count": row.result_message_count,
+        "content_type": row.request.file_kind.content_type,
         # The watermark: every message after it is new to this export (README: API reference, Export options).
-        "next_after_seq": row["snapshot_max_seq"],
+        "next_after_seq": row.snapshot_max_seq,
     }
-    expires_at = format_timestamp(row["result_expires_at"])
+    expires_at = format_timestamp(row.result_expires_at)
     parts = result_parts(row)
     if parts:
         return {"expires_at": expires_at, **figures, "parts": [_part(operation_id, part) for part in parts]}
     return {
         "url": path("downloadResult", operation_id=operation_id),
         "expires_at": expires_at,
-        "size_bytes": row["result_size_bytes"],
-        "sha256": row["result_sha256"],
+        "size_bytes": row.result_size_bytes,
+        "sha256": row.result_sha256,
         **figures,
     }
 
 
-def result_parts(row: asyncpg.Record) -> list[dict[str, Any]]:
+def result_parts(row: OperationView) -> list[dict[str, Any]]:
     """The published parts of a split result (``repository.artifacts.StoredPart`` fields), in order; [] for one file."""
-    parts: list[dict[str, Any]] = [] if row["result_parts"] is None else json.loads(row["result_parts"])
+    parts: list[dict[str, Any]] = [] if row.result_parts is None else json.loads(row.result_parts)
     return parts
 
 
@@ -129,24 +129,24 @@ def _links(operation_id: str, state: str, terminal: bool, *, split: bool) -> dic
     return links
 
 
-def represent_for_admin_list(row: asyncpg.Record) -> dict[str, Any]:
+def represent_for_admin_list(row: OperationView) -> dict[str, Any]:
     """One operation as the admin list shows it: the owner's representation (``represent``) plus its owner,
     generation, lease holder and expiry, end time and result expiry (README: API reference, Admin view of
     an operation). ``row`` is one of ``repository.status_monitor.get_operation``.
     """
     return {
         **represent(row),
-        "owner_id": row["owner_id"],
-        "generation": row["generation"],
-        "lease_owner": row["lease_owner"],
-        "lease_expires_at": format_timestamp(row["lease_expires_at"]),
-        "finished_at": format_timestamp(row["finished_at"]),
-        "result_expires_at": format_timestamp(row["result_expires_at"]),
+        "owner_id": row.owner_id,
+        "generation": row.generation,
+        "lease_owner": row.lease_owner,
+        "lease_expires_at": format_timestamp(row.lease_expires_at),
+        "finished_at": format_timestamp(row.finished_at),
+        "result_expires_at": format_timestamp(row.result_expires_at),
     }
 
 
 def represent_for_admin(
-    row: asyncpg.Record,
+    row: OperationView,
     *,
     attempts: list[asyncpg.Record],
     artifacts: list[asyncpg.Record],

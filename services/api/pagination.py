@@ -14,12 +14,12 @@ import binascii
 import json
 from datetime import UTC, datetime
 
-import asyncpg
 from pydantic import BaseModel
 
 from services.api.contract import NO_STORE_HEADER, Answer, Endpoint
 from services.api.problems import ProblemError, validation_failed
 from shared.ids import is_operation_id, is_valid_id
+from shared.repository.operation_view import OperationView
 from shared.timefmt import MAX_YEAR, MIN_YEAR
 
 # Where the list's cursor and the last row of a page come from: (created_at, operation_id).
@@ -41,7 +41,7 @@ def page_endpoint(route: str, summary: str, *, tag: str, query: type[BaseModel],
     )
 
 
-def split_page(rows: list[asyncpg.Record], *, limit: int) -> tuple[list[asyncpg.Record], str | None]:
+def split_page(rows: list[OperationView], *, limit: int) -> tuple[list[OperationView], str | None]:
     """``rows`` read with ``limit + 1`` as (the page of at most ``limit`` rows, the next page's cursor or
     None on the last page).
     """
@@ -49,9 +49,9 @@ def split_page(rows: list[asyncpg.Record], *, limit: int) -> tuple[list[asyncpg.
     return page, encode_cursor(page[-1]) if len(rows) > limit else None
 
 
-def encode_cursor(row: asyncpg.Record) -> str:
+def encode_cursor(row: OperationView) -> str:
     """The opaque cursor after ``row``: unpadded URL-safe base64 of ``[created_at ISO 8601, operation_id]``."""
-    raw = json.dumps([row["created_at"].isoformat(), row["operation_id"]]).encode()
+    raw = json.dumps([row.created_at.isoformat(), row.operation_id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import asyncpg
 from aiohttp import web
 
 from services.api.contract import NO_STORE_HEADER, Answer
 from services.api.schemas import Operation
 from shared import jsontext
+from shared.repository.operation_view import OperationView
 from shared.representation import is_terminal, represent
 
 
@@ -25,7 +25,7 @@ NO_STORE = {"Cache-Control": "no-store"}
 
 
 def operation_response(
-    row: asyncpg.Record, *, status: int = 200, poll_after_seconds: int | None = None, **headers: str
+    row: OperationView, *, status: int = 200, poll_after_seconds: int | None = None, **headers: str
 ) -> web.Response:
     """The operation as JSON with the status monitor's headers: no-store, and while it is not terminal
     ``Retry-After``, ``poll_after_seconds`` or else the representation's ``next_poll_after_seconds``.

@@ -7,11 +7,9 @@ from dataclasses import dataclass
 from datetime import UTC
 from urllib.parse import quote
 
-import asyncpg
-
 from services.api.problems import ProblemError, not_found
-from shared.export_request import ExportRequest
-from shared.representation import result_parts
+from shared.repository.artifacts import ArtifactFiles, StoredPart
+from shared.repository.operation_view import OperationView
 
 # Sent with every file: a browser that opens a downloaded HTML transcript (or is tricked into rendering any
 # result) runs it in a sandbox with an opaque origin, never with the api's or the page's, and never guesses
@@ -24,52 +22,50 @@ _PLAIN_FILENAME = re.compile(r"[A-Za-z0-9._:-]+")
 
 @dataclass(frozen=True)
 class ResultFile:
-    """One downloadable object of a SUCCEEDED operation: its S3 ``key``, stored ``size_bytes`` and hex
-    ``sha256``, media type, and the file name a browser should save it under.
+    """One downloadable object of a SUCCEEDED operation: the file as the worker stored it (``stored``: its S3
+    key, size and hex sha256), its media type, and the file name a browser should save it under.
     """
 
     operation_id: str
-    key: str
-    size_bytes: int
-    sha256: str
+    stored: StoredPart
     content_type: str
     filename: str
 
 
-def result_file(row: asyncpg.Record, part_number: str | None) -> ResultFile:
+def result_file(row: OperationView, part_number: str | None) -> ResultFile:
     """The file of ``row`` (a SUCCEEDED operation) that a download asks for: ``part_number`` (decimal text,
     1-based) of a split result, or the single file when None.
 
     Raises ``ProblemError`` RESULT_IN_PARTS (409) for the single file of a split result, NOT_FOUND for a part
     that does not exist (and any part of a result that is one file).
     """
-    request = ExportRequest.from_row(row)
-    kind = request.file_kind
-    stem = f"{row['conversation_id']}-{row['created_at'].astimezone(UTC):%Y-%m-%d}"
-    parts = {str(part["number"]): part for part in result_parts(row)}
-    common = {"operation_id": row["operation_id"], "content_type": kind.content_type}
+    kind = row.request.file_kind
+    stem = f"{row.conversation_id}-{row.created_at.astimezone(UTC):%Y-%m-%d}"
+    files = _stored_files(row)
     if part_number is None:
-        if parts:
+        if files.single is None:
             raise ProblemError(
                 "RESULT_IN_PARTS",
                 "This result is split into parts; download each one from the operation's result.parts.",
             )
-        return ResultFile(
-            key=row["result_key"],
-            size_bytes=row["result_size_bytes"],
-            sha256=row["result_sha256"],
-            filename=f"{stem}.{kind.extension}",
-            **common,
-        )
+        return ResultFile(row.operation_id, files.single, kind.content_type, f"{stem}.{kind.extension}")
+    parts = {str(part.number): part for part in files.parts} if files.split else {}
     part = parts.get(part_number)
     if part is None:
         raise not_found()
-    return ResultFile(
-        key=part["key"],
-        size_bytes=part["size_bytes"],
-        sha256=part["sha256"],
-        filename=f"{stem}.part-{part_number}.{kind.extension}",
-        **common,
+    return ResultFile(row.operation_id, part, kind.content_type, f"{stem}.part-{part_number}.{kind.extension}")
+
+
+def _stored_files(row: OperationView) -> ArtifactFiles:
+    # The write that made the operation SUCCEEDED set the key.
+    assert row.result_key is not None
+    return ArtifactFiles.from_record(
+        key=row.result_key,
+        # Only one file records its size here; a split result's parts record their own.
+        size_bytes=row.result_size_bytes or 0,
+        sha256=row.result_sha256,
+        message_count=row.result_message_count or 0,
+        parts=row.result_parts,
     )
 
 

@@ -15,7 +15,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import asyncpg
 from aiohttp import web
 
 from services.api.changes import Subscription
@@ -24,6 +23,7 @@ from services.api.metrics import WAITING_REQUESTS, WaitKind
 from services.api.middlewares import client_gone
 from services.api.problems import not_found
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.repository.operation_view import OperationView
 from shared.representation import is_terminal
 
 log = logging.getLogger(__name__)
@@ -32,13 +32,13 @@ CONNECTION_CHECK_SECONDS = 1.0
 # Progress alone is streamed at most this often; a change of state goes out at once.
 PROGRESS_INTERVAL_SECONDS = 0.5
 
-Reader = Callable[[], Awaitable[asyncpg.Record | None]]
+Reader = Callable[[], Awaitable[OperationView | None]]
 
 
 @contextlib.asynccontextmanager
 async def watching(
     request: web.Request, read: Reader, *, kind: WaitKind
-) -> AsyncIterator[tuple[asyncpg.Record, Subscription]]:
+) -> AsyncIterator[tuple[OperationView, Subscription]]:
     """Hold one of the caller's wait slots and a subscription to the operation ``read`` returns for the
     block, counted as a waiting request of ``kind``; yield the operation as read once subscribed, and the
     subscription. Raises ``ProblemError`` 404 when ``read`` finds nothing, and what ``ConnectionSlots.take``
@@ -48,12 +48,12 @@ async def watching(
     with (
         request.app[WAIT_SLOTS].take(request[PRINCIPAL].user_id),
         WAITING_REQUESTS.labels(kind).track_inprogress(),
-        request.app[CHANGES].subscribe(row["operation_id"]) as subscription,
+        request.app[CHANGES].subscribe(row.operation_id) as subscription,
     ):
         yield await read_or_404(read), subscription
 
 
-async def wait_for_state_change(request: web.Request, read: Reader, *, wait_seconds: int) -> asyncpg.Record:
+async def wait_for_state_change(request: web.Request, read: Reader, *, wait_seconds: int) -> OperationView:
     """The operation ``read`` returns, once its state differs from the one it had on arrival, at once when
     that is terminal, else after ``wait_seconds``; progress alone does not end the wait. Raises what
     ``watching`` raises.
@@ -64,8 +64,8 @@ async def wait_for_state_change(request: web.Request, read: Reader, *, wait_seco
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
     async with watching(request, read, kind="long_poll") as (row, subscription):
-        arrived_in = row["state"]
-        while row["state"] == arrived_in and not subscription.closed and not client_gone(request):
+        arrived_in = row.state
+        while row.state == arrived_in and not subscription.closed and not client_gone(request):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
@@ -83,8 +83,8 @@ def _may_have_moved(subscription: Subscription, state: str) -> bool:
 
 
 async def operation_events(
-    request: web.Request, read: Reader, row: asyncpg.Record, subscription: Subscription, *, last_event_id: int | None
-) -> AsyncIterator[asyncpg.Record | None]:
+    request: web.Request, read: Reader, row: OperationView, subscription: Subscription, *, last_event_id: int | None
+) -> AsyncIterator[OperationView | None]:
     """For an event stream inside ``watching``: ``row`` first unless ``last_event_id`` is its version (an
     older id, one from the future, or None for an id missing or not a number gets it, so that no client is
     left without the state), then the operation ``read`` returns whenever its version grows, progress alone
@@ -95,7 +95,7 @@ async def operation_events(
     """
     heartbeat = request.app[SETTINGS].event_heartbeat_seconds
     loop = asyncio.get_running_loop()
-    if row["version"] != last_event_id:
+    if row.version != last_event_id:
         yield row
     heartbeat_at, sent_at = loop.time() + heartbeat, loop.time()
     while not is_terminal(row) and not subscription.closed and not client_gone(request):
@@ -104,10 +104,10 @@ async def operation_events(
             heartbeat_at = loop.time() + heartbeat
             yield None
         latest = subscription.latest
-        newer = woken and latest is not None and latest.version > row["version"]
+        newer = woken and latest is not None and latest.version > row.version
         if not (subscription.missed or newer):
             continue
-        if latest is not None and latest.state == row["state"]:
+        if latest is not None and latest.state == row.state:
             await asyncio.sleep(max(0.0, sent_at + PROGRESS_INTERVAL_SECONDS - loop.time()))
         subscription.missed = False
         try:
@@ -119,13 +119,13 @@ async def operation_events(
             continue
         if fresh is None:
             return
-        if fresh["version"] > row["version"]:
+        if fresh.version > row.version:
             yield fresh
             sent_at = loop.time()
         row = fresh
 
 
-async def read_or_404(read: Reader) -> asyncpg.Record:
+async def read_or_404(read: Reader) -> OperationView:
     """The operation ``read`` returns; raises ``ProblemError`` 404 when it finds none."""
     row = await read()
     if row is None:

@@ -2,7 +2,7 @@
 requests that change one from outside a lease, the owner's cancel and the admin's requeue (README: API
 reference; README: States and failure model).
 
-Reads return rows of the view ``operation_representations`` (migration 0004). Each write is one conditional
+Reads return typed rows of the view ``operation_representations`` (``OperationView``). Each write is one conditional
 ``UPDATE`` whose ``WHERE`` names the states it leaves (``shared.states``), so a request that lost a race
 matches nothing. Every function runs on the caller's connection, in the caller's transaction if any.
 """
@@ -13,15 +13,15 @@ from datetime import datetime
 
 import asyncpg
 
+from shared.repository.operation_view import OperationView
 from shared.states import State, sources_of
 
 
-async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> asyncpg.Record | None:
+async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> OperationView | None:
     """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, README: API reference), or
-    whoever owns it when ``owner_id`` is None (the admin view); None otherwise. The row has the columns of
-    the view ``operation_representations`` (migration 0004).
+    whoever owns it when ``owner_id`` is None (the admin view); None otherwise.
     """
-    return await conn.fetchrow(
+    row = await conn.fetchrow(
         """
         SELECT * FROM operation_representations
         WHERE operation_id = $1 AND ($2::text IS NULL OR owner_id = $2)
@@ -29,6 +29,7 @@ async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id
         operation_id,
         owner_id,
     )
+    return None if row is None else OperationView.from_row(row)
 
 
 async def list_operations(
@@ -39,14 +40,14 @@ async def list_operations(
     limit: int,
     after: tuple[datetime, str] | None,
     conversation_id: str | None = None,
-) -> list[asyncpg.Record]:
+) -> list[OperationView]:
     """Up to ``limit`` operations, newest first, strictly after the keyset ``after`` (the (created_at,
     operation_id) of the last row of the previous page): those of ``owner_id``, in ``state`` and of
     ``conversation_id``, a None filter admitting every value (the user's list passes its owner, the admin
-    list any). Rows have the columns of ``get_operation``'s.
+    list any).
     """
     after_created, after_id = after if after else (None, None)
-    rows: list[asyncpg.Record] = await conn.fetch(
+    rows = await conn.fetch(
         """
         SELECT * FROM operation_representations
         WHERE ($1::text IS NULL OR owner_id = $1)
@@ -63,7 +64,7 @@ async def list_operations(
         after_id,
         limit,
     )
-    return rows
+    return [OperationView.from_row(row) for row in rows]
 
 
 async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> bool:

@@ -19,7 +19,7 @@ from shared.settings import Settings
 async def test_a_read_the_database_cannot_answer_is_tried_again() -> None:
     outcomes: list[Any] = [
         asyncpg.InternalClientError("cannot switch to state 15; another operation (2) is in progress"),
-        {"version": 2, "state": "SUCCEEDED"},
+        SimpleNamespace(version=2, state="SUCCEEDED"),
     ]
 
     async def read() -> Any:
@@ -32,10 +32,12 @@ async def test_a_read_the_database_cannot_answer_is_tried_again() -> None:
     request = SimpleNamespace(app={SETTINGS: Settings()}, transport=SimpleNamespace(is_closing=lambda: False))
     subscription = Subscription()
     subscription._deliver(Change(version=2, state="SUCCEEDED"))
-    events = operation_events(request, read, {"version": 1, "state": "RUNNING"}, subscription, last_event_id=None)  # type: ignore[arg-type]
+    # Stand-ins with only what the stream reads of a request and of an operation's row.
+    running: Any = SimpleNamespace(version=1, state="RUNNING")
+    events = operation_events(request, read, running, subscription, last_event_id=None)  # type: ignore[arg-type]
 
     async with asyncio.timeout(10):
         sent = [event async for event in events]
 
-    assert [event["version"] for event in sent if event is not None] == [1, 2]
+    assert [event.version for event in sent if event is not None] == [1, 2]
     assert outcomes == []

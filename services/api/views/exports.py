@@ -43,6 +43,7 @@ from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository import status_monitor
 from shared.repository.access_events import record_access_event
 from shared.repository.conversations import is_member
+from shared.repository.operation_view import OperationView
 from shared.routes import path
 from shared.settings import Settings
 from shared.states import State
@@ -139,7 +140,9 @@ async def _download(request: web.Request, *, part_number: str | None) -> web.Str
         async with request.app[POOL].acquire() as conn:
             row = await _authorize_download(conn, operation_id=operation_id, user_id=user_id)
         file = result_file(row, part_number)
-        validators = Validators(etag=file.sha256, last_modified=row["finished_at"])
+        # The publication time: the write that made the operation SUCCEEDED set it.
+        assert row.finished_at is not None
+        validators = Validators(etag=file.stored.sha256, last_modified=row.finished_at)
         outcome = validators.evaluate(request.headers)
         if outcome is PreconditionOutcome.PRECONDITION_FAILED:
             raise ProblemError("PRECONDITION_FAILED", "A precondition of the request does not hold for this result.")
@@ -147,7 +150,7 @@ async def _download(request: web.Request, *, part_number: str | None) -> web.Str
             await _record_access(request, operation_id, user_id, "NOT_MODIFIED")
             return web.Response(status=304, headers=_validator_headers(validators))
         wanted = validators.range_applies(request.headers)
-        byte_range = _requested_range(request, file.size_bytes) if wanted else None
+        byte_range = _requested_range(request, file.stored.size_bytes) if wanted else None
         slots.check(user_id)
     except Exception as refusal:
         await _record_refusal(request, operation_id, user_id, refusal)
@@ -182,20 +185,18 @@ async def _record_refusal(request: web.Request, operation_id: str, user_id: str,
         log.warning("download attempt not recorded", extra={"outcome": outcome, "error": type(exc).__name__})
 
 
-async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, user_id: str) -> asyncpg.Record:
+async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, user_id: str) -> OperationView:
     if not is_operation_id(operation_id):
         raise not_found()
     row = await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=user_id)
     if row is None:
         raise not_found()
-    refusal = _STATE_REFUSALS.get(row["state"])
+    refusal = _STATE_REFUSALS.get(row.state)
     if refusal is not None:
-        raise ProblemError(*refusal, state=row["state"])
-    if row["state"] != State.SUCCEEDED:
-        raise ProblemError(
-            "RESULT_NOT_READY", "The export has not finished yet; poll the operation.", state=row["state"]
-        )
-    if not await is_member(conn, conversation_id=row["conversation_id"], user_id=user_id):
+        raise ProblemError(*refusal, state=row.state)
+    if row.state != State.SUCCEEDED:
+        raise ProblemError("RESULT_NOT_READY", "The export has not finished yet; poll the operation.", state=row.state)
+    if not await is_member(conn, conversation_id=row.conversation_id, user_id=user_id):
         raise ProblemError("ACCESS_REVOKED", "You are no longer a member of this conversation.")
     return row
 
@@ -215,12 +216,12 @@ async def _send_result(
     request: web.Request, file: ResultFile, byte_range: ByteRange | None, validators: Validators
 ) -> web.StreamResponse:
     user_id, operation_id = request[PRINCIPAL].user_id, file.operation_id
-    length = byte_range.length if byte_range else file.size_bytes
+    length = byte_range.length if byte_range else file.stored.size_bytes
     # A HEAD answer has the GET's headers and no body (RFC 9110 9.3.2); a StreamResponse would send whatever
     # is written, and the client would read the file as the next response, so the file is not even opened.
     sends_body = length > 0 and request.method != hdrs.METH_HEAD
     try:
-        body = await _open_result(request, file.key, byte_range) if sends_body else None
+        body = await _open_result(request, file.stored.key, byte_range) if sends_body else None
     except Exception as refusal:
         await _record_refusal(request, operation_id, user_id, refusal)
         raise
@@ -303,7 +304,7 @@ def _download_headers(file: ResultFile, byte_range: ByteRange | None, validators
         "Content-Type": file.content_type,
         "Content-Disposition": content_disposition(file.filename),
         # The whole file's digest, also on a 206 (RFC 9530 section 2: the selected representation's).
-        "Repr-Digest": f"sha-256=:{base64.b64encode(bytes.fromhex(file.sha256)).decode()}:",
+        "Repr-Digest": f"sha-256=:{base64.b64encode(bytes.fromhex(file.stored.sha256)).decode()}:",
         "Accept-Ranges": "bytes",
     }
     if byte_range:

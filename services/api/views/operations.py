@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
 from aiohttp import web
 
 from services.api.bodies import JSON_BODY_PROBLEMS, JSON_MEDIA_TYPE, read_model, validate_query
@@ -34,6 +33,7 @@ from services.api.schemas import (
 from services.api.waiting import Reader, operation_events, read_or_404, wait_for_state_change, watching
 from shared.ids import is_operation_id
 from shared.repository import status_monitor
+from shared.repository.operation_view import OperationView
 from shared.repository.outbox import enqueue_run
 from shared.representation import EVENT_STREAM, is_terminal, represent
 from shared.routes import path
@@ -64,7 +64,7 @@ async def stream_operation_events(request: web.Request) -> web.StreamResponse:
     read = _reader(request)
     last_event_id = _last_event_id(request)
     current = await read_or_404(read)
-    if is_terminal(current) and current["version"] == last_event_id:
+    if is_terminal(current) and current.version == last_event_id:
         # Before taking a wait slot: nothing is left to wait for, so the cap must not make it a 429.
         return web.Response(status=204, headers=NO_STORE)
     async with watching(request, read, kind="event_stream") as (row, subscription):
@@ -84,7 +84,7 @@ def _reader(request: web.Request) -> Reader:
     operation_id = request.match_info["operation_id"]
     owner_id = request[PRINCIPAL].user_id
 
-    async def read() -> asyncpg.Record | None:
+    async def read() -> OperationView | None:
         if not is_operation_id(operation_id):
             return None
         async with request.app[POOL].acquire() as conn:
@@ -103,11 +103,11 @@ def _last_event_id(request: web.Request) -> int | None:
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
 
 
-def _event(row: asyncpg.Record | None) -> bytes:
+def _event(row: OperationView | None) -> bytes:
     """One event of the stream: the representation as an ``operation`` event, or a heartbeat comment."""
     if row is None:
         return b": heartbeat\n\n"
-    return f"id: {row['version']}\nevent: operation\ndata: {dumps(represent(row))}\n\n".encode()
+    return f"id: {row.version}\nevent: operation\ndata: {dumps(represent(row))}\n\n".encode()
 
 
 async def list_operations(request: web.Request) -> web.Response:
@@ -143,14 +143,14 @@ async def cancel_operation(request: web.Request) -> web.Response:
         row = await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
     if row is None:
         raise not_found()
-    if row["state"] == State.CANCEL_REQUESTED:
+    if row.state == State.CANCEL_REQUESTED:
         return operation_response(row, status=202, Location=path("getOperation", operation_id=operation_id))
-    if row["state"] == State.CANCELED:
+    if row.state == State.CANCELED:
         return operation_response(row)
     raise ProblemError(
         "ALREADY_TERMINAL",
-        f"The operation already ended as {row['state']}; it can no longer be canceled.",
-        state=row["state"],
+        f"The operation already ended as {row.state}; it can no longer be canceled.",
+        state=row.state,
     )
 
 

@@ -1,0 +1,67 @@
+"""The typed row of the view ``operation_representations`` (migration 0004): what the API and the relay's
+callbacks read of an operation to show it (README: API reference, Operation; Admin view of an operation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from operator import itemgetter
+from typing import Any
+
+from shared.export_request import ExportRequest
+
+
+@dataclass(frozen=True, slots=True)
+class OperationView:
+    """One row of ``operation_representations``, its export request's columns gathered in ``request``.
+
+    ``state`` is the text of a ``shared.states.State`` (a ``StrEnum``, so it compares equal to one) kept as
+    text: the poll path reads it without building an enum member. Times are aware datetimes; ``age_seconds``
+    is the database clock's seconds since ``created_at``; ``result_parts`` is the JSON text of a split
+    result's parts (``repository.artifacts.ArtifactFiles.parts_json``), None for one file.
+    """
+
+    request: ExportRequest
+    operation_id: str
+    kind: str
+    owner_id: str
+    conversation_id: str
+    state: str
+    created_at: datetime
+    updated_at: datetime
+    attempt: int
+    generation: int
+    version: int
+    age_seconds: float
+    progress_phase: str | None
+    messages_written: int
+    bytes_written: int
+    snapshot_max_seq: int | None
+    retry_at: datetime | None
+    error_code: str | None
+    error_message: str | None
+    result_key: str | None
+    result_size_bytes: int | None
+    result_sha256: str | None
+    result_message_count: int | None
+    result_expires_at: datetime | None
+    result_parts: str | None
+    finished_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> OperationView:
+        """Build from a row of the view (an ``asyncpg.Record`` or mapping); raises ``KeyError`` when a column
+        is missing.
+        """
+        # Positional, in field order: the poll path builds one per answer (README: Benchmark).
+        columns: tuple[Any, ...] = _read_columns(row)
+        return cls(ExportRequest.from_row(row), *columns)
+
+
+# Every field but the first, ``request``, which ``ExportRequest.from_row`` reads from the request's columns.
+_read_columns = itemgetter(*(field.name for field in dataclasses.fields(OperationView)[1:]))
