@@ -132,7 +132,7 @@ def _links(operation_id: str, state: str, terminal: bool, *, split: bool) -> dic
 def represent_for_admin_list(row: OperationView) -> dict[str, Any]:
     """One operation as the admin list shows it: the owner's representation (``represent``) plus its owner,
     generation, lease holder and expiry, end time and result expiry (README: API reference, Admin view of
-    an operation). ``row`` is one of ``repository.status_monitor.get_operation``.
+    an operation). ``row`` is one of ``repository.status_monitor.read_operation``.
     """
     return {
         **represent(row),

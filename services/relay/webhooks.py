@@ -137,7 +137,7 @@ class WebhookSender:
         return status_code, int((time.monotonic() - started) * 1000), error
 
     async def _body(self, conn: asyncpg.Connection, delivery: Delivery) -> bytes:
-        row = await status_monitor.get_operation(conn, operation_id=delivery.operation_id, owner_id=None)
+        row = await status_monitor.read_operation(conn, operation_id=delivery.operation_id, owner_id=None)
         data = represent(row) if row is not None else {"operation_id": delivery.operation_id}
         message = {"type": delivery.event_type, "timestamp": datetime.now(UTC).isoformat(), "data": data}
         return jsontext.dumps(message).encode()

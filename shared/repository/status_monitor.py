@@ -17,7 +17,7 @@ from shared.repository.operation_view import OperationView
 from shared.states import State, sources_of
 
 
-async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> OperationView | None:
+async def read_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> OperationView | None:
     """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, README: API reference), or
     whoever owns it when ``owner_id`` is None (the admin view); None otherwise.
     """
@@ -32,7 +32,7 @@ async def get_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id
     return None if row is None else OperationView.from_row(row)
 
 
-async def list_operations(
+async def read_operations(
     conn: asyncpg.Connection,
     *,
     owner_id: str | None,

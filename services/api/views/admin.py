@@ -179,7 +179,7 @@ async def list_operations(request: web.Request) -> web.Response:
     query = validate_query(AdminOperationListQuery, request)
     after = decode_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
-        rows = await status_monitor.list_operations(
+        rows = await status_monitor.read_operations(
             conn,
             state=query.state.value if query.state else None,
             conversation_id=query.conversation_id,
@@ -200,7 +200,7 @@ async def get_operation(request: web.Request) -> web.Response:
     """
     operation_id = _operation_path_id(request)
     async with request.app[POOL].acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        row = await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=None)
+        row = await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=None)
         if row is None:
             raise not_found()
         body = represent_for_admin(

@@ -80,7 +80,7 @@ async def submit_export(request: web.Request) -> web.Response:
             conn, settings, owner_id=owner_id, conversation_id=conversation_id, idempotency_key=key, request=export
         )
         # Read after COMMIT: a replay shows the operation's current state.
-        row = await status_monitor.get_operation(conn, operation_id=submitted.operation_id, owner_id=owner_id)
+        row = await status_monitor.read_operation(conn, operation_id=submitted.operation_id, owner_id=owner_id)
     assert row is not None
     headers = {"Location": path("getOperation", operation_id=submitted.operation_id)}
     if submitted.replayed:
@@ -188,7 +188,7 @@ async def _record_refusal(request: web.Request, operation_id: str, user_id: str,
 async def _authorize_download(conn: asyncpg.Connection, *, operation_id: str, user_id: str) -> OperationView:
     if not is_operation_id(operation_id):
         raise not_found()
-    row = await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=user_id)
+    row = await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=user_id)
     if row is None:
         raise not_found()
     refusal = _STATE_REFUSALS.get(row.state)

@@ -88,7 +88,7 @@ def _reader(request: web.Request) -> Reader:
         if not is_operation_id(operation_id):
             return None
         async with request.app[POOL].acquire() as conn:
-            return await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
+            return await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=owner_id)
 
     return read
 
@@ -115,7 +115,7 @@ async def list_operations(request: web.Request) -> web.Response:
     query = validate_query(OperationListQuery, request)
     after = decode_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
-        rows = await status_monitor.list_operations(
+        rows = await status_monitor.read_operations(
             conn,
             owner_id=request[PRINCIPAL].user_id,
             state=query.state.value if query.state else None,
@@ -140,7 +140,7 @@ async def cancel_operation(request: web.Request) -> web.Response:
             # holds at once, instead of a janitor pass later (README: States and failure model, Cancel).
             await enqueue_run(conn, operation_id=operation_id)
         # Read in the transaction: a request that moved it sees its own CANCEL_REQUESTED.
-        row = await status_monitor.get_operation(conn, operation_id=operation_id, owner_id=owner_id)
+        row = await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=owner_id)
     if row is None:
         raise not_found()
     if row.state == State.CANCEL_REQUESTED:

@@ -72,7 +72,7 @@ async def represented(pool: asyncpg.Pool, case: str) -> dict[str, Any]:
     state, columns = CASES[case]
     await insert_operation(pool, f"op_{case}", state, **columns)
     async with pool.acquire() as conn:
-        row = await status_monitor.get_operation(conn, operation_id=f"op_{case}", owner_id=None)
+        row = await status_monitor.read_operation(conn, operation_id=f"op_{case}", owner_id=None)
     assert row is not None
     return represent(row)
 
