@@ -26,7 +26,7 @@ import asyncpg
 import yaml
 
 from shared.ids import is_valid_id
-from shared.repository.conversations import import_messages, put_members
+from shared.repository.message_store import import_messages, put_members
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ FIELDS: Final = ("conversation_id", "seq", "message_id", "sender_id", "sent_at",
 
 
 class ExportedMessage(Protocol):
-    """One message read for an export (``shared.repository.conversations.ExportRow``): its ``FIELDS`` but
+    """One message read for an export (``shared.repository.export_reader.ExportRow``): its ``FIELDS`` but
     the conversation's id, which its renderer is given once per file, and ``line``, its JSONL line as Postgres
     rendered it, without the newline.
     """

@@ -22,7 +22,7 @@ from services.worker import metrics
 from services.worker.runner import LeaseRunner
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
-from shared.repository import conversations, leases
+from shared.repository import leases, message_store
 from shared.repository.leases import ClaimedOperation, current_state
 from shared.settings import Settings
 
@@ -193,7 +193,7 @@ class Consumer:
             )
             if claimed is None:
                 return await self._claim_cancellation(conn, operation_id)
-            member = await conversations.is_member(
+            member = await message_store.is_member(
                 conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id, lock=True
             )
         if claimed.took_over:  # counted once the claim has committed

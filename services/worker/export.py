@@ -24,7 +24,7 @@ from services.worker.object_writer import read_digest
 from shared.artifact_removal import remove_artifact
 from shared.logs import update_log_fields
 from shared.phases import Phase
-from shared.repository import artifacts, conversations, leases
+from shared.repository import artifacts, export_reader, leases
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord
 from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
@@ -180,19 +180,19 @@ class ExportJob:
         cid, request = claimed.conversation_id, claimed.request
         async with self._pool.acquire() as conn:
             if self._by_row:
-                rows = await conversations.fetch_export_rows(
+                rows = await export_reader.fetch_export_rows(
                     conn, conversation_id=cid, after_seq=low, last_seq=high, request=request
                 )
                 selected = sum(len(row.line) for row in rows)
                 lines: list[bytes] = []
             else:
                 rows, lines = None, []
-                await conversations.copy_export_lines(
+                await export_reader.copy_export_lines(
                     conn, conversation_id=cid, after_seq=low, last_seq=high, request=request, output=_appender(lines)
                 )
                 selected = sum(map(len, lines))
             size = (
-                await conversations.range_bytes(conn, conversation_id=cid, after_seq=low, last_seq=high)
+                await export_reader.range_bytes(conn, conversation_id=cid, after_seq=low, last_seq=high)
                 if request.selects_messages
                 else selected
             )
@@ -297,7 +297,7 @@ class Range:
     high: int
     size: int
     lines: list[bytes] = field(default_factory=list)
-    rows: list[conversations.ExportRow] | None = None
+    rows: list[export_reader.ExportRow] | None = None
 
 
 def last_seq(claimed: ClaimedOperation) -> int:

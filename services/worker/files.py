@@ -16,7 +16,7 @@ from services.worker.object_writer import ObjectWriter
 from shared.formats import FileKind
 from shared.rendering import Renderer
 from shared.repository.artifacts import StoredPart
-from shared.repository.conversations import ExportRow
+from shared.repository.export_reader import ExportRow
 from shared.settings import Settings
 from shared.storage import part_key
 

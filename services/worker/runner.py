@@ -29,7 +29,7 @@ from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.phases import Phase
-from shared.repository import artifacts, conversations, leases
+from shared.repository import artifacts, leases, message_store
 from shared.repository.leases import ClaimedOperation, CurrentState, current_state, finish_cancel
 from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
@@ -129,7 +129,7 @@ class LeaseRunner:
         """The statements of the SUCCEEDED transaction on ``conn``; raises ``PermanentError`` (access revoked),
         ``LeaseLost``, or ``ArtifactGone`` when the object of ``written`` was removed meanwhile.
         """
-        if not await conversations.is_member(
+        if not await message_store.is_member(
             conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id, lock=True
         ):
             raise access_revoked()

@@ -10,7 +10,8 @@ that writes it (README: How it works, Layout).
 - ``submissions``: a submit, which creates an operation with its idempotency key (``idempotency_keys``)
   and its first wake-up, in one server-side function;
 - ``outbox``: wake-ups waiting for the relay;
-- ``conversations``: conversations, their members and their messages.
+- ``message_store``: conversations, their members and their messages as the API and the admin write and
+  read them; ``export_reader``: the messages an export attempt reads, range by range.
 
 A statement may read another table to decide (a fenced insert checks the operation's generation), never
 write it. Every function takes the caller's connection, so that writes of several tables share one

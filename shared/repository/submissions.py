@@ -63,7 +63,7 @@ async def submit_export(
     with the caller's transaction, or at once without one.
 
     A conversation id that breaks the id syntax (``shared.ids``) cannot be stored, so it is ``NOT_MEMBER``
-    without a query, as in ``conversations.is_member``: a U+0000 never reaches Postgres.
+    without a query, as in ``message_store.is_member``: a U+0000 never reaches Postgres.
     """
     if not is_valid_id(conversation_id):
         return SubmitResult(SubmitOutcome.NOT_MEMBER, None)

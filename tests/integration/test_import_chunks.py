@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shared.repository.conversations import IMPORT_CHUNK_ROWS
+from shared.repository.message_store import IMPORT_CHUNK_ROWS
 from tests.helpers import Headers, make_conversation, read_all
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from services.api.results import content_disposition
 from services.api.schemas import ExportSubmission
 from shared.fingerprint import fingerprint
 from shared.rendering import Csv, Html, JsonLines
-from shared.repository.conversations import ExportRow
+from shared.repository.export_reader import ExportRow
 from tests.exported_files import FORMULAS
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from shared.formats import FORMATS, FileKind
 from shared.rendering import Text
-from shared.repository.conversations import ExportRow
+from shared.repository.export_reader import ExportRow
 from tests.exported_files import txt_messages
 
 NOON = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)

@@ -24,7 +24,14 @@ from services.api.responses import NO_STORE, json_response
 from services.api.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
-from shared.repository import access_events, artifacts, attempts, conversations, status_monitor, webhook_deliveries
+from shared.repository import (
+    access_events,
+    artifacts,
+    attempts,
+    message_store,
+    status_monitor,
+    webhook_deliveries,
+)
 from shared.representation import represent_for_admin, represent_for_admin_list
 from shared.routes import path
 
@@ -68,7 +75,7 @@ async def put_conversation(request: web.Request) -> web.Response:
     conversation_id = _path_id(request, "cid")
     member_set = await read_model(request, MemberSet, max_bytes=MEMBERS_REQUEST_MAX_BYTES)
     async with request.app[POOL].acquire() as conn:
-        await conversations.put_members(conn, conversation_id=conversation_id, members=member_set.members)
+        await message_store.put_members(conn, conversation_id=conversation_id, members=member_set.members)
     log.info(
         "conversation members replaced",
         extra={"conversation_id": conversation_id, "members": len(member_set.members)},
@@ -83,7 +90,7 @@ async def get_conversation(request: web.Request) -> web.Response:
     """
     conversation_id = _path_id(request, "cid")
     async with request.app[POOL].acquire() as conn:
-        row = await conversations.conversation_summary(conn, conversation_id=conversation_id)
+        row = await message_store.conversation_summary(conn, conversation_id=conversation_id)
     if row is None:
         raise _conversation_not_found(conversation_id)
     body = {
@@ -99,14 +106,14 @@ async def add_member(request: web.Request) -> web.Response:
     """``PUT /admin/conversations/{cid}/members/{uid}``: add one member (idempotent); 204, or 404
     ``CONVERSATION_NOT_FOUND``.
     """
-    return await _change_member(request, conversations.add_member)
+    return await _change_member(request, message_store.add_member)
 
 
 async def remove_member(request: web.Request) -> web.Response:
     """``DELETE /admin/conversations/{cid}/members/{uid}``: remove one member (idempotent); 204, or 404
     ``CONVERSATION_NOT_FOUND``.
     """
-    return await _change_member(request, conversations.remove_member)
+    return await _change_member(request, message_store.remove_member)
 
 
 async def _change_member(request: web.Request, change: Callable[..., Awaitable[bool]]) -> web.Response:
@@ -135,8 +142,8 @@ async def import_messages(request: web.Request) -> web.Response:
     lines = await asyncio.to_thread(_parse_lines, raw, body_max_bytes=settings.import_body_max_bytes)
     async with request.app[POOL].acquire() as conn:
         try:
-            result = await conversations.import_messages(conn, conversation_id=conversation_id, lines=lines)
-        except conversations.ConversationNotFound:
+            result = await message_store.import_messages(conn, conversation_id=conversation_id, lines=lines)
+        except message_store.ConversationNotFound:
             raise _conversation_not_found(conversation_id) from None
     log.info(
         "messages imported",

@@ -42,7 +42,7 @@ from shared.ids import is_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository import status_monitor
 from shared.repository.access_events import record_access_event
-from shared.repository.conversations import is_member
+from shared.repository.message_store import is_member
 from shared.repository.operation_view import OperationView
 from shared.routes import path
 from shared.settings import Settings

@@ -30,7 +30,7 @@ from services.api.schemas import (
 )
 from shared.ids import is_valid_id
 from shared.message_shape import message_json
-from shared.repository import conversations
+from shared.repository import message_store
 from shared.timefmt import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ _MESSAGE_ID = TypeAdapter(MessageId)
 
 
 async def _require_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> None:
-    if not await conversations.is_member(conn, conversation_id=conversation_id, user_id=user_id):
+    if not await message_store.is_member(conn, conversation_id=conversation_id, user_id=user_id):
         raise not_found()
 
 
@@ -53,14 +53,14 @@ async def send_message(request: web.Request) -> web.Response:
     async with request.app[POOL].acquire() as conn:
         await _require_member(conn, conversation_id=conversation_id, user_id=sender_id)
         try:
-            stored = await conversations.store_message(
+            stored = await message_store.store_message(
                 conn,
                 conversation_id=conversation_id,
                 message_id=message.message_id,
                 sender_id=sender_id,
                 body=message.body,
             )
-        except conversations.DuplicateMessageId:
+        except message_store.DuplicateMessageId:
             raise ProblemError(
                 "DUPLICATE_MESSAGE_ID",
                 "A message with this message_id is already stored in the conversation.",
@@ -83,7 +83,7 @@ async def list_conversations(request: web.Request) -> web.Response:
     query = validate_query(ConversationListQuery, request)
     after = decode_conversation_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
-        rows = await conversations.list_conversations(
+        rows = await message_store.list_conversations(
             conn, user_id=request[PRINCIPAL].user_id, after=after, limit=query.limit + 1
         )
     shown = rows[: query.limit]
@@ -114,7 +114,7 @@ async def read_messages(request: web.Request) -> web.Response:
     async with request.app[POOL].acquire() as conn:
         await _require_member(conn, conversation_id=conversation_id, user_id=request[PRINCIPAL].user_id)
         # One row more than asked tells whether another page exists without a second query.
-        rows = await conversations.read_messages(
+        rows = await message_store.read_messages(
             conn, conversation_id=conversation_id, after_seq=page.after_seq, limit=page.limit + 1
         )
     shown = rows[: page.limit]
@@ -140,7 +140,7 @@ async def recall_message(request: web.Request) -> web.Response:
     if not (is_valid_id(conversation_id) and _is_message_id(message_id)):
         raise not_found()
     async with request.app[POOL].acquire() as conn:
-        recalled = await conversations.recall_message(
+        recalled = await message_store.recall_message(
             conn, conversation_id=conversation_id, message_id=message_id, sender_id=sender_id
         )
     if not recalled:

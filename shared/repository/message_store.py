@@ -1,5 +1,6 @@
-"""The ``conversations``, ``conversation_members`` and ``messages`` tables: the message store (README: API
-reference, Message store), and the export lines read from it.
+"""The message store: the ``conversations``, ``conversation_members`` and ``messages`` tables as the API and
+the admin write and read them, sends, recalls, reads, membership and imports (README: API reference, Message
+store). What an export reads of the messages is ``export_reader``.
 
 Every function that writes messages first takes the conversation's row lock (``conversations.last_seq``),
 so stores and imports of one conversation run one at a time: seqs are strictly increasing, gapless among
@@ -9,17 +10,13 @@ transaction, a savepoint when the caller already has one, so the CLI can call th
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import asyncpg
 
-from shared.export_request import ExportRequest
 from shared.ids import is_valid_id
-from shared.rendering import JSONL_LINE_SQL
-from shared.repository.rows import Row
 
 
 class DuplicateMessageId(Exception):
@@ -317,90 +314,3 @@ async def import_messages(
                 [line.sent_at for line in chunk],
             )
     return ImportResult(imported=imported, skipped=len(lines) - imported)
-
-
-# The messages of one export range that the request's options select (README: API reference, Export
-# options): since inclusive, until exclusive, on sent_at; only the listed senders.
-_EXPORTED_MESSAGES = """
-FROM messages
-WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
-  AND ($4::timestamptz IS NULL OR sent_at >= $4) AND ($5::timestamptz IS NULL OR sent_at < $5)
-  AND ($6::text[] IS NULL OR sender_id = ANY($6::text[]))
-ORDER BY seq
-"""
-
-# JSONL lines are rendered by Postgres (README: API reference, The file), so no row crosses into Python objects.
-EXPORT_LINES_SQL = f"SELECT {JSONL_LINE_SQL} {_EXPORTED_MESSAGES}"
-_EXPORT_ROWS_SQL = f"SELECT seq, message_id, sender_id, sent_at, body, {JSONL_LINE_SQL} AS line {_EXPORTED_MESSAGES}"
-
-# COPY's csv format with quote and delimiter characters that JSON text never contains passes the
-# lines through verbatim; the text format would double every backslash.
-_COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
-
-
-def _selection(request: ExportRequest) -> tuple[datetime | None, datetime | None, list[str] | None]:
-    return request.since, request.until, None if request.senders is None else list(request.senders)
-
-
-async def copy_export_lines(
-    conn: asyncpg.Connection,
-    *,
-    conversation_id: str,
-    after_seq: int,
-    last_seq: int,
-    request: ExportRequest,
-    output: Callable[[bytes], Awaitable[None]],
-) -> None:
-    """Stream the JSONL export lines of the messages ``request`` selects among seqs ``after_seq < seq <=
-    last_seq`` to ``output`` as raw bytes, one ``\\n``-terminated line per message.
-
-    One short statement: no snapshot stays open across the export (a snapshot held open holds back vacuum
-    of every table, the outbox included).
-    """
-    await conn.copy_from_query(
-        EXPORT_LINES_SQL, conversation_id, after_seq, last_seq, *_selection(request), output=output, **_COPY_OPTIONS
-    )
-
-
-# About what an export line adds to its body (the other fields and the JSON around them), in bytes.
-_LINE_OVERHEAD_BYTES = 160
-
-
-async def range_bytes(conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int) -> int:
-    """About the JSONL bytes of every message of seqs ``after_seq < seq <= last_seq``, whatever an export's
-    options select: what a range of the same seqs may hold. Reads sizes only (a compressed or out-of-line
-    body is not decompressed).
-    """
-    size: int = await conn.fetchval(
-        "SELECT coalesce(sum(octet_length(body) + $4), 0) FROM messages"
-        " WHERE conversation_id = $1 AND seq > $2 AND seq <= $3",
-        conversation_id,
-        after_seq,
-        last_seq,
-        _LINE_OVERHEAD_BYTES,
-    )
-    return size
-
-
-@dataclass(frozen=True)
-class ExportRow(Row):
-    """One exported message (``shared.message_shape.ExportedMessage``): its fields, and ``line``, its JSONL line
-    without the newline (as ``copy_export_lines`` writes it)."""
-
-    seq: int
-    message_id: str
-    sender_id: str
-    sent_at: datetime
-    body: str
-    line: str
-
-
-async def fetch_export_rows(
-    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, request: ExportRequest
-) -> list[ExportRow]:
-    """The messages ``copy_export_lines`` would write, one row each, for formats rendered message by message.
-
-    One short statement, like ``copy_export_lines``.
-    """
-    rows = await conn.fetch(_EXPORT_ROWS_SQL, conversation_id, after_seq, last_seq, *_selection(request))
-    return [ExportRow.from_row(row) for row in rows]
