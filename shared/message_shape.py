@@ -2,7 +2,7 @@
 message object, a line of a JSONL export and a row of a CSV export hold the fields of ``FIELDS``, in that
 order and with the same values; the HTML and TXT exports show some of them.
 
-The read API's model (``services.api.schemas.Message``) and the JSONL line Postgres renders
+The read API's model (``services.api.http.schemas.Message``) and the JSONL line Postgres renders
 (``shared.rendering.JSONL_LINE_SQL``) are built from or tested against ``FIELDS``.
 """
 

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from services.api.changes import OperationChanges
-from services.api.keys import CHANGES, DOWNLOAD_SLOTS, MONITOR, POOL, S3, SETTINGS, VERIFIER, WAIT_SLOTS
-from services.api.middlewares import auth_middleware, error_middleware, metrics_middleware
+from services.api.exporting.changes import OperationChanges
+from services.api.http.keys import CHANGES, DOWNLOAD_SLOTS, MONITOR, POOL, S3, SETTINGS, VERIFIER, WAIT_SLOTS
+from services.api.http.middlewares import auth_middleware, error_middleware, metrics_middleware
+from services.api.http.server import api_runner
+from services.api.http.slots import ConnectionSlots
 from services.api.routes import setup_routes
-from services.api.server import api_runner
-from services.api.slots import ConnectionSlots
 from shared.auth import TokenVerifier
 from shared.db import create_pool
 from shared.lifecycle import run_until_signalled

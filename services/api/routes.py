@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from services.api import openapi
+from services.api.http import openapi
 from services.api.views import admin, exports, health, messages, operations, page, webhooks
 from shared.routes import ROUTES
 

@@ -6,7 +6,7 @@ import asyncpg
 import pytest
 
 from devtools.moto import MotoServer
-from services.api.keys import POOL
+from services.api.http.keys import POOL
 from shared.settings import Settings
 from tests.helpers import expect_problem
 from tests.integration.messages_support import Auth, Client, configured_api

@@ -9,7 +9,7 @@ import logging
 import asyncpg
 import pytest
 
-from services.api.changes import CHANNEL, OperationChanges
+from services.api.exporting.changes import CHANNEL, OperationChanges
 from shared.settings import Settings
 from tests.support import PG_SERVER, wait_for
 
@@ -28,7 +28,7 @@ async def test_the_listener_listens_again_after_the_database_refused_connections
         # "database is not accepting connections" (SQLSTATE 55000), not the refusal of a restart.
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
         await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", database)
-        with caplog.at_level(logging.WARNING, logger="services.api.changes"):
+        with caplog.at_level(logging.WARNING, logger="services.api.exporting.changes"):
             await wait_for(lambda: "operation changes unavailable" in caplog.text, timeout=30)
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
 

@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from services.api.keys import SETTINGS
-from services.api.middlewares import error_middleware
+from services.api.http.keys import SETTINGS
+from services.api.http.middlewares import error_middleware
 from services.api.views.exports import _copy
 from shared.settings import Settings
 

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from services.api.middlewares import error_middleware
+from services.api.http.middlewares import error_middleware
 
 
 @pytest.fixture

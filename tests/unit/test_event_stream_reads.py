@@ -10,9 +10,9 @@ from typing import Any
 
 import asyncpg
 
-from services.api.changes import Change, Subscription
-from services.api.keys import SETTINGS
-from services.api.waiting import operation_events
+from services.api.exporting.changes import Change, Subscription
+from services.api.exporting.waiting import operation_events
+from services.api.http.keys import SETTINGS
 from shared.settings import Settings
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from services.api.results import content_disposition
-from services.api.schemas import ExportSubmission
+from services.api.exporting.results import content_disposition
+from services.api.http.schemas import ExportSubmission
 from shared.fingerprint import fingerprint
 from shared.rendering import Csv, Html, JsonLines
 from shared.repository.export_reader import ExportRow

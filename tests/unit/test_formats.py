@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.api.schemas import ExportSubmission, Message, OperationRequest
+from services.api.http.schemas import ExportSubmission, Message, OperationRequest
 from shared.formats import CONTENT_TYPES, FORMAT_NAMES, FORMATS, FileKind
 from shared.message_shape import FIELDS
 from shared.rendering import JSONL_LINE_SQL, Csv

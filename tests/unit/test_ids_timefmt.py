@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from services.api.schemas import ExportSubmission
+from services.api.http.schemas import ExportSubmission
 from shared.export_request import ExportRequest
 from shared.fingerprint import fingerprint
 from shared.ids import is_operation_id, is_valid_id, new_operation_id

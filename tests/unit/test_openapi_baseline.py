@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.api.openapi import build_document
+from services.api.http.openapi import build_document
 
 BASELINE = Path(__file__).with_name("openapi_baseline.json")
 PROSE = frozenset({"description", "summary"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from services.api.schemas import Progress
+from services.api.http.schemas import Progress
 from shared.phases import Phase
 from shared.states import State
 

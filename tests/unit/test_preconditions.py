@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from services.api.preconditions import PreconditionOutcome, Validators, http_date
+from services.api.http.preconditions import PreconditionOutcome, Validators, http_date
 
 TAG = "0" * 63 + "a"
 PUBLISHED = datetime(2026, 11, 30, 8, 0, 1, 250000, tzinfo=UTC)

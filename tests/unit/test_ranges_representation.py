@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
+from services.api.http.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from shared.representation import next_poll_after_seconds
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.api.problems import CODES
+from services.api.http.problems import CODES
 from shared.settings import Settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")

@@ -20,7 +20,7 @@ from aiohttp.http_exceptions import (
     TransferEncodingError,
 )
 
-from services.api.server import parser_problem
+from services.api.http.server import parser_problem
 
 VIEWS = Path(__file__).resolve().parents[2] / "services" / "api" / "views"
 SECRET = "Bearer SECRET-do-not-echo"
@@ -52,7 +52,7 @@ def test_each_parser_error_has_its_problem_and_quotes_nothing(
         assert response.headers["Accept-Encoding"] == "identity"
 
 
-# Ways of reading a request body other than ``services.api.bodies.read_limited``.
+# Ways of reading a request body other than ``services.api.http.bodies.read_limited``.
 DIRECT_READS = re.compile(r"request\.(content\b|read\(|json\(|text\(|post\(|multipart\(|release\()")
 
 

@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from pydantic import ValidationError
 
-from services.api.bodies import check_body_bytes, read_limited, read_model, validate_query, validation_errors
-from services.api.keys import POOL, SETTINGS
-from services.api.pagination import decode_cursor, split_page
-from services.api.problems import ProblemError, not_found, validation_failed
-from services.api.responses import NO_STORE, json_response
-from services.api.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
+from services.api.http.bodies import check_body_bytes, read_limited, read_model, validate_query, validation_errors
+from services.api.http.keys import POOL, SETTINGS
+from services.api.http.pagination import decode_cursor, split_page
+from services.api.http.problems import ProblemError, not_found, validation_failed
+from services.api.http.responses import NO_STORE, json_response
+from services.api.http.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
 from shared.repository import (

@@ -13,8 +13,11 @@ import asyncpg
 from aiohttp import hdrs, web
 from botocore.exceptions import BotoCoreError, ClientError
 
-from services.api.bodies import JSON_BODY_PROBLEMS, read_model
-from services.api.contract import (
+from services.api.exporting.results import DOWNLOAD_SAFETY, ResultFile, content_disposition, result_file
+from services.api.exporting.submission import FIRST_POLL_AFTER_SECONDS, submit
+from services.api.exporting.transfer import TransferCut, stream
+from services.api.http.bodies import JSON_BODY_PROBLEMS, read_model
+from services.api.http.contract import (
     LOCATION_HEADER,
     NO_STORE_HEADER,
     Answer,
@@ -24,18 +27,15 @@ from services.api.contract import (
     header_parameter,
     retry_after,
 )
-from services.api.fields import sole_field
-from services.api.idempotency import HEADER, parse_idempotency_key
-from services.api.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
-from services.api.metrics import DOWNLOADS, DOWNLOADS_STREAMING
-from services.api.preconditions import PreconditionOutcome, Validators
-from services.api.problems import ProblemError, not_found
-from services.api.ranges import ByteRange, RangeNotSatisfiable, parse_range
-from services.api.responses import NO_STORE, operation_answer, operation_response
-from services.api.results import DOWNLOAD_SAFETY, ResultFile, content_disposition, result_file
-from services.api.schemas import ExportSubmission
-from services.api.submission import FIRST_POLL_AFTER_SECONDS, submit
-from services.api.transfer import TransferCut, stream
+from services.api.http.fields import sole_field
+from services.api.http.idempotency import HEADER, parse_idempotency_key
+from services.api.http.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
+from services.api.http.metrics import DOWNLOADS, DOWNLOADS_STREAMING
+from services.api.http.preconditions import PreconditionOutcome, Validators
+from services.api.http.problems import ProblemError, not_found
+from services.api.http.ranges import ByteRange, RangeNotSatisfiable, parse_range
+from services.api.http.responses import NO_STORE, operation_answer, operation_response
+from services.api.http.schemas import ExportSubmission
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.formats import FORMATS, GZIP_CONTENT_TYPE
 from shared.ids import is_operation_id

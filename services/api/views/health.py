@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.api.keys import MONITOR
+from services.api.http.keys import MONITOR
 from shared.monitoring import healthz
 
 __all__ = ["healthz", "readyz"]

@@ -12,13 +12,13 @@ import asyncpg
 from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
-from services.api.bodies import JSON_BODY_PROBLEMS, check_body_bytes, read_model, validate_query
-from services.api.contract import Answer, Body, Endpoint
-from services.api.keys import POOL, PRINCIPAL, SETTINGS
-from services.api.pagination import decode_conversation_cursor, encode_conversation_cursor, page_endpoint
-from services.api.problems import ProblemError, not_found
-from services.api.responses import NO_STORE, json_response
-from services.api.schemas import (
+from services.api.http.bodies import JSON_BODY_PROBLEMS, check_body_bytes, read_model, validate_query
+from services.api.http.contract import Answer, Body, Endpoint
+from services.api.http.keys import POOL, PRINCIPAL, SETTINGS
+from services.api.http.pagination import decode_conversation_cursor, encode_conversation_cursor, page_endpoint
+from services.api.http.problems import ProblemError, not_found
+from services.api.http.responses import NO_STORE, json_response
+from services.api.http.schemas import (
     ConversationListQuery,
     ConversationPage,
     MessageId,

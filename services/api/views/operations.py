@@ -7,8 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from services.api.bodies import JSON_BODY_PROBLEMS, JSON_MEDIA_TYPE, read_model, validate_query
-from services.api.contract import (
+from services.api.exporting.waiting import Reader, operation_events, read_or_404, wait_for_state_change, watching
+from services.api.http.bodies import JSON_BODY_PROBLEMS, JSON_MEDIA_TYPE, read_model, validate_query
+from services.api.http.contract import (
     LOCATION_HEADER,
     NO_STORE_HEADER,
     Answer,
@@ -18,11 +19,11 @@ from services.api.contract import (
     ref,
     retry_after,
 )
-from services.api.keys import POOL, PRINCIPAL, SETTINGS
-from services.api.pagination import decode_cursor, page_endpoint, split_page
-from services.api.problems import ProblemError, not_found
-from services.api.responses import NO_STORE, dumps, json_response, operation_answer, operation_response
-from services.api.schemas import (
+from services.api.http.keys import POOL, PRINCIPAL, SETTINGS
+from services.api.http.pagination import decode_cursor, page_endpoint, split_page
+from services.api.http.problems import ProblemError, not_found
+from services.api.http.responses import NO_STORE, dumps, json_response, operation_answer, operation_response
+from services.api.http.schemas import (
     EmptyQuery,
     EmptyRequest,
     Operation,
@@ -30,7 +31,6 @@ from services.api.schemas import (
     OperationPage,
     OperationQuery,
 )
-from services.api.waiting import Reader, operation_events, read_or_404, wait_for_state_change, watching
 from shared.ids import is_operation_id
 from shared.repository import status_monitor
 from shared.repository.operation_view import OperationView

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.api.contract import NO_STORE_HEADER, Answer, Endpoint
-from services.api.keys import PRINCIPAL, SETTINGS
-from services.api.responses import NO_STORE, json_response
-from services.api.schemas import WebhookSecret
+from services.api.http.contract import NO_STORE_HEADER, Answer, Endpoint
+from services.api.http.keys import PRINCIPAL, SETTINGS
+from services.api.http.responses import NO_STORE, json_response
+from services.api.http.schemas import WebhookSecret
 from shared.webhooks.signing import secret_text, user_secret
 
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from services.api.schemas import ExportSubmission, OperationRequest
+from services.api.http.schemas import ExportSubmission, OperationRequest
 from shared.broker import EXPORT_ROUTING_KEY
 from shared.export_request import FIELDS, SHOWN_FIELDS, ExportRequest
 from shared.fingerprint import fingerprint

@@ -71,7 +71,7 @@ async def test_two_authorization_fields_are_401_even_when_each_is_valid(
     alice, mallory = auth("alice")["Authorization"], auth("mallory")["Authorization"]
     for pair in ((alice, mallory), (alice, alice)):
         headers = CIMultiDict([("Authorization", pair[0]), ("Authorization", pair[1]), ("Idempotency-Key", "k-1")])
-        with caplog.at_level(logging.INFO, logger="services.api.middlewares"):
+        with caplog.at_level(logging.INFO, logger="services.api.http.middlewares"):
             response = await api.post("/v3/conversations/c-a/exports", json=VALID, headers=headers)
         await expect_problem(response, 401, "UNAUTHENTICATED")
         assert response.headers["WWW-Authenticate"] == challenge("invalid")

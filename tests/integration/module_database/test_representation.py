@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 from pydantic import BaseModel
 
-from services.api.schemas import Operation
+from services.api.http.schemas import Operation
 from shared.repository import status_monitor
 from shared.representation import represent
 from shared.states import TERMINAL, State

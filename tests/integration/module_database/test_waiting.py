@@ -17,7 +17,7 @@ import pytest
 from multidict import CIMultiDict
 
 from devtools.moto import MotoServer
-from services.api.keys import CHANGES, WAIT_SLOTS
+from services.api.http.keys import CHANGES, WAIT_SLOTS
 from shared.settings import Settings
 from tests.helpers import expect_problem
 from tests.integration.messages_support import Auth, Client, configured_api

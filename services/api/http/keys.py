@@ -7,8 +7,8 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from services.api.changes import OperationChanges
-from services.api.slots import ConnectionSlots
+from services.api.exporting.changes import OperationChanges
+from services.api.http.slots import ConnectionSlots
 from shared.auth import Principal, TokenVerifier
 from shared.monitoring import Monitor
 from shared.settings import Settings

@@ -1,9 +1,9 @@
 """The OpenAPI 3.1 document of the public API (``/v2`` and ``/v3``), and its view, ``GET /v3/openapi.json``.
 
 Its paths are the documented routes of the route table (``shared.routes.ROUTES``), each described by the
-``Endpoint`` declared beside its view (``services.api.contract``). Component schemas are generated from the
-pydantic models those endpoints name (``services.api.schemas``), so a change to a model changes the document.
-Each route's problem codes (``services.api.problems.CODES``) are grouped by status into
+``Endpoint`` declared beside its view (``services.api.http.contract``). Component schemas are generated from the
+pydantic models those endpoints name (``services.api.http.schemas``), so a change to a model changes the document.
+Each route's problem codes (``services.api.http.problems.CODES``) are grouped by status into
 ``application/problem+json`` responses whose ``code`` is limited to them. The admin routes are operator tooling
 and are not part of this document.
 """
@@ -21,10 +21,10 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from services.api import schemas
-from services.api.bodies import JSON_MEDIA_TYPE
-from services.api.contract import ANY_ROUTE_PROBLEMS, REF_TEMPLATE, Answer, Endpoint, header, ref, retry_after
-from services.api.problems import CODES, PROBLEM_CONTENT_TYPE
+from services.api.http import schemas
+from services.api.http.bodies import JSON_MEDIA_TYPE
+from services.api.http.contract import ANY_ROUTE_PROBLEMS, REF_TEMPLATE, Answer, Endpoint, header, ref, retry_after
+from services.api.http.problems import CODES, PROBLEM_CONTENT_TYPE
 from services.api.views import exports, messages, operations, webhooks
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
 from shared.routes import ROUTES, Route

@@ -10,8 +10,8 @@ from typing import assert_never
 
 import asyncpg
 
-from services.api.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
-from services.api.problems import ProblemError, not_found
+from services.api.http.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
+from services.api.http.problems import ProblemError, not_found
 from shared.export_request import ExportRequest
 from shared.fingerprint import fingerprint
 from shared.ids import new_operation_id

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from services.api.changes import Subscription
-from services.api.keys import CHANGES, PRINCIPAL, SETTINGS, WAIT_SLOTS
-from services.api.metrics import WAITING_REQUESTS, WaitKind
-from services.api.middlewares import client_gone
-from services.api.problems import not_found
+from services.api.exporting.changes import Subscription
+from services.api.http.keys import CHANGES, PRINCIPAL, SETTINGS, WAIT_SLOTS
+from services.api.http.metrics import WAITING_REQUESTS, WaitKind
+from services.api.http.middlewares import client_gone
+from services.api.http.problems import not_found
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.repository.operation_view import OperationView
 from shared.representation import is_terminal

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from services.api.keys import SETTINGS
-from services.api.problems import ProblemError, validation_failed
+from services.api.http.keys import SETTINGS
+from services.api.http.problems import ProblemError, validation_failed
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel
 
-from services.api.contract import NO_STORE_HEADER, Answer, Endpoint
-from services.api.problems import ProblemError, validation_failed
+from services.api.http.contract import NO_STORE_HEADER, Answer, Endpoint
+from services.api.http.problems import ProblemError, validation_failed
 from shared.ids import is_operation_id, is_valid_id
 from shared.repository.operation_view import OperationView
 from shared.timefmt import MAX_YEAR, MIN_YEAR

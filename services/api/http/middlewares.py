@@ -10,9 +10,9 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from services.api.keys import PRINCIPAL, VERIFIER
-from services.api.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
-from services.api.problems import ProblemError
+from services.api.http.keys import PRINCIPAL, VERIFIER
+from services.api.http.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
+from services.api.http.problems import ProblemError
 from shared.auth import InvalidToken
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.routes import ROUTES

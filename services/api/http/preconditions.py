@@ -16,7 +16,7 @@ from enum import Enum
 
 from multidict import CIMultiDictProxy
 
-from services.api.fields import field_list, sole_field
+from services.api.http.fields import field_list, sole_field
 
 # One element of a list of entity-tags (RFC 9110 section 8.8.3): an optional weakness prefix and a quoted
 # opaque tag, or nothing (an empty element), then a comma or the end.

@@ -9,8 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from services.api.contract import NO_STORE_HEADER, Answer
-from services.api.schemas import Operation
+from services.api.http.contract import NO_STORE_HEADER, Answer
+from services.api.http.schemas import Operation
 from shared import jsontext
 from shared.repository.operation_view import OperationView
 from shared.representation import is_terminal, represent
@@ -40,7 +40,7 @@ def operation_response(
 
 def operation_answer(status: int, description: str, headers: Mapping[str, Any] | None = None) -> Answer:
     """The contract of an ``operation_response`` of ``status``: an ``Operation`` with ``no-store`` and ``headers``
-    (``services.api.contract.header`` objects by name).
+    (``services.api.http.contract.header`` objects by name).
     """
     return Answer(status, description, Operation, headers={"Cache-Control": NO_STORE_HEADER, **(headers or {})})
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from urllib.parse import quote
 
-from services.api.problems import ProblemError, not_found
+from services.api.http.problems import ProblemError, not_found
 from shared.repository.artifacts import ArtifactFiles, StoredPart
 from shared.repository.operation_view import OperationView
 

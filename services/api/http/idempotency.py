@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from services.api.problems import ProblemError
+from services.api.http.problems import ProblemError
 
 HEADER = "Idempotency-Key"
 _VISIBLE = re.compile(r"[\x21-\x7e]{1,255}")

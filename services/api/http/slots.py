@@ -9,8 +9,8 @@ import contextlib
 from collections import Counter
 from collections.abc import Iterator
 
-from services.api.metrics import CAP_REFUSALS
-from services.api.problems import ProblemError
+from services.api.http.metrics import CAP_REFUSALS
+from services.api.http.problems import ProblemError
 
 
 class ConnectionSlots:

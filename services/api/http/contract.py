@@ -1,5 +1,5 @@
 """What a documented route takes and answers, declared beside its view as an ``Endpoint`` (README: API
-reference). ``services.api.openapi`` builds the OpenAPI document's paths from ``shared.routes.ROUTES`` and these
+reference). ``services.api.http.openapi`` builds the OpenAPI document's paths from ``shared.routes.ROUTES`` and these
 declarations; views never import ``openapi``, which imports them.
 """
 
@@ -17,8 +17,8 @@ from shared.routes import path
 REF_TEMPLATE = "#/components/schemas/{model}"
 
 # Problems every route that needs a token can answer: a bad token, a busy database, an internal fault
-# (services.api.middlewares; README: Error codes), and a request that breaks HTTP itself, which the HTTP
-# server answers before any route (services.api.server).
+# (services.api.http.middlewares; README: Error codes), and a request that breaks HTTP itself, which the HTTP
+# server answers before any route (services.api.http.server).
 ANY_ROUTE_PROBLEMS = (
     "UNAUTHENTICATED",
     "SERVICE_UNAVAILABLE",
@@ -85,7 +85,7 @@ class Endpoint:
     """The contract of the route named ``route`` in ``shared.routes.ROUTES``: its OpenAPI ``summary``,
     ``description`` and ``tag``; the ``query`` model its view validates the query string with, its JSON
     ``body`` and its header ``parameters``; its success ``answers``; and the problem codes (keys of
-    ``services.api.problems.CODES``) its view can answer besides ``ANY_ROUTE_PROBLEMS``, which every route
+    ``services.api.http.problems.CODES``) its view can answer besides ``ANY_ROUTE_PROBLEMS``, which every route
     that needs a token can answer.
     """
 

@@ -26,8 +26,8 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError, LineTooLong
 from multidict import CIMultiDict
 
-from services.api.bodies import unsupported_content_encoding
-from services.api.problems import ProblemError
+from services.api.http.bodies import unsupported_content_encoding
+from services.api.http.problems import ProblemError
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)

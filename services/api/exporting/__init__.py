@@ -1,0 +1,3 @@
+"""The export logic behind the views: the submit's outcomes, which file a download serves and how it streams, and
+waiting for an operation to change.
+"""
