@@ -85,7 +85,8 @@ async def claim(
     (``attempts.supersede_attempts``); ``took_over`` tells whether it closed one.
     """
     async with conn.transaction():
-        row = await conn.fetchrow(
+        claimed = await _take_lease(
+            conn,
             """
             UPDATE operations o SET
                 state = 'RUNNING', generation = o.generation + 1, attempt = o.attempt + 1,
@@ -96,20 +97,20 @@ async def claim(
                 progress_phase = 'starting', messages_written = 0, bytes_written = 0,
                 retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
             WHERE o.operation_id = $1 AND operation_is_runnable(o.state, o.retry_at, o.lease_expires_at)
-            RETURNING """
-            + _CLAIMED_COLUMNS
-            + ", o.snapshot_max_seq",
-            operation_id,
-            worker_id,
-            lease_seconds,
+            RETURNING o.snapshot_max_seq, """,
+            operation_id=operation_id,
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
         )
-        if row is None:
-            return None
-        took_over = await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
-        await open_attempt(
-            conn, operation_id=operation_id, generation=row["generation"], attempt=row["attempt"], worker_id=worker_id
-        )
-    return ClaimedOperation.from_claim(row, took_over=took_over)
+        if claimed is not None:
+            await open_attempt(
+                conn,
+                operation_id=operation_id,
+                generation=claimed.generation,
+                attempt=claimed.attempt,
+                worker_id=worker_id,
+            )
+    return claimed
 
 
 async def claim_cancellation(
@@ -125,22 +126,32 @@ async def claim_cancellation(
     is ``after_seq`` when it was never fixed.
     """
     async with conn.transaction():
-        row = await conn.fetchrow(
+        return await _take_lease(
+            conn,
             """
             UPDATE operations o SET generation = o.generation + 1, lease_owner = $2,
                 lease_expires_at = now() + make_interval(secs => $3)
             WHERE o.operation_id = $1 AND o.state = 'CANCEL_REQUESTED'
               AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-            RETURNING """
-            + _CLAIMED_COLUMNS
-            + ", coalesce(o.snapshot_max_seq, o.after_seq) AS snapshot_max_seq",
-            operation_id,
-            worker_id,
-            lease_seconds,
+            RETURNING coalesce(o.snapshot_max_seq, o.after_seq) AS snapshot_max_seq, """,
+            operation_id=operation_id,
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
         )
-        if row is None:
-            return None
-        took_over = await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
+
+
+async def _take_lease(
+    conn: asyncpg.Connection, update: str, *, operation_id: str, worker_id: str, lease_seconds: float
+) -> ClaimedOperation | None:
+    """Run a claim's ``update`` (parameters: the operation id, ``worker_id`` and ``lease_seconds``; its
+    ``RETURNING`` ends with ``snapshot_max_seq,`` and gets ``_CLAIMED_COLUMNS`` appended) and, when it
+    matched, close an attempt of an older generation still open; None when it matched nothing. Runs in the
+    caller's transaction.
+    """
+    row = await conn.fetchrow(update + _CLAIMED_COLUMNS, operation_id, worker_id, lease_seconds)
+    if row is None:
+        return None
+    took_over = await supersede_attempts(conn, operation_id=operation_id, generation=row["generation"])
     return ClaimedOperation.from_claim(row, took_over=took_over)
 
 
