@@ -11,12 +11,14 @@ transaction, a savepoint when the caller already has one, so the CLI can call th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple, Protocol
 
 import asyncpg
 
 from shared.ids import is_valid_id
+from shared.repository.rows import Row
 
 
 class DuplicateMessageId(Exception):
@@ -95,7 +97,17 @@ async def put_members(conn: asyncpg.Connection, *, conversation_id: str, members
     )
 
 
-async def conversation_summary(conn: asyncpg.Connection, *, conversation_id: str) -> asyncpg.Record | None:
+@dataclass(frozen=True)
+class ConversationSummary(Row):
+    """The admin view of a conversation (``conversation_summary``)."""
+
+    conversation_id: str
+    members: list[str]
+    last_seq: int
+    message_count: int
+
+
+async def conversation_summary(conn: asyncpg.Connection, *, conversation_id: str) -> ConversationSummary | None:
     """The admin view of a conversation, ``(conversation_id, members, last_seq, message_count)``, or None
     when it does not exist (README: API reference, Admin view of a conversation).
 
@@ -104,7 +116,7 @@ async def conversation_summary(conn: asyncpg.Connection, *, conversation_id: str
     conversation's messages. One statement, so all three are read as of one moment.
     """
     # COLLATE "C" sorts by code point, as clients' own sorting does, whatever the database's locale.
-    return await conn.fetchrow(
+    row = await conn.fetchrow(
         """
         SELECT c.conversation_id,
                ARRAY(SELECT m.user_id FROM conversation_members m WHERE m.conversation_id = c.conversation_id
@@ -116,6 +128,7 @@ async def conversation_summary(conn: asyncpg.Connection, *, conversation_id: str
         """,
         conversation_id,
     )
+    return None if row is None else ConversationSummary.from_row(row)
 
 
 async def add_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> bool:
@@ -152,10 +165,18 @@ async def remove_member(conn: asyncpg.Connection, *, conversation_id: str, user_
     return exists
 
 
+@dataclass(frozen=True)
+class StoredSeq(Row):
+    """Where ``store_message`` stored a message: its seq and the time it was stored."""
+
+    seq: int
+    sent_at: datetime
+
+
 async def store_message(
     conn: asyncpg.Connection, *, conversation_id: str, message_id: str, sender_id: str, body: str
-) -> asyncpg.Record:
-    """Store one message with the next seq; return the record ``(seq, sent_at)``.
+) -> StoredSeq:
+    """Store one message with the next seq; return its ``StoredSeq``.
 
     ``sent_at`` is the database's ``now()`` cut to milliseconds, the precision the API and the export file print
     (README: API reference, The file). Raises ``ConversationNotFound`` and ``DuplicateMessageId`` (README: API
@@ -185,7 +206,7 @@ async def store_message(
         if stored is None:
             # Raising inside the transaction rolls the seq bump back, so no seq is burnt.
             raise DuplicateMessageId(message_id)
-        return stored
+        return StoredSeq.from_row(stored)
 
 
 async def recall_message(conn: asyncpg.Connection, *, conversation_id: str, message_id: str, sender_id: str) -> bool:
@@ -208,13 +229,22 @@ async def recall_message(conn: asyncpg.Connection, *, conversation_id: str, mess
     return recalled is not None
 
 
+@dataclass(frozen=True)
+class ConversationListing(Row):
+    """One conversation of a member's list (``list_conversations``)."""
+
+    conversation_id: str
+    last_seq: int
+    last_message_at: datetime | None
+
+
 async def list_conversations(
     conn: asyncpg.Connection, *, user_id: str, after: str | None, limit: int
-) -> list[asyncpg.Record]:
+) -> list[ConversationListing]:
     """Up to ``limit`` conversations ``user_id`` is a member of, ordered by id, after the id ``after``:
     (conversation_id, last_seq, last_message_at: the sent_at of the newest message not recalled, or NULL).
     """
-    rows: list[asyncpg.Record] = await conn.fetch(
+    rows = await conn.fetch(
         """
         SELECT c.conversation_id, c.last_seq,
                (SELECT g.sent_at FROM messages g
@@ -229,7 +259,7 @@ async def list_conversations(
         after,
         limit,
     )
-    return rows
+    return [ConversationListing.from_row(row) for row in rows]
 
 
 async def read_messages(

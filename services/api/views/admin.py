@@ -94,10 +94,10 @@ async def get_conversation(request: web.Request) -> web.Response:
     if row is None:
         raise _conversation_not_found(conversation_id)
     body = {
-        "conversation_id": row["conversation_id"],
-        "members": list(row["members"]),
-        "last_seq": row["last_seq"],
-        "message_count": row["message_count"],
+        "conversation_id": row.conversation_id,
+        "members": list(row.members),
+        "last_seq": row.last_seq,
+        "message_count": row.message_count,
     }
     return json_response(body, headers=NO_STORE)
 

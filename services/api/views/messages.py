@@ -70,8 +70,8 @@ async def send_message(request: web.Request) -> web.Response:
             "status": "stored",
             "conversation_id": conversation_id,
             "message_id": message.message_id,
-            "seq": stored["seq"],
-            "sent_at": format_timestamp(stored["sent_at"]),
+            "seq": stored.seq,
+            "sent_at": format_timestamp(stored.sent_at),
         }
     )
 
@@ -92,13 +92,13 @@ async def list_conversations(request: web.Request) -> web.Response:
         {
             "conversations": [
                 {
-                    "conversation_id": row["conversation_id"],
-                    "last_seq": row["last_seq"],
-                    "last_message_at": format_timestamp(row["last_message_at"]),
+                    "conversation_id": row.conversation_id,
+                    "last_seq": row.last_seq,
+                    "last_message_at": format_timestamp(row.last_message_at),
                 }
                 for row in shown
             ],
-            "next_cursor": encode_conversation_cursor(shown[-1]["conversation_id"]) if more else None,
+            "next_cursor": encode_conversation_cursor(shown[-1].conversation_id) if more else None,
         },
         headers=NO_STORE,
     )
