@@ -184,17 +184,44 @@ def test_dev_starts_everything_serves_the_example_and_stops_on_sigterm(
 
 
 def test_dev_reports_a_part_that_dies_and_exits_non_zero(dev_env: dict[str, str], group: ProcessGroup) -> None:
-    with socket.socket() as blocker:  # the API cannot bind its port, so it exits at start-up
-        blocker.bind(("127.0.0.1", int(dev_env["CHATEXPORT_API_PORT"])))
+    dev = group.start("dev", [sys.executable, "-m", "chatexport.cli", "dev", "--no-import"], dev_env, cwd=REPO)
+    group.wait_for_line("dev", lambda line: "chatexport is running" in line, timeout=START_TIMEOUT)
+    os.kill(part_pid("worker", dev_env["CHATEXPORT_AMQP_QUEUE"]), signal.SIGKILL)
+    code = group.wait("dev", START_TIMEOUT)
+
+    assert code == 1
+    died = [line for line in dev.tail if "FAILED: worker-" in line]
+    assert died and died[0].endswith("exited with code -9 (see its lines above); stopping"), died
+    stopped = next(line for line in dev.tail if "stopped:" in line)
+    codes = dict(item.split("=") for item in stopped.split("stopped: ", 1)[1].split(", "))
+    assert set(codes) == set(PARTS) and sorted(codes.values()).count("-9") == 1, codes
+    assert set(codes.values()) <= {"0", "-9"}, codes
+
+
+def test_dev_refuses_a_port_another_system_holds_before_starting_any_part(
+    dev_env: dict[str, str], group: ProcessGroup
+) -> None:
+    port = int(dev_env["CHATEXPORT_API_PORT"])
+    with socket.socket() as blocker:  # another system's API
+        blocker.bind(("127.0.0.1", port))
         blocker.listen()
         dev = group.start("dev", [sys.executable, "-m", "chatexport.cli", "dev", "--no-import"], dev_env, cwd=REPO)
         code = group.wait("dev", START_TIMEOUT)
 
     assert code == 1
-    assert any(line.endswith("FAILED: api exited with code 1 (see its lines above); stopping") for line in dev.tail)
-    stopped = next(line for line in dev.tail if "stopped:" in line)
-    codes = dict(item.split("=") for item in stopped.split("stopped: ", 1)[1].split(", "))
-    assert codes.pop("api") == "1"
-    # A part still importing when SIGTERM comes has no handler yet and ends by the signal (-15).
-    assert set(codes) == {"relay", "worker-1", "worker-2", "janitor"}
-    assert set(codes.values()) <= {"0", "-15"}, codes
+    refusal = f"port {port} on 127.0.0.1 is in use (another system?): give this one its own CHATEXPORT_API_PORT"
+    assert any(line.endswith(refusal) for line in dev.tail), list(dev.tail)
+    assert not any("ready at" in line or "chatexport is running" in line for line in dev.tail)
+
+
+def part_pid(part: str, queue: str) -> int:
+    """The pid of a running ``chatexport <part>`` whose environment names ``queue`` (one system's own)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environment = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if command[-2:-1] == [part.encode()] and f"CHATEXPORT_AMQP_QUEUE={queue}".encode() in environment:
+            return int(entry.name)
+    raise AssertionError(f"no running {part} of queue {queue}")
