@@ -8,8 +8,6 @@ those, as the program would see it after Unicode NFKC folding.
 
 from __future__ import annotations
 
-import functools
-import sys
 import unicodedata
 
 FORMULA_GUARD = "'"
@@ -34,8 +32,17 @@ def reads_as_formula(cell: str) -> bool:
     if not first.isascii() or first.isspace():
         # The common case, a cell starting with ASCII other than white space, skips this: no such character
         # is of the skipped categories, and NFKC leaves ASCII as it is.
-        first = unicodedata.normalize("NFKC", cell.lstrip(_invisible())[:1])
+        first = unicodedata.normalize("NFKC", _first_visible(cell))
     return first.startswith(_FORMULA_SIGNS)
+
+
+def _first_visible(cell: str) -> str:
+    # A loop over the leading run only: a cell is a message's text, so this is bounded by its size, and no
+    # process pays for a table of every such character in the whole of Unicode.
+    for char in cell:
+        if not (char.isspace() or unicodedata.category(char) in _INVISIBLE_CATEGORIES):
+            return char
+    return ""
 
 
 def guarded(cell: str) -> str:
@@ -43,15 +50,3 @@ def guarded(cell: str) -> str:
     text is otherwise unchanged, so removing one leading guard from a cell that starts with one gives it back.
     """
     return FORMULA_GUARD + cell if reads_as_formula(cell) else cell
-
-
-@functools.cache
-def _invisible() -> str:
-    # Every character the rule skips, found in one pass over all code points (about 0.2 s, on first use, once
-    # per process, so that processes that never write CSV do not pay it), so that str.lstrip skips a hostile
-    # run of them at C speed instead of a Python loop per character.
-    return "".join(
-        char
-        for char in map(chr, range(sys.maxunicode + 1))
-        if char.isspace() or unicodedata.category(char) in _INVISIBLE_CATEGORIES
-    )
