@@ -1,25 +1,47 @@
-"""Fixtures on the real servers: a Postgres template database cloned per test, unique RabbitMQ names per
-test, and a moto server (S3 over real HTTP) per session.
+"""Fixtures on the real servers, for every test folder: a Postgres template database cloned per test (or one
+database per module, for a module marked ``module_database``), unique RabbitMQ names per test, a moto server
+(S3 over real HTTP) per session, the pipeline's background parts as tasks, and the end-to-end system as real
+processes (``system``, ``live_api``, ``live_auth``, ``browser``).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
 
 from devtools.broker import delete_broker_objects
+from devtools.localsystem import LocalSystem
 from devtools.moto import MotoServer, start_moto
 from services.api.app import init_app
 from shared.auth import mint_token
 from shared.db import migrate
 from shared.settings import Settings
 from shared.storage import ensure_bucket, open_s3_client
-from tests.support import PG_SERVER, admin_execute, cloned_database, make_settings
+from tests.support import PG_SERVER, admin_execute, cloned_database, emptied, make_settings
+from tests.support.api_calls import make_conversation, running_pipeline
+from tests.support.e2e import Browser, headers_for, local_system
+
+# A test's cost follows from the fixtures it uses (docs/development.md: Development): the markers are derived, never
+# kept by hand beside them.
+_COST_MARKERS = {"system": "e2e", "template_db": "integration", "moto": "integration"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test ``integration`` or ``e2e`` by the server fixtures its closure holds."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in _COST_MARKERS.items():
+            if fixture in fixtures:
+                item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")
@@ -41,10 +63,38 @@ async def template_db() -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def database_url(template_db: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for this test, dropped afterwards."""
+def database_url(request: pytest.FixtureRequest) -> str:
+    """This test's migrated database: a clone of its own (``cloned_database_url``), or, in a module marked
+    ``module_database``, the module's one database emptied before the test (``emptied_module_database``).
+    """
+    shared = request.node.get_closest_marker("module_database") is not None
+    url: str = request.getfixturevalue("emptied_module_database" if shared else "cloned_database_url")
+    return url
+
+
+@pytest.fixture
+async def cloned_database_url(template_db: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test, dropped afterwards (a second or more on a busy server)."""
     async with cloned_database(template_db, "chatexport_t") as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+async def module_database(template_db: str) -> AsyncIterator[str]:
+    """One clone of the migrated template per test module."""
+    async with cloned_database(template_db, "chatexport_m") as url:
+        yield url
+
+
+@pytest.fixture
+async def emptied_module_database(module_database: str) -> str:
+    """The module's database, emptied before each test, so every test starts from the rows a fresh clone has
+    (ids of sequences go on counting; no test depends on their values). A module that opts in with
+    ``pytestmark = pytest.mark.module_database`` leaves no state behind but rows: its tests run one after
+    another, and each stops its pipeline before it ends.
+    """
+    await emptied(module_database)
+    return module_database
 
 
 @pytest.fixture
@@ -90,3 +140,70 @@ def auth(settings: Settings) -> Callable[..., dict[str, str]]:
         return {"Authorization": f"Bearer {token}"}
 
     return headers
+
+
+@pytest.fixture
+async def pipeline(settings: Settings, s3: Any) -> AsyncIterator[None]:
+    """Relay, worker and janitor running as tasks in the test's event loop until the test ends."""
+    async with running_pipeline(settings):
+        yield
+
+
+@pytest.fixture
+async def chat(api: Any, auth: Callable[..., dict[str, str]]) -> str:
+    """Conversation ``c-a`` with members ``u-a`` and ``u-b``."""
+    await make_conversation(api, auth, "c-a", ["u-a", "u-b"])
+    return "c-a"
+
+
+@pytest.fixture(scope="session")
+async def e2e_database(template_db: str) -> AsyncIterator[str]:
+    """A migrated database for the end-to-end system of the session."""
+    async with cloned_database(template_db, "chatexport_e2e") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+async def system(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalSystem]:
+    """The compose file's services as real processes for the whole session (``local_system``), with short
+    leases.
+    """
+    log_dir = tmp_path_factory.mktemp("e2e-logs")
+    overrides = {"CHATEXPORT_LEASE_SECONDS": "10", "CHATEXPORT_HEARTBEAT_SECONDS": "2"}
+    async with local_system(e2e_database, log_dir, **overrides) as local:
+        yield local
+
+
+@pytest.fixture
+async def live_api(system: LocalSystem) -> AsyncIterator[aiohttp.ClientSession]:
+    """HTTP over a real socket to the session's system's API (paths are relative to its base URL)."""
+    async with aiohttp.ClientSession(base_url=system.base_url) as session:
+        yield session
+
+
+@pytest.fixture(scope="session")
+def live_auth(system: LocalSystem) -> Callable[..., dict[str, str]]:
+    """``headers_for`` the session's system: ``live_auth("alice")`` -> headers with her bearer token."""
+    return headers_for(system)
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    """Headless chromium whose downloads land in ``tmp_path / "downloads"``."""
+    assert Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(), "install chromium and chromium-driver"
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
+        options.add_argument(argument)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield Browser(driver, downloads)
+    finally:
+        driver.quit()

@@ -1,4 +1,4 @@
-"""Injecting a round's faults and healing them (README: Development, The fault harness).
+"""Injecting a round's faults and healing them (docs/development.md: Development, The fault harness).
 
 ``Injector.inject(fault)`` breaks something at once, waits the fault's duration and repairs what it broke;
 faults overlap freely. ``Injector.heal()`` then makes sure that, whatever happened, every part runs, the
@@ -24,7 +24,7 @@ from devtools.localsystem import READY_TIMEOUT_SECONDS
 from services.janitor.leadership import LEADER_LOCK_KEY
 from tests.chaos.plan import PARTS, Fault, FaultKind
 from tests.chaos.system import JANITOR_INTERVAL_SECONDS, LEASE_SECONDS, REQUEUE_AFTER_SECONDS, ChaosSystem
-from tests.faults.servers import PostgresStopMode, RabbitStopMode
+from tests.support.private_servers import PostgresStopMode, RabbitStopMode
 
 # Holds the relay's "mark published" inside its transaction, after the broker confirmed the publish, for
 # less than the statement timeout; the harness kills the relay meanwhile. Other updates pass.

@@ -1,5 +1,5 @@
-"""The fault harness's invariant checker (README: Development, The fault harness): once a round's faults are
-repaired, it reads Postgres, S3 (moto directly, not through the proxy) and RabbitMQ, and returns every
+"""The fault harness's invariant checker (docs/development.md: Development, The fault harness): once a round's faults
+are repaired, it reads Postgres, S3 (moto directly, not through the proxy) and RabbitMQ, and returns every
 violation it finds as a sentence. An empty list is a passed round.
 
 Each check waits, up to its own deadline, for the system to become quiet (operations ended, the outbox
@@ -29,7 +29,7 @@ from shared.storage import artifact_prefix, is_folder, part_key
 from tests.chaos.plan import PARTS
 from tests.chaos.system import ChaosSystem
 from tests.chaos.workload import TERMINAL, Observations
-from tests.faults.servers import ServerError
+from tests.support.private_servers import ServerError
 
 POLL_SECONDS = 0.1
 # What a part that died of an uncaught error leaves in its log (the interpreter's report on stderr), and the
@@ -56,7 +56,7 @@ WHERE o.operation_id = $1 AND m.seq > o.after_seq AND m.seq <= o.snapshot_max_se
   AND (m.recalled_at IS NULL OR m.recalled_at >= o.created_at) AND m.sent_at <= o.finished_at
 """
 # Messages of the operation's range that were stored a second before its submit, yet above its watermark:
-# the watermark is fixed at the first claim, after the submit (README: API reference, The file).
+# the watermark is fixed at the first claim, after the submit (docs/api.md: API reference, The file).
 BELOW_WATERMARK_SQL = """
 SELECT count(*) FROM operations o JOIN messages m ON m.conversation_id = o.conversation_id
 WHERE o.operation_id = $1 AND m.seq > o.after_seq AND (o.before_seq IS NULL OR m.seq < o.before_seq)
@@ -68,7 +68,7 @@ ROUND_OPERATIONS_SQL = """
 SELECT o.*, k.idempotency_key FROM operations o LEFT JOIN idempotency_keys k USING (operation_id)
 WHERE o.operation_id = ANY($1) OR k.idempotency_key LIKE $2 || '%' OR o.created_at >= $3
 """
-# What may stay in the bucket once all is quiet (README: Orphan objects and uploads): the published key of a
+# What may stay in the bucket once all is quiet (docs/retention.md: Orphan objects and uploads): the published key of a
 # SUCCEEDED operation; and whatever a parked FAILED_REPAIR operation holds, left for an operator.
 KEPT_SQL = """
 SELECT a.object_key, o.state = 'FAILED_REPAIR' AS parked FROM artifacts a JOIN operations o USING (operation_id)
@@ -82,7 +82,7 @@ OUTAGE_MARGIN_SECONDS = 15.0
 @dataclass(frozen=True)
 class Deadlines:
     """How long, in seconds after the last repair, the system gets to become quiet in each respect
-    (README: Development, The fault harness).
+    (docs/development.md: Development, The fault harness).
     """
 
     ended: float = 150.0  # every operation of the round terminal or parked
@@ -492,7 +492,7 @@ async def _until(predicate: Callable[[], Awaitable[bool]], deadline: float) -> b
 
 
 def _canonical(body: dict[str, Any]) -> dict[str, Any]:
-    """A request body as the operation row stores it (README: API reference, Export options)."""
+    """A request body as the operation row stores it (docs/api.md: API reference, Export options)."""
     senders = body.get("senders")
     return {
         "format": body.get("format", "jsonl"),

@@ -1,6 +1,6 @@
 """What one round of the fault harness does, drawn from its seed: the exports it asks for and the faults it
 injects, with their moments. The same ``(seed, round)`` always gives the same plan, so a failing round can
-be replayed (README: Development, The fault harness); what the processes interleave may still differ.
+be replayed (docs/development.md: Development, The fault harness); what the processes interleave may still differ.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ SERVER_RESTART_SHARE = 0.08
 
 
 class FaultKind(StrEnum):
-    """The faults the harness injects (README: Development, The fault harness)."""
+    """The faults the harness injects (docs/development.md: Development, The fault harness)."""
 
     KILL = "kill"  # SIGKILL a part, start it again later
     TERM = "term"  # SIGTERM a part (it drains), start it again once it has exited
@@ -125,7 +125,7 @@ def _export(rng: random.Random, conversations: int) -> ExportSpec:
 
 
 def _options(rng: random.Random, big: bool) -> dict[str, Any]:
-    """A request body that uses each export option now and then (README: API reference, Export options)."""
+    """A request body that uses each export option now and then (docs/api.md: API reference, Export options)."""
     options: dict[str, Any] = {"format": rng.choice(["jsonl", "jsonl", "csv", "html"])}
     if rng.random() < 0.3:
         options["compression"] = "gzip"

@@ -1,4 +1,4 @@
-"""Runs rounds of the fault harness and reports them (README: Development, The fault harness).
+"""Runs rounds of the fault harness and reports them (docs/development.md: Development, The fault harness).
 
 ``python -m tests.chaos --rounds N [--seed S] [--round K] [--out DIR] [--lanes L]``: N rounds of a run
 with seed S (random when absent), or only round K of it, on L systems at once (each takes every L-th

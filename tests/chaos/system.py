@@ -16,11 +16,11 @@ import asyncpg
 from shared.auth import mint_token
 from shared.db import migrate
 from tests.chaos.receiver import Receiver
-from tests.faults.harness import Faulty, running
-from tests.faults.servers import PrivatePostgres, PrivateRabbitMQ
+from tests.support.fault_harness import Faulty, running
+from tests.support.private_servers import PrivatePostgres, PrivateRabbitMQ
 
 # Short leases, passes and backoffs, so that a round's takeovers, retries and clean-ups take seconds
-# (README: Development, The fault harness). The rest is FAST, the fault tests' settings.
+# (docs/development.md: Development, The fault harness). The rest is FAST, the fault tests' settings.
 CHAOS_SETTINGS: dict[str, str] = {
     "CHATEXPORT_ENVIRONMENT": "development",
     "CHATEXPORT_WEBHOOK_ALLOW_PRIVATE": "true",

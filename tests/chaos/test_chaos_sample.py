@@ -1,4 +1,4 @@
-"""The fault harness in the test run (README: Development, The fault harness): a short fixed-seed sample of
+"""The fault harness in the test run (docs/development.md: Development, The fault harness): a short fixed-seed sample of
 rounds passes every check, and the checker finds each kind of damage a broken system would leave.
 """
 

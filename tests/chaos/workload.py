@@ -1,4 +1,4 @@
-"""A round's workload, as callers would drive the API while things break (README: Development, The fault
+"""A round's workload, as callers would drive the API while things break (docs/development.md: Development, The fault
 harness): conversations to export, submits with duplicates under one key, cancels at random moments,
 recalls and membership changes during exports, downloads, some aborted.
 
@@ -178,7 +178,7 @@ class Workload:
         for number in rng.sample(range(size), min(count, size)):
             message_id = _message_id(cid, number)
             self.seen.recalls.add((cid, message_id))
-            # Only the sender may recall, member or not (README: API reference, Message store).
+            # Only the sender may recall, member or not (docs/api.md: API reference, Message store).
             path = f"/v2/conversations/{cid}/messages/{message_id}"
             status, _, _ = await self._request("DELETE", path, user=MEMBERS[number % 2], accept=(200,))
             self.log(f"recall {cid}/{message_id}: {status}")
@@ -360,7 +360,7 @@ class Workload:
         raise RequestGivenUp(f"{method} {path}: no answer within {REQUEST_DEADLINE_SECONDS} s")
 
     def _note(self, status: int, method: str, path: str, answer: bytes = b"") -> None:
-        """Count a request; a 5xx other than the documented 503 is a problem (README: Error codes)."""
+        """Count a request; a 5xx other than the documented 503 is a problem (docs/api.md: Error codes)."""
         self.seen.requests += 1
         if status == 503:
             self.seen.unavailable.append(time.monotonic())

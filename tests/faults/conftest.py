@@ -11,7 +11,7 @@ from typing import TypeVar
 import pytest
 
 from shared.db import migrate
-from tests.faults.servers import PrivatePostgres, PrivateRabbitMQ, TcpProxy
+from tests.support.private_servers import PrivatePostgres, PrivateRabbitMQ, TcpProxy
 
 ServerT = TypeVar("ServerT", PrivatePostgres, PrivateRabbitMQ)
 

@@ -1,4 +1,4 @@
-"""Cancel in every state and racing completion, and S3 outages, on real processes (README: API reference,
+"""Cancel in every state and racing completion, and S3 outages, on real processes (docs/api.md: API reference,
 Cancel; States and failure model).
 """
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import (
+from tests.support import AMQP_URL, cloned_database
+from tests.support.fault_harness import (
     SLOW_UPLOADS,
     UPLOAD_BYTES_PER_SECOND,
     Faulty,
@@ -20,7 +21,6 @@ from tests.faults.harness import (
     running,
     uploading,
 )
-from tests.support import AMQP_URL, cloned_database
 
 pytestmark = pytest.mark.e2e
 
@@ -173,7 +173,7 @@ async def test_a_frozen_s3_ends_the_attempt_instead_of_holding_it(database_url: 
 
 
 # The janitor runs one pass at start-up and then not again within any test: whatever ends below, a worker
-# ended it (README: States and failure model, Cancel).
+# ended it (docs/states.md: States and failure model, Cancel).
 NO_JANITOR_PASSES = {"CHATEXPORT_JANITOR_INTERVAL_SECONDS": "3600"}
 PROMPT_CANCEL_SECONDS = 30.0
 

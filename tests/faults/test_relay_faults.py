@@ -1,5 +1,5 @@
-"""The relay killed between the broker's confirm and marking the row published (README: States and failure model): the
-row is published again, and the duplicate wake-up changes nothing.
+"""The relay killed between the broker's confirm and marking the row published (docs/states.md: States and failure
+model): the row is published again, and the duplicate wake-up changes nothing.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from tests.faults.harness import Faulty, check_ended_correctly, make_conversation, running
 from tests.support import AMQP_URL, cloned_database, wait_for
+from tests.support.fault_harness import Faulty, check_ended_correctly, make_conversation, running
 
 pytestmark = pytest.mark.e2e
 

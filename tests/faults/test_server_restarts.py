@@ -1,5 +1,5 @@
-"""RabbitMQ and PostgreSQL restarted under running exports (README: States and failure model): every part reconnects by
-itself, consumers come back, and every export finishes. Each test restarts a private server of its own.
+"""RabbitMQ and PostgreSQL restarted under running exports (docs/states.md: States and failure model): every part
+reconnects by itself, consumers come back, and every export finishes. Each test restarts a private server of its own.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from tests.faults.harness import (
+from tests.support import AMQP_URL, cloned_database, wait_for
+from tests.support.fault_harness import (
     SLOW_UPLOADS,
     UPLOAD_BYTES_PER_SECOND,
     Faulty,
@@ -20,8 +21,7 @@ from tests.faults.harness import (
     uploading,
     wait_for_queue_counts,
 )
-from tests.faults.servers import PrivatePostgres, PrivateRabbitMQ
-from tests.support import AMQP_URL, cloned_database, wait_for
+from tests.support.private_servers import PrivatePostgres, PrivateRabbitMQ
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""Workers killed, frozen and refused mid-export, and a frozen janitor leader, on real processes (README:
+"""Workers killed, frozen and refused mid-export, and a frozen janitor leader, on real processes (docs/states.md:
 States and failure model; How it works).
 
 S3 is reached through a throttled proxy so that an upload of a few MiB lasts seconds: long enough to act
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import (
+from tests.support import AMQP_URL, cloned_database, wait_for
+from tests.support.fault_harness import (
     MIB,
     SLOW_UPLOADS,
     UPLOAD_BYTES_PER_SECOND,
@@ -24,7 +25,6 @@ from tests.faults.harness import (
     running,
     uploading,
 )
-from tests.support import AMQP_URL, cloned_database, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -100,7 +100,7 @@ async def test_a_killed_holder_is_taken_over_at_the_first_janitor_pass_after_its
     assert faulty.system.group.kill(export.holder) == -signal.SIGKILL
     faulty.proxy.throttle(None)
     settings = faulty.settings
-    # lease + one janitor interval, plus the relay's and a worker's turn (README: States and failure model).
+    # lease + one janitor interval, plus the relay's and a worker's turn (docs/states.md: States and failure model).
     deadline = settings.lease_seconds + settings.janitor_interval_seconds + 10
     await wait_for(lambda: _generation_at_least(faulty, export.operation_id, 2), timeout=deadline)
     await export.check(faulty)

@@ -1,0 +1,127 @@
+"""The export request on its way into Postgres (docs/api.md: API reference, Submit; Rolling deploys): one list of
+fields, each stored in its column by ``submit_export_v2``; the outcomes Postgres can answer; and the submit
+of the previous release, which still works beside the new one.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+
+from services.api.http.schemas import ExportSubmission, OperationRequest
+from shared.broker import EXPORT_ROUTING_KEY
+from shared.export_request import FIELDS, SHOWN_FIELDS, ExportRequest
+from shared.fingerprint import fingerprint
+from shared.repository.submissions import SubmitOutcome, SubmitResult, submit_export
+from tests.support.api_calls import make_conversation
+from tests.support.exports import Auth, Client
+
+pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+
+# Every field away from its default, so that a field the submit leaves out reads back as its default and fails.
+EVERY_OPTION = ExportRequest(
+    format="csv",
+    before_seq=90,
+    after_seq=3,
+    notify_url="https://example.com/hook",
+    since=datetime(2026, 3, 1, 12, 30, 0, 1000, tzinfo=UTC),
+    until=datetime(2026, 3, 2, tzinfo=UTC),
+    senders=("alice", "bob"),
+    compression="gzip",
+    max_part_bytes=6 * 1024 * 1024,
+)
+
+
+@pytest.fixture
+async def member(api: Client, auth: Auth) -> None:
+    """``c-a`` with alice."""
+    await make_conversation(api, auth, "c-a", ["alice"])
+
+
+async def submit(conn: asyncpg.Connection, operation_id: str, key: str, request: ExportRequest) -> SubmitResult:
+    """Alice's submit of ``request`` for ``c-a`` under ``key``, with room for many active exports."""
+    return await submit_export(
+        conn,
+        operation_id=operation_id,
+        owner_id="alice",
+        conversation_id="c-a",
+        idempotency_key=key,
+        fingerprint=fingerprint(user_id="alice", conversation_id="c-a", request=request),
+        request=request,
+        replay_window_seconds=3600,
+        max_active=100,
+    )
+
+
+async def test_the_submission_the_request_and_the_stored_columns_name_the_same_fields(pool: asyncpg.Pool) -> None:
+    # The body's notify object carries the request's notify_url.
+    submitted = {"notify_url" if name == "notify" else name for name in ExportSubmission.model_fields}
+    columns = {
+        row["column_name"]
+        for row in await pool.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'operations'"
+        )
+    }
+    assert submitted == set(FIELDS)
+    assert set(FIELDS) <= columns, set(FIELDS) - columns
+    # What the operation shows of the request: everything but the callback's URL.
+    assert set(OperationRequest.model_fields) == set(SHOWN_FIELDS)
+
+
+async def test_every_field_is_stored_in_its_column(pool: asyncpg.Pool, member: None) -> None:
+    async with pool.acquire() as conn:
+        result = await submit(conn, "op-every", "k-1", EVERY_OPTION)
+        row = await conn.fetchrow("SELECT * FROM operations WHERE operation_id = 'op-every'")
+    assert result == SubmitResult(SubmitOutcome.CREATED, "op-every")
+    assert ExportRequest.from_row(row) == EVERY_OPTION
+    assert (row["owner_id"], row["conversation_id"], row["state"]) == ("alice", "c-a", "QUEUED")
+
+
+async def test_a_default_request_stores_the_columns_defaults(pool: asyncpg.Pool, member: None) -> None:
+    async with pool.acquire() as conn:
+        await submit(conn, "op-default", "k-1", ExportRequest())
+        row = await conn.fetchrow("SELECT * FROM operations WHERE operation_id = 'op-default'")
+    assert ExportRequest.from_row(row) == ExportRequest()
+
+
+async def test_postgres_answers_exactly_the_outcomes_of_the_enum(pool: asyncpg.Pool) -> None:
+    outcomes = await pool.fetchval("SELECT enum_range(NULL::submit_outcome)::text[]")
+    assert outcomes == [outcome.value for outcome in SubmitOutcome]
+
+
+async def test_an_api_of_the_previous_release_still_submits_and_the_new_one_replays_its_key(
+    pool: asyncpg.Pool, member: None
+) -> None:
+    # The call of the previous release's repository, as it is in its code: 18 positional arguments.
+    request = EVERY_OPTION
+    digest = fingerprint(user_id="alice", conversation_id="c-a", request=request)
+    async with pool.acquire() as conn:
+        old = await conn.fetchrow(
+            "SELECT * FROM submit_export($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
+            " $18)",
+            "op-old",
+            "alice",
+            "c-a",
+            "k-1",
+            digest,
+            3600.0,
+            100,
+            ["QUEUED", "RUNNING", "RETRY_AT", "CANCEL_REQUESTED"],
+            EXPORT_ROUTING_KEY,
+            request.format,
+            request.before_seq,
+            request.after_seq,
+            request.notify_url,
+            request.since,
+            request.until,
+            list(request.senders or ()),
+            request.compression,
+            request.max_part_bytes,
+        )
+        row = await conn.fetchrow("SELECT * FROM operations WHERE operation_id = 'op-old'")
+        replay = await submit(conn, "op-new", "k-1", request)
+    assert (old["outcome"], old["operation_id"]) == ("created", "op-old")
+    assert ExportRequest.from_row(row) == request
+    assert replay == SubmitResult(SubmitOutcome.REPLAYED, "op-old")

@@ -1,0 +1,48 @@
+"""The format registry (docs/api.md: API reference, Export options) is the one list of formats: every entry renders,
+names its file, and the message shape is the same in the read API, the JSONL line and the CSV header.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from services.api.http.schemas import ExportSubmission, Message, OperationRequest
+from shared.formats import CONTENT_TYPES, FORMAT_NAMES, FORMATS, FileKind
+from shared.message_shape import FIELDS
+from shared.rendering import JSONL_LINE_SQL, Csv
+
+API_PAGE = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+def test_every_format_renders_and_names_its_file(name: str) -> None:
+    entry = FORMATS[name]
+    renderer = entry.renderer("c-a")
+    assert renderer.footer() == b"" or len(renderer.footer()) <= renderer.footer_at_most
+    # The command-line client names a file after its format (docs/command-line.md: Command-line client).
+    assert FileKind(name).extension == name
+    assert FileKind(name, "gzip").extension == f"{name}.gz"
+    assert entry.content_type in CONTENT_TYPES and entry.description
+
+
+def test_the_api_takes_and_shows_exactly_the_registered_formats() -> None:
+    for model in (ExportSubmission, OperationRequest):
+        assert model.model_json_schema()["properties"]["format"]["enum"] == list(FORMAT_NAMES)
+    assert len(set(CONTENT_TYPES)) == len(CONTENT_TYPES)
+
+
+def test_the_read_api_the_jsonl_line_and_the_csv_header_show_the_same_fields() -> None:
+    assert tuple(Message.model_fields) == FIELDS
+    assert tuple(re.findall(r'"(\w+)":', JSONL_LINE_SQL)) == FIELDS
+    assert next(csv.reader(io.StringIO(Csv("c-a").header().decode()))) == list(FIELDS)
+
+
+def test_the_readme_names_every_format_in_the_option_table() -> None:
+    row = next(line for line in API_PAGE.splitlines() if line.startswith("  | `format` |"))
+    offered = row.split("|")[3].split(";")[0]
+    assert re.findall(r"`(\w+)`", offered) == list(FORMAT_NAMES)

@@ -1,0 +1,55 @@
+"""The API's ``/healthz`` and ``/readyz``: ready while the database answers in time, 503 while it does not."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from devtools.moto import MotoServer
+from services.api.http.keys import POOL
+from shared.settings import Settings
+from tests.support import PG_SERVER, wait_for
+from tests.support.api_calls import expect_problem
+from tests.support.messages import Auth, Client, configured_api
+
+pytestmark = pytest.mark.integration
+
+
+async def test_healthz_and_readyz(api: Client) -> None:
+    health = await api.get("/healthz")
+    ready = await api.get("/readyz")
+
+    assert (health.status, await health.json()) == (200, {"status": "ok"})
+    assert (ready.status, await ready.json()) == (
+        200,
+        {"status": "ready", "checks": {"database": "ok", "storage": "ok"}},
+    )
+
+
+async def test_readyz_and_requests_are_503_while_the_database_refuses_connections(
+    api: Client, auth: Auth, settings: Settings
+) -> None:
+    database = settings.database_url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(f"{PG_SERVER}/postgres")
+    try:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", database)
+        await wait_for(lambda: admin.fetchval("SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = $1", database))
+
+        refused = await api.get("/readyz")
+        poll = await api.get("/v3/operations/op_whatever", headers=auth("alice"))
+
+        await expect_problem(refused, 503, "SERVICE_UNAVAILABLE")
+        await expect_problem(poll, 503, "SERVICE_UNAVAILABLE")
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await admin.close()
+    assert (await api.get("/readyz")).status == 200  # recovers by itself
+
+
+async def test_readyz_is_503_when_no_connection_answers_in_time(settings: Settings, moto: MotoServer) -> None:
+    async with configured_api(settings, moto, database_pool_max=1) as client:
+        async with client.app[POOL].acquire():  # the only connection is busy for longer than the 2 s budget
+            response = await client.get("/readyz")
+
+        await expect_problem(response, 503, "SERVICE_UNAVAILABLE")

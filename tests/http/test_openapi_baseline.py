@@ -1,0 +1,88 @@
+"""The OpenAPI document keeps its meaning: against the committed baseline (``openapi_baseline.json``, the
+document as it was before the code that builds it was reorganised), only descriptions and summaries may
+differ, and the order of an ``enum``'s values (which means nothing in JSON Schema), and the additions named in
+``ADDED``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from services.api.http.openapi import build_document
+
+BASELINE = Path(__file__).with_name("openapi_baseline.json")
+PROSE = frozenset({"description", "summary"})
+# (path of keys into the document, addition) that the document gained on purpose since the baseline. The
+# addition is merged into what is there (``_add``), so an entry says only what is new.
+ADDED: list[tuple[tuple[str, ...], Any]] = [
+    # The representation says whether the operation is finished (docs/api.md: API reference, Operation).
+    (
+        ("components", "schemas", "Operation"),
+        {"properties": {"done": {"title": "Done", "type": "boolean"}}, "required": ["done"]},
+    ),
+    # The plain-text format (docs/api.md: API reference, Export options): its name, its content type, its file.
+    (("components", "schemas", "ExportSubmission", "properties", "format", "enum"), ["txt"]),
+    (("components", "schemas", "OperationRequest", "properties", "format", "enum"), ["txt"]),
+    (("components", "schemas", "OperationResult", "properties", "content_type", "enum"), ["text/plain; charset=utf-8"]),
+    *(
+        (
+            ("paths", path, "get", "responses", status, "content", "text/plain; charset=utf-8"),
+            {"schema": {"type": "string"}},
+        )
+        for path in ("/v3/exports/{operation_id}/result", "/v3/exports/{operation_id}/result/parts/{number}")
+        for status in ("200", "206")
+    ),
+]
+
+
+def _without_prose(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: _meaning(key, value) for key, value in node.items() if key not in PROSE}
+    if isinstance(node, list):
+        return [_without_prose(item) for item in node]
+    return node
+
+
+def _meaning(key: str, value: Any) -> Any:
+    """A member's value as the comparison sees it: an ``enum``'s values as a sorted list, anything else
+    ``_without_prose``.
+    """
+    if key == "enum" and isinstance(value, list):
+        return sorted(value, key=json.dumps)
+    return _without_prose(value)
+
+
+def _add(node: Any, addition: Any) -> Any:
+    """``node`` with ``addition`` merged in: an object member by member, a list extended at its end; anything
+    else (or nothing) is replaced by ``addition``.
+    """
+    if isinstance(node, dict) and isinstance(addition, dict):
+        return {**node, **{key: _add(node.get(key), value) for key, value in addition.items()}}
+    if isinstance(node, list) and isinstance(addition, list):
+        return [*node, *addition]
+    return addition
+
+
+def _baseline_with_additions() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(BASELINE.read_text())
+    for keys, addition in ADDED:
+        *parents, last = keys
+        node = document
+        for key in parents:
+            node = node[key]
+        node[last] = _add(node.get(last), addition)
+    return document
+
+
+def test_the_document_means_what_the_baseline_means() -> None:
+    document = build_document()
+    document["info"]["version"] = "baseline"
+    assert _without_prose(document) == _without_prose(_baseline_with_additions())
+
+
+def test_prose_is_all_the_comparison_leaves_out() -> None:
+    changed = _baseline_with_additions()
+    changed["paths"]["/v3/operations/{operation_id}"]["get"]["operationId"] = "renamed"
+    assert _without_prose(changed) != _without_prose(json.loads(BASELINE.read_text()))

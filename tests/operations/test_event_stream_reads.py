@@ -1,0 +1,43 @@
+"""An event stream outlives a read the database cannot answer (docs/api.md: API reference, Waiting for a change):
+its answer has begun, so it cannot turn into a 503; it reads again at its next check and goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import asyncpg
+
+from services.api.exporting.changes import Change, Subscription
+from services.api.exporting.waiting import operation_events
+from services.api.http.keys import SETTINGS
+from shared.settings import Settings
+
+
+async def test_a_read_the_database_cannot_answer_is_tried_again() -> None:
+    outcomes: list[Any] = [
+        asyncpg.InternalClientError("cannot switch to state 15; another operation (2) is in progress"),
+        SimpleNamespace(version=2, state="SUCCEEDED"),
+    ]
+
+    async def read() -> Any:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    # The stream asks the request only for the settings and whether the client is still connected.
+    request = SimpleNamespace(app={SETTINGS: Settings()}, transport=SimpleNamespace(is_closing=lambda: False))
+    subscription = Subscription()
+    subscription._deliver(Change(version=2, state="SUCCEEDED"))
+    # Stand-ins with only what the stream reads of a request and of an operation's row.
+    running: Any = SimpleNamespace(version=1, state="RUNNING")
+    events = operation_events(request, read, running, subscription, last_event_id=None)  # type: ignore[arg-type]
+
+    async with asyncio.timeout(10):
+        sent = [event async for event in events]
+
+    assert [event.version for event in sent if event is not None] == [1, 2]
+    assert outcomes == []

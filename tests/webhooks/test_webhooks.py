@@ -1,0 +1,272 @@
+"""Completion callbacks end to end on the real API, relay, worker and janitor (docs/api.md: API reference,
+Completion callbacks): a signed message at a local receiver when the export ends, delivered again after
+the receiver was down, every attempt shown to operators; the URL rules at delivery, whatever the spelling;
+the egress proxy that decides instead of the relay, whose password no log line shows; each user's secret.
+Private addresses are allowed here by the setting meant for tests, so that the receiver can be local,
+except in the tests of the address rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from pydantic import SecretStr
+
+from devtools.broker import delete_broker_objects
+from devtools.moto import MotoServer
+from services.relay.webhooks import WebhookSender
+from shared.logs import JsonFormatter
+from shared.settings import Settings
+from tests.support import make_settings, wait_for
+from tests.support.api_calls import expect_problem, import_lines, make_conversation, submit, verified_callback
+from tests.support.messages import Auth, Client
+from tests.support.rows import insert_operation
+from tests.support.webhook_peers import ConnectProxy, Receiver, certificate_for, listening, trickling
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def settings(database_url: str, moto: MotoServer) -> AsyncIterator[Settings]:
+    """This test's settings, with callbacks allowed to private addresses."""
+    test_settings = make_settings(database_url, moto.endpoint_url, webhook_allow_private=True)
+    yield test_settings
+    await delete_broker_objects(test_settings)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    state = Receiver()
+    async with listening(state) as port:
+        state.url = f"http://127.0.0.1:{port}/hook?token=receiver-secret"
+        yield state
+
+
+async def exported_with_callback(api: Client, auth: Auth, url: str, key: str) -> str:
+    await make_conversation(api, auth, "c-hook", ["alice"])
+    await import_lines(
+        api, auth, "c-hook", [{"message_id": f"m{n}", "sender_id": "alice", "body": "x"} for n in range(5)]
+    )
+    response = await submit(api, auth, "alice", "c-hook", {"format": "jsonl", "notify": {"url": url}}, key)
+    assert response.status == 202, await response.text()
+    operation_id: str = (await response.json())["operation_id"]
+    return operation_id
+
+
+async def verify(api: Client, auth: Auth, headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    """The message, once its signature checks out with alice's secret as the API gives it."""
+    secret = (await (await api.get("/v3/webhooks/secret", headers=auth("alice"))).json())["secret"]
+    return verified_callback(secret, headers, body)
+
+
+async def delivered(api: Client, auth: Auth, operation_id: str) -> list[dict[str, Any]]:
+    """The operation's deliveries as operators see them, once every one is recorded as delivered."""
+    response = await api.get(f"/admin/operations/{operation_id}", headers=auth("root", admin=True))
+    deliveries: list[dict[str, Any]] = (await response.json())["webhook_deliveries"]
+    return deliveries if deliveries and all(d["delivered_at"] for d in deliveries) else []
+
+
+async def test_a_signed_callback_arrives_when_the_export_succeeds(
+    api: Client, auth: Auth, pool: asyncpg.Pool, receiver: Receiver, pipeline: None
+) -> None:
+    operation_id = await exported_with_callback(api, auth, receiver.url, "k-hook")
+
+    await wait_for(lambda: receiver.received, timeout=30)
+    headers, body = receiver.received[0]
+    message = await verify(api, auth, headers, body)
+    assert message["type"] == "export.succeeded"
+    assert (message["data"]["operation_id"], message["data"]["state"]) == (operation_id, "SUCCEEDED")
+    assert headers["webhook-id"].startswith("msg_")
+
+    # The receiver has the message before the relay records its 200, so wait for the record.
+    [delivery] = await wait_for(lambda: delivered(api, auth, operation_id), timeout=30)
+    assert delivery["delivered_at"] is not None and "url" not in delivery
+    assert [attempt["status_code"] for attempt in delivery["attempts"]] == [200]
+
+
+async def test_a_receiver_that_was_down_gets_the_same_event_later(
+    api: Client, auth: Auth, pool: asyncpg.Pool, receiver: Receiver, pipeline: None
+) -> None:
+    receiver.status = 503
+    operation_id = await exported_with_callback(api, auth, receiver.url, "k-down")
+    await wait_for(lambda: receiver.received, timeout=30)
+    receiver.status = 200
+
+    # The first retry comes 2.5-5 s after the refused attempt.
+    await wait_for(lambda: len(receiver.received) >= 2, timeout=30)
+    (first_headers, _), (second_headers, second_body) = receiver.received[:2]
+    assert first_headers["webhook-id"] == second_headers["webhook-id"]
+    assert (await verify(api, auth, second_headers, second_body))["type"] == "export.succeeded"
+    [delivery] = await wait_for(lambda: delivered(api, auth, operation_id), timeout=30)
+    assert [attempt["status_code"] for attempt in delivery["attempts"]][:2] == [503, 200]
+
+
+async def test_each_user_reads_a_secret_of_their_own(api: Client, auth: Auth) -> None:
+    alice = await (await api.get("/v3/webhooks/secret", headers=auth("alice"))).json()
+    bob = await (await api.get("/v3/webhooks/secret", headers=auth("bob"))).json()
+    assert alice["secret"].startswith("whsec_") and alice["secret"] != bob["secret"]
+    assert alice["previous_secret"] is None
+    await expect_problem(await api.get("/v3/webhooks/secret"), 401, "UNAUTHENTICATED")
+
+
+async def ended_with_callback(pool: asyncpg.Pool, operation_id: str, url: str) -> None:
+    """An operation that failed with ``url`` to notify: the trigger writes its delivery, due at once. The URL
+    never met the submit's check, as a row written before a rule changed would not have.
+    """
+    await insert_operation(pool, operation_id, "RUNNING", notify_url=url)
+    await pool.execute("UPDATE operations SET state = 'FAILED' WHERE operation_id = $1", operation_id)
+
+
+async def attempt_errors(pool: asyncpg.Pool) -> dict[str, str]:
+    """Each delivery's URL -> the error its attempt recorded."""
+    rows = await pool.fetch(
+        "SELECT d.url, a.error FROM webhook_attempts a JOIN webhook_deliveries d USING (delivery_id)"
+    )
+    return {row["url"]: row["error"] for row in rows}
+
+
+async def test_a_batch_of_due_callbacks_is_sent_together(
+    auth: Auth, pool: asyncpg.Pool, receiver: Receiver, settings: Settings
+) -> None:
+    for operation_id in ("op_hook_1", "op_hook_2"):
+        await ended_with_callback(pool, operation_id, receiver.url)
+
+    assert await WebhookSender(pool=pool, settings=settings).send_due() == 2
+
+    types = sorted(json.loads(body)["type"] for _, body in receiver.received)
+    assert types == ["export.failed", "export.failed"]
+    assert await pool.fetchval("SELECT count(*) FROM webhook_deliveries WHERE delivered_at IS NOT NULL") == 2
+
+
+# Internal addresses spelt as the submit once let them through; the relay must refuse each before connecting.
+INTERNAL_URLS = [
+    "https://169.254.169.254./latest",
+    "https://127.0.0.1./hook",
+    "https://127。0。0。1/hook",
+    "https://localhost。/hook",
+    "https://[64:ff9b::7f00:1]/hook",
+    "https://[64:ff9b::a9fe:a9fe]/latest",
+    "https://[2002:7f00:1::]/hook",
+    "https://[2001:0:808:808::80ff:fffe]/hook",
+]
+# Names, and what an injected resolver answers for them: each hides an internal address in an IPv6 form.
+RESOLVED = {
+    "nat64.hooks.test": ["64:ff9b::7f00:1"],
+    "metadata.hooks.test": ["93.184.216.34", "64:ff9b::a9fe:a9fe"],
+    "sixtofour.hooks.test": ["2002:7f00:1::"],
+    "teredo.hooks.test": ["2001:0:808:808::80ff:fffe"],
+    "xn--bcher-kva.hooks.test": ["::ffff:127.0.0.1"],
+}
+NAMED_URLS = [
+    "https://NAT64.hooks.test./hook",
+    "https://metadata.hooks.test/latest",
+    "https://sixtofour.hooks.test/hook",
+    "https://teredo.hooks.test/hook",
+    "https://Bücher.hooks.test./hook",
+]
+
+
+async def test_the_relay_refuses_an_internal_address_in_any_spelling(pool: asyncpg.Pool, settings: Settings) -> None:
+    asked: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return RESOLVED[host]
+
+    urls = INTERNAL_URLS + NAMED_URLS
+    for number, url in enumerate(urls):
+        await ended_with_callback(pool, f"op_internal_{number}", url)
+    strict = settings.model_copy(update={"webhook_allow_private": False})
+
+    assert await WebhookSender(pool=pool, settings=strict, resolve=resolve).send_due() == len(urls)
+
+    errors = await attempt_errors(pool)
+    assert {url: errors[url].split(":")[0] for url in urls} == dict.fromkeys(urls, "refused")
+    # Only names were looked up, each as a resolver reads it (IDNA, no trailing dot).
+    assert sorted(asked) == sorted(RESOLVED)
+
+
+async def unresolvable(host: str, port: int) -> list[str]:
+    """A resolver for senders that must resolve nothing: the proxy resolves."""
+    raise AssertionError(f"the relay resolved {host} itself")
+
+
+async def test_through_the_proxy_the_relay_asks_for_the_name_and_the_proxy_decides(
+    pool: asyncpg.Pool, settings: Settings, tmp_path: Path
+) -> None:
+    server_tls, client_tls = certificate_for("hooks.example.test", tmp_path)
+    receiver = Receiver()
+    async with listening(receiver, ssl_context=server_tls) as port:
+        routes = {"hooks.example.test": port}
+        async with ConnectProxy(routes, user="relay", password="pr0xy-s3cret") as proxy:
+            allowed, blocked, internal = (
+                "https://Hooks.Example.Test.:8443/hook?token=receiver-secret",
+                "https://blocked.example.test/hook",
+                "https://[64:ff9b::7f00:1]/hook",
+            )
+            for number, url in enumerate((allowed, blocked, internal)):
+                await ended_with_callback(pool, f"op_proxied_{number}", url)
+            proxied = settings.model_copy(
+                update={"webhook_allow_private": False, "webhook_proxy_url": SecretStr(proxy.url)}
+            )
+            sender = WebhookSender(pool=pool, settings=proxied, resolve=unresolvable, ssl_context=client_tls)
+
+            assert await sender.send_due() == 3
+
+    errors = await attempt_errors(pool)
+    assert (errors[allowed], errors[blocked]) == (None, "the proxy answered 403")
+    assert errors[internal].startswith("refused: ")  # the submit's rules still hold, before the proxy is asked
+    [(headers, body)] = receiver.received
+    assert json.loads(body)["type"] == "export.failed" and headers["Host"] == "hooks.example.test:8443"
+    # The proxy was asked for the names as normalised, with the credentials of its URL.
+    assert sorted(proxy.requests) == [
+        ("CONNECT blocked.example.test:443 HTTP/1.1", "Basic cmVsYXk6cHIweHktczNjcmV0"),
+        ("CONNECT hooks.example.test:8443 HTTP/1.1", "Basic cmVsYXk6cHIweHktczNjcmV0"),
+    ]
+
+
+async def test_no_log_line_and_no_attempt_shows_the_proxy_password(
+    pool: asyncpg.Pool, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    await ended_with_callback(pool, "op_proxy_password", "https://hooks.example.test/hook")
+
+    async def send_through(proxy_url: str) -> None:
+        proxied = settings.model_copy(update={"webhook_proxy_url": SecretStr(proxy_url)})
+        assert "pr0xy-s3cret" not in repr(proxied)
+        with caplog.at_level(logging.DEBUG):
+            assert await WebhookSender(pool=pool, settings=proxied, resolve=unresolvable).send_due() == 1
+        await pool.execute("UPDATE webhook_deliveries SET next_attempt_at = now()")
+
+    async with ConnectProxy({}, user="relay", password="right-one") as proxy:
+        await send_through(proxy.url.replace("right-one", "pr0xy-s3cret"))  # refused: 407
+    await send_through(proxy.url.replace("right-one", "pr0xy-s3cret"))  # the proxy is gone
+
+    errors = [row["error"] for row in await pool.fetch("SELECT error FROM webhook_attempts ORDER BY attempt")]
+    assert errors == ["the proxy answered 407", "ClientProxyConnectionError"]
+    lines = [JsonFormatter("relay").format(record) for record in caplog.records]
+    assert len([line for line in lines if "webhook attempt" in line]) == 2
+    assert not [line for line in lines if "pr0xy-s3cret" in line]
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_one_deadline_covers_the_whole_attempt(pool: asyncpg.Pool, settings: Settings, scheme: str) -> None:
+    async def slow_resolve(host: str, port: int) -> list[str]:
+        await asyncio.sleep(0.5)  # a resolver that takes half of the deadline
+        return ["127.0.0.1"]
+
+    timed = settings.model_copy(update={"webhook_timeout_seconds": 1.0})
+    async with trickling() as port:
+        # Over http the headers trickle in; over https the handshake never completes.
+        await ended_with_callback(pool, "op_slow", f"{scheme}://slow.hooks.test:{port}/hook")
+        assert await WebhookSender(pool=pool, settings=timed, resolve=slow_resolve).send_due() == 1
+
+    attempt = await pool.fetchrow("SELECT error, duration_ms FROM webhook_attempts")
+    assert attempt["error"] == "TimeoutError"
+    assert 1000 <= attempt["duration_ms"] <= 1300

@@ -1,0 +1,154 @@
+"""Leases and fencing in the worker's SQL (docs/states.md: States and failure model), on a real Postgres:
+every write of a holder whose generation was superseded changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from shared.phases import Phase
+from shared.repository import artifacts, leases
+from shared.repository.artifacts import ArtifactFiles
+from shared.repository.leases import ClaimedOperation, finish_cancel
+
+pytestmark = pytest.mark.integration
+
+LEASE = 30.0
+
+
+@pytest.fixture
+async def conn(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    async with pool.acquire() as connection:
+        await connection.execute("INSERT INTO conversations (conversation_id, last_seq) VALUES ('c-a', 7)")
+        await connection.execute(
+            "INSERT INTO operations (operation_id, owner_id, conversation_id, format, state)"
+            " VALUES ('op_1', 'alice', 'c-a', 'jsonl', 'QUEUED')"
+        )
+        yield connection
+
+
+async def claim(conn: asyncpg.Connection, worker_id: str) -> ClaimedOperation:
+    claimed = await leases.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
+    assert claimed is not None
+    return claimed
+
+
+async def expire_lease(conn: asyncpg.Connection) -> None:
+    await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
+
+
+async def row(conn: asyncpg.Connection) -> asyncpg.Record:
+    found = await conn.fetchrow("SELECT * FROM operations WHERE operation_id = 'op_1'")
+    assert found is not None
+    return found
+
+
+async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(conn: asyncpg.Connection) -> None:
+    first = await claim(conn, "w1")
+    assert (first.generation, first.attempt, first.snapshot_max_seq) == (1, 1, 7)
+    assert first.took_over is False
+    assert await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
+
+    await conn.execute("UPDATE conversations SET last_seq = 9")
+    await expire_lease(conn)
+    second = await claim(conn, "w2")
+    assert (second.generation, second.attempt, second.took_over) == (2, 2, True)
+    # Fixed by the first attempt, reused by every retry (docs/api.md: API reference, Operation).
+    assert second.snapshot_max_seq == 7
+
+
+async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyncpg.Connection) -> None:
+    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    await expire_lease(conn)
+    await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE)
+    before = await row(conn)
+
+    old: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
+    assert not await leases.extend_lease(conn, **old, lease_seconds=LEASE)
+    assert not await leases.record_progress(
+        conn, **old, phase=Phase.WRITING, messages_written=5, bytes_written=50, lease_seconds=LEASE
+    )
+    assert not await artifacts.record_artifact(conn, **old, object_key="exports/op_1/g1.jsonl")
+    assert not await leases.succeed(
+        conn, **old, files=ArtifactFiles.one_file("k", size_bytes=1, sha256="s", message_count=1), result_ttl_seconds=60
+    )
+    assert not await leases.end_attempt(conn, **old, state="FAILED", error_code="X", error_message="x")
+    assert not await leases.hand_back(conn, **old)
+    assert await row(conn) == before
+    assert await conn.fetchval("SELECT count(*) FROM artifacts") == 0
+
+    current: dict[str, Any] = {"operation_id": "op_1", "generation": 2}
+    assert await artifacts.record_artifact(conn, **current, object_key="exports/op_1/g2.jsonl")
+    assert await leases.succeed(
+        conn,
+        **current,
+        files=ArtifactFiles.one_file("exports/op_1/g2.jsonl", size_bytes=1, sha256="s", message_count=1),
+        result_ttl_seconds=60,
+    )
+    assert (await row(conn))["state"] == "SUCCEEDED"
+
+
+async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps_its_lease(
+    conn: asyncpg.Connection,
+) -> None:
+    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    await conn.execute("UPDATE operations SET state = 'CANCEL_REQUESTED'")
+    held: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
+
+    assert not await leases.succeed(
+        conn,
+        **held,
+        files=ArtifactFiles.one_file("k", size_bytes=1, sha256="s", message_count=1),
+        result_ttl_seconds=60,
+    )
+    assert not await leases.record_progress(
+        conn, **held, phase=Phase.WRITING, messages_written=1, bytes_written=1, lease_seconds=LEASE
+    )
+    assert await leases.extend_lease(conn, **held, lease_seconds=LEASE)
+    assert not await finish_cancel(conn, operation_id="op_1", generation=2, abandoned=False)
+    assert await finish_cancel(conn, **held, abandoned=False)
+    assert (await row(conn))["state"] == "CANCELED"
+
+
+async def test_a_handed_back_lease_is_taken_over_at_once_without_spending_an_attempt(
+    conn: asyncpg.Connection,
+) -> None:
+    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    assert await leases.hand_back(conn, operation_id="op_1", generation=1)
+    taken = await claim(conn, "w2")
+    assert (taken.generation, taken.attempt, taken.took_over) == (2, 1, False)  # given, not taken
+
+
+async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Connection) -> None:
+    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    assert await leases.end_attempt(
+        conn,
+        operation_id="op_1",
+        generation=1,
+        state="RETRY_AT",
+        error_code="TIMEOUT",
+        error_message="t",
+        retry_delay_seconds=60,
+    )
+    assert await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
+    await conn.execute("UPDATE operations SET retry_at = now() - interval '1 second'")
+    retried = await claim(conn, "w2")
+    assert retried.generation == 2
+    assert (await row(conn))["error_code"] is None
+
+
+async def test_an_operation_that_lost_its_worker_on_every_attempt_is_parked(conn: asyncpg.Connection) -> None:
+    for _ in range(3):
+        await expire_lease(conn)
+        assert not await leases.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
+        await claim(conn, "w")
+    assert not await leases.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")  # lease live
+    await expire_lease(conn)
+    assert await leases.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
+    parked = await row(conn)
+    assert (parked["state"], parked["error_code"], parked["lease_expires_at"]) == ("FAILED_REPAIR", "WORKER_LOST", None)
+    assert await leases.claim(conn, operation_id="op_1", worker_id="w", lease_seconds=LEASE) is None
