@@ -1,4 +1,4 @@
-"""Every route of the API as plain data: its name, method and path template, each written once (README: API
+"""Every route of the API as plain data: its name, method and path template, each written once (docs/api.md: API
 reference).
 
 The API's router (``services.api.routes``) and the OpenAPI document's paths (``services.api.http.openapi``) are
@@ -23,7 +23,10 @@ class Route:
     documented route, the OpenAPI ``operationId``. ``template`` is aiohttp's path template, where
     ``{name:regex}`` constrains a parameter. A GET route also answers HEAD unless ``head`` is False (an event
     stream: its headers would wait for the end of the stream). A ``public`` route answers without a token
-    (README: API reference): the probes, the web page and the OpenAPI document.
+    (docs/api.md: API reference): the probes, the web page, the API reference page and the OpenAPI document. A
+    ``page`` route serves a page for browsers or one of its files (the web page at ``/ui``, the API reference at
+    ``/v3/docs``): it describes no operation of the API, so it is never in the OpenAPI document, even under
+    ``/v3``.
     """
 
     name: str
@@ -31,6 +34,7 @@ class Route:
     template: str
     head: bool = True
     public: bool = False
+    page: bool = False
 
     @property
     def path(self) -> str:
@@ -44,10 +48,10 @@ class Route:
 
     @property
     def documented(self) -> bool:
-        """True for the ``/v2`` and ``/v3`` routes, which the OpenAPI document describes; the ``/admin``
-        routes are operator tooling, the others probes and the web page (README: API reference).
+        """True for the ``/v2`` and ``/v3`` routes but the pages', which the OpenAPI document describes; the
+        ``/admin`` routes are operator tooling, the others probes and the web page (docs/api.md: API reference).
         """
-        return self.template.startswith(("/v2/", "/v3/"))
+        return self.template.startswith(("/v2/", "/v3/")) and not self.page
 
 
 ROUTES: tuple[Route, ...] = (
@@ -66,8 +70,14 @@ ROUTES: tuple[Route, ...] = (
     Route("cancelOperation", "POST", "/v3/operations/{operation_id}/cancel"),
     Route("getWebhookSecret", "GET", "/v3/webhooks/secret"),
     Route("getOpenApiDocument", "GET", "/v3/openapi.json", public=True),
-    Route("toPage", "GET", "/ui", public=True),
-    Route("pageFile", "GET", "/ui/{name:(|page\\.js|page\\.css)}", public=True),
+    Route("toPage", "GET", "/ui", public=True, page=True),
+    Route("pageFile", "GET", "/ui/{name:(|page\\.js|page\\.css)}", public=True, page=True),
+    # The API reference and its files, one literal path each: a public path under /v3 is let through by the
+    # auth middleware only as it is written (services.api.http.middlewares.PUBLIC_PATHS).
+    Route("docsPage", "GET", "/v3/docs", public=True, page=True),
+    Route("docsScript", "GET", "/v3/docs/docs.js", public=True, page=True),
+    Route("docsSwaggerScript", "GET", "/v3/docs/swagger-ui-bundle.js", public=True, page=True),
+    Route("docsSwaggerStyle", "GET", "/v3/docs/swagger-ui.css", public=True, page=True),
     Route("adminPutConversation", "PUT", "/admin/conversations/{cid}"),
     Route("adminGetConversation", "GET", "/admin/conversations/{cid}"),
     Route("adminAddMember", "PUT", "/admin/conversations/{cid}/members/{uid}"),

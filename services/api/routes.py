@@ -6,7 +6,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from services.api.http import openapi
-from services.api.views import admin, exports, health, messages, operations, page, webhooks
+from services.api.views import admin, docs, exports, health, messages, operations, page, webhooks
 from shared.routes import ROUTES
 
 HANDLERS: dict[str, Handler] = {
@@ -27,6 +27,10 @@ HANDLERS: dict[str, Handler] = {
     "getOpenApiDocument": openapi.openapi_document,
     "toPage": page.to_page,
     "pageFile": page.page_file,
+    "docsPage": docs.docs_file,
+    "docsScript": docs.docs_file,
+    "docsSwaggerScript": docs.docs_file,
+    "docsSwaggerStyle": docs.docs_file,
     "adminPutConversation": admin.put_conversation,
     "adminGetConversation": admin.get_conversation,
     "adminAddMember": admin.add_member,

@@ -30,13 +30,17 @@ PUBLIC_PREFIXES = ("/v2/", "/v3/")
 
 
 def router_operations() -> set[tuple[str, str]]:
-    """(method, path template) of every /v2 and /v3 route, with the HEAD aiohttp adds to each GET."""
+    """(method, path template) of every /v2 and /v3 route, with the HEAD aiohttp adds to each GET, but the
+    pages' (the API reference at /v3/docs and its files), which describe no operation.
+    """
     app = web.Application()
     setup_routes(app)
     return {
         (route.method.lower(), route.resource.canonical)
         for route in app.router.routes()
-        if route.resource is not None and route.resource.canonical.startswith(PUBLIC_PREFIXES)
+        if route.resource is not None
+        and route.resource.canonical.startswith(PUBLIC_PREFIXES)
+        and not ROUTES_BY_NAME[str(route.resource.name)].page
     }
 
 
