@@ -1,5 +1,5 @@
 """Every benchmark of ``make bench`` but the recovery latencies, each with its baseline from the same run,
-printed as one table (README: Benchmark). Each starts a system of its own. Usage:
+printed as one table (docs/benchmark.md: Benchmark). Each starts a system of its own. Usage:
 
     .venv/bin/python bench/all.py [--messages N] [--exports N]
 """

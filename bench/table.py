@@ -1,5 +1,5 @@
 """The benchmarks' common table: one row per figure, with the product's value, its baseline measured in the
-same run, their ratio and the target (README: Benchmark).
+same run, their ratio and the target (docs/benchmark.md: Benchmark).
 """
 
 from __future__ import annotations

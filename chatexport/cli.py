@@ -4,7 +4,7 @@ requeue, and ``health`` for container healthchecks.
 Every subcommand builds ``Settings`` from the ``CHATEXPORT_*`` environment. The parts are imported as
 modules, so that the type checker checks each ``main(settings)``; the developer tooling (``devtools``) only
 by ``import`` and ``dev``, since the demo corpus and its YAML parser are an optional extra that the
-production image does not carry (README: How it works).
+production image does not carry (docs/architecture.md: How it works).
 
 Exit codes: 0 success; 1 the command failed; 2 usage or configuration error (argparse's convention).
 """
@@ -234,7 +234,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_requeue(args: argparse.Namespace) -> int:
-    """Requeue each id (README: API reference, Admin requeue); print one line per id; exit 1 if any was not
+    """Requeue each id (docs/api.md: API reference, Admin requeue); print one line per id; exit 1 if any was not
     FAILED_REPAIR.
     """
     settings = load_settings()
@@ -277,7 +277,7 @@ def _cmd_health(args: argparse.Namespace) -> int:
 def health_url(url: str, path: str) -> str:
     """The endpoint ``chatexport health --url URL`` asks: ``path`` (``/readyz`` or ``/healthz``) on a base
     URL without a path (``http://host:9100`` or ``http://host:9100/``); any other URL as it is, so a full
-    endpoint URL keeps working (README: Command line).
+    endpoint URL keeps working (docs/command-line.md: Command line).
     """
     parts = urllib.parse.urlsplit(url)
     if parts.path not in ("", "/"):

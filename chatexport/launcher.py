@@ -1,6 +1,6 @@
 """The ``chatexport`` console script. Loading the command imports every part, which takes a second or more;
 a Ctrl-C in that time ends it as a Ctrl-C later does, quietly with exit code 130, not with a traceback
-(README: Command line).
+(docs/command-line.md: Command line).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Demo data: the ``chatterbot-corpus`` dialogs loaded into the message store (README: API reference, Message store).
+"""Demo data: the ``chatterbot-corpus`` dialogs loaded into the message store (docs/api.md: API reference, Message
+store).
 
 Every corpus FILE ``chatterbot_corpus/data/<language>/<topic>.yml`` becomes one conversation
 ``corpus-<language>-<topic>`` whose members (``alice``, ``bob``, ``carol``) take turns as senders across the
@@ -47,7 +48,7 @@ _Loader: Any = getattr(yaml, "CBaseLoader", yaml.BaseLoader)
 
 @dataclass(frozen=True)
 class CorpusLine:
-    """One message to import; the field names are those of the admin import's NDJSON lines (README: API
+    """One message to import; the field names are those of the admin import's NDJSON lines (docs/api.md: API
     reference, Import).
     """
 

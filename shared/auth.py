@@ -1,4 +1,4 @@
-"""Bearer tokens (README: API reference, Authentication): verification for the API and minting for development."""
+"""Bearer tokens (docs/api.md: API reference, Authentication): verification for the API and minting for development."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class InvalidToken(Exception):
 
     ``reason`` names the check that failed, for the log (never the token); ``expired`` is True only for a
     token whose signature verified and whose ``exp`` has passed, the one failure a client may be told of
-    (README: API reference, Authentication).
+    (docs/api.md: API reference, Authentication).
     """
 
     def __init__(self, reason: str, *, expired: bool = False) -> None:
@@ -40,7 +40,7 @@ class Principal:
 
     @property
     def is_admin(self) -> bool:
-        """True when the token carries the ``admin`` scope (README: API reference)."""
+        """True when the token carries the ``admin`` scope (docs/api.md: API reference)."""
         return "admin" in self.scopes
 
 
@@ -79,7 +79,7 @@ class TokenVerifier:
 
         ``iat``, ``nbf`` and ``exp`` are judged with ``jwt_leeway_seconds`` of clock skew either way, and an
         ``exp`` more than ``jwt_max_lifetime_seconds`` (plus the leeway) ahead is refused, so that nobody
-        holding the key can mint a token that never expires (README: API reference, Authentication). Raises
+        holding the key can mint a token that never expires (docs/api.md: API reference, Authentication). Raises
         ``InvalidToken`` for any failure.
         """
         if not authorization:
@@ -175,7 +175,7 @@ def _principal(claims: dict[str, object], *, latest_exp: float) -> Principal:
 
 
 def mint_token(settings: Settings, *, user_id: str, scopes: list[str] | None = None, ttl_seconds: int = 3600) -> str:
-    """Sign an HS256 development token for ``user_id`` valid for ``ttl_seconds`` (README: Command line).
+    """Sign an HS256 development token for ``user_id`` valid for ``ttl_seconds`` (docs/command-line.md: Command line).
 
     Raises ``ValueError`` when ``ttl_seconds`` is over ``jwt_max_lifetime_seconds``: the API would refuse it.
     """

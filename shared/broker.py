@@ -1,4 +1,4 @@
-"""RabbitMQ topology and connections (README: How it works).
+"""RabbitMQ topology and connections (docs/architecture.md: How it works).
 
 A message is only a wake-up: ``{"operation_id": ...}`` on a durable quorum queue with a dead-letter
 exchange. Postgres decides what happens; a lost or duplicated message may delay work but never changes an

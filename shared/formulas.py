@@ -1,4 +1,4 @@
-"""Which CSV cells a spreadsheet would run as a formula, and the guard that makes them show as text (README:
+"""Which CSV cells a spreadsheet would run as a formula, and the guard that makes them show as text (docs/api.md:
 API reference, Export options; OWASP, "CSV injection").
 
 Several spreadsheet programs trim leading white space and invisible characters and fold full-width or small

@@ -1,4 +1,4 @@
-"""JSON text that stays one line for every reader (README: API reference, The file).
+"""JSON text that stays one line for every reader (docs/api.md: API reference, The file).
 
 JSON allows U+0085, U+2028 and U+2029 raw inside strings, but Python's ``str.splitlines``, JavaScript
 before ES2019 and many log tools break lines there. Everything the product writes as JSON escapes them as
@@ -20,5 +20,5 @@ _ESCAPES = {ord(char): f"\\u{ord(char):04x}" for char in LINE_BREAKING}
 def dumps(value: Any, **options: Any) -> str:
     """``json.dumps(value, ensure_ascii=False, **options)`` with ``LINE_BREAKING`` escaped."""
     text = json.dumps(value, ensure_ascii=False, **options)
-    # translate looks up every character; ASCII text, most answers, holds none of them (README: Benchmark).
+    # translate looks up every character; ASCII text, most answers, holds none of them (docs/benchmark.md: Benchmark).
     return text if text.isascii() else text.translate(_ESCAPES)

@@ -2,7 +2,7 @@
 and the fields bound to the current task by ``log_fields`` (operation id, attempt, generation, phase).
 
 Callers put ids, states, counts and durations in ``extra``; never a message body, a token or a signed URL
-(README: Error codes).
+(docs/api.md: Error codes).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ liveness and readiness, for scrapers, orchestrators and ``chatexport health``.
   refresh gauges from Postgres just before (``Monitor.before_scrape``).
 - ``GET /healthz``: 200 while the process's event loop answers; checks no dependency.
 - ``GET /readyz``: 200 when every dependency the part uses answers within ``CHECK_TIMEOUT_SECONDS``;
-  else 503 problem+json naming the failing checks (README: How it works: readiness reports not-ready while a part
-  cannot reach a dependency).
+  else 503 problem+json naming the failing checks (docs/architecture.md: How it works: readiness reports not-ready while
+  a part cannot reach a dependency).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ async def _run_check(check: Check) -> str:
 
 
 def _not_ready(detail: str, checks: dict[str, str]) -> web.Response:
-    """The 503 problem+json (README: Error codes), with the checks as an extension member."""
+    """The 503 problem+json (docs/api.md: Error codes), with the checks as an extension member."""
     body: dict[str, Any] = {
         "type": "about:blank",
         "title": "Service Unavailable",

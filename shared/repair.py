@@ -1,5 +1,5 @@
-"""Putting a parked operation back to work: the admin requeue (README: API reference,
-Admin requeue; README: States and failure model, FAILED_REPAIR, for operators).
+"""Putting a parked operation back to work: the admin requeue (docs/api.md: API reference,
+Admin requeue; docs/states.md: States and failure model, FAILED_REPAIR, for operators).
 
 Shared by ``POST /admin/operations/{id}/requeue`` and ``chatexport requeue``, so both make the same change.
 """

@@ -1,7 +1,15 @@
-"""Settings of every chatexport part, read from ``CHATEXPORT_*`` environment variables (README: Settings).
+"""Settings of every chatexport part, read from ``CHATEXPORT_*`` environment variables (docs/reference/settings.md:
+Settings).
 
 One class serves all parts so that a deployment configures them alike; each part reads only what it
 needs. Build it once in ``main()`` and pass it down: nothing imports a global instance.
+
+The class documents itself: the site's Settings page is generated from it (``devtools.reference``), so a
+setting is added here and nowhere else. Each field carries ``description=`` (markdown, a fragment without a
+final full stop: what the setting does and what refuses it) and, when a unit helps, ``json_schema_extra=
+{"unit": ...}``: ``s`` for every ``*_seconds`` setting, ``bytes`` for every ``*_bytes`` one, otherwise what
+the number counts (``connections``, ``B/s``, ...) or what the value is (``secret``, ``flag``, ``URL``). The
+naming rule is held by ``tests/project/test_reference.py``. ``RULES`` is the page's prose above its table.
 """
 
 from __future__ import annotations
@@ -18,107 +26,342 @@ PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"
 PLACEHOLDER_WEBHOOK_SIGNING_KEY = "dev-only-insecure-webhook-key-change-me"
 MIN_JWT_SECRET_BYTES = 32
 
+# Markdown; what ``Settings._check_consistency`` refuses, told before the table of every setting.
+RULES = f"""Every setting is an environment variable, `CHATEXPORT_` followed by the setting's name; durations
+are in seconds, sizes in bytes. Outside `development`, start-up refuses the placeholder JWT secret and any
+secret shorter than {MIN_JWT_SECRET_BYTES} bytes (RFC 7518 3.2), unless a public key is configured; it also refuses
+the placeholder webhook signing key and `CHATEXPORT_WEBHOOK_ALLOW_PRIVATE`. The result retention and the
+idempotency replay window may not exceed the record retention, and the heartbeat must be shorter than the
+lease. A command given a bad value exits with code 2, naming the setting on stderr but not its value."""
+
 
 class Settings(BaseSettings):
     """Typed configuration; durations are in seconds, sizes in bytes.
 
     Raises ``pydantic.ValidationError`` on a bad value, and refuses to build outside development with the
-    placeholder JWT secret (README: Settings).
+    placeholder JWT secret (docs/reference/settings.md: Settings).
     """
 
     model_config = SettingsConfigDict(env_prefix="CHATEXPORT_", extra="ignore")
 
-    environment: Literal["development", "production"] = "development"
-    log_level: str = "INFO"
+    environment: Literal["development", "production"] = Field(
+        "development",
+        description="`development` or `production`; outside development the placeholder JWT secret is refused",
+    )
+    log_level: str = Field("INFO", description="log level of every part (JSON lines on stderr)")
 
-    database_url: str = "postgresql://postgres@127.0.0.1:5432/chatexport"
-    database_pool_max: int = Field(10, ge=1)
-    database_timeout_seconds: float = Field(10.0, gt=0)
+    database_url: str = Field("postgresql://postgres@127.0.0.1:5432/chatexport", description="PostgreSQL DSN")
+    database_pool_max: int = Field(
+        10, ge=1, description="pool size per process", json_schema_extra={"unit": "connections"}
+    )
+    database_timeout_seconds: float = Field(
+        10.0, gt=0, description="connect and statement timeout", json_schema_extra={"unit": "s"}
+    )
 
-    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
-    amqp_exchange: str = "chatexport"
-    amqp_queue: str = "chatexport.exports"
-    amqp_delivery_limit: int = Field(20, ge=1)
-    amqp_connect_timeout_seconds: float = Field(15.0, gt=0)
-    amqp_heartbeat_seconds: int = Field(15, ge=1)
+    amqp_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL")
+    amqp_exchange: str = Field(
+        "chatexport", description="work exchange (direct); its dead-letter exchange is `<name>.dlx`"
+    )
+    amqp_queue: str = Field("chatexport.exports", description="work queue (quorum); dead letters go to `<name>.dead`")
+    amqp_delivery_limit: int = Field(
+        20, ge=1, description="`x-delivery-limit` of the work queue", json_schema_extra={"unit": "deliveries"}
+    )
+    amqp_connect_timeout_seconds: float = Field(
+        15.0,
+        gt=0,
+        description="timeout of one broker connection attempt; parts retry with backoff until the broker answers",
+        json_schema_extra={"unit": "s"},
+    )
+    amqp_heartbeat_seconds: int = Field(
+        15,
+        ge=1,
+        description="AMQP heartbeat interval asked of the broker; a broker that hangs without closing the"
+        " connection is noticed after two or three (readiness 503, then a reconnect)",
+        json_schema_extra={"unit": "s"},
+    )
 
-    s3_endpoint_url: str | None = "http://127.0.0.1:9000"
-    s3_region: str = "us-east-1"
-    s3_bucket: str = Field("chatexport-exports", min_length=3, max_length=63)
+    s3_endpoint_url: str | None = Field(
+        "http://127.0.0.1:9000", description="S3 endpoint; `make run` starts moto here if nothing answers"
+    )
+    s3_region: str = Field("us-east-1", description="S3 region")
+    s3_bucket: str = Field(
+        "chatexport-exports",
+        min_length=3,
+        max_length=63,
+        description="bucket of the export files (3-63 characters); created on start-up if missing",
+    )
     # The janitor deletes what no live record names under it: it must name a folder of the service's own.
-    s3_prefix: str = Field("exports/", pattern=r"^[^/].*/$")
-    s3_access_key_id: str = "testing"
-    s3_secret_access_key: str = "testing"
-    s3_timeout_seconds: float = Field(20.0, gt=0)
-    s3_part_size_bytes: int = Field(8 * 1024 * 1024, ge=5 * 1024 * 1024)
+    s3_prefix: str = Field(
+        "exports/",
+        pattern=r"^[^/].*/$",
+        description="key prefix; files are `<prefix><operation>/g<generation>.jsonl`. A folder: it must end with"
+        " `/` and not start with one. The janitor deletes old objects under it that no record names,"
+        " so give the service a folder (or bucket) of its own",
+    )
+    s3_access_key_id: str = Field("testing", description="S3 credentials")
+    s3_secret_access_key: str = Field("testing", description="S3 credentials")
+    s3_timeout_seconds: float = Field(
+        20.0,
+        gt=0,
+        description="S3 connect and read timeout; an upload request may take this long plus its size at 256"
+        " KiB/s, then counts as a storage failure (a server that accepts the connection and stops"
+        " reading would otherwise hold it)",
+        json_schema_extra={"unit": "s"},
+    )
+    s3_part_size_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=5 * 1024 * 1024,
+        description="multipart part size (at least 5 MiB); bounds the worker's memory",
+        json_schema_extra={"unit": "bytes"},
+    )
 
-    jwt_secret: str = PLACEHOLDER_JWT_SECRET
-    jwt_public_key: str | None = None
-    jwt_issuer: str | None = None
-    jwt_audience: str | None = None
-    # Clock skew allowed between token issuers and the API, on iat, nbf and exp (README: API reference, Authentication).
-    jwt_leeway_seconds: float = Field(30.0, ge=0, le=300)
-    jwt_max_lifetime_seconds: int = Field(24 * 3600, ge=60)
+    jwt_secret: str = Field(
+        PLACEHOLDER_JWT_SECRET, description="HS256 secret for verifying (and, in development, minting) tokens"
+    )
+    jwt_public_key: str | None = Field(
+        None, description="PEM public key; when set, RS256/ES256 tokens are verified with it instead"
+    )
+    jwt_issuer: str | None = Field(None, description="required `iss`, when set")
+    jwt_audience: str | None = Field(None, description="required `aud`, when set")
+    # Clock skew allowed between token issuers and the API, on iat, nbf and exp (docs/api.md: API reference,
+    # Authentication).
+    jwt_leeway_seconds: float = Field(
+        30.0,
+        ge=0,
+        le=300,
+        description="clock skew allowed on `iat`, `nbf` and `exp` (0-300)",
+        json_schema_extra={"unit": "s"},
+    )
+    jwt_max_lifetime_seconds: int = Field(
+        24 * 3600,
+        ge=60,
+        description="a token whose `exp` is further ahead (plus the leeway) is refused",
+        json_schema_extra={"unit": "s"},
+    )
 
-    api_host: str = "127.0.0.1"
-    api_port: int = Field(8080, ge=0, le=65535)
+    api_host: str = Field("127.0.0.1", description="API listen address")
+    api_port: int = Field(8080, ge=0, le=65535, description="API listen port")
 
-    message_body_max_bytes: int = Field(6, ge=1)
-    message_request_max_bytes: int = Field(4096, ge=1)
+    message_body_max_bytes: int = Field(
+        6,
+        ge=1,
+        description="largest message body on `POST /v2/.../messages` (UTF-8; 6 is the message store contract's"
+        " own default, imports have their own limit)",
+        json_schema_extra={"unit": "bytes"},
+    )
+    message_request_max_bytes: int = Field(
+        4096, ge=1, description="largest request body on `POST /v2/.../messages`", json_schema_extra={"unit": "bytes"}
+    )
     # The largest valid export request fits even with every character of its 100 senders and its notify URL
-    # written as a \u escape (about 45 KiB; README: API reference, Export options).
-    export_request_max_bytes: int = Field(64 * 1024, ge=1)
-    import_request_max_bytes: int = Field(64 * 1024 * 1024, ge=1)
-    import_body_max_bytes: int = Field(64 * 1024, ge=1)
+    # written as a \u escape (about 45 KiB; docs/api.md: API reference, Export options).
+    export_request_max_bytes: int = Field(
+        64 * 1024,
+        ge=1,
+        description="largest request body on export submit and cancel; the default fits the largest valid submit"
+        " (100 senders of 64 characters and a notify URL, even with every character `\\u`-escaped)",
+        json_schema_extra={"unit": "bytes"},
+    )
+    import_request_max_bytes: int = Field(
+        64 * 1024 * 1024, ge=1, description="largest NDJSON import request", json_schema_extra={"unit": "bytes"}
+    )
+    import_body_max_bytes: int = Field(
+        64 * 1024, ge=1, description="largest imported message body", json_schema_extra={"unit": "bytes"}
+    )
     # A client that stops sending mid-body would otherwise hold its connection open with no answer.
-    request_body_timeout_seconds: float = Field(30.0, gt=0)
+    request_body_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="a request body not complete this long after its route began reading it is `408"
+        " REQUEST_TIMEOUT`, and the connection is closed",
+        json_schema_extra={"unit": "s"},
+    )
 
-    idempotency_replay_window_seconds: int = Field(24 * 3600, ge=1)
-    operation_retention_seconds: int = Field(30 * 24 * 3600, ge=1)
-    result_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)
-    max_active_exports: int = Field(5, ge=1)
-    download_concurrency: int = Field(32, ge=1)
-    download_per_user_concurrency: int = Field(4, ge=1)
-    download_write_timeout_seconds: float = Field(30.0, gt=0)
+    idempotency_replay_window_seconds: int = Field(
+        24 * 3600, ge=1, description="replay window of an Idempotency-Key", json_schema_extra={"unit": "s"}
+    )
+    operation_retention_seconds: int = Field(
+        30 * 24 * 3600,
+        ge=1,
+        description="how long operation records (and their keys) are kept",
+        json_schema_extra={"unit": "s"},
+    )
+    result_ttl_seconds: int = Field(
+        7 * 24 * 3600, ge=1, description="how long a result can be downloaded", json_schema_extra={"unit": "s"}
+    )
+    max_active_exports: int = Field(
+        5, ge=1, description="non-terminal exports per user before `429`", json_schema_extra={"unit": "operations"}
+    )
+    download_concurrency: int = Field(
+        32,
+        ge=1,
+        description="downloads one API process streams at once; `503` beyond",
+        json_schema_extra={"unit": "downloads"},
+    )
+    download_per_user_concurrency: int = Field(
+        4,
+        ge=1,
+        description="downloads one user may have open in one API process; `429 TOO_MANY_DOWNLOADS` beyond",
+        json_schema_extra={"unit": "downloads"},
+    )
+    download_write_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="a download client that accepts no data this long is disconnected",
+        json_schema_extra={"unit": "s"},
+    )
     # A download slower than this over a whole window is cut, so a slow reader cannot hold a slot for hours.
-    download_min_bytes_per_second: int = Field(4096, ge=1)
-    download_rate_window_seconds: float = Field(30.0, gt=0)
+    download_min_bytes_per_second: int = Field(
+        4096,
+        ge=1,
+        description="a download moving less over a whole rate window is cut off",
+        json_schema_extra={"unit": "B/s"},
+    )
+    download_rate_window_seconds: float = Field(
+        30.0, gt=0, description="the window over which a download's rate is judged", json_schema_extra={"unit": "s"}
+    )
     # Long polls and event streams waiting at once in one API process, and per user.
-    wait_concurrency: int = Field(1000, ge=1)
-    wait_per_user_concurrency: int = Field(10, ge=1)
-    event_heartbeat_seconds: float = Field(15.0, gt=0)
-    # Completion callbacks (README: API reference, Completion callbacks).
-    webhook_signing_key: str = PLACEHOLDER_WEBHOOK_SIGNING_KEY
-    webhook_previous_signing_key: str | None = None
-    webhook_allow_private: bool = False
-    webhook_timeout_seconds: float = Field(5.0, gt=0)
-    webhook_retry_seconds: float = Field(24 * 3600.0, gt=0)
-    webhook_first_retry_seconds: float = Field(5.0, gt=0)
+    wait_concurrency: int = Field(
+        1000,
+        ge=1,
+        description="long polls and event streams one API process holds at once; `503` beyond",
+        json_schema_extra={"unit": "requests"},
+    )
+    wait_per_user_concurrency: int = Field(
+        10,
+        ge=1,
+        description="long polls and event streams one user may have waiting in one API process; `429"
+        " TOO_MANY_WAITERS` beyond",
+        json_schema_extra={"unit": "requests"},
+    )
+    event_heartbeat_seconds: float = Field(
+        15.0, gt=0, description="the interval of an event stream's heartbeat comments", json_schema_extra={"unit": "s"}
+    )
+    # Completion callbacks (docs/api.md: API reference, Completion callbacks).
+    webhook_signing_key: str = Field(
+        PLACEHOLDER_WEBHOOK_SIGNING_KEY,
+        description="the deployment key every user's callback secret is derived from; refused outside"
+        " `development` while it is the placeholder",
+        json_schema_extra={"unit": "secret"},
+    )
+    webhook_previous_signing_key: str | None = Field(
+        None,
+        description="during a key rotation, the previous key: callbacks carry a second signature made with it",
+        json_schema_extra={"unit": "secret"},
+    )
+    webhook_allow_private: bool = Field(
+        False,
+        description="for development and tests only (refused elsewhere): callbacks may go to http URLs and"
+        " private addresses",
+        json_schema_extra={"unit": "flag"},
+    )
+    webhook_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="the one deadline of a callback attempt, from resolving its host through the TLS handshake to"
+        " the last byte read",
+        json_schema_extra={"unit": "s"},
+    )
+    webhook_retry_seconds: float = Field(
+        24 * 3600.0,
+        gt=0,
+        description="how long after its event a callback is retried before it is given up",
+        json_schema_extra={"unit": "s"},
+    )
+    webhook_first_retry_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="the longest wait before a failed callback's first retry (the wait is drawn from half of it"
+        " to all of it and doubles with each try, at most an hour)",
+        json_schema_extra={"unit": "s"},
+    )
     # An egress proxy every callback goes through, http://[user:password@]host:port; secret for its password.
-    webhook_proxy_url: SecretStr | None = None
+    webhook_proxy_url: SecretStr | None = Field(
+        None,
+        description="an egress proxy every callback goes through, `http://[user:password@]host[:port]`: the relay"
+        " asks it for each host with `CONNECT` and its rules decide (see Completion callbacks); the"
+        " credentials are never logged",
+        json_schema_extra={"unit": "URL"},
+    )
 
-    lease_seconds: float = Field(30.0, gt=0)
-    heartbeat_seconds: float = Field(10.0, gt=0)
-    worker_concurrency: int = Field(4, ge=1)
-    export_batch_rows: int = Field(20000, ge=1)
-    retry_base_seconds: float = Field(2.0, gt=0)
-    retry_cap_seconds: float = Field(300.0, gt=0)
-    max_attempts: int = Field(5, ge=1)
+    lease_seconds: float = Field(
+        30.0, gt=0, description="worker lease length (database clock)", json_schema_extra={"unit": "s"}
+    )
+    heartbeat_seconds: float = Field(
+        10.0, gt=0, description="lease renewal interval; shorter than the lease", json_schema_extra={"unit": "s"}
+    )
+    worker_concurrency: int = Field(
+        4,
+        ge=1,
+        description="exports one worker process runs at once (and its prefetch)",
+        json_schema_extra={"unit": "exports"},
+    )
+    export_batch_rows: int = Field(
+        20000,
+        ge=1,
+        description="the most seqs read per statement; each range is held in memory until handed to the upload,"
+        " so ranges are sized from the previous range's bytes per seq to about one part (the first is"
+        " 1,000 seqs); cancellation and lease loss are noticed between ranges",
+        json_schema_extra={"unit": "seqs"},
+    )
+    retry_base_seconds: float = Field(
+        2.0, gt=0, description="first retry delay (exponential backoff with jitter)", json_schema_extra={"unit": "s"}
+    )
+    retry_cap_seconds: float = Field(300.0, gt=0, description="largest retry delay", json_schema_extra={"unit": "s"})
+    max_attempts: int = Field(
+        5, ge=1, description="attempt budget before FAILED_REPAIR", json_schema_extra={"unit": "attempts"}
+    )
 
-    relay_batch_size: int = Field(100, ge=1)
-    relay_poll_seconds: float = Field(1.0, gt=0)
-    publish_timeout_seconds: float = Field(5.0, gt=0)
+    relay_batch_size: int = Field(
+        100, ge=1, description="outbox rows claimed per relay transaction", json_schema_extra={"unit": "rows"}
+    )
+    relay_poll_seconds: float = Field(
+        1.0, gt=0, description="relay polling interval besides LISTEN/NOTIFY", json_schema_extra={"unit": "s"}
+    )
+    publish_timeout_seconds: float = Field(
+        5.0, gt=0, description="timeout of one publish, confirm included", json_schema_extra={"unit": "s"}
+    )
 
-    janitor_interval_seconds: float = Field(30.0, gt=0)
-    janitor_requeue_after_seconds: float = Field(60.0, gt=0)
-    janitor_batch_size: int = Field(500, ge=1)
-    janitor_orphan_grace_seconds: float = Field(900.0, ge=0)
+    janitor_interval_seconds: float = Field(
+        30.0, gt=0, description="time between janitor passes", json_schema_extra={"unit": "s"}
+    )
+    janitor_requeue_after_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="a QUEUED operation, a due retry or an expired lease whose last wake-up is this old gets a"
+        " new one (an expired lease also at once when its last wake-up predates the expiry)",
+        json_schema_extra={"unit": "s"},
+    )
+    janitor_batch_size: int = Field(
+        500,
+        ge=1,
+        description="operations handled per step of a pass, and objects and uploads listed per pass",
+        json_schema_extra={"unit": "rows"},
+    )
+    janitor_orphan_grace_seconds: float = Field(
+        900.0,
+        ge=0,
+        description="age before an unpublishable artifact (by its record's last change), an object without a live"
+        " record (by LastModified) or a stale upload (by Initiated) is removed",
+        json_schema_extra={"unit": "s"},
+    )
 
-    shutdown_grace_seconds: float = Field(20.0, ge=0)
+    shutdown_grace_seconds: float = Field(
+        20.0, ge=0, description="on SIGTERM, how long in-flight work may finish", json_schema_extra={"unit": "s"}
+    )
 
     # Every part serves /metrics, /healthz and /readyz here; parts sharing a host need a port each.
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(9100, ge=0, le=65535)
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="address of each part's monitoring endpoint (`/metrics`, `/healthz`, `/readyz`); `0.0.0.0` in"
+        " a container",
+    )
+    metrics_port: int = Field(
+        9100,
+        ge=0,
+        le=65535,
+        description="its port; parts sharing a host need one each (`make run` gives api, relay, workers, janitor"
+        " consecutive ports from this one); `0` picks a free port and logs it",
+    )
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Settings:

@@ -1,4 +1,4 @@
-"""The operation state machine (README: States and failure model).
+"""The operation state machine (docs/states.md: States and failure model).
 
 Every transition is one conditional UPDATE on the expected state (and, for a lease holder, the fencing
 generation). This module lists which moves exist and the sets of states the rules speak of; a statement that
@@ -14,7 +14,7 @@ from enum import StrEnum
 
 
 class State(StrEnum):
-    """States of an export operation (README: States and failure model)."""
+    """States of an export operation (docs/states.md: States and failure model)."""
 
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
@@ -58,11 +58,11 @@ ACTIVE: frozenset[State] = frozenset(State) - TERMINAL
 # The states an export ends in for its owner (its completion callback is sent, migration 0006): no attempt
 # runs or will publish a file any more. EXPIRED comes later, to a SUCCEEDED one.
 ENDED: frozenset[State] = TERMINAL - {State.EXPIRED}
-# The states whose records the janitor purges once retained long enough (README: Retention periods): a
+# The states whose records the janitor purges once retained long enough (docs/retention.md: Retention periods): a
 # SUCCEEDED result is served until it has EXPIRED first.
 PURGEABLE: frozenset[State] = TERMINAL - {State.SUCCEEDED}
 # The states in which a lease holder still writes its heartbeat and may hand its lease back: while
-# CANCEL_REQUESTED it still has objects to remove before CANCELED (README: States and failure model, Cancel).
+# CANCEL_REQUESTED it still has objects to remove before CANCELED (docs/states.md: States and failure model, Cancel).
 LEASE_HELD: frozenset[State] = frozenset({State.RUNNING, State.CANCEL_REQUESTED})
 
 
@@ -77,7 +77,7 @@ def sources_of(target: State) -> list[str]:
 
 
 class ArtifactState(StrEnum):
-    """States of an artifact record, one per generation's object (README: States and failure model):
+    """States of an artifact record, one per generation's object (docs/states.md: States and failure model):
     WRITING (key recorded, uploading) -> COMPLETE (uploaded and verified) -> PUBLISHED (the result of a
     SUCCEEDED operation); any but a served PUBLISHED -> REMOVING (committed before S3 is cleaned) ->
     DELETED.

@@ -1,4 +1,5 @@
-"""S3 access: the client factory, the bucket, artifact keys (README: How it works), and resumable listings."""
+"""S3 access: the client factory, the bucket, artifact keys (docs/architecture.md: How it works), and resumable
+listings."""
 
 from __future__ import annotations
 

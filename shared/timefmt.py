@@ -1,4 +1,4 @@
-"""Timestamps as the API prints them: RFC 3339, UTC, millisecond precision, ``Z`` suffix (README: API reference,
+"""Timestamps as the API prints them: RFC 3339, UTC, millisecond precision, ``Z`` suffix (docs/api.md: API reference,
 The file)."""
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""The command-line client of the chatexport API: HTTP only, no server code (README: Command-line client)."""
+"""The command-line client of the chatexport API: HTTP only, no server code (docs/command-line.md: Command-line
+client)."""

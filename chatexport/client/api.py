@@ -1,6 +1,6 @@
 """The API as the client sees it: HTTP calls that answer JSON, and the problems they raise.
 
-Nothing here imports server code: the client knows the API from its documentation alone (README: API
+Nothing here imports server code: the client knows the API from its documentation alone (docs/api.md: API
 reference), so it works against any deployment.
 """
 

@@ -1,5 +1,5 @@
 """The client's subcommands of ``chatexport``: ``export`` and ``operations list|show|cancel|download``
-(README: Command-line client).
+(docs/command-line.md: Command-line client).
 
 Exit codes: 0 done; 1 the export ended FAILED, CANCELED, FAILED_REPAIR or EXPIRED; 2 usage; 3 the API
 refused the request (its problem's ``code`` and ``detail`` are printed); 4 the API could not be reached;
@@ -34,7 +34,7 @@ from chatexport.client.statefiles import UnusableStateFile
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 EXIT_ENDED_BADLY, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_NOT_VERIFIED, EXIT_LOCAL_FILE = 1, 2, 3, 4, 5, 6
 EXIT_INTERRUPTED = 130
-# The API's id syntaxes (README: API reference): anything else is a usage error, never a path or a request.
+# The API's id syntaxes (docs/api.md: API reference): anything else is a usage error, never a path or a request.
 OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 USER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 # A format's name, which names the output file (its extension): which names exist, the API's 422 says.
@@ -46,7 +46,7 @@ RFC3339 = re.compile(
 # The years the API takes, in UTC, and the largest seq (Postgres' bigint).
 YEARS = range(1000, 10000)
 MAX_SEQ = 2**63 - 1
-# The submit's bounds (README: API reference, Export options).
+# The submit's bounds (docs/api.md: API reference, Export options).
 MAX_SENDERS = 100
 MIN_PART_BYTES = 5 * 1024 * 1024
 
@@ -192,7 +192,7 @@ def _timestamp(value: str) -> datetime:
             instant = datetime.fromisoformat(value.upper()).astimezone(UTC)
             if instant.year not in YEARS:
                 raise ValueError(value)
-            # In UTC to the millisecond, the next whole one as the API takes it (README: API reference, Export
+            # In UTC to the millisecond, the next whole one as the API takes it (docs/api.md: API reference, Export
             # options): equal windows make equal requests and state files.
             below = instant.replace(microsecond=instant.microsecond // 1000 * 1000)
             return below if below == instant else below + timedelta(milliseconds=1)

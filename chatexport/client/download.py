@@ -1,7 +1,7 @@
 """Downloading a result into files: each file into ``FILE.part`` first, resumed with a ``Range`` guarded by
 ``If-Range`` (so a changed file is never spliced onto an old part), checked against the size and sha256
 the status gives, then renamed into place atomically. A split result is one such file per part, named
-``OUTPUT`` with ``.part-<n>`` before its extension (README: Command-line client).
+``OUTPUT`` with ``.part-<n>`` before its extension (docs/command-line.md: Command-line client).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Downloaded:
 
 def extension_of(request: dict[str, Any]) -> str:
     """The extension of a result of ``request`` (a submit body, or an operation's ``request``): its ``format``
-    (jsonl when absent), as the API names a file after its format (README: API reference, Export options), then
+    (jsonl when absent), as the API names a file after its format (docs/api.md: API reference, Export options), then
     ``.gz`` when its ``compression`` is gzip: ``.csv``, ``.html.gz``. Which formats exist, the API says.
     """
     compressed = request.get("compression") == "gzip"

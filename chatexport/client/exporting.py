@@ -1,4 +1,4 @@
-"""``chatexport export``: submit, wait, download and verify, resumable at every step (README: Command-line
+"""``chatexport export``: submit, wait, download and verify, resumable at every step (docs/command-line.md: Command-line
 client).
 
 The Idempotency-Key is stored in ``FILE.part.json`` before the first submit, so running the same command
@@ -68,7 +68,7 @@ async def export_incrementally(
 ) -> ExportOutcome:
     """Export what is new in ``conversation_id`` since the last run into ``output`` with ``request`` (the
     submit body without ``after_seq``; one uncompressed or gzip JSONL file), and append it to ``output``
-    (README: Command-line client; ``incremental``). Raises like ``export``.
+    (docs/command-line.md: Command-line client; ``incremental``). Raises like ``export``.
     """
     history = incremental.resume(output, conversation_id=conversation_id, request=request)
     operation = await _until_ended(
@@ -82,7 +82,7 @@ async def export_incrementally(
         return ExportOutcome(operation, None)
     result = operation["result"]
     piece = await fetch_verified(api, result, output)
-    # APIs from before next_after_seq documented the same watermark as snapshot.max_seq (README: API reference,
+    # APIs from before next_after_seq documented the same watermark as snapshot.max_seq (docs/api.md: API reference,
     # Operation), so a history goes on against either.
     watermark = result["next_after_seq"] if "next_after_seq" in result else operation["snapshot"]["max_seq"]
     pending = incremental.append(output, history, piece, next_after_seq=watermark)

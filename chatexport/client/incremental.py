@@ -1,4 +1,4 @@
-"""What ``chatexport export --incremental`` remembers between runs (README: Command-line client): OUTPUT
+"""What ``chatexport export --incremental`` remembers between runs (docs/command-line.md: Command-line client): OUTPUT
 stays a conversation's complete history, and each run appends what is new since the run before.
 
 ``FILE.incremental.json`` beside OUTPUT holds the conversation, the request (the submit body without

@@ -1,5 +1,5 @@
-"""What the client shows on stderr while it waits (README: Command-line client, Progress): the progress the
-server measured (state, phase, messages and bytes written), never an invented percentage or ETA.
+"""What the client shows on stderr while it waits (docs/command-line.md: Command-line client, Progress): the progress
+the server measured (state, phase, messages and bytes written), never an invented percentage or ETA.
 
 On a terminal, one line that rich keeps updating, with the rate between two reports and a percentage only of
 the bound the server states (``estimate.messages_at_most``). Anywhere else (a pipe, a file, a cron or systemd
@@ -174,7 +174,7 @@ class PlainLines:
 def plain_line(operation: dict[str, Any], *, elapsed: float) -> str:
     """``operation``'s line for a log: ``chatexport progress`` then logfmt fields ``operation``, ``state``,
     ``phase``, ``messages`` and ``bytes`` (written so far, as the server measured them) and ``elapsed``
-    (``elapsed`` seconds since the wait began, one decimal, with an ``s``) (README: Command-line client,
+    (``elapsed`` seconds since the wait began, one decimal, with an ``s``) (docs/command-line.md: Command-line client,
     Progress).
     """
     progress = operation["progress"]

@@ -1,4 +1,4 @@
-"""The small JSON files the client keeps beside an output so that a run can be taken up again (README:
+"""The small JSON files the client keeps beside an output so that a run can be taken up again (docs/command-line.md:
 Command-line client): each holds one dataclass, and is replaced atomically.
 """
 

@@ -1,8 +1,8 @@
 """The janitor's passes. Each is idempotent and safe beside running workers: every state change is a
 conditional UPDATE, and objects are deleted only after Postgres says nobody may serve them.
 
-Artifacts are reconciled from both ends (README: How it works: every object or upload that is not the published key
-is an orphan, removed after a grace period):
+Artifacts are reconciled from both ends (docs/architecture.md: How it works: every object or upload that is not the
+published key is an orphan, removed after a grace period):
 
 - from Postgres (``remove_stale_artifacts``): a recorded artifact that can never be published goes through
   ``shared.artifact_removal.remove_artifact``, which commits the record as REMOVING before S3 is touched and so
@@ -158,8 +158,8 @@ class Janitor:
         return requeued
 
     async def finish_abandoned_cancellations(self) -> int:
-        """Remove the objects of CANCEL_REQUESTED operations nobody holds, then mark them CANCELED (README: States and
-        failure model, Cancel)."""
+        """Remove the objects of CANCEL_REQUESTED operations nobody holds, then mark them CANCELED (docs/states.md:
+        States and failure model, Cancel)."""
         async with self._pool.acquire() as conn:
             candidates = await sweeps.abandoned_cancellations(conn, limit=self._settings.janitor_batch_size)
         finished = 0

@@ -1,5 +1,5 @@
 """The janitor's leadership: one janitor acts at a time, holding a session-level advisory lock; the others
-wait for their next pass (README: Deployment and scaling).
+wait for their next pass (docs/deploy.md: Deployment and scaling).
 """
 
 from __future__ import annotations

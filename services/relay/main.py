@@ -38,7 +38,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         # Ready once it can publish: the exchange it publishes to exists.
         monitor.checks["broker"] = broker_check(session.connection)
         log.info("relay started", extra={"exchange": settings.amqp_exchange})
-        # Completion callbacks are what the outbox holds too: the relay sends both (README: How it works).
+        # Completion callbacks are what the outbox holds too: the relay sends both (docs/architecture.md: How it works).
         async with asyncio.TaskGroup() as group:
             group.create_task(Relay(pool=pool, exchange=session.exchange, settings=settings).run(stop=stop))
             group.create_task(WebhookSender(pool=pool, settings=settings).run(stop=stop))

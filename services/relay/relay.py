@@ -1,4 +1,4 @@
-"""Publishing outbox rows (README: How it works).
+"""Publishing outbox rows (docs/architecture.md: How it works).
 
 A batch of due rows is locked with SKIP LOCKED, published with publisher confirms, ``mandatory`` and a
 timeout, and marked published in the same transaction only for the rows the broker confirmed. A crash

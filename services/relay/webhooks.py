@@ -1,4 +1,4 @@
-"""Sending completion callbacks (README: API reference, Completion callbacks), at least once, driven from
+"""Sending completion callbacks (docs/api.md: API reference, Completion callbacks), at least once, driven from
 Postgres like the outbox: due deliveries are claimed with ``SKIP LOCKED``, sent, and every attempt is
 recorded; a failed one is retried with exponential backoff and jitter until ``webhook_retry_seconds`` after
 the event.
@@ -145,7 +145,7 @@ class WebhookSender:
     async def _post(self, delivery: Delivery, body: bytes) -> int:
         target = check_url(delivery.url, allow_private=self._settings.webhook_allow_private)
         # One deadline for the whole attempt, from resolving the name through the TLS handshake to the last
-        # byte read (README: API reference, Completion callbacks); aiohttp's own would start after the lookup.
+        # byte read (docs/api.md: API reference, Completion callbacks); aiohttp's own would start after the lookup.
         async with asyncio.timeout(self._settings.webhook_timeout_seconds):
             connector = await self._connector(target)
             async with (

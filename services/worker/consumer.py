@@ -1,7 +1,7 @@
 """Consuming wake-up messages: claim the lease in Postgres, ack, then run the export in the background.
 
-The ack follows the lease commit at once (README: How it works), so a long export never sits unacked against the
-broker's consumer timeout; if the worker dies after the ack, the lease expires and the janitor re-enqueues.
+The ack follows the lease commit at once (docs/architecture.md: How it works), so a long export never sits unacked
+against the broker's consumer timeout; if the worker dies after the ack, the lease expires and the janitor re-enqueues.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ class Consumer:
 
     @property
     def registered(self) -> bool:
-        """Ready to take work (README: How it works): consuming, or paused only because every slot is busy."""
+        """Ready to take work (docs/architecture.md: How it works): consuming, or paused only because every slot is
+        busy."""
         return not self._closing and (self._consumer_tag is not None or self._slots.locked())
 
     async def stop(self) -> None:
@@ -176,10 +177,10 @@ class Consumer:
 
     async def _claim(self, operation_id: str) -> tuple[ClaimedOperation, LeasePurpose] | None:
         """Claim the lease and check membership in one transaction; return the claimed operation with what to
-        do with it, or None when there is nothing to do (README: States and failure model, Operation).
+        do with it, or None when there is nothing to do (docs/states.md: States and failure model, Operation).
 
         An operation whose every attempt lost its worker is parked in FAILED_REPAIR instead of taken over; a
-        cancellation nobody holds is taken to be finished here (README: States and failure model, Cancel).
+        cancellation nobody holds is taken to be finished here (docs/states.md: States and failure model, Cancel).
         """
         lease_seconds = self._settings.lease_seconds
         async with self._pool.acquire() as conn, conn.transaction():

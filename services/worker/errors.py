@@ -1,4 +1,4 @@
-"""What went wrong in an attempt, and what the operation does next (README: States and failure model: retries).
+"""What went wrong in an attempt, and what the operation does next (docs/states.md: States and failure model: retries).
 
 Transient faults (S3 unreachable or 5xx, a lost database connection, timeouts) and unexpected errors
 are retried with exponential backoff and jitter until the attempt budget is spent, then FAILED_REPAIR.
@@ -45,7 +45,7 @@ class ArtifactGone(Exception):
 
 
 def access_revoked() -> PermanentError:
-    """The owner is no longer a member of the conversation (README: States and failure model)."""
+    """The owner is no longer a member of the conversation (docs/states.md: States and failure model)."""
     return PermanentError("ACCESS_REVOKED", "You are no longer a member of this conversation.")
 
 

@@ -1,6 +1,6 @@
 """One export attempt's work under a lease: find an earlier generation's verified file to adopt, or read the
 messages in seq ranges, stream them into S3 and verify what S3 stored; return what is to be published. The
-runner (``services.worker.runner``) commits SUCCEEDED with it, as it records every other end (README: API
+runner (``services.worker.runner``) commits SUCCEEDED with it, as it records every other end (docs/api.md: API
 reference, The file; States and failure model; How it works).
 """
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # Seqs in the first range an attempt reads, before it knows how many bytes a seq takes.
 FIRST_RANGE_SEQS = 1000
-# The least time between two progress writes of an attempt after its first (README: API reference, Operation).
+# The least time between two progress writes of an attempt after its first (docs/api.md: API reference, Operation).
 PROGRESS_INTERVAL_SECONDS = 1.0
 
 
@@ -98,7 +98,7 @@ class ExportJob:
     async def _settle_earlier_generations(self) -> Written | None:
         """After a takeover, the newest earlier generation's complete files if S3 still holds exactly what was
         verified; every earlier object and upload newer than those, or all when there are none, is removed
-        (README: States and failure model, Unknown outcomes).
+        (docs/states.md: States and failure model, Unknown outcomes).
         """
         claimed = self._claimed
         async with self._pool.acquire() as conn:
@@ -205,7 +205,7 @@ class ExportJob:
 
     async def _finish_and_verify(self) -> ArtifactFiles:
         await self._progress(Phase.UPLOADING)
-        # SUCCEEDED promises verified files (README: States and failure model): each writer checks what S3
+        # SUCCEEDED promises verified files (docs/states.md: States and failure model): each writer checks what S3
         # stored against what it sent (``ObjectWriter.finish``).
         files = ArtifactFiles(self.key, tuple(await self._files.finish()), split=self._split)
         await self._record_upload_id()
@@ -244,7 +244,7 @@ class ExportJob:
             raise LeaseLost("progress")
 
     async def _record_upload_id(self) -> None:
-        """Record the multipart upload the files began last, once, for operators (README: API reference,
+        """Record the multipart upload the files began last, once, for operators (docs/api.md: API reference,
         Admin view of an operation); clean-up finds uploads by listing their keys, so it does not depend on this.
         """
         upload_id = self._files.upload_id
@@ -302,7 +302,7 @@ class Range:
 
 def last_seq(claimed: ClaimedOperation) -> int:
     """The highest seq the attempt's file may hold: below the request's ``before_seq`` and within the
-    snapshot the first claim fixed (README: API reference). The file holds the seqs above the request's
+    snapshot the first claim fixed (docs/api.md: API reference). The file holds the seqs above the request's
     ``after_seq`` up to this one.
     """
     before_seq = claimed.request.before_seq

@@ -117,7 +117,7 @@ class ObjectWriter:
         it received (no SSE-KMS here), and the ETag of the completed upload from the parts' MD5s; each is
         compared with the MD5 this writer computed of what it sent, so a byte changed on the way fails the
         export (``StoredBytesDiffer``) without reading the object back. Size, sha256 and the messages counted
-        as they were rendered are then those of the bytes S3 holds (README: States and failure model). The
+        as they were rendered are then those of the bytes S3 holds (docs/states.md: States and failure model). The
         client's own checksums cannot serve: some S3 implementations (moto among them) echo them without
         checking.
         """

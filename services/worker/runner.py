@@ -58,7 +58,7 @@ class LeaseRunner:
 
     async def finish_cancellation(self, claimed: ClaimedOperation) -> None:
         """Finish the cancel of an operation nobody else holds, whose lease ``claim_cancellation`` took:
-        remove every object, then CANCELED (README: States and failure model, Cancel). If S3 refuses, the
+        remove every object, then CANCELED (docs/states.md: States and failure model, Cancel). If S3 refuses, the
         lease is left to expire and the janitor finishes it on a later pass.
         """
         with _attempt_context(claimed):
@@ -96,7 +96,7 @@ class LeaseRunner:
     async def _export(self, claimed: ClaimedOperation) -> None:
         """Have the job write (or find) the files, then commit SUCCEEDED with them. When the object of an
         earlier generation the job would adopt is removed before the commit takes it, a new job looks again
-        (README: States and failure model, Unknown outcomes): each look removes that object for good.
+        (docs/states.md: States and failure model, Unknown outcomes): each look removes that object for good.
         """
         while True:
             job = ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, claimed=claimed)
@@ -104,7 +104,7 @@ class LeaseRunner:
                 return
 
     async def _succeed(self, claimed: ClaimedOperation, job: ExportJob, written: Written) -> bool:
-        """Commit SUCCEEDED with ``written`` after the membership re-check, in one transaction (README: States
+        """Commit SUCCEEDED with ``written`` after the membership re-check, in one transaction (docs/states.md: States
         and failure model); False, with nothing committed, when ``written`` was adopted and its object removed
         meanwhile. Raises ``PermanentError`` (access revoked), ``LeaseLost`` or a transient error; the object of
         ``written`` is removed first (``_must_discard``).
@@ -146,7 +146,7 @@ class LeaseRunner:
 
     async def refuse(self, claimed: ClaimedOperation) -> None:
         """End ``claimed`` FAILED with ``ACCESS_REVOKED`` before any work: the owner is no longer a member
-        (README: States and failure model). Objects that earlier generations left are removed first; what S3
+        (docs/states.md: States and failure model). Objects that earlier generations left are removed first; what S3
         refuses now, the janitor removes once the operation has ended.
         """
         with _attempt_context(claimed):
@@ -178,7 +178,7 @@ class LeaseRunner:
 
     async def _after_lease_lost(self, claimed: ClaimedOperation, *, write: str) -> None:
         """A fenced ``write`` matched nothing: finish the cancel it was refused for, or count and log the
-        rejection of a superseded generation's write (README: States and failure model).
+        rejection of a superseded generation's write (docs/states.md: States and failure model).
         """
         async with self._pool.acquire() as conn:
             now = await current_state(conn, operation_id=claimed.operation_id)
@@ -189,7 +189,7 @@ class LeaseRunner:
         _report_rejection(claimed, write=write, now=now)
 
     async def _finish_cancel(self, claimed: ClaimedOperation, *, attempt_open: bool) -> None:
-        """CANCELED once every object of the operation is gone (README: States and failure model, Cancel);
+        """CANCELED once every object of the operation is gone (docs/states.md: States and failure model, Cancel);
         if S3 refuses, let the lease go (handed back when an export attempt holds it, else left to expire)
         so that the janitor finishes the cancellation on a later pass. ``attempt_open``: the lease is an
         export attempt's.

@@ -1,5 +1,5 @@
 """The database's repositories: one module per table (or per tightly bound group of tables), the only code
-that writes it (README: How it works, Layout).
+that writes it (docs/architecture.md: How it works, Layout).
 
 - the ``operations`` table, split by who calls it: ``status_monitor`` (the API's reads, the owner's cancel,
   the admin's requeue), ``leases`` (the worker's claim, heartbeat, progress and every end of an attempt,

@@ -1,6 +1,6 @@
 """The ``artifacts`` table: the record of every object an attempt writes, made before its first byte, and
-its life WRITING -> COMPLETE -> PUBLISHED, and -> REMOVING -> DELETED when it must go (README: How it works;
-``shared.states.ArtifactState``). Writes of a holder are fenced by the generation, as the operation's are.
+its life WRITING -> COMPLETE -> PUBLISHED, and -> REMOVING -> DELETED when it must go (docs/architecture.md: How it
+works; ``shared.states.ArtifactState``). Writes of a holder are fenced by the generation, as the operation's are.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class StoredPart:
 @dataclass(frozen=True)
 class ArtifactFiles:
     """What one generation wrote: one file under ``key``, or (``split``) parts under the folder ``key``
-    (README: API reference, Export options).
+    (docs/api.md: API reference, Export options).
     """
 
     key: str
@@ -77,7 +77,8 @@ class ArtifactFiles:
 
 
 async def record_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int, object_key: str) -> bool:
-    """Record the artifact key before its first byte is uploaded (README: How it works); False without the lease."""
+    """Record the artifact key before its first byte is uploaded (docs/architecture.md: How it works); False without the
+    lease."""
     status = await conn.execute(
         """
         INSERT INTO artifacts (operation_id, generation, object_key, state)
@@ -145,8 +146,8 @@ async def start_removal(conn: asyncpg.Connection, *, operation_id: str, generati
     """Move an artifact to REMOVING and return its object key; None when it is a served result (PUBLISHED
     and its operation not EXPIRED) or was never recorded.
 
-    Committed before S3 is touched (README: How it works): an adoption needs COMPLETE and the old holder needs
-    WRITING, so neither can take the object back while it is deleted. The row lock orders this against an
+    Committed before S3 is touched (docs/architecture.md: How it works): an adoption needs COMPLETE and the old holder
+    needs WRITING, so neither can take the object back while it is deleted. The row lock orders this against an
     adoption's ``COMPLETE -> PUBLISHED``: whichever commits first wins.
     """
     key: str | None = await conn.fetchval(
@@ -270,7 +271,7 @@ async def live_artifacts(conn: asyncpg.Connection, *, object_keys: list[str]) ->
     """The live records (any state but DELETED: still written, published or served, or being removed) that
     name ``object_keys``, by object key: a record names its own key, and a split artifact's record (its key a
     folder) every key under it. A key missing from the result has no record, or a DELETED one, and can
-    never get a live one: a record is made before its key's first byte (README: How it works) and never
+    never get a live one: a record is made before its key's first byte (docs/architecture.md: How it works) and never
     leaves DELETED.
     """
     rows = await conn.fetch(

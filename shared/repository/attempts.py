@@ -1,5 +1,5 @@
 """The ``attempts`` table: one row per claim of an operation, opened in the claim's transaction and closed
-in the transaction of the write that ended it (README: Attempts).
+in the transaction of the write that ended it (docs/states.md: Attempts).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ async def open_attempt(
     conn: asyncpg.Connection, *, operation_id: str, generation: int, attempt: int, worker_id: str
 ) -> None:
     """Record the attempt of ``generation`` (``attempt``, 1-based) held by ``worker_id``, in its claim's
-    transaction (README: Attempts).
+    transaction (docs/states.md: Attempts).
     """
     await conn.execute(
         "INSERT INTO attempts (operation_id, generation, attempt, worker_id) VALUES ($1, $2, $3, $4)",
@@ -43,7 +43,7 @@ async def close_attempt(
 ) -> None:
     """Close the open attempt of ``generation`` with ``outcome`` (a state it ended in, ``HANDED_BACK`` or
     ``LEASE_LOST``) and ``error_code``; an attempt already closed, or none, is left as it is. Run it in the
-    transaction of the write that ended the attempt, so that the history ends with it (README: Attempts).
+    transaction of the write that ended the attempt, so that the history ends with it (docs/states.md: Attempts).
     """
     await conn.execute(
         """

@@ -1,5 +1,5 @@
 """The worker's side of the ``operations`` table: the lease, its fencing generation and every end of an
-attempt (README: States and failure model).
+attempt (docs/states.md: States and failure model).
 
 A claim takes the lease with generation + 1; every later write of the holder is fenced: it matches only
 under the holder's generation while the operation is RUNNING (or, for the lease itself and the
@@ -80,7 +80,7 @@ async def claim(
     come, or RUNNING whose lease expired (a takeover). Times are the database's. ``snapshot_max_seq``, the
     highest seq the file may hold, is fixed on the first claim and kept by every retry: the conversation's
     last seq, capped at ``before_seq - 1``, and ``after_seq`` when that leaves the range empty, so that an
-    export of what came next starts there (README: API reference). The same transaction opens the new
+    export of what came next starts there (docs/api.md: API reference). The same transaction opens the new
     generation's attempt, held by ``worker_id``, and closes an older one still open
     (``attempts.supersede_attempts``); ``took_over`` tells whether it closed one.
     """
@@ -118,7 +118,7 @@ async def claim_cancellation(
 ) -> ClaimedOperation | None:
     """Take the lease of a CANCEL_REQUESTED operation that no live worker holds (never claimed, waiting for
     a retry, or its holder's lease expired), with generation + 1, so that this worker removes what earlier
-    generations left and writes CANCELED without waiting for a janitor pass (README: States and failure
+    generations left and writes CANCELED without waiting for a janitor pass (docs/states.md: States and failure
     model, Cancel). None when a live holder will finish it itself or it is in another state.
 
     No attempt is opened (it exports nothing and ``attempt`` stays); an attempt still open for an older
@@ -158,8 +158,8 @@ async def _take_lease(
 async def extend_lease(conn: asyncpg.Connection, *, operation_id: str, generation: int, lease_seconds: float) -> bool:
     """Heartbeat: push the lease end to now + ``lease_seconds``; False when the lease is no longer held.
 
-    Also while CANCEL_REQUESTED: the holder still has objects to remove before CANCELED (README: States and failure
-    model, Cancel).
+    Also while CANCEL_REQUESTED: the holder still has objects to remove before CANCELED (docs/states.md: States and
+    failure model, Cancel).
     """
     status = await conn.execute(
         """
@@ -206,9 +206,9 @@ async def succeed(
 ) -> bool:
     """RUNNING -> SUCCEEDED with the published ``files``; False when the lease or the state moved on.
 
-    A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (README: States and failure
-    model, Cancel). Closes the attempt as SUCCEEDED. A split result has no size or sha256 of its own, only
-    its parts' (README: API reference, Export options).
+    A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (docs/states.md: States and
+    failure model, Cancel). Closes the attempt as SUCCEEDED. A split result has no size or sha256 of its own, only
+    its parts' (docs/api.md: API reference, Export options).
     """
     single = files.single
     async with conn.transaction():
@@ -294,8 +294,8 @@ async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: 
 
 async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_attempts: int, message: str) -> bool:
     """RUNNING -> FAILED_REPAIR when its lease expired after ``max_attempts`` attempts: each of them lost its worker, so
-    taking it over again would only risk the next one (README: States and failure model: the budget is spent). The last
-    attempt is closed as LEASE_LOST with ``WORKER_LOST``.
+    taking it over again would only risk the next one (docs/states.md: States and failure model: the budget is spent).
+    The last attempt is closed as LEASE_LOST with ``WORKER_LOST``.
     """
     async with conn.transaction():
         generation = await conn.fetchval(
@@ -319,7 +319,7 @@ async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_att
 
 
 async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int, abandoned: bool) -> bool:
-    """CANCEL_REQUESTED -> CANCELED once every object is gone (README: States and failure model, Cancel);
+    """CANCEL_REQUESTED -> CANCELED once every object is gone (docs/states.md: States and failure model, Cancel);
     False when the operation moved on. By the holder of ``generation`` (its attempt closed as CANCELED), or,
     ``abandoned``, by the janitor for a cancellation nobody holds: then only while no live lease exists (a
     worker that took one finishes it itself) and an attempt still open, whose worker was lost, is closed as

@@ -1,5 +1,5 @@
 """The typed row of the view ``operation_representations`` (migration 0004): what the API and the relay's
-callbacks read of an operation to show it (README: API reference, Operation; Admin view of an operation).
+callbacks read of an operation to show it (docs/api.md: API reference, Operation; Admin view of an operation).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class OperationView:
         """Build from a row of the view (an ``asyncpg.Record`` or mapping); raises ``KeyError`` when a column
         is missing.
         """
-        # Positional, in field order: the poll path builds one per answer (README: Benchmark).
+        # Positional, in field order: the poll path builds one per answer (docs/benchmark.md: Benchmark).
         columns: tuple[Any, ...] = _read_columns(row)
         return cls(ExportRequest.from_row(row), *columns)
 

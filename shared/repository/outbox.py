@@ -1,4 +1,4 @@
-"""The ``outbox`` table (README: How it works): scheduling intent written in the caller's transaction, and
+"""The ``outbox`` table (docs/architecture.md: How it works): scheduling intent written in the caller's transaction, and
 the relay's claim of it.
 
 A row is a request to publish ``{"operation_id": ...}`` to the work exchange no earlier than

@@ -1,6 +1,6 @@
 """The status monitor's side of the ``operations`` table: the API's reads of an operation and the two
-requests that change one from outside a lease, the owner's cancel and the admin's requeue (README: API
-reference; README: States and failure model).
+requests that change one from outside a lease, the owner's cancel and the admin's requeue (docs/api.md: API
+reference; docs/states.md: States and failure model).
 
 Reads return typed rows of the view ``operation_representations`` (``OperationView``). Each write is one conditional
 ``UPDATE`` whose ``WHERE`` names the states it leaves (``shared.states``), so a request that lost a race
@@ -18,7 +18,7 @@ from shared.states import State, sources_of
 
 
 async def read_operation(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> OperationView | None:
-    """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, README: API reference), or
+    """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, docs/api.md: API reference), or
     whoever owns it when ``owner_id`` is None (the admin view); None otherwise.
     """
     row = await conn.fetchrow(
@@ -71,10 +71,10 @@ async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_i
     """Move a QUEUED, RUNNING or RETRY_AT operation of ``owner_id`` to CANCEL_REQUESTED; False when it was
     not moved (unknown, not the owner's, or in another state).
 
-    One conditional UPDATE (README: States and failure model): it cannot overtake a SUCCEEDED that committed
+    One conditional UPDATE (docs/states.md: States and failure model): it cannot overtake a SUCCEEDED that committed
     first, and once it commits the worker's conditional SUCCEEDED update can no longer match. A retry's error
     goes: it no longer describes what happens next (an operation shows ``error`` only in RETRY_AT, FAILED and
-    FAILED_REPAIR, README: API reference).
+    FAILED_REPAIR, docs/api.md: API reference).
     """
     status = await conn.execute(
         """
@@ -93,9 +93,9 @@ async def requeue(conn: asyncpg.Connection, *, operation_id: str) -> bool:
     """FAILED_REPAIR -> QUEUED with a fresh attempt budget; False (nothing changed) from any other state.
 
     The generation moves on, so a worker that still holds an old lease (a frozen one, parked as WORKER_LOST) matches
-    none of the fenced writes afterwards, not even those allowed while CANCEL_REQUESTED (README: States and failure
-    model). No attempt is open here (the write that parked the operation closed it), so the attempt history is left as
-    it is; the next claim opens the new generation's attempt.
+    none of the fenced writes afterwards, not even those allowed while CANCEL_REQUESTED (docs/states.md: States and
+    failure model). No attempt is open here (the write that parked the operation closed it), so the attempt history is
+    left as it is; the next claim opens the new generation's attempt.
     """
     status = await conn.execute(
         """

@@ -1,11 +1,11 @@
-"""The submit's transaction (README: API reference, Submit): the server-side function ``submit_export_v2``
+"""The submit's transaction (docs/api.md: API reference, Submit): the server-side function ``submit_export_v2``
 (migration 0009) checks membership, takes the per-user lock, looks the Idempotency-Key up, applies the quota
 and writes the operation, its idempotency record and its outbox row, in one round trip.
 
 It is the only code that writes ``idempotency_keys`` (a user's keys, going with their operation by ``ON
 DELETE CASCADE``), and writes the first row of an operation and its first outbox row, which ``operations``
 and ``outbox`` go on to change: one call because a submit's ten round trips bounded how many a process
-could answer (README: Benchmark).
+could answer (docs/benchmark.md: Benchmark).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The janitor's side of the ``operations`` table: its sweeps over every operation, results to expire,
-stranded work to wake, abandoned cancellations, records to purge, and the counts of its gauges (README:
+stranded work to wake, abandoned cancellations, records to purge, and the counts of its gauges (docs/states.md:
 States and failure model).
 
 Every function runs on the caller's connection, in the caller's transaction if any.
@@ -63,7 +63,7 @@ async def stranded_operations(conn: asyncpg.Connection, *, quiet_seconds: float,
 
     Skipped: an operation with a wake-up still to publish, or one published within ``quiet_seconds`` (and,
     for an expired lease, after the lease expired: a wake-up older than the expiry was for the holder that
-    died, so the first pass after the expiry sends a new one; README: States and failure model).
+    died, so the first pass after the expiry sends a new one; docs/states.md: States and failure model).
     """
     rows = await conn.fetch(
         """
@@ -110,7 +110,7 @@ async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> li
 async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int) -> list[str]:
     """Delete ended operations created more than ``retention_seconds`` ago, with their idempotency keys,
     attempts and artifacts (cascade); return their ids, whose outbox rows the caller deletes in the same
-    transaction (``outbox.delete_for``). Frees their keys (README: API reference, Submit).
+    transaction (``outbox.delete_for``). Frees their keys (docs/api.md: API reference, Submit).
     """
     rows = await conn.fetch(
         """

@@ -1,5 +1,5 @@
 """The ``webhook_deliveries`` and ``webhook_attempts`` tables: completion callbacks waiting to be sent,
-and every attempt to send one (README: API reference, Completion callbacks). Rows are written by the
+and every attempt to send one (docs/api.md: API reference, Completion callbacks). Rows are written by the
 trigger of migration 0006 in the transaction that ends the operation; the relay claims due ones with
 ``SKIP LOCKED``, so several relays share the work.
 """

@@ -1,5 +1,7 @@
-"""The README documents every setting with its default (README: Settings), every error code with its status
-(README: Error codes), and keeps its two set-up commands.
+"""The README is a short front page: its two set-up commands at the top, at most about 150 lines, links
+that lead into the docs site, and every section it used to hold kept on a page of the site (the
+settings, the problem codes, the metrics and the command line as pages generated from the code:
+tests/project/test_reference.py).
 """
 
 from __future__ import annotations
@@ -9,17 +11,33 @@ from pathlib import Path
 
 import pytest
 
-from services.api.http.problems import CODES
-from shared.settings import Settings
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-
-
-@pytest.mark.parametrize("name", list(Settings.model_fields))
-def test_every_setting_is_documented_with_its_default(name: str) -> None:
-    default = Settings.model_fields[name].default
-    shown = "none" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
-    assert f"| `CHATEXPORT_{name.upper()}` | `{shown}` |" in README
+# Each heading of the README before the docs site -> the page that
+# holds it now, under the same heading. The generated pages are checked by test_reference.py instead.
+MOVED = {
+    "How it works": "docs/architecture.md",
+    "Calling the API": "docs/tutorial.md",
+    "API reference": "docs/api.md",
+    "Error codes": "docs/api.md",
+    "Retention periods": "docs/retention.md",
+    "Orphan objects and uploads": "docs/retention.md",
+    "States and failure model": "docs/states.md",
+    "Attempts": "docs/states.md",
+    "Monitoring": "docs/monitoring.md",
+    "Command line": "docs/command-line.md",
+    "Command-line client": "docs/command-line.md",
+    "Deployment and scaling": "docs/deploy.md",
+    "Which parts may run as several replicas": "docs/deploy.md",
+    "Rolling deploys": "docs/deploy.md",
+    "The end-to-end tests start the system from the compose file": "docs/deploy.md",
+    "Development": "docs/development.md",
+    "Today's schema": "docs/development.md",
+    "The fault harness": "docs/development.md",
+    "Benchmark": "docs/benchmark.md",
+    "Cancel and takeover latency": "docs/benchmark.md",
+}
 
 
 def test_the_top_shows_make_run_and_make_test() -> None:
@@ -27,10 +45,16 @@ def test_the_top_shows_make_run_and_make_test() -> None:
     assert "make run" in top and "make test" in top
 
 
-def test_the_error_code_table_lists_every_code_with_its_status() -> None:
-    section = README[README.index("### Error codes") :]
-    section = section[: section.index("\n## ")]
-    rows = re.findall(r"^\| `([A-Z_]+)` \| (\d{3}) \|", section, flags=re.MULTILINE)
-    documented = [(code, int(status)) for code, status in rows]
-    assert len(documented) == len(dict(documented)), "a code is listed twice"
-    assert dict(documented) == {code: status for code, (status, _) in CODES.items()}
+def test_the_readme_is_short() -> None:
+    assert len(README.splitlines()) <= 150
+
+
+@pytest.mark.parametrize("target", sorted(set(re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README))))
+def test_every_link_of_the_readme_leads_to_a_file(target: str) -> None:
+    assert (ROOT / target).is_file()
+
+
+@pytest.mark.parametrize(("heading", "page"), MOVED.items())
+def test_every_old_section_has_a_page(heading: str, page: str) -> None:
+    text = (ROOT / page).read_text(encoding="utf-8")
+    assert re.search(rf"^#+ {re.escape(heading)}$", text, flags=re.MULTILINE)

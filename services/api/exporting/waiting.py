@@ -1,9 +1,9 @@
 """Waiting for an operation to change without polling: the long poll of ``GET /v3/operations/{id}?wait=N``
-and the event stream of ``GET /v3/operations/{id}/events`` (README: API reference, Waiting for a change).
+and the event stream of ``GET /v3/operations/{id}/events`` (docs/api.md: API reference, Waiting for a change).
 
 Both subscribe to the process's ``OperationChanges`` before they read the operation, so no change can slip
 between the read and the wait, and both hold one of the caller's wait slots and are counted in
-``WAITING_REQUESTS`` meanwhile (README: Monitoring). aiohttp does not cancel a
+``WAITING_REQUESTS`` meanwhile (docs/monitoring.md: Monitoring). aiohttp does not cancel a
 handler whose client went away, so a waiter looks at its connection every ``CONNECTION_CHECK_SECONDS`` and
 gives its slot back once the connection is closing.
 """
@@ -90,7 +90,7 @@ async def operation_events(
     left without the state), then the operation ``read`` returns whenever its version grows, progress alone
     at most every ``PROGRESS_INTERVAL_SECONDS``; it ends after a terminal state, on shutdown or when the
     client goes. A None between them asks for a heartbeat, every ``event_heartbeat_seconds``. A read the
-    database cannot answer is tried again every ``CONNECTION_CHECK_SECONDS`` meanwhile. The rule: README,
+    database cannot answer is tried again every ``CONNECTION_CHECK_SECONDS`` meanwhile. The rule: docs/api.md:
     API reference, Waiting for a change.
     """
     heartbeat = request.app[SETTINGS].event_heartbeat_seconds

@@ -1,4 +1,5 @@
-"""Reading request bodies within each route's limits (README: API reference) and validating them with pydantic models.
+"""Reading request bodies within each route's limits (docs/api.md: API reference) and validating them with pydantic
+models.
 
 Checks run in the documented order: media type and content coding (415), size (413), the body arriving
 within its deadline (408) and intact (400), UTF-8 and JSON syntax (400), then the schema (422). Nothing is
@@ -38,7 +39,7 @@ async def read_limited(request: web.Request, *, max_bytes: int) -> bytes:
     content coding (``require_identity_coding``); 413 beyond ``max_bytes``; 408 ``REQUEST_TIMEOUT`` when
     the whole body has not arrived ``request_body_timeout_seconds`` after reading began, and 400
     ``MALFORMED_REQUEST`` when its framing breaks (the error middleware closes the connection after either,
-    README: API reference). Streams the body so that a lying or absent Content-Length cannot make the
+    docs/api.md: API reference). Streams the body so that a lying or absent Content-Length cannot make the
     server buffer more.
     """
     require_identity_coding(request)
@@ -67,7 +68,7 @@ async def read_limited(request: web.Request, *, max_bytes: int) -> bytes:
 def require_identity_coding(request: web.Request) -> None:
     """Raise ``ProblemError`` 415 ``UNSUPPORTED_CONTENT_ENCODING`` with ``Accept-Encoding: identity`` (RFC 9110
     section 15.5.16) unless every coding ``Content-Encoding`` names is ``identity``: the service takes bodies
-    only as they are (README: API reference). Codings are case-insensitive tokens in comma-separated lists,
+    only as they are (docs/api.md: API reference). Codings are case-insensitive tokens in comma-separated lists,
     over any number of fields (RFC 9110 section 8.4); an empty list is no coding.
     """
     fields = request.headers.getall("Content-Encoding", ())
@@ -153,7 +154,7 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
 def validate_query(model: type[ModelT], request: web.Request) -> ModelT:
     """Validate the query string of ``request`` against ``model``. A parameter given more than once is a
     422 at ``["query", name]`` (which of its values counts would otherwise be a guess); schema errors are
-    422 under ``"query"`` too (README: Error codes). Raises ``ProblemError``.
+    422 under ``"query"`` too (docs/api.md: Error codes). Raises ``ProblemError``.
     """
     repeated = sorted({name for name in request.query if len(request.query.getall(name)) > 1})
     if repeated:
@@ -178,8 +179,8 @@ def _message(error: Any) -> str:
 
 
 def check_body_bytes(body: str, *, max_bytes: int, loc: list[Any]) -> None:
-    """Raise ``ProblemError`` 422 at ``loc`` when a message ``body`` is over ``max_bytes`` UTF-8 bytes (README: API
-    reference, Send; README: API reference, Import).
+    """Raise ``ProblemError`` 422 at ``loc`` when a message ``body`` is over ``max_bytes`` UTF-8 bytes (docs/api.md: API
+    reference, Send; docs/api.md: API reference, Import).
     """
     if len(body.encode("utf-8")) > max_bytes:
         raise validation_failed([{"loc": loc, "msg": f"must be at most {max_bytes} UTF-8 bytes"}])

@@ -1,4 +1,4 @@
-"""What a documented route takes and answers, declared beside its view as an ``Endpoint`` (README: API
+"""What a documented route takes and answers, declared beside its view as an ``Endpoint`` (docs/api.md: API
 reference). ``services.api.http.openapi`` builds the OpenAPI document's paths from ``shared.routes.ROUTES`` and these
 declarations; views never import ``openapi``, which imports them.
 """
@@ -17,7 +17,7 @@ from shared.routes import path
 REF_TEMPLATE = "#/components/schemas/{model}"
 
 # Problems every route that needs a token can answer: a bad token, a busy database, an internal fault
-# (services.api.http.middlewares; README: Error codes), and a request that breaks HTTP itself, which the HTTP
+# (services.api.http.middlewares; docs/api.md: Error codes), and a request that breaks HTTP itself, which the HTTP
 # server answers before any route (services.api.http.server).
 ANY_ROUTE_PROBLEMS = (
     "UNAUTHENTICATED",

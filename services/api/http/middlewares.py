@@ -1,4 +1,4 @@
-"""Request middlewares: problem rendering and bearer authentication (README: API reference, Authentication;
+"""Request middlewares: problem rendering and bearer authentication (docs/api.md: API reference, Authentication;
 Error codes).
 """
 
@@ -126,7 +126,7 @@ def client_gone(request: web.BaseRequest) -> bool:
 
 def _unavailable(request: web.Request, exc: BaseException) -> web.Response:
     """503 for a statement timeout (a long import holding a conversation, say) or a database restart: the
-    request can succeed when retried, so it is no internal fault (README: Error codes).
+    request can succeed when retried, so it is no internal fault (docs/api.md: Error codes).
     """
     log.warning("database unavailable", extra={"route": request.path, "error": type(exc).__name__})
     return ProblemError(
@@ -188,7 +188,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 def _authorization(request: web.Request) -> str | None:
     """The one ``Authorization`` field's value; raises ``InvalidToken`` when there are several, since
-    intermediaries disagree on which one counts (README: API reference, Authentication).
+    intermediaries disagree on which one counts (docs/api.md: API reference, Authentication).
     """
     values = request.headers.getall("Authorization", [])
     if len(values) > 1:

@@ -3,7 +3,7 @@ evaluated in the order of section 13.2.2, and whether ``If-Range`` lets a ``Rang
 
 A result never changes once published (its key, size and sha256 are fixed with SUCCEEDED), so its ETag
 (the quoted sha256) and its ``Last-Modified`` (the second it was published) are both strong validators
-(README: API reference, Conditional downloads).
+(docs/api.md: API reference, Conditional downloads).
 """
 
 from __future__ import annotations

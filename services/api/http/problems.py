@@ -1,4 +1,4 @@
-"""RFC 9457 problem responses with stable ``code`` strings (README: Error codes).
+"""RFC 9457 problem responses with stable ``code`` strings (docs/api.md: Error codes).
 
 A handler raises ``ProblemError``; the error middleware renders it. Nothing here may echo a message body, a
 token or a signed URL.
@@ -6,7 +6,7 @@ token or a signed URL.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -14,43 +14,163 @@ from shared import jsontext
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
-# code -> (status, title); one table so every response for a code looks the same.
-CODES: dict[str, tuple[int, str]] = {
-    "UNAUTHENTICATED": (401, "Authentication required"),
-    "FORBIDDEN": (403, "Forbidden"),
-    "NOT_FOUND": (404, "Not found"),
-    "CONVERSATION_NOT_FOUND": (404, "Conversation not found"),
-    "METHOD_NOT_ALLOWED": (405, "Method not allowed"),
-    "MALFORMED_JSON": (400, "Malformed JSON"),
-    "BAD_REQUEST": (400, "Bad request"),
-    "MALFORMED_REQUEST": (400, "Malformed request"),
-    "REQUEST_HEADER_TOO_LARGE": (431, "Request header fields too large"),
-    "EXPECTATION_FAILED": (417, "Expectation failed"),
-    "IDEMPOTENCY_KEY_MISSING": (400, "Idempotency-Key missing"),
-    "IDEMPOTENCY_KEY_INVALID": (400, "Idempotency-Key invalid"),
-    "UNSUPPORTED_MEDIA_TYPE": (415, "Unsupported media type"),
-    "UNSUPPORTED_CONTENT_ENCODING": (415, "Unsupported content encoding"),
-    "PAYLOAD_TOO_LARGE": (413, "Payload too large"),
-    "REQUEST_TIMEOUT": (408, "Request timeout"),
-    "VALIDATION_FAILED": (422, "Validation failed"),
-    "NOTIFY_URL_REFUSED": (422, "Callback URL refused"),
-    "DUPLICATE_MESSAGE_ID": (409, "Duplicate message id"),
-    "IDEMPOTENCY_KEY_REUSED": (409, "Idempotency-Key reused"),
-    "IDEMPOTENCY_KEY_EXPIRED": (409, "Idempotency-Key expired"),
-    "ALREADY_TERMINAL": (409, "Operation already terminal"),
-    "NOT_REQUEUEABLE": (409, "Operation not requeueable"),
-    "RESULT_NOT_READY": (409, "Result not ready"),
-    "RESULT_NOT_AVAILABLE": (409, "Result not available"),
-    "RESULT_IN_PARTS": (409, "Result in parts"),
-    "ACCESS_REVOKED": (403, "Access revoked"),
-    "RESULT_EXPIRED": (410, "Result expired"),
-    "RANGE_NOT_SATISFIABLE": (416, "Range not satisfiable"),
-    "PRECONDITION_FAILED": (412, "Precondition failed"),
-    "TOO_MANY_DOWNLOADS": (429, "Too many downloads"),
-    "TOO_MANY_WAITERS": (429, "Too many waiting requests"),
-    "TOO_MANY_ACTIVE_EXPORTS": (429, "Too many active exports"),
-    "SERVICE_UNAVAILABLE": (503, "Service unavailable"),
-    "INTERNAL": (500, "Internal server error"),
+
+class ProblemCode(NamedTuple):
+    """What a problem code means: its one HTTP ``status``, the ``title`` every answer with it carries, and
+    ``when`` it is answered (markdown, a fragment without a final full stop, for the site's problem codes page
+    that ``devtools.reference`` generates from ``CODES``).
+    """
+
+    status: int
+    title: str
+    when: str
+
+
+# Markdown; the problem codes page's prose above its table of ``CODES``.
+ABOUT_CODES = """Every `code` an `application/problem+json` answer can carry, with its HTTP status: one status
+per code, so that a client may act on either. The body holds `type`, `title`, `status`, `detail` and `code`,
+and the extension members the table names (`errors`, `state`, `checks`). An operation's own `error.code`
+(`STORAGE_UNAVAILABLE`, `WORKER_LOST`, ...) is not an HTTP answer but part of the operation's status."""
+
+# code -> its meaning; one table so every response for a code looks the same and its documentation is
+# written beside it.
+CODES: dict[str, ProblemCode] = {
+    "UNAUTHENTICATED": ProblemCode(
+        401, "Authentication required", "`/v2`, `/v3` or `/admin` without a valid bearer token; with `WWW-Authenticate`"
+    ),
+    "FORBIDDEN": ProblemCode(403, "Forbidden", "an `/admin` route without the `admin` scope"),
+    "NOT_FOUND": ProblemCode(
+        404,
+        "Not found",
+        "an unknown route; on `/v2` and `/v3` a conversation, message or operation that does not"
+        " exist or that the caller may not see (one body for both); on `/admin` an unknown operation",
+    ),
+    "CONVERSATION_NOT_FOUND": ProblemCode(
+        404,
+        "Conversation not found",
+        "an `/admin` conversation route (view, member add or remove, import) on a conversation that"
+        " does not exist; create it with `PUT /admin/conversations/{cid}`",
+    ),
+    "METHOD_NOT_ALLOWED": ProblemCode(405, "Method not allowed", "a method the route does not answer; with `Allow`"),
+    "MALFORMED_JSON": ProblemCode(
+        400, "Malformed JSON", "a JSON body that is not UTF-8, not strict JSON, or missing where one is required"
+    ),
+    "BAD_REQUEST": ProblemCode(
+        400, "Bad request", "any other refusal of the request as HTTP (the client went away mid-request, say)"
+    ),
+    "MALFORMED_REQUEST": ProblemCode(
+        400,
+        "Malformed request",
+        "a request that is not valid HTTP/1.1, or a body whose framing breaks; the connection is closed",
+    ),
+    "REQUEST_HEADER_TOO_LARGE": ProblemCode(
+        431, "Request header fields too large", "a request line or header field over the parser's line limit"
+    ),
+    "EXPECTATION_FAILED": ProblemCode(417, "Expectation failed", "an `Expect` field other than `100-continue`"),
+    "IDEMPOTENCY_KEY_MISSING": ProblemCode(
+        400, "Idempotency-Key missing", "an export submit without `Idempotency-Key`"
+    ),
+    "IDEMPOTENCY_KEY_INVALID": ProblemCode(
+        400, "Idempotency-Key invalid", "an `Idempotency-Key` that breaks the 1-255 visible ASCII rule"
+    ),
+    "UNSUPPORTED_MEDIA_TYPE": ProblemCode(
+        415,
+        "Unsupported media type",
+        "a body not sent as `application/json` (an import: `application/x-ndjson` or `application/json`)",
+    ),
+    "UNSUPPORTED_CONTENT_ENCODING": ProblemCode(
+        415,
+        "Unsupported content encoding",
+        "a body with a content coding other than `identity`; with `Accept-Encoding: identity`",
+    ),
+    "PAYLOAD_TOO_LARGE": ProblemCode(
+        413,
+        "Payload too large",
+        "a request body over the route's limit (the `CHATEXPORT_*_REQUEST_MAX_BYTES` settings; 1 MiB for a member set)",
+    ),
+    "REQUEST_TIMEOUT": ProblemCode(
+        408,
+        "Request timeout",
+        "a body that has not arrived in full `CHATEXPORT_REQUEST_BODY_TIMEOUT_SECONDS` after reading"
+        " began; the connection is closed",
+    ),
+    "VALIDATION_FAILED": ProblemCode(
+        422,
+        "Validation failed",
+        "a body, query parameter or (on `/admin`) path id that breaks the rules; `errors` lists each `loc` and `msg`",
+    ),
+    "NOTIFY_URL_REFUSED": ProblemCode(
+        422,
+        "Callback URL refused",
+        "a submit whose `notify.url` may not receive callbacks (not https, user information, a"
+        ' private or local address); `errors` names `["body", "notify", "url"]`',
+    ),
+    "DUPLICATE_MESSAGE_ID": ProblemCode(
+        409, "Duplicate message id", "a send whose `message_id` the conversation already holds, recalled or not"
+    ),
+    "IDEMPOTENCY_KEY_REUSED": ProblemCode(
+        409, "Idempotency-Key reused", "a submit whose key was used for a different request"
+    ),
+    "IDEMPOTENCY_KEY_EXPIRED": ProblemCode(
+        409,
+        "Idempotency-Key expired",
+        "a submit repeating a request after the key's replay window, before its record is purged",
+    ),
+    "ALREADY_TERMINAL": ProblemCode(
+        409,
+        "Operation already terminal",
+        "a cancel of a SUCCEEDED, FAILED, FAILED_REPAIR or EXPIRED operation; with `state`",
+    ),
+    "NOT_REQUEUEABLE": ProblemCode(
+        409, "Operation not requeueable", "an admin requeue of an operation that is not FAILED_REPAIR; with `state`"
+    ),
+    "RESULT_NOT_READY": ProblemCode(
+        409,
+        "Result not ready",
+        "a download before the export SUCCEEDED (QUEUED, RUNNING, RETRY_AT, CANCEL_REQUESTED); with `state`",
+    ),
+    "RESULT_NOT_AVAILABLE": ProblemCode(
+        409, "Result not available", "a download of a CANCELED, FAILED or FAILED_REPAIR export; with `state`"
+    ),
+    "RESULT_IN_PARTS": ProblemCode(
+        409, "Result in parts", "`GET /v3/exports/{id}/result` of a result split into parts: download `result.parts`"
+    ),
+    "ACCESS_REVOKED": ProblemCode(
+        403, "Access revoked", "a download by an owner who is no longer a member of the conversation"
+    ),
+    "RESULT_EXPIRED": ProblemCode(
+        410, "Result expired", "a download after the result retention (EXPIRED); with `state`"
+    ),
+    "RANGE_NOT_SATISFIABLE": ProblemCode(
+        416, "Range not satisfiable", "a download range that starts beyond the end; with `Content-Range: bytes */size`"
+    ),
+    "PRECONDITION_FAILED": ProblemCode(
+        412, "Precondition failed", "a download whose `If-Match` or `If-Unmodified-Since` does not hold for the result"
+    ),
+    "TOO_MANY_DOWNLOADS": ProblemCode(
+        429,
+        "Too many downloads",
+        "a download by a user who already has `CHATEXPORT_DOWNLOAD_PER_USER_CONCURRENCY` open; with `Retry-After`",
+    ),
+    "TOO_MANY_WAITERS": ProblemCode(
+        429,
+        "Too many waiting requests",
+        "a long poll or event stream by a user who already has `CHATEXPORT_WAIT_PER_USER_CONCURRENCY`"
+        " waiting; with `Retry-After`",
+    ),
+    "TOO_MANY_ACTIVE_EXPORTS": ProblemCode(
+        429, "Too many active exports", "a submit over `CHATEXPORT_MAX_ACTIVE_EXPORTS`; with `Retry-After: 10`"
+    ),
+    "SERVICE_UNAVAILABLE": ProblemCode(
+        503,
+        "Service unavailable",
+        "the database busy or restarting, every download slot of the process taken, or `/readyz` not"
+        " ready (with `checks`): `Retry-After: 5`; storage unreachable on a download: `Retry-After:"
+        " 30`",
+    ),
+    "INTERNAL": ProblemCode(
+        500, "Internal server error", "an unexpected failure, or a SUCCEEDED result whose file is gone from storage"
+    ),
 }
 
 NOT_FOUND_DETAIL = "The resource does not exist or you may not see it."
@@ -73,7 +193,7 @@ class ProblemError(Exception):
     ) -> None:
         super().__init__(code)
         self.code = code
-        self.status, self.title = CODES[code]
+        self.status, self.title = CODES[code].status, CODES[code].title
         self.detail = detail
         self.headers = headers or {}
         self.extra = extra
@@ -97,10 +217,11 @@ class ProblemError(Exception):
 
 
 def not_found() -> ProblemError:
-    """The one 404 for "does not exist" and "you may not know it exists": identical bodies (README: Error codes)."""
+    """The one 404 for "does not exist" and "you may not know it exists": identical bodies (docs/api.md: Error
+    codes)."""
     return ProblemError("NOT_FOUND", NOT_FOUND_DETAIL)
 
 
 def validation_failed(errors: list[dict[str, Any]], detail: str = "The request breaks the schema.") -> ProblemError:
-    """A 422 with ``errors: [{"loc": [...], "msg": "..."}]`` (README: Error codes)."""
+    """A 422 with ``errors: [{"loc": [...], "msg": "..."}]`` (docs/api.md: Error codes)."""
     return ProblemError("VALIDATION_FAILED", detail, errors=errors)

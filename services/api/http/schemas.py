@@ -64,8 +64,8 @@ def _clean_text(value: str) -> str:
 CleanText = Annotated[StrictStr, AfterValidator(_clean_text)]
 Identifier = Annotated[StrictStr, Field(pattern=f"^{ID_PATTERN}$")]
 MessageId = Annotated[CleanText, Field(min_length=1, max_length=64)]
-# The byte limit depends on the route and the settings; the views check it (README: API reference, Message store). The
-# length bound comes before the text check so that its message speaks of characters, not "items".
+# The byte limit depends on the route and the settings; the views check it (docs/api.md: API reference, Message store).
+# The length bound comes before the text check so that its message speaks of characters, not "items".
 MessageBody = Annotated[StrictStr, Field(min_length=1), AfterValidator(_clean_text)]
 
 
@@ -125,13 +125,13 @@ ABSENT_PARAMETER: Any = Field(default=None, json_schema_extra=_not_null)
 
 
 class StrictModel(BaseModel):
-    """Unknown fields are a validation error (README: Error codes: VALIDATION_FAILED)."""
+    """Unknown fields are a validation error (docs/api.md: Error codes: VALIDATION_FAILED)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class NotifyTarget(StrictModel):
-    """Where to send the completion callback (README: API reference, Completion callbacks)."""
+    """Where to send the completion callback (docs/api.md: API reference, Completion callbacks)."""
 
     url: Annotated[StrictStr, Field(min_length=1, max_length=900)]
 
@@ -147,7 +147,7 @@ else:
 
 
 class ExportSubmission(StrictModel):
-    """Body of ``POST /v3/conversations/{cid}/exports`` (README: API reference, Submit; Export options)."""
+    """Body of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: API reference, Submit; Export options)."""
 
     format: FormatName = DEFAULT_FORMAT
     notify: NotifyTarget | SkipJsonSchema[None] = ABSENT
@@ -164,7 +164,7 @@ class ExportSubmission(StrictModel):
     @model_validator(mode="after")
     def _range_not_empty_by_construction(self) -> ExportSubmission:
         # Checked after defaults, so {"before_seq": 1} and {"before_seq": 1, "after_seq": 0}, which are the
-        # same canonical request (README: API reference, Submit), are judged alike: both describe an empty range.
+        # same canonical request (docs/api.md: API reference, Submit), are judged alike: both describe an empty range.
         if self.before_seq is not None and not self.after_seq < self.before_seq - 1:
             raise PydanticCustomError("seq_range", "after_seq must be less than before_seq - 1")
         return self
@@ -195,34 +195,35 @@ class ExportSubmission(StrictModel):
 
 
 class EmptyRequest(StrictModel):
-    """Body of ``POST /v3/operations/{id}/cancel`` (README: States and failure model, Cancel) and ``POST
+    """Body of ``POST /v3/operations/{id}/cancel`` (docs/states.md: States and failure model, Cancel) and ``POST
     /admin/operations/{id}/requeue``: empty or ``{}``.
     """
 
 
 class MessageSubmission(StrictModel):
-    """Body of ``POST /v2/conversations/{cid}/messages`` (README: API reference, Message store)."""
+    """Body of ``POST /v2/conversations/{cid}/messages`` (docs/api.md: API reference, Message store)."""
 
     message_id: MessageId
     body: MessageBody
 
 
 class MessagePageQuery(StrictModel):
-    """Query of ``GET /v2/conversations/{cid}/messages`` (README: API reference, Message store: ``limit <= 1000``)."""
+    """Query of ``GET /v2/conversations/{cid}/messages`` (docs/api.md: API reference, Message store: ``limit <=
+    1000``)."""
 
     after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ), QUERY_DIGITS] = 0
     limit: Annotated[int, Field(ge=1, le=MAX_PAGE_LIMIT), QUERY_DIGITS] = 100
 
 
 class ConversationListQuery(StrictModel):
-    """Query of ``GET /v2/conversations?limit=&cursor=`` (README: API reference, Message store)."""
+    """Query of ``GET /v2/conversations?limit=&cursor=`` (docs/api.md: API reference, Message store)."""
 
     limit: Annotated[int, Field(ge=1, le=MAX_CONVERSATIONS_PAGE), QUERY_DIGITS] = 50
     cursor: str | SkipJsonSchema[None] = ABSENT
 
 
 class OperationListQuery(StrictModel):
-    """Query of ``GET /v3/operations?state=&limit=&cursor=`` (README: API reference, Operation)."""
+    """Query of ``GET /v3/operations?state=&limit=&cursor=`` (docs/api.md: API reference, Operation)."""
 
     state: State | None = ABSENT_PARAMETER
     limit: Annotated[int, Field(ge=1, le=MAX_OPERATIONS_PAGE), QUERY_DIGITS] = 20
@@ -235,7 +236,7 @@ class EmptyQuery(StrictModel):
 
 class OperationQuery(StrictModel):
     """Query of ``GET /v3/operations/{id}?wait=``: ``wait`` seconds (1-60) to wait for the state to change
-    (README: API reference, Waiting for a change).
+    (docs/api.md: API reference, Waiting for a change).
     """
 
     wait: Annotated[int, Field(ge=1, le=MAX_WAIT_SECONDS), QUERY_DIGITS] | None = ABSENT_PARAMETER
@@ -243,7 +244,7 @@ class OperationQuery(StrictModel):
 
 class AdminOperationListQuery(OperationListQuery):
     """Query of ``GET /admin/operations``: the user list's parameters, with the owner and the conversation
-    as filters besides the state (README: API reference, Admin list of operations).
+    as filters besides the state (docs/api.md: API reference, Admin list of operations).
     """
 
     conversation_id: Identifier | None = ABSENT_PARAMETER
@@ -251,13 +252,15 @@ class AdminOperationListQuery(OperationListQuery):
 
 
 class MemberSet(StrictModel):
-    """Body of ``PUT /admin/conversations/{cid}``: the complete member set (README: API reference, Message store)."""
+    """Body of ``PUT /admin/conversations/{cid}``: the complete member set (docs/api.md: API reference, Message
+    store)."""
 
     members: Annotated[list[Identifier], Field(max_length=MAX_MEMBERS)]
 
 
 class ImportedMessage(StrictModel):
-    """One NDJSON line of ``POST /admin/conversations/{cid}/messages:import`` (README: API reference, Message store).
+    """One NDJSON line of ``POST /admin/conversations/{cid}/messages:import`` (docs/api.md: API reference, Message
+    store).
 
     ``sent_at`` absent or null: the time of the import.
     """
@@ -268,7 +271,7 @@ class ImportedMessage(StrictModel):
     sent_at: Timestamp | None = None
 
 
-# Response models (README: Error codes; README: API reference, Message store; README: API reference,
+# Response models (docs/api.md: Error codes; docs/api.md: API reference, Message store; docs/api.md: API reference,
 # Operation). Field order is the order the views write.
 
 TimestampText = Annotated[
@@ -276,7 +279,7 @@ TimestampText = Annotated[
     Field(
         pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$",
         json_schema_extra={"format": "date-time"},
-        description="RFC 3339 in UTC with millisecond precision and a Z suffix (README: API reference, The file).",
+        description="RFC 3339 in UTC with millisecond precision and a Z suffix (docs/api.md: API reference, The file).",
     ),
 ]
 Seq = Annotated[int, Field(ge=1, le=MAX_SEQ)]
@@ -292,7 +295,7 @@ class FieldError(StrictModel):
 
 
 class Problem(StrictModel):
-    """An RFC 9457 problem (``application/problem+json``) with a stable ``code`` (README: Error codes).
+    """An RFC 9457 problem (``application/problem+json``) with a stable ``code`` (docs/api.md: Error codes).
 
     ``errors`` comes with VALIDATION_FAILED only; ``state`` with refusals that depend on an operation's state.
     """
@@ -307,8 +310,8 @@ class Problem(StrictModel):
 
 
 class Message(StrictModel):
-    """A stored message as the read API shows it, identical to a line of the export file (README: API reference, The
-    file)."""
+    """A stored message as the read API shows it, identical to a line of the export file (docs/api.md: API reference,
+    The file)."""
 
     conversation_id: str
     seq: Seq
@@ -359,8 +362,8 @@ class RecalledMessage(StrictModel):
 
 
 class OperationRequest(StrictModel):
-    """The export request after defaults: the canonical request without user, conversation and callback (README: API
-    reference, Submit; Export options)."""
+    """The export request after defaults: the canonical request without user, conversation and callback (docs/api.md:
+    API reference, Submit; Export options)."""
 
     format: FormatName
     before_seq: Seq | None
@@ -373,13 +376,14 @@ class OperationRequest(StrictModel):
 
 
 class Estimate(StrictModel):
-    """An upper bound of the messages the file will hold, null until it is known (README: API reference, Operation)."""
+    """An upper bound of the messages the file will hold, null until it is known (docs/api.md: API reference,
+    Operation)."""
 
     messages_at_most: Count | None
 
 
 class Progress(StrictModel):
-    """What a worker measured: a phase name and counts, never a percentage or an ETA (README: API reference,
+    """What a worker measured: a phase name and counts, never a percentage or an ETA (docs/api.md: API reference,
     Operation).
     """
 
@@ -438,8 +442,8 @@ class OperationLinks(StrictModel):
 
 
 class Operation(StrictModel):
-    """The status monitor of one export (README: API reference, Operation); ``next_poll_after_seconds`` only while not
-    terminal."""
+    """The status monitor of one export (docs/api.md: API reference, Operation); ``next_poll_after_seconds`` only while
+    not terminal."""
 
     operation_id: str
     kind: Literal["conversation_export"]

@@ -4,7 +4,7 @@ aiohttp's HTTP parser refuses such requests (a malformed request line, an invali
 8190 bytes, a bad chunk) before any route or middleware sees them, and ``RequestHandler.handle_error``
 answers them with a plain-text 400 that quotes the offending line back and logs it with a traceback.
 Here they get an RFC 9457 problem with a stable ``code`` and a log line naming only the parser error's class
-(README: API reference, Requests that break HTTP itself).
+(docs/api.md: API reference, Requests that break HTTP itself).
 
 aiohttp builds one ``RequestHandler`` per connection from the ``web.Server`` that ``AppRunner`` makes, so
 ``ApiRunner`` switches that server to ``_ProblemServer``, whose handlers are ``_ProblemRequestHandler``. Both
@@ -12,7 +12,7 @@ switches reassign ``__class__`` of the object aiohttp built, so every attribute 
 application's handler, the handler's keyword arguments) stays as aiohttp made it; they rely only on
 ``AppRunner._make_server`` returning the server, ``web.Server.__call__`` returning the handler, and
 ``RequestHandler.handle_error``'s signature, and on ``web.Server.request_handler`` being the callable each
-new connection serves (wrapped to answer an unmet ``Expect``). ``tests/integration/test_http_faults.py``
+new connection serves (wrapped to answer an unmet ``Expect``). ``tests/http/test_http_faults.py``
 fails if an aiohttp upgrade breaks that. (Subclassing ``web.Application`` instead is deprecated by aiohttp.)
 """
 
@@ -154,7 +154,7 @@ class ApiRunner(web.AppRunner):
 def api_runner(app: web.Application, settings: Settings, **kwargs: Any) -> ApiRunner:
     """The runner that serves the API ``app``: on cleanup, in-flight requests get
     ``settings.shutdown_grace_seconds``; no access log; request bodies are never decoded (the routes that
-    read one refuse a ``Content-Encoding`` other than ``identity``, README: API reference). ``kwargs`` go to
+    read one refuse a ``Content-Encoding`` other than ``identity``, docs/api.md: API reference). ``kwargs`` go to
     ``web.AppRunner`` and override these.
     """
     options: dict[str, Any] = {

@@ -1,4 +1,4 @@
-// The page of chatexport (README: API reference, Web page). It talks to the API with fetch only: the token
+// The page of chatexport (docs/api.md: API reference, Web page). It talks to the API with fetch only: the token
 // pasted in lives in this script's memory and travels in the Authorization header, never in a URL; the
 // event stream is read with fetch; a result is fetched and saved as a blob. Everything shown is set as
 // text (textContent), never parsed as HTML.

@@ -1,10 +1,10 @@
-"""Admin routes: member sets and history import (README: API reference, Message store), the requeue of a parked
-operation (README: States and failure model), the admin view of an operation, the list of every user's operations and
-the view of a conversation.
+"""Admin routes: member sets and history import (docs/api.md: API reference, Message store), the requeue of a parked
+operation (docs/states.md: States and failure model), the admin view of an operation, the list of every user's
+operations and the view of a conversation.
 
 The middleware already required the ``admin`` scope. Admins may know which conversations and operations
 exist, so a path id that breaks the id syntax is a 422 naming it, not the members' 404, and a missing
-conversation is ``CONVERSATION_NOT_FOUND`` rather than the members' ``NOT_FOUND`` (README: API reference).
+conversation is ``CONVERSATION_NOT_FOUND`` rather than the members' ``NOT_FOUND`` (docs/api.md: API reference).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # 10,000 member ids of 64 characters with their JSON quoting fit in about 700 KB.
 MEMBERS_REQUEST_MAX_BYTES = 1024 * 1024
 # NDJSON is the import's format; application/json is accepted too, since no route answers 415 to it
-# (README: Error codes), and one JSON object is a one-line NDJSON batch.
+# (docs/api.md: Error codes), and one JSON object is a one-line NDJSON batch.
 IMPORT_MEDIA_TYPES = ("application/x-ndjson", "application/json")
 # The admin view lists at most this many access events, the newest; a download loop or an id guessed
 # over and over must not make the answer unbounded.
@@ -153,10 +153,10 @@ async def import_messages(request: web.Request) -> web.Response:
 
 
 async def requeue_operation(request: web.Request) -> web.Response:
-    """``POST /admin/operations/{operation_id}/requeue``: FAILED_REPAIR -> QUEUED with a fresh attempt budget (README:
-    States and failure model); 202 ``{"operation_id", "state": "QUEUED"}``. The body is empty or ``{}`` (else 415, 400
-    or 422 as for cancel). 404 when unknown; 409 ``NOT_REQUEUEABLE`` with ``state`` from any other state, which is left
-    alone.
+    """``POST /admin/operations/{operation_id}/requeue``: FAILED_REPAIR -> QUEUED with a fresh attempt budget
+    (docs/states.md: States and failure model); 202 ``{"operation_id", "state": "QUEUED"}``. The body is empty or ``{}``
+    (else 415, 400 or 422 as for cancel). 404 when unknown; 409 ``NOT_REQUEUEABLE`` with ``state`` from any other state,
+    which is left alone.
     """
     await read_model(request, EmptyRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
     operation_id = _operation_path_id(request)
@@ -180,7 +180,7 @@ async def list_operations(request: web.Request) -> web.Response:
     ``["query", name]``); ``{"operations": [...], "next_cursor": str | null}``, ``Cache-Control: no-store``.
 
     Each item is the admin view of ``get_operation`` without its attempts, artifacts and access events,
-    so that a page is at most ``limit`` rows whatever the operations' histories (README: API reference,
+    so that a page is at most ``limit`` rows whatever the operations' histories (docs/api.md: API reference,
     Admin list of operations).
     """
     query = validate_query(AdminOperationListQuery, request)

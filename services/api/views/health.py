@@ -13,5 +13,6 @@ __all__ = ["healthz", "readyz"]
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """``GET /readyz``: 200 when Postgres and S3 answer in time, else 503 problem+json (README: How it works)."""
+    """``GET /readyz``: 200 when Postgres and S3 answer in time, else 503 problem+json (docs/architecture.md: How it
+    works)."""
     return await request.app[MONITOR].ready_response()

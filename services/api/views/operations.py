@@ -1,5 +1,5 @@
-"""The status monitor: ``/v3/operations``, ``/v3/operations/{id}`` and its event stream (README: API reference,
-Operation; README: API reference, Waiting for a change; README: States and failure model, Cancel)."""
+"""The status monitor: ``/v3/operations``, ``/v3/operations/{id}`` and its event stream (docs/api.md: API reference,
+Operation; docs/api.md: API reference, Waiting for a change; docs/states.md: States and failure model, Cancel)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ async def get_operation(request: web.Request) -> web.Response:
 async def stream_operation_events(request: web.Request) -> web.StreamResponse:
     """``GET /v3/operations/{id}/events``: ``text/event-stream`` of ``operation`` events, one representation
     each with the operation's version as ``id``, until a terminal state; ``Last-Event-ID`` as
-    ``operation_events`` takes it (README: API reference, Waiting for a change). A reconnect whose
+    ``operation_events`` takes it (docs/api.md: API reference, Waiting for a change). A reconnect whose
     ``Last-Event-ID`` is already the terminal version is answered ``204 No Content``: the HTML standard's
     signal that stops ``EventSource`` from reconnecting.
     """
@@ -128,7 +128,7 @@ async def list_operations(request: web.Request) -> web.Response:
 
 
 async def cancel_operation(request: web.Request) -> web.Response:
-    """``POST /v3/operations/{id}/cancel`` with the documented outcomes (README: API reference, Cancel)."""
+    """``POST /v3/operations/{id}/cancel`` with the documented outcomes (docs/api.md: API reference, Cancel)."""
     await read_model(request, EmptyRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
     operation_id = request.match_info["operation_id"]
     if not is_operation_id(operation_id):
@@ -137,7 +137,7 @@ async def cancel_operation(request: web.Request) -> web.Response:
     async with request.app[POOL].acquire() as conn, conn.transaction():
         if await status_monitor.request_cancel(conn, operation_id=operation_id, owner_id=owner_id):
             # A wake-up in the same transaction: a worker finishes a cancellation that no live worker
-            # holds at once, instead of a janitor pass later (README: States and failure model, Cancel).
+            # holds at once, instead of a janitor pass later (docs/states.md: States and failure model, Cancel).
             await enqueue_run(conn, operation_id=operation_id)
         # Read in the transaction: a request that moved it sees its own CANCEL_REQUESTED.
         row = await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=owner_id)

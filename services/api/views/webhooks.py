@@ -1,4 +1,4 @@
-"""``GET /v3/webhooks/secret``: the caller's own signing secret for completion callbacks (README: API
+"""``GET /v3/webhooks/secret``: the caller's own signing secret for completion callbacks (docs/api.md: API
 reference, Completion callbacks).
 """
 
