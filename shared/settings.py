@@ -46,7 +46,7 @@ class Settings(BaseSettings):
 
     environment: Literal["development", "production"] = Field(
         "development",
-        description="`development` or `production`; outside development the placeholder JWT secret is refused",
+        description="`development` or `production`; outside development the placeholder keys are refused (see above)",
     )
     log_level: str = Field("INFO", description="log level of every part (JSON lines on stderr)")
 
@@ -94,8 +94,8 @@ class Settings(BaseSettings):
     s3_prefix: str = Field(
         "exports/",
         pattern=r"^[^/].*/$",
-        description="key prefix; files are `<prefix><operation>/g<generation>.jsonl`. A folder: it must end with"
-        " `/` and not start with one. The janitor deletes old objects under it that no record names,"
+        description="key prefix; files are `<prefix><operation>/g<generation>.<format>[.gz]`. A folder: it must"
+        " end with `/` and not start with one. The janitor deletes old objects under it that no record names,"
         " so give the service a folder (or bucket) of its own",
     )
     s3_access_key_id: str = Field("testing", description="S3 credentials")
