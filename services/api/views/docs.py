@@ -14,23 +14,17 @@ from importlib.resources.abc import Traversable
 from aiohttp import web
 from swagger_ui_bundle import swagger_ui_path
 
-# The web page's policy (services.api.views.page) and one addition. Scripts are this origin's files only: no
-# inline script and no eval (Swagger UI's bundle calls ``Function("return this")`` only where neither
+from services.api.views import page
+
+# The web page's policy (services.api.views.page), scripts named, and one addition. Scripts are this origin's files
+# only: no inline script and no eval (Swagger UI's bundle calls ``Function("return this")`` only where neither
 # ``globalThis``, ``window`` nor ``self`` exists, never in a browser). ``img-src data:``: swagger-ui.css draws
 # its icons as ``data:`` SVG images. Styles stay this origin's too: Swagger UI sets its inline styles through
 # the DOM (``element.style``), which a policy does not refuse, and writes no ``<style>`` element or ``style``
 # attribute in markup, so ``style-src 'unsafe-inline'`` is not needed (the browser test fails on any
 # violation of this policy).
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
-    "frame-ancestors 'none'"
-)
-HEADERS = {
-    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",
-}
+CONTENT_SECURITY_POLICY = f"{page.CONTENT_SECURITY_POLICY}; script-src 'self'; img-src 'self' data:"
+HEADERS = page.HEADERS | {"Content-Security-Policy": CONTENT_SECURITY_POLICY}
 
 _OURS = resources.files("services.api") / "docs"
 # Route name (shared.routes) -> (file, media type): the allow-list of what the page serves. Each route is one
