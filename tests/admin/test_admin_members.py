@@ -12,8 +12,6 @@ import pytest
 from tests.support.api_calls import expect_problem
 from tests.support.messages import Auth, Client, read, send, stored
 
-pytestmark = pytest.mark.integration
-
 
 async def member_ids(pool: asyncpg.Pool, cid: str) -> list[str]:
     rows = await pool.fetch("SELECT user_id FROM conversation_members WHERE conversation_id = $1 ORDER BY 1", cid)

@@ -36,7 +36,7 @@ from tests.support.api_calls import (
 from tests.support.exports import GUESSED_ID, REPRESENTATION_KEYS, TIMESTAMP, Auth, Client, download_events
 from tests.support.rows import insert_operation
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 LEASE = 30.0
 ADMIN_KEYS = {

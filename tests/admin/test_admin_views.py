@@ -17,7 +17,7 @@ from tests.support.api_calls import expect_problem, import_lines, make_conversat
 from tests.support.exports import NDJSON, REPRESENTATION_KEYS, Auth, Client
 from tests.support.rows import insert_operation
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 # What the admin list adds to the owner's representation; the admin view of one operation adds its
 # attempts, artifacts and access events on top.

@@ -11,14 +11,11 @@ import sys
 from pathlib import Path
 
 import asyncpg
-import pytest
 
 from shared.settings import Settings
 from tests.support.api_calls import expect_problem
 from tests.support.exports import GUESSED_ID, Auth, Client
 from tests.support.rows import insert_operation
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PARKED = {"attempt": 5, "generation": 5, "error_code": "STORAGE_UNAVAILABLE", "error_message": "budget spent"}

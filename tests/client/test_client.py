@@ -24,7 +24,7 @@ from chatexport.client.incremental import history_path
 from tests.support.api_calls import expected_file, import_lines, make_conversation, read_all, submit, wait_terminal
 from tests.support.messages import Auth, Client
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 CID = "c-cli"
 REQUEST = {"format": "jsonl"}

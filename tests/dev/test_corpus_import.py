@@ -5,11 +5,8 @@ from __future__ import annotations
 import itertools
 
 import asyncpg
-import pytest
 
 from devtools import corpus
-
-pytestmark = pytest.mark.integration
 
 SNAPSHOT = """
     SELECT conversation_id, seq, message_id, sender_id, body, sent_at, recalled_at

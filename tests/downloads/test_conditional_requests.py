@@ -25,7 +25,7 @@ from tests.support.api_calls import (
 )
 from tests.support.exports import Auth, Client, download_events
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 
 async def _published(api: Client, auth: Auth) -> tuple[str, bytes]:

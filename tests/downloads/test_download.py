@@ -38,7 +38,7 @@ from tests.support.exports import (
     operation_state,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 VALID = {"format": "jsonl"}
 

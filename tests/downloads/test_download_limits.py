@@ -20,7 +20,7 @@ from tests.support import wait_for
 from tests.support.api_calls import expect_problem, import_lines, make_conversation, submit, wait_terminal
 from tests.support.exports import Auth, Client, download_events, held_download
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 BIG_BODY = "x" * 60_000
 

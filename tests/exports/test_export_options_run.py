@@ -33,7 +33,7 @@ from tests.support.exported_files import (
 )
 from tests.support.exports import Auth, Client
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 MIB = 1024 * 1024
 

@@ -18,7 +18,7 @@ from shared.repository.submissions import SubmitOutcome, SubmitResult, submit_ex
 from tests.support.api_calls import make_conversation
 from tests.support.exports import Auth, Client
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 # Every field away from its default, so that a field the submit leaves out reads back as its default and fails.
 EVERY_OPTION = ExportRequest(

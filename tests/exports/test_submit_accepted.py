@@ -18,7 +18,7 @@ from shared.settings import Settings
 from tests.support.api_calls import expect_problem, make_conversation, submit
 from tests.support.exports import Auth, Client, operation_state, post_export, stored
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 VALID = {"format": "jsonl"}
 

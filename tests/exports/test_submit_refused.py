@@ -21,7 +21,7 @@ from shared.settings import Settings
 from tests.support.api_calls import challenge, expect_problem, make_conversation, submit
 from tests.support.exports import GUESSED_ID, Auth, Client, post_export, stored
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 NOTHING = dict.fromkeys(("operations", "idempotency_keys", "outbox"), 0)
 VALID = {"format": "jsonl"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncpg
-import pytest
 
 from devtools.moto import MotoServer
 from services.api.http.keys import POOL
@@ -11,8 +10,6 @@ from shared.settings import Settings
 from tests.support import PG_SERVER, wait_for
 from tests.support.api_calls import expect_problem
 from tests.support.messages import Auth, Client, configured_api
-
-pytestmark = pytest.mark.integration
 
 
 async def test_healthz_and_readyz(api: Client) -> None:

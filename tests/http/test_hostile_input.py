@@ -11,8 +11,6 @@ import pytest
 
 from tests.support.api_calls import Headers, expect_problem, make_conversation, read_all
 
-pytestmark = pytest.mark.integration
-
 
 async def test_deeply_nested_or_huge_number_json_is_malformed(api: Any, auth: Headers, pool: asyncpg.Pool) -> None:
     await make_conversation(api, auth, "c-h", ["alice"])

@@ -26,7 +26,7 @@ from tests.support import wait_for
 from tests.support.api_calls import Headers, check_problem, expect_problem
 from tests.support.rows import insert_operation
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 # Short enough that a stalled body is answered quickly, long enough for a loaded machine to send one.
 BODY_TIMEOUT_SECONDS = 0.5

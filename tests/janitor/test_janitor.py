@@ -14,8 +14,6 @@ from shared.settings import Settings
 from tests.support.bucket import keys, open_uploads
 from tests.support.rows import insert_artifact, insert_operation, shift
 
-pytestmark = pytest.mark.integration
-
 MIB = 1024 * 1024
 
 

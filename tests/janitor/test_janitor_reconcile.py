@@ -19,8 +19,6 @@ from tests.support import wait_for
 from tests.support.bucket import keys
 from tests.support.rows import insert_artifact, insert_operation, shift
 
-pytestmark = pytest.mark.integration
-
 # Long enough that an object written just before a pass is still younger (S3 times are whole seconds).
 GRACE_SECONDS = 3.0
 

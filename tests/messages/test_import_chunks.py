@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from shared.repository.message_store import IMPORT_CHUNK_ROWS
 from tests.support.api_calls import Headers, make_conversation, read_all
-
-pytestmark = pytest.mark.integration
 
 
 async def test_an_import_over_several_chunks_is_one_ordered_gapless_batch(api: Any, auth: Headers) -> None:

@@ -15,8 +15,6 @@ from shared.settings import Settings
 from tests.support.api_calls import expect_problem
 from tests.support.messages import TIMESTAMP, Auth, Client, configured_api, post_import, read, send, stored
 
-pytestmark = pytest.mark.integration
-
 
 def history(count: int, *, start: int = 1) -> list[dict[str, Any]]:
     return [

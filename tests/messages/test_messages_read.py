@@ -7,8 +7,6 @@ import pytest
 from tests.support.api_calls import expect_problem, import_lines
 from tests.support.messages import Auth, Client, read, send
 
-pytestmark = pytest.mark.integration
-
 LINE_KEYS = ["conversation_id", "seq", "message_id", "sender_id", "sent_at", "body"]
 
 

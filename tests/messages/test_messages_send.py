@@ -25,8 +25,6 @@ from tests.support.messages import (
     stored,
 )
 
-pytestmark = pytest.mark.integration
-
 
 async def test_send_stores_message_and_answers_seq_and_sent_at(
     api: Client, auth: Auth, chat: str, pool: asyncpg.Pool

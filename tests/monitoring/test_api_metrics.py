@@ -14,7 +14,6 @@ from typing import Any
 
 import aiohttp
 import asyncpg
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import REGISTRY
 
@@ -25,8 +24,6 @@ from tests.support import wait_for
 from tests.support.api_calls import Headers, expect_problem, make_conversation, metric_samples, submit
 from tests.support.exports import held_download
 from tests.support.rows import insert_operation
-
-pytestmark = pytest.mark.integration
 
 
 def sample(name: str, **labels: str) -> float:

@@ -26,8 +26,6 @@ from tests.support import AMQP_URL, PG_SERVER, wait_for
 from tests.support.api_calls import metric_samples
 from tests.support.private_servers import TcpProxy
 
-pytestmark = pytest.mark.integration
-
 SCRAPES = Counter("chatexport_test_scrape_refreshes_total", "Refreshes run by the monitoring test.")
 
 

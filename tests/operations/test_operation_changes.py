@@ -13,8 +13,6 @@ from services.api.exporting.changes import CHANNEL, OperationChanges
 from shared.settings import Settings
 from tests.support import PG_SERVER, wait_for
 
-pytestmark = pytest.mark.integration
-
 
 async def test_the_listener_listens_again_after_the_database_refused_connections(
     settings: Settings, caplog: pytest.LogCaptureFixture

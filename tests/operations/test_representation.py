@@ -20,7 +20,7 @@ from shared.representation import represent
 from shared.states import TERMINAL, State
 from tests.support.rows import insert_operation
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 WHEN = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
 ERROR = {"error_code": "STORAGE_UNAVAILABLE", "error_message": "storage did not answer"}

@@ -24,7 +24,7 @@ from tests.support.api_calls import expect_problem
 from tests.support.messages import Auth, Client, configured_api
 from tests.support.rows import insert_operation
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 OPERATION = "op_waiting"
 URL = f"/v3/operations/{OPERATION}"

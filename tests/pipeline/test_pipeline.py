@@ -29,8 +29,6 @@ from tests.support.api_calls import (
     wait_terminal,
 )
 
-pytestmark = pytest.mark.integration
-
 
 async def test_export_matches_the_read_api_byte_for_byte(
     api: TestClient[Any, Any], auth: Headers, pipeline: None

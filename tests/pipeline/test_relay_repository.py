@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncpg
-import pytest
 
 from shared.repository import outbox
 from tests.support.rows import insert_outbox_row
-
-pytestmark = pytest.mark.integration
 
 
 async def test_an_empty_outbox_has_nothing_due_so_the_relay_waits_its_poll_interval(pool: asyncpg.Pool) -> None:

@@ -17,7 +17,7 @@ from shared.db import ensure_database, migrate, migration_files
 from shared.settings import Settings
 from tests.support import PG_SERVER
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.integration  # the real Postgres, reached without the database fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 ALL_VERSIONS = [version for version, _ in migration_files()]

@@ -6,12 +6,9 @@ release (docs/benchmark.md: Benchmark, What was tuned).
 from __future__ import annotations
 
 import asyncpg
-import pytest
 
 from shared.db import create_pool
 from shared.settings import Settings
-
-pytestmark = pytest.mark.integration
 
 LOCK_KEY = 912_345
 

@@ -16,7 +16,7 @@ from services.worker.metrics import ATTEMPT_OUTCOMES
 from shared.formats import COMPRESSIONS, FORMAT_NAMES
 from shared.states import ACTIVE, ENDED, ArtifactState, State
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.integration  # the real Postgres, reached without the database fixtures
 
 _CHECK_OF_COLUMN = """
 SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c

@@ -8,7 +8,7 @@ import pytest
 
 from devtools.schema import SNAPSHOT, dump_schema
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.integration  # the real Postgres, reached without the database fixtures
 
 
 def test_the_snapshot_is_what_the_migrations_build(database_url: str) -> None:

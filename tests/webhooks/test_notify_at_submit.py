@@ -11,7 +11,7 @@ import pytest
 from tests.support.api_calls import expect_problem, make_conversation
 from tests.support.exports import Auth, Client, post_export, stored
 
-pytestmark = [pytest.mark.integration, pytest.mark.module_database]
+pytestmark = pytest.mark.module_database
 
 NOTHING = dict.fromkeys(("operations", "idempotency_keys", "outbox"), 0)
 

@@ -30,8 +30,6 @@ from tests.support.messages import Auth, Client
 from tests.support.rows import insert_operation
 from tests.support.webhook_peers import ConnectProxy, Receiver, certificate_for, listening, trickling
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 async def settings(database_url: str, moto: MotoServer) -> AsyncIterator[Settings]:

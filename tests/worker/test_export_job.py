@@ -9,7 +9,6 @@ import hashlib
 from typing import Any
 
 import asyncpg
-import pytest
 
 from services.worker.export import ExportJob
 from shared.repository import leases
@@ -18,8 +17,6 @@ from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 from shared.storage import artifact_key
 from tests.support.rows import insert_operation
-
-pytestmark = pytest.mark.integration
 
 MIB = 1024 * 1024
 # 1,200 messages of this size make about 12 MiB of JSONL: more than one upload part (8 MiB by default).

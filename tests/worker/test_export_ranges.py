@@ -16,8 +16,6 @@ from shared.export_request import ExportRequest
 from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 
-pytestmark = pytest.mark.integration
-
 BODY_BYTES = 10_000
 
 

@@ -11,8 +11,6 @@ from services.worker.object_writer import ObjectWriter, StoredBytesDiffer, read_
 from shared.artifact_removal import remove_object
 from shared.settings import Settings
 
-pytestmark = pytest.mark.integration
-
 MIB = 1024 * 1024
 
 

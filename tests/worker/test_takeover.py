@@ -25,8 +25,6 @@ from tests.support import wait_for
 from tests.support.bucket import keys, open_uploads
 from tests.support.rows import insert_artifact, insert_operation
 
-pytestmark = pytest.mark.integration
-
 MIB = 1024 * 1024
 LINE = (
     '{{"conversation_id":"c-a","seq":{seq},"message_id":"m{seq}","sender_id":"alice","sent_at":"{at}","body":"hi"}}\n'

@@ -15,8 +15,6 @@ from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.leases import ClaimedOperation, finish_cancel
 
-pytestmark = pytest.mark.integration
-
 LEASE = 30.0
 
 

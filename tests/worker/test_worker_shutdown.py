@@ -8,15 +8,12 @@ import asyncio
 from typing import Any
 
 import asyncpg
-import pytest
 
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
 from shared.settings import Settings
 from tests.support import wait_for
 from tests.support.api_calls import Headers, import_lines, make_conversation, submit
-
-pytestmark = pytest.mark.integration
 
 
 async def test_a_stopped_worker_hands_its_lease_back(
