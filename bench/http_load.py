@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.running import admin_headers, member_conversation, running_system
 from bench.table import Figure, print_table
 from devtools.localsystem import LocalSystem
-from devtools.moto import free_port
+from devtools.ports import free_port
 from shared.auth import mint_token
 
 USERS = 200

@@ -24,11 +24,12 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from devtools.compose import SETTINGS_PREFIX, Service, load_compose, one_shots, parts, settings_from_environment
-from devtools.moto import MotoServer, free_port, start_moto
+from devtools.moto import MotoServer, start_moto
+from devtools.ports import free_port
 from devtools.processes import ProcessGroup
 from shared.settings import Settings
 
@@ -37,6 +38,7 @@ READY_TIMEOUT_SECONDS = 60.0
 READY_POLL_SECONDS = 0.1
 ONE_SHOT_TIMEOUT_SECONDS = 300.0
 JWT_SECRET_BYTES = 48
+DEATH_TAIL_LINES = 30  # of a part that died during start-up, in the error
 # An operator runs a tool as `docker compose run --rm migrate chatexport <command>`.
 CLI_SERVICE = "migrate"
 # In place of the minio service's credentials: moto accepts any, these are the ones its documentation uses.
@@ -152,7 +154,7 @@ class LocalSystem:
         while True:
             ended = {name: code for name, code in self.group.exited().items() if name in pending}
             if ended:
-                raise RuntimeError(f"parts died during start-up: {ended}")
+                raise RuntimeError(f"parts died during start-up: {ended}\n{self._last_words(ended)}")
             reasons = {name: reason for name in pending if (reason := _unready(self.metrics_ports[name]))}
             if not reasons:
                 return
@@ -170,6 +172,10 @@ class LocalSystem:
         parts (as compose does); return the exit codes.
         """
         return self.group.stop_all(timeout=max(service.stop_grace_seconds for service in parts(self.services)))
+
+    def _last_words(self, names: Iterable[str], lines: int = DEATH_TAIL_LINES) -> str:
+        """The last ``lines`` lines each part in ``names`` printed, for an error message."""
+        return "\n".join(f"--- {name}:\n" + "\n".join(list(self.group.part(name).tail)[-lines:]) for name in names)
 
     def _complete(self, name: str, command: Sequence[str], env: Mapping[str, str], timeout: float) -> str:
         self.group.start(name, local_command(command), env)

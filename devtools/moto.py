@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from devtools.ports import free_port
 from shared.lifecycle import die_with_parent
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -21,7 +21,7 @@ import pytest
 
 from devtools import corpus
 from devtools.broker import delete_broker_objects
-from devtools.moto import free_port
+from devtools.ports import free_port
 from devtools.processes import ProcessGroup
 from shared.settings import Settings
 from tests.support import AMQP_URL, PG_SERVER

@@ -17,7 +17,7 @@ import asyncpg
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import REGISTRY
 
-from devtools.moto import free_port
+from devtools.ports import free_port
 from services.api.app import init_app
 from shared.settings import Settings
 from tests.support import wait_for

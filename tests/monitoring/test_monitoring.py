@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 from prometheus_client import Counter
 
-from devtools.moto import free_port
+from devtools.ports import free_port
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
 from shared.monitoring import CHECK_TIMEOUT_SECONDS, Monitor, broker_check, database_check, serving, storage_check

@@ -37,7 +37,7 @@ from typing import Any, Literal, TypeVar
 import aio_pika
 import asyncpg
 
-from devtools.moto import free_port
+from devtools.ports import free_port
 from shared.lifecycle import die_with_parent
 
 HOST = "127.0.0.1"

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from devtools.localsystem import LocalSystem
-from devtools.moto import free_port
+from devtools.ports import free_port
 from tests.support import cloned_database, unique, wait_for
 from tests.support.api_calls import import_lines, make_conversation, submit, verified_callback, wait_terminal
 from tests.support.e2e import headers_for, local_system
