@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import aio_pika
 
+from shared.broker import chunk_queue_name
 from shared.settings import Settings
 
 
 async def delete_broker_objects(settings: Settings) -> None:
-    """Delete the work and dead-letter queues and exchanges named by ``settings``, so the shared broker does
+    """Delete the work, chunk and dead-letter queues and exchanges named by ``settings``, so the shared broker does
     not fill up.
     """
     connection = await aio_pika.connect(settings.amqp_url)
     try:
         channel = await connection.channel()
-        for queue in (settings.amqp_queue, f"{settings.amqp_queue}.dead"):
+        for queue in (settings.amqp_queue, chunk_queue_name(settings), f"{settings.amqp_queue}.dead"):
             await channel.queue_delete(queue)
         for exchange in (settings.amqp_exchange, f"{settings.amqp_exchange}.dlx"):
             await channel.exchange_delete(exchange)

@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 
 from shared.repository import artifacts as artifact_records
+from shared.repository import chunks
 from shared.storage import (
     S3_BATCH_MAX,
     ObjectPages,
@@ -47,7 +48,8 @@ async def remove_artifact(pool: asyncpg.Pool, s3: Any, *, bucket: str, operation
 
 
 async def remove_artifacts(pool: asyncpg.Pool, s3: Any, *, bucket: str, operation_id: str) -> bool:
-    """``remove_artifact`` for every generation of ``operation_id`` not yet DELETED; True if all went.
+    """``remove_artifact`` for every generation of ``operation_id`` not yet DELETED, then
+    ``remove_chunk_objects``; True if all went.
 
     Errors are not raised: what could not be removed stays recorded for the janitor's next pass.
     """
@@ -66,6 +68,27 @@ async def remove_artifacts(pool: asyncpg.Pool, s3: Any, *, bucket: str, operatio
             )
             gone = False
         removed = removed and gone
+    return await remove_chunk_objects(pool, s3, bucket=bucket, operation_id=operation_id) and removed
+
+
+async def remove_chunk_objects(pool: asyncpg.Pool, s3: Any, *, bucket: str, operation_id: str) -> bool:
+    """Delete the objects and abort the uploads the chunks of ``operation_id`` name (docs/chunks.md: Chunked
+    exports), once the export ended or no longer needs them; True if all went. Errors are not raised: the
+    janitor removes what is left once no running or parked export's chunk names it. A chunk's holder that
+    is still writing removes its own object when its next fenced write fails.
+    """
+    async with pool.acquire() as conn:
+        keys = await chunks.object_keys(conn, operation_id=operation_id)
+    removed = True
+    for key in keys:
+        try:
+            await remove_object(s3, bucket=bucket, key=key)
+        except Exception as exc:
+            log.warning(
+                "could not remove a chunk's object; a later pass retries",
+                extra={"operation_id": operation_id, "key": key, "error": type(exc).__name__},
+            )
+            removed = False
     return removed
 
 

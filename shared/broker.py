@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue, AbstractRobustConnection
@@ -18,6 +19,10 @@ from shared.lifecycle import keep_trying
 from shared.settings import Settings
 
 EXPORT_ROUTING_KEY = "export.run"
+# A chunk's wake-up, ``{"operation_id": ..., "chunk": n}``, on a queue of its own (docs/chunks.md: Chunked
+# exports): a worker of an earlier release, which reads only ``operation_id``, never consumes it, and a small
+# export never waits behind queued chunks.
+CHUNK_ROUTING_KEY = "export.chunk"
 # What connecting to an unreachable or overloaded broker raises.
 CONNECT_ERRORS: tuple[type[BaseException], ...] = (aio_pika.exceptions.AMQPConnectionError, OSError, TimeoutError)
 # What the first steps on a new connection raise when the broker goes away under them: aiormq reports a
@@ -33,6 +38,11 @@ START_ERRORS: tuple[type[BaseException], ...] = (
 def dead_letter_exchange_name(settings: Settings) -> str:
     """The dead-letter exchange of the work queue: ``<exchange>.dlx``."""
     return f"{settings.amqp_exchange}.dlx"
+
+
+def chunk_queue_name(settings: Settings) -> str:
+    """The chunk queue: ``<queue>.chunks``."""
+    return f"{settings.amqp_queue}.chunks"
 
 
 async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
@@ -54,13 +64,14 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
 
 @dataclass(frozen=True)
 class BrokerSession:
-    """A part's broker resources: its robust ``connection``, and the work ``exchange`` and ``queue`` declared
-    through the one channel it opened on it (the channel lives as long as they do).
+    """A part's broker resources: its robust ``connection``, and the work ``exchange``, ``queue`` and
+    ``chunk_queue`` declared through the one channel it opened on it (the channel lives as long as they do).
     """
 
     connection: AbstractRobustConnection
     exchange: AbstractExchange
     queue: AbstractQueue
+    chunk_queue: AbstractQueue
 
 
 async def open_session(
@@ -75,12 +86,12 @@ async def open_session(
         channel = await connection.channel(on_return_raises=on_return_raises)
         if prefetch_count is not None:
             await channel.set_qos(prefetch_count=prefetch_count)
-        exchange, queue = await declare_topology(channel, settings)
+        exchange, queue, chunk_queue = await declare_topology(channel, settings)
     except BaseException:
         with contextlib.suppress(Exception):
             await connection.close()
         raise
-    return BrokerSession(connection, exchange, queue)
+    return BrokerSession(connection, exchange, queue, chunk_queue)
 
 
 async def open_session_when_ready(
@@ -103,8 +114,11 @@ async def open_session_when_ready(
     )
 
 
-async def declare_topology(channel: AbstractChannel, settings: Settings) -> tuple[AbstractExchange, AbstractQueue]:
-    """Declare the work exchange, the quorum work queue and its dead-letter queue; return (exchange, queue).
+async def declare_topology(
+    channel: AbstractChannel, settings: Settings
+) -> tuple[AbstractExchange, AbstractQueue, AbstractQueue]:
+    """Declare the work exchange, the quorum work and chunk queues and their dead-letter queue; return
+    (exchange, work queue, chunk queue).
 
     Idempotent: every part may call it on start-up. Over ``amqp_delivery_limit`` redeliveries a message is
     dead-lettered rather than dropped (a quorum queue drops what it cannot dead-letter).
@@ -116,14 +130,13 @@ async def declare_topology(channel: AbstractChannel, settings: Settings) -> tupl
     )
     await dead.bind(dlx)
     exchange = await channel.declare_exchange(settings.amqp_exchange, aio_pika.ExchangeType.DIRECT, durable=True)
-    queue = await channel.declare_queue(
-        settings.amqp_queue,
-        durable=True,
-        arguments={
-            "x-queue-type": "quorum",
-            "x-dead-letter-exchange": dlx_name,
-            "x-delivery-limit": settings.amqp_delivery_limit,
-        },
-    )
+    arguments: dict[str, Any] = {
+        "x-queue-type": "quorum",
+        "x-dead-letter-exchange": dlx_name,
+        "x-delivery-limit": settings.amqp_delivery_limit,
+    }
+    queue = await channel.declare_queue(settings.amqp_queue, durable=True, arguments=arguments)
     await queue.bind(exchange, routing_key=EXPORT_ROUTING_KEY)
-    return exchange, queue
+    chunks = await channel.declare_queue(chunk_queue_name(settings), durable=True, arguments=arguments)
+    await chunks.bind(exchange, routing_key=CHUNK_ROUTING_KEY)
+    return exchange, queue, chunks

@@ -178,6 +178,33 @@ CREATE TABLE public.conversations (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE public.export_chunks (
+    operation_id text NOT NULL,
+    chunk_no integer NOT NULL,
+    after_seq bigint NOT NULL,
+    last_seq bigint NOT NULL,
+    estimated_bytes bigint NOT NULL,
+    state text DEFAULT 'PENDING'::text NOT NULL,
+    generation bigint DEFAULT 0 NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    not_before timestamp with time zone,
+    object_key text,
+    messages_written bigint DEFAULT 0 NOT NULL,
+    bytes_written bigint DEFAULT 0 NOT NULL,
+    size_bytes bigint,
+    sha256 text,
+    message_count bigint,
+    error_code text,
+    error_message text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT export_chunks_check CHECK ((last_seq > after_seq)),
+    CONSTRAINT export_chunks_chunk_no_check CHECK ((chunk_no >= 1)),
+    CONSTRAINT export_chunks_state_check CHECK ((state = ANY (ARRAY['PENDING'::text, 'QUEUED'::text, 'RUNNING'::text, 'DONE'::text, 'FAILED'::text])))
+);
+
 CREATE TABLE public.idempotency_keys (
     owner_id text NOT NULL,
     idempotency_key text NOT NULL,
@@ -357,6 +384,9 @@ ALTER TABLE ONLY public.conversation_members
 ALTER TABLE ONLY public.conversations
     ADD CONSTRAINT conversations_pkey PRIMARY KEY (conversation_id);
 
+ALTER TABLE ONLY public.export_chunks
+    ADD CONSTRAINT export_chunks_pkey PRIMARY KEY (operation_id, chunk_no);
+
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (owner_id, idempotency_key);
 
@@ -387,6 +417,8 @@ ALTER TABLE ONLY public.webhook_deliveries
 CREATE INDEX access_events_operation ON public.access_events USING btree (operation_id, occurred_at);
 
 CREATE INDEX conversation_members_user ON public.conversation_members USING btree (user_id);
+
+CREATE INDEX export_chunks_object_key ON public.export_chunks USING btree (object_key) WHERE (object_key IS NOT NULL);
 
 CREATE INDEX idempotency_keys_operation ON public.idempotency_keys USING btree (operation_id);
 
@@ -422,6 +454,9 @@ ALTER TABLE ONLY public.attempts
 
 ALTER TABLE ONLY public.conversation_members
     ADD CONSTRAINT conversation_members_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.export_chunks
+    ADD CONSTRAINT export_chunks_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(operation_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(operation_id) ON DELETE CASCADE;

@@ -66,7 +66,7 @@ PURGEABLE: frozenset[State] = TERMINAL - {State.SUCCEEDED}
 LEASE_HELD: frozenset[State] = frozenset({State.RUNNING, State.CANCEL_REQUESTED})
 
 
-def values(states: Iterable[State]) -> list[str]:
+def values(states: Iterable[StrEnum]) -> list[str]:
     """``states`` as sorted strings, for a SQL ``state = ANY($n::text[])``."""
     return sorted(state.value for state in states)
 
@@ -92,3 +92,21 @@ class ArtifactState(StrEnum):
 
 # Artifacts an attempt can leave behind when its worker is lost: the janitor counts them by state.
 LEFT_BEHIND: tuple[ArtifactState, ...] = (ArtifactState.WRITING, ArtifactState.COMPLETE, ArtifactState.REMOVING)
+
+
+class ChunkState(StrEnum):
+    """States of one chunk of a chunked export (docs/chunks.md: Chunked exports): PENDING (planned, or handed
+    back, or waiting for its retry's ``not_before``) -> QUEUED (its wake-up is in the outbox) -> RUNNING (a
+    worker holds its lease) -> DONE (its output recorded, never redone); RUNNING -> PENDING on a transient
+    error or a hand-back, -> FAILED once its attempt budget is spent (the operation is then parked).
+    """
+
+    PENDING = "PENDING"
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+
+
+# Chunks a worker may claim: woken or not yet, or held by a lease that may have expired (the claim checks).
+CLAIMABLE_CHUNKS: frozenset[ChunkState] = frozenset({ChunkState.PENDING, ChunkState.QUEUED, ChunkState.RUNNING})

@@ -41,6 +41,17 @@ def artifact_key(settings: Settings, operation_id: str, generation: int, *, exte
     return f"{stem}/" if split else f"{stem}.{extension}"
 
 
+# A chunk's object is a piece of a file, served by nobody: its name says so whatever the format.
+CHUNK_EXTENSION = "part"
+
+
+def chunk_key_stem(settings: Settings, operation_id: str, chunk_no: int) -> str:
+    """The start of the keys of chunk ``chunk_no``'s objects (docs/chunks.md: Chunked exports): generation
+    ``g`` of the chunk writes ``<op>/chunks/<chunk_no>-g<g>.part``.
+    """
+    return f"{artifact_prefix(settings, operation_id)}chunks/{chunk_no}-g"
+
+
 def part_key(folder: str, number: int, *, extension: str) -> str:
     """The key of part ``number`` (1-based) of a split artifact whose key is ``folder``."""
     return f"{folder}part-{number}.{extension}"

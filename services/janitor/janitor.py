@@ -13,13 +13,15 @@ published key is an orphan, removed after a grace period):
   PUBLISHED, REMOVING) to the record path: deleting such an object here could race an adoption into a
   SUCCEEDED without its file. A key with no record, or a DELETED one, is safe to delete: a key is recorded
   before its first byte is uploaded and a record never leaves DELETED, so it can never be published.
+  A chunk's object is the exception: a chunk names its key before its first byte too, and the sweep leaves
+  every key a chunk of a running or parked export names (docs/chunks.md: The janitor and chunks).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,13 +29,13 @@ import asyncpg
 
 from services.janitor import metrics
 from shared.artifact_removal import remove_artifact, remove_artifacts
-from shared.repository import artifacts, outbox, sweeps
+from shared.repository import artifacts, chunks, outbox, sweeps
 from shared.repository.access_events import record_access_event
 from shared.repository.artifacts import LiveArtifact, StaleArtifact
 from shared.repository.leases import finish_cancel
 from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
-from shared.states import ArtifactState
+from shared.states import ArtifactState, ChunkState
 from shared.storage import (
     STORAGE_ERRORS,
     Entry,
@@ -201,7 +203,10 @@ class Janitor:
         return await self._sweep(self._objects, self._delete_orphans)
 
     async def _delete_orphans(self, objects: list[ListedObject]) -> int:
-        orphans = [item.key for item, record in await self._past_grace_with_records(objects) if record is None]
+        unrecorded = [item for item, record in await self._past_grace_with_records(objects) if record is None]
+        # A chunk's object of a running or parked export is never redone once finished (docs/chunks.md).
+        kept = await self._kept_chunk_keys(unrecorded)
+        orphans = [item.key for item in unrecorded if item.key not in kept]
         deleted = await delete_keys(self._s3, bucket=self._settings.s3_bucket, keys=orphans)
         metrics.ORPHAN_OBJECTS_REMOVED.inc(len(deleted))
         if orphans:
@@ -222,7 +227,10 @@ class Janitor:
         return await self._sweep(self._uploads, self._abort_abandoned)
 
     async def _abort_abandoned(self, uploads: list[ListedUpload]) -> int:
-        abandoned = [item for item, record in await self._past_grace_with_records(uploads) if _abandoned(item, record)]
+        candidates = [item for item, record in await self._past_grace_with_records(uploads) if _abandoned(item, record)]
+        # A chunk's holder may upload for longer than the grace period.
+        kept = await self._kept_chunk_keys(candidates)
+        abandoned = [item for item in candidates if kept.get(item.key) != ChunkState.RUNNING]
         for upload in abandoned:
             # One aborted meanwhile by its holder or a removal is gone all the same.
             await abort_upload(self._s3, bucket=self._settings.s3_bucket, key=upload.key, upload_id=upload.upload_id)
@@ -239,6 +247,13 @@ class Janitor:
         async with self._pool.acquire() as conn:
             live = await artifacts.live_artifacts(conn, object_keys=[entry.key for entry in old])
         return [(entry, live.get(entry.key)) for entry in old]
+
+    async def _kept_chunk_keys(self, entries: Sequence[Entry]) -> dict[str, ChunkState]:
+        """Of ``entries``' keys, those a chunk of a running or parked export names, with its state."""
+        if not entries:
+            return {}
+        async with self._pool.acquire() as conn:
+            return await chunks.kept_keys(conn, object_keys=[entry.key for entry in entries])
 
     async def _sweep(self, pages: Pages[Entry], clean: Callable[[list[Entry]], Awaitable[int]]) -> int:
         """Hand ``pages`` to ``clean`` page by page until ``janitor_batch_size`` entries were listed or the

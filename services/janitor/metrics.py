@@ -11,8 +11,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from shared.db import probing_connection
 from shared.metrics import CANCELLATIONS_FINISHED, counter_from_zero
-from shared.repository import outbox, sweeps
-from shared.states import LEFT_BEHIND, State
+from shared.repository import chunks, outbox, sweeps
+from shared.states import LEFT_BEHIND, ChunkState, State
 
 # The states a record left behind by an attempt can be found in (see ``repository.stale_artifacts``).
 LEFT_BEHIND_STATES = tuple(state.value for state in LEFT_BEHIND)
@@ -82,17 +82,27 @@ OUTBOX_OLDEST_AGE = Gauge(
     " not-before time); 0 when there is none.",
 )
 
+CHUNKS = Gauge(
+    "chatexport_export_chunks",
+    "Chunks of running or parked chunked exports by state (docs/chunks.md), as Postgres holds them now.",
+    ["state"],
+)
+
 
 async def observe_system(pool: asyncpg.Pool) -> None:
-    """Set the system gauges from two short queries read as of one snapshot (``sweeps.state_figures``
-    and ``outbox.backlog``, database clock): every state's operation count (0 when none), the oldest age in
-    each of ``WAITING_STATES``, and the outbox backlog with its oldest due row's age. Meant to run before
+    """Set the system gauges from three short queries read as of one snapshot (``sweeps.state_figures``,
+    ``outbox.backlog`` and ``chunks.chunk_figures``, database clock): every state's operation count (0 when
+    none), the oldest age in each of ``WAITING_STATES``, the outbox backlog with its oldest due row's age,
+    and the chunks of running or parked exports by state. Meant to run before
     each scrape of the metrics endpoint; raises the driver's errors (``asyncpg.PostgresError``, ``OSError``,
     timeouts), leaving the gauges as they were.
     """
     async with probing_connection(pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         figures = await sweeps.state_figures(conn)
         backlog, oldest_due = await outbox.backlog(conn)
+        chunk_counts = await chunks.chunk_figures(conn)
+    for chunk_state in ChunkState:
+        CHUNKS.labels(state=chunk_state).set(chunk_counts.get(chunk_state, 0))
     by_state = {figure.state: figure for figure in figures}
     for state in State:
         OPERATIONS.labels(state=state).set(by_state[state].operations if state in by_state else 0)

@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Coroutine
 from enum import Enum
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import aio_pika
 import asyncpg
@@ -27,6 +27,7 @@ from shared.repository.leases import ClaimedOperation, current_state
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
+Key = TypeVar("Key")
 
 WORKER_LOST_MESSAGE = (
     "Every attempt of this export stopped without finishing (its worker was lost); an operator must look"
@@ -48,24 +49,32 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class Consumer:
-    """Turns deliveries into leases; at most ``settings.worker_concurrency`` exports run at once.
+class Deliveries(Protocol[Key]):
+    """What one queue's deliveries mean: ``decode`` a body into the work it names (None: undecodable, the
+    message is dead-lettered), and ``handle`` it, settling the message (``settle``) once its lease is
+    claimed or refused. ``what`` names the work in log lines and task names.
+    """
+
+    what: str
+
+    def decode(self, body: bytes) -> Key | None: ...
+
+    async def handle(self, message: AbstractIncomingMessage, key: Key) -> None: ...
+
+
+class Consumer(Generic[Key]):
+    """Turns deliveries of ``queue`` into leases through ``deliveries``; at most ``concurrency`` run at once.
 
     Because a delivery is acked as soon as its lease commits, the broker's prefetch does not bound the
-    exports in progress. Flow control does instead: when every slot is busy the consumer is cancelled
+    work in progress. Flow control does instead: when every slot is busy the consumer is cancelled
     (the broker sends nothing more, so no wake-up waits here or is bounced towards the dead-letter queue),
     and it consumes again as soon as a slot frees.
     """
 
-    def __init__(
-        self, *, queue: AbstractQueue, pool: asyncpg.Pool, runner: LeaseRunner, settings: Settings, worker_id: str
-    ) -> None:
+    def __init__(self, *, queue: AbstractQueue, deliveries: Deliveries[Key], concurrency: int) -> None:
         self._queue = queue
-        self._pool = pool
-        self._runner = runner
-        self._settings = settings
-        self._worker_id = worker_id
-        self._slots = asyncio.Semaphore(settings.worker_concurrency)
+        self._deliveries = deliveries
+        self._slots = asyncio.Semaphore(concurrency)
         self._flow = asyncio.Lock()
         self._consumer_tag: str | None = None
         self._closing = False
@@ -101,8 +110,8 @@ class Consumer:
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         """Handle one delivery; every path acks, rejects or requeues it."""
-        operation_id = _operation_id(message.body)
-        if operation_id is None:
+        key = self._deliveries.decode(message.body)
+        if key is None:
             log.error("undecodable message dead-lettered", extra={"message_id": message.message_id})
             await message.reject(requeue=False)
             return
@@ -110,9 +119,10 @@ class Consumer:
         await self._slots.acquire()
         if self._closing:
             self._slots.release()
-            await _settle(message, requeue=True)
+            await settle(message, requeue=True)
             return
-        task = asyncio.create_task(self._claim_and_run(message, operation_id), name=f"export-{operation_id}")
+        what = self._deliveries.what
+        task = asyncio.create_task(self._deliveries.handle(message, key), name=f"{what}-{key}")
         self.running.add(task)
         task.add_done_callback(self._finished)
         if self._slots.locked():
@@ -122,7 +132,7 @@ class Consumer:
         self.running.discard(task)
         self._slots.release()
         if not task.cancelled() and task.exception() is not None:
-            log.error("export task failed", exc_info=task.exception(), extra={"task": task.get_name()})
+            log.error("task failed", exc_info=task.exception(), extra={"task": task.get_name()})
         if not self._closing:
             self._in_background(self._resume())
 
@@ -136,7 +146,7 @@ class Consumer:
             if self._consumer_tag is not None and self._slots.locked():
                 tag, self._consumer_tag = self._consumer_tag, None
                 await self._queue.cancel(tag)
-                log.info("all export slots busy; consumer paused")
+                log.info("all slots busy; consumer paused", extra={"queue": self._queue.name})
 
     async def _resume(self) -> None:
         # A robust channel waits for the reconnect by itself; a channel closed under us raises, and then
@@ -155,15 +165,36 @@ class Consumer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RESUME_RETRY_MAX_SECONDS)
 
-    async def _claim_and_run(self, message: AbstractIncomingMessage, operation_id: str) -> None:
+
+class OperationDeliveries:
+    """The work queue's deliveries, ``{"operation_id": ...}``: claim the operation's lease and check
+    membership, then run, refuse or finish the cancel of the export with ``runner``.
+    """
+
+    what = "export"
+
+    def __init__(self, *, pool: asyncpg.Pool, runner: LeaseRunner, settings: Settings, worker_id: str) -> None:
+        self._pool = pool
+        self._runner = runner
+        self._settings = settings
+        self._worker_id = worker_id
+
+    def decode(self, body: bytes) -> str | None:
+        """The operation a wake-up names, or None for anything that is not ``{"operation_id": <id>}``."""
+        payload = decode_payload(body)
+        value = payload.get("operation_id") if payload is not None else None
+        return value if isinstance(value, str) and is_operation_id(value) else None
+
+    async def handle(self, message: AbstractIncomingMessage, operation_id: str) -> None:
+        """Claim, settle ``message``, and run what the claim gave."""
         try:
             work = await self._claim(operation_id)
         except TRANSIENT_DATABASE_ERRORS:
             log.warning("claim failed; message requeued", extra={"operation_id": operation_id})
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
-            await _settle(message, requeue=True)
+            await settle(message, requeue=True)
             return
-        await _settle(message, requeue=False)
+        await settle(message, requeue=False)
         if work is None:
             return
         claimed, purpose = work
@@ -226,9 +257,11 @@ class LeasePurpose(Enum):
     CANCEL = "cancel"
 
 
-async def _settle(message: AbstractIncomingMessage, *, requeue: bool) -> None:
-    # After a reconnect the delivery tag belongs to a dead channel: the broker redelivers the
-    # message, and the lease makes the redelivery a no-op.
+async def settle(message: AbstractIncomingMessage, *, requeue: bool) -> None:
+    """Ack ``message``, or hand it back to its queue when ``requeue``; a failure is no error: after a
+    reconnect the delivery tag belongs to a dead channel, the broker redelivers the message, and the lease
+    makes the redelivery a no-op.
+    """
     with contextlib.suppress(Exception):
         if requeue:
             await message.nack(requeue=True)
@@ -236,11 +269,10 @@ async def _settle(message: AbstractIncomingMessage, *, requeue: bool) -> None:
             await message.ack()
 
 
-def _operation_id(body: bytes) -> str | None:
-    """The operation a wake-up names, or None for anything that is not ``{"operation_id": <id>}``."""
+def decode_payload(body: bytes) -> dict[str, Any] | None:
+    """A wake-up's JSON object, or None for a body that is not one."""
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    value = payload.get("operation_id") if isinstance(payload, dict) else None
-    return value if isinstance(value, str) and is_operation_id(value) else None
+    return payload if isinstance(payload, dict) else None

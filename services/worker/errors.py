@@ -10,10 +10,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import asyncpg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from services.worker.object_writer import StoredBytesDiffer
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.repository import message_store
 from shared.settings import Settings
 from shared.states import State
 
@@ -38,6 +40,17 @@ class PermanentError(Exception):
         self.message = message
 
 
+class NeedsRepair(Exception):
+    """A part of the export spent its own retry budget (a chunk, docs/chunks.md: Chunked exports): the
+    operation is parked in FAILED_REPAIR with ``code`` and ``message``, whatever its own attempt count.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class ArtifactGone(Exception):
     """The object to publish was removed before the SUCCEEDED transaction could take it (an adoption lost a
     race with a removal); the transaction is rolled back.
@@ -47,6 +60,14 @@ class ArtifactGone(Exception):
 def access_revoked() -> PermanentError:
     """The owner is no longer a member of the conversation (docs/states.md: States and failure model)."""
     return PermanentError("ACCESS_REVOKED", "You are no longer a member of this conversation.")
+
+
+async def require_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str) -> None:
+    """Raise ``access_revoked()`` unless ``user_id`` is a member of ``conversation_id`` now, read on ``conn``
+    with the membership row locked, so that a removal waits for the caller's transaction.
+    """
+    if not await message_store.is_member(conn, conversation_id=conversation_id, user_id=user_id, lock=True):
+        raise access_revoked()
 
 
 @dataclass(frozen=True)
@@ -97,6 +118,8 @@ def classify(exc: BaseException, *, attempt: int, settings: Settings) -> Verdict
     """Decide how attempt number ``attempt`` (1-based) that raised ``exc`` ends."""
     if isinstance(exc, PermanentError):
         return Verdict(State.FAILED, exc.code, exc.message)
+    if isinstance(exc, NeedsRepair):
+        return Verdict(State.FAILED_REPAIR, exc.code, exc.message)
     code, cause = _describe(exc)
     if attempt >= settings.max_attempts:
         budget = f"The retry budget of {settings.max_attempts} attempts is spent; an operator must requeue it."

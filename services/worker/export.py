@@ -7,24 +7,24 @@ reference, The file; States and failure model; How it works).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 from botocore.exceptions import ClientError
 
 from services.worker import metrics
+from services.worker.chunked import ChunkedExport
 from services.worker.errors import LeaseLost
 from services.worker.files import Destination, FileSet
 from services.worker.object_writer import read_digest
+from services.worker.reading import RangeReader
 from shared.artifact_removal import remove_artifact
 from shared.logs import update_log_fields
 from shared.phases import Phase
-from shared.repository import artifacts, export_reader, leases
+from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord
 from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
@@ -33,8 +33,6 @@ from shared.storage import artifact_key
 
 log = logging.getLogger(__name__)
 
-# Seqs in the first range an attempt reads, before it knows how many bytes a seq takes.
-FIRST_RANGE_SEQS = 1000
 # The least time between two progress writes of an attempt after its first (docs/api.md: API reference, Operation).
 PROGRESS_INTERVAL_SECONDS = 1.0
 
@@ -66,13 +64,22 @@ class ExportJob:
         self.key = artifact_key(
             settings, claimed.operation_id, claimed.generation, extension=self._kind.extension, split=self._split
         )
-        # Postgres writes JSONL lines straight through COPY; other formats, and parts (which need each
-        # message's seq and size), render message by message.
-        self._by_row = not self._kind.postgres_renders or self._split
+        self._reader = RangeReader(
+            pool=pool,
+            settings=settings,
+            conversation_id=claimed.conversation_id,
+            request=request,
+            kind=self._kind,
+            split=self._split,
+        )
         destination = Destination(self.key, self._kind, claimed.conversation_id, request.max_part_bytes)
         self._files = FileSet(s3, settings, destination)
+        self._chunked = ChunkedExport(
+            pool=pool, s3=s3, settings=settings, claimed=claimed, last_seq=last_seq(claimed), progress=self._progress
+        )
         self._recorded_upload_id: str | None = None
         self._progress_written_at: float | None = None
+        self.chunked = False  # whether ``write`` wrote the file from chunks
 
     async def write(self) -> Written:
         """An earlier generation's verified files to adopt, or this attempt's own, written and verified (its
@@ -82,14 +89,26 @@ class ExportJob:
         if earlier is not None:
             return earlier
         claimed = self._claimed
+        planned = await self._chunked.plan()
+        self.chunked = bool(planned)
         async with self._pool.acquire() as conn:
             if not await artifacts.record_artifact(
                 conn, operation_id=claimed.operation_id, generation=claimed.generation, object_key=self.key
             ):
                 raise LeaseLost("artifact")
         try:
-            await self._write_messages()
-            files = await self._finish_and_verify()
+            if planned:
+                files = await self._chunked.write(
+                    self.key, content_type=self._kind.content_type, on_upload=self._record_assembly_upload
+                )
+            else:
+                await self._write_messages()
+                await self._progress(Phase.UPLOADING)
+                # SUCCEEDED promises verified files (docs/states.md: States and failure model): each writer
+                # checks what S3 stored against what it sent (``ObjectWriter.finish``).
+                files = ArtifactFiles(self.key, tuple(await self._files.finish()), split=self._split)
+                await self._record_upload_id()
+            await self._complete(files)
         except BaseException:
             await asyncio.shield(self.discard(claimed.generation))
             raise
@@ -132,96 +151,34 @@ class ExportJob:
         return True
 
     async def _write_messages(self) -> None:
-        """Read the messages range by range and hand each range to the files once its statement has ended,
-        reading the next range while the files take the current one.
-
-        A range is collected in memory rather than streamed from COPY into the writer: waiting for a slow
-        S3 inside the statement would hold its snapshot open and run into the statement timeout. To keep
-        that memory near one part per range whatever the messages' size, each range is sized from the bytes
-        per seq of the one before (at most ``export_batch_rows`` seqs, the first one ``FIRST_RANGE_SEQS``).
+        """Read the selected messages into the files (``RangeReader.write``), recording the upload and the
+        progress after each range.
         """
-        after, last = self._claimed.request.after_seq, last_seq(self._claimed)
-        if after >= last:
-            return
-        reading: asyncio.Task[Range] | None = asyncio.create_task(self._read_range(after, FIRST_RANGE_SEQS))
-        try:
-            while reading is not None:
-                current = await reading
-                reading = None
-                if current.high < last:
-                    span = self._next_span(seqs=current.high - current.low, size=current.size)
-                    reading = asyncio.create_task(self._read_range(current.high, span))
-                handed = self._files.progress()[1]
-                await self._take(current)
-                await self._record_upload_id()
-                metrics.EXPORTED_BYTES.inc(self._files.progress()[1] - handed)
-                await self._progress(Phase.WRITING)
-        finally:
-            if reading is not None:
-                reading.cancel()
-                with contextlib.suppress(BaseException):
-                    await reading
+        await self._reader.write(
+            self._files,
+            after=self._claimed.request.after_seq,
+            last=last_seq(self._claimed),
+            after_each=self._after_range,
+        )
 
-    async def _take(self, current: Range) -> None:
-        if current.rows is not None:
-            await self._files.add_rows(current.rows)
-        for chunk in current.lines:
-            await self._files.add_lines(chunk)
-
-    async def _read_range(self, low: int, span: int) -> Range:
-        """The selected messages of seqs ``low < seq <= low + span`` (within the lease's range).
-
-        With options that leave messages out, the range's ``size`` is that of all its messages, not of those
-        selected: sizing the next range from what a filter kept (nothing, in a range older than ``since``)
-        would make it hold every message of ``export_batch_rows`` seqs at once.
-        """
-        claimed = self._claimed
-        high = min(low + min(span, self._settings.export_batch_rows), last_seq(claimed))
-        cid, request = claimed.conversation_id, claimed.request
-        async with self._pool.acquire() as conn:
-            if self._by_row:
-                rows = await export_reader.fetch_export_rows(
-                    conn, conversation_id=cid, after_seq=low, last_seq=high, request=request
-                )
-                selected = sum(len(row.line) for row in rows)
-                lines: list[bytes] = []
-            else:
-                rows, lines = None, []
-                await export_reader.copy_export_lines(
-                    conn, conversation_id=cid, after_seq=low, last_seq=high, request=request, output=_appender(lines)
-                )
-                selected = sum(map(len, lines))
-            size = (
-                await export_reader.range_bytes(conn, conversation_id=cid, after_seq=low, last_seq=high)
-                if request.selects_messages
-                else selected
-            )
-        return Range(low, high, size, lines=lines, rows=rows)
-
-    def _next_span(self, *, seqs: int, size: int) -> int:
-        """Seqs for about one part of lines, judged from the last range's ``size`` bytes over ``seqs`` seqs."""
-        bytes_per_seq = max(size / seqs, 1.0)
-        return max(1, int(self._settings.s3_part_size_bytes / bytes_per_seq))
-
-    async def _finish_and_verify(self) -> ArtifactFiles:
-        await self._progress(Phase.UPLOADING)
-        # SUCCEEDED promises verified files (docs/states.md: States and failure model): each writer checks what S3
-        # stored against what it sent (``ObjectWriter.finish``).
-        files = ArtifactFiles(self.key, tuple(await self._files.finish()), split=self._split)
+    async def _after_range(self) -> None:
         await self._record_upload_id()
+        await self._progress(Phase.WRITING)
+
+    async def _complete(self, files: ArtifactFiles) -> None:
+        """Record the verified ``files`` in the attempt's artifact (COMPLETE); raises ``LeaseLost``."""
         claimed = self._claimed
         async with self._pool.acquire() as conn:
             if not await artifacts.complete_artifact(
                 conn, operation_id=claimed.operation_id, generation=claimed.generation, files=files
             ):
                 raise LeaseLost("artifact")
-        return files
 
-    async def _progress(self, phase: Phase) -> None:
-        """Show ``phase`` and the counts so far in the operation, at most every ``PROGRESS_INTERVAL_SECONDS``
-        after the first ``writing``: a small export then writes its progress once, not three times. The
-        lease does not depend on it (the heartbeat keeps it), and every write that ends the attempt is
-        fenced on its own.
+    async def _progress(self, phase: Phase, counts: tuple[int, int] | None = None) -> None:
+        """Show ``phase`` and the counts so far (messages, bytes: the files', or ``counts``) in the operation,
+        at most every ``PROGRESS_INTERVAL_SECONDS`` after the first ``writing``: a small export then writes
+        its progress once, not three times. The lease does not depend on it (the heartbeat keeps it), and
+        every write that ends the attempt is fenced on its own. Raises ``LeaseLost``.
         """
         update_log_fields(phase=phase)
         now = time.monotonic()
@@ -229,7 +186,7 @@ class ExportJob:
             return
         self._progress_written_at = now
         claimed = self._claimed
-        messages, stored_bytes = self._files.progress()
+        messages, stored_bytes = counts or self._files.progress()
         async with self._pool.acquire() as conn:
             held = await leases.record_progress(
                 conn,
@@ -243,21 +200,23 @@ class ExportJob:
         if not held:
             raise LeaseLost("progress")
 
+    async def _record_assembly_upload(self, upload_id: str) -> None:
+        """Record ``upload_id`` in the attempt's artifact: the upload of its files, or of a chunked export's
+        assembly before its first part (docs/chunks.md: Chunked exports).
+        """
+        async with self._pool.acquire() as conn:
+            await artifacts.record_upload_id(
+                conn, operation_id=self._claimed.operation_id, generation=self._claimed.generation, upload_id=upload_id
+            )
+        self._recorded_upload_id = upload_id
+
     async def _record_upload_id(self) -> None:
         """Record the multipart upload the files began last, once, for operators (docs/api.md: API reference,
         Admin view of an operation); clean-up finds uploads by listing their keys, so it does not depend on this.
         """
         upload_id = self._files.upload_id
-        if upload_id is None or upload_id == self._recorded_upload_id:
-            return
-        async with self._pool.acquire() as conn:
-            await artifacts.record_upload_id(
-                conn,
-                operation_id=self._claimed.operation_id,
-                generation=self._claimed.generation,
-                upload_id=upload_id,
-            )
-        self._recorded_upload_id = upload_id
+        if upload_id is not None and upload_id != self._recorded_upload_id:
+            await self._record_assembly_upload(upload_id)
 
     async def discard(self, generation: int) -> None:
         """Stop the upload in flight and remove the objects and uploads of ``generation`` (this attempt's, or
@@ -287,19 +246,6 @@ class ExportJob:
         )
 
 
-@dataclass(frozen=True)
-class Range:
-    """The selected messages of seqs ``low < seq <= high``: as JSONL ``lines`` read by COPY (chunks of
-    whole lines), or as ``rows``; ``size`` (bytes) sizes the next range (``ExportJob._read_range``).
-    """
-
-    low: int
-    high: int
-    size: int
-    lines: list[bytes] = field(default_factory=list)
-    rows: list[export_reader.ExportRow] | None = None
-
-
 def last_seq(claimed: ClaimedOperation) -> int:
     """The highest seq the attempt's file may hold: below the request's ``before_seq`` and within the
     snapshot the first claim fixed (docs/api.md: API reference). The file holds the seqs above the request's
@@ -307,12 +253,3 @@ def last_seq(claimed: ClaimedOperation) -> int:
     """
     before_seq = claimed.request.before_seq
     return claimed.snapshot_max_seq if before_seq is None else min(claimed.snapshot_max_seq, before_seq - 1)
-
-
-def _appender(chunks: list[bytes]) -> Callable[[bytes], Awaitable[None]]:
-    """A COPY sink that appends each chunk to ``chunks``."""
-
-    async def append(data: bytes) -> None:
-        chunks.append(data)
-
-    return append

@@ -28,13 +28,15 @@ GZIP_WBITS = 16 + zlib.MAX_WBITS
 @dataclass(frozen=True)
 class Destination:
     """Where and how the files of one artifact are written: under ``key`` (with ``max_part_bytes``, the folder
-    of its parts, ``shared.storage.part_key``), as ``kind`` rendered for ``conversation_id``.
+    of its parts, ``shared.storage.part_key``), as ``kind`` rendered for ``conversation_id``; without the
+    format's header when not ``header`` (a chunk after the first, docs/chunks.md: Chunked exports).
     """
 
     key: str
     kind: FileKind
     conversation_id: str
     max_part_bytes: int | None
+    header: bool = True
 
     @property
     def split(self) -> bool:
@@ -155,7 +157,8 @@ class FileSet:
     async def _file(self) -> ObjectFile:
         if self._current is None:
             self._current = self._latest = self._open(len(self._finished) + 1)
-            await self._current.add(self._current.renderer.header(), messages=0)
+            if self._destination.header:
+                await self._current.add(self._current.renderer.header(), messages=0)
         return self._current
 
     def _open(self, number: int) -> ObjectFile:

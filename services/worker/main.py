@@ -7,8 +7,10 @@ import contextlib
 import logging
 import os
 import socket
+from typing import Any
 
-from services.worker.consumer import Consumer
+from services.worker.chunk import ChunkDeliveries
+from services.worker.consumer import Consumer, OperationDeliveries
 from services.worker.runner import LeaseRunner
 from shared import broker
 from shared.db import create_pool_when_ready
@@ -45,26 +47,36 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         await keep_trying(
             lambda: ensure_bucket(s3, settings.s3_bucket), what="file store", errors=STORAGE_ERRORS, stop=stop
         )
-        consumer = Consumer(
-            queue=session.queue,
-            pool=pool,
-            runner=LeaseRunner(pool=pool, s3=s3, settings=settings),
-            settings=settings,
-            worker_id=worker_id,
+        runner = LeaseRunner(pool=pool, s3=s3, settings=settings)
+        consumers = (
+            Consumer(
+                queue=session.queue,
+                deliveries=OperationDeliveries(pool=pool, runner=runner, settings=settings, worker_id=worker_id),
+                concurrency=settings.worker_concurrency,
+            ),
+            # Slots of their own: a small export never waits for a slot behind chunks (docs/chunks.md).
+            Consumer(
+                queue=session.chunk_queue,
+                deliveries=ChunkDeliveries(pool=pool, s3=s3, settings=settings, worker_id=worker_id),
+                concurrency=settings.worker_chunk_concurrency,
+            ),
         )
-        # The consumer keeps the queue referenced: connect_robust restores only consumers it can still
+        # The consumers keep the queues referenced: connect_robust restores only consumers it can still
         # reach.
-        consumer.start()
-        monitor.checks["consumer"] = lambda: _consuming(consumer)
+        for consumer in consumers:
+            consumer.start()
+        monitor.checks["consumer"] = lambda: _consuming(consumers)
         log.info("worker consuming", extra={"worker": worker_id, "queue": settings.amqp_queue})
         await stop.wait()
-        await consumer.stop()
-        await drain(consumer.running, grace_seconds=settings.shutdown_grace_seconds)
+        for consumer in consumers:
+            await consumer.stop()
+        running = set().union(*(consumer.running for consumer in consumers))
+        await drain(running, grace_seconds=settings.shutdown_grace_seconds)
 
 
-async def _consuming(consumer: Consumer) -> None:
-    if not consumer.registered:
-        raise Unavailable("no consumer registered on the queue")
+async def _consuming(consumers: tuple[Consumer[Any], ...]) -> None:
+    if not all(consumer.registered for consumer in consumers):
+        raise Unavailable("no consumer registered on a queue")
 
 
 def main(settings: Settings) -> None:

@@ -50,3 +50,19 @@ EXPORTED_BYTES = Counter(
     "chatexport_worker_exported_bytes_total",
     "Bytes of export files (as stored: compressed when asked) handed to the S3 upload, counted per range.",
 )
+CHUNK_OUTCOMES = ("DONE", "RETRY", "FAILED", "HANDED_BACK", "LEASE_LOST")
+CHUNKS_ENDED = counter_from_zero(
+    "chatexport_worker_chunks_ended_total",
+    "Chunk attempts this worker ended, by outcome: DONE, RETRY (a transient error; the chunk runs again after"
+    " its backoff), FAILED (its budget spent), HANDED_BACK (shutdown) or LEASE_LOST (superseded or canceled).",
+    "outcome",
+    CHUNK_OUTCOMES,
+)
+CHUNK_TAKEOVERS = Counter(
+    "chatexport_worker_chunk_takeovers_total",
+    "Chunk leases taken over from a holder whose lease had expired.",
+)
+CHUNKS_RUNNING = Gauge(
+    "chatexport_worker_chunks_running",
+    "Chunks this worker is writing now (at most CHATEXPORT_WORKER_CHUNK_CONCURRENCY).",
+)

@@ -100,7 +100,7 @@ class ObjectWriter:
             uploaded = await self._s3.upload_part(
                 Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=part["PartNumber"], Body=chunk
             )
-        _check_etag(uploaded["ETag"], md5.hexdigest(), what=f"part {part['PartNumber']} of {self._key}")
+        check_etag(uploaded["ETag"], md5.hexdigest(), what=f"part {part['PartNumber']} of {self._key}")
         part["ETag"] = uploaded["ETag"]
         self._part_md5s[part["PartNumber"]] = md5.digest()
 
@@ -129,7 +129,7 @@ class ObjectWriter:
                 stored = await self._s3.put_object(
                     Bucket=self._bucket, Key=self._key, Body=rest, ContentType=self._content_type
                 )
-            _check_etag(stored["ETag"], md5, what=self._key)
+            check_etag(stored["ETag"], md5, what=self._key)
             return self.digest()
         if rest:
             await self._start_part(rest)
@@ -138,7 +138,7 @@ class ObjectWriter:
             Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
         )
         whole = hashlib.md5(b"".join(self._part_md5s[n] for n in sorted(self._part_md5s)), usedforsecurity=False)
-        _check_etag(completed["ETag"], f"{whole.hexdigest()}-{len(self._part_md5s)}", what=self._key)
+        check_etag(completed["ETag"], f"{whole.hexdigest()}-{len(self._part_md5s)}", what=self._key)
         return self.digest()
 
     async def abandon(self) -> None:
@@ -157,7 +157,8 @@ class StoredBytesDiffer(Exception):
     """S3's ETag for an upload is not the MD5 of the bytes sent: they were changed on the way."""
 
 
-def _check_etag(etag: str, expected: str, *, what: str) -> None:
+def check_etag(etag: str, expected: str, *, what: str) -> None:
+    """Raise ``StoredBytesDiffer`` unless S3's ``etag`` for ``what`` is the hex MD5 ``expected``."""
     if etag.strip('"') != expected:
         raise StoredBytesDiffer(f"{what}: S3 stored other bytes than were sent (ETag {etag}, sent MD5 {expected})")
 

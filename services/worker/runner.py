@@ -22,14 +22,15 @@ from services.worker.errors import (
     classify,
     error_name,
     is_missing_bucket,
+    require_member,
 )
 from services.worker.export import ExportJob, Written
-from shared.artifact_removal import remove_artifacts
+from shared.artifact_removal import remove_artifacts, remove_chunk_objects
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.phases import Phase
-from shared.repository import artifacts, leases, message_store
+from shared.repository import artifacts, leases
 from shared.repository.leases import ClaimedOperation, CurrentState, current_state, finish_cancel
 from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
@@ -100,7 +101,13 @@ class LeaseRunner:
         """
         while True:
             job = ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, claimed=claimed)
-            if await self._succeed(claimed, job, await job.write()):
+            written = await job.write()
+            if await self._succeed(claimed, job, written):
+                if job.chunked or written.adopted:
+                    # The chunks are in the published file now (docs/chunks.md: Chunked exports).
+                    await remove_chunk_objects(
+                        self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=claimed.operation_id
+                    )
                 return
 
     async def _succeed(self, claimed: ClaimedOperation, job: ExportJob, written: Written) -> bool:
@@ -129,10 +136,7 @@ class LeaseRunner:
         """The statements of the SUCCEEDED transaction on ``conn``; raises ``PermanentError`` (access revoked),
         ``LeaseLost``, or ``ArtifactGone`` when the object of ``written`` was removed meanwhile.
         """
-        if not await message_store.is_member(
-            conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id, lock=True
-        ):
-            raise access_revoked()
+        await require_member(conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id)
         if not await leases.succeed(
             conn,
             operation_id=claimed.operation_id,

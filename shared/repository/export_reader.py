@@ -17,6 +17,7 @@ import asyncpg
 
 from shared.export_request import ExportRequest
 from shared.rendering import JSONL_LINE_SQL
+from shared.repository.chunks import PlannedRange
 from shared.repository.rows import Row
 
 # The messages of one export range that the request's options select (docs/api.md: API reference, Export
@@ -63,7 +64,7 @@ async def copy_export_lines(
 
 
 # About what an export line adds to its body (the other fields and the JSON around them), in bytes.
-_LINE_OVERHEAD_BYTES = 160
+LINE_OVERHEAD_BYTES = 160
 
 
 async def range_bytes(conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int) -> int:
@@ -77,9 +78,38 @@ async def range_bytes(conn: asyncpg.Connection, *, conversation_id: str, after_s
         conversation_id,
         after_seq,
         last_seq,
-        _LINE_OVERHEAD_BYTES,
+        LINE_OVERHEAD_BYTES,
     )
     return size
+
+
+async def plan_ranges(
+    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, target_bytes: int
+) -> list[PlannedRange]:
+    """Cut the seqs ``after_seq < seq <= last_seq`` into contiguous ranges of about ``target_bytes`` each, as
+    ``range_bytes`` measures them (so bodies of any size weigh what they hold, not one each): a range ends
+    with the message that takes it to the next multiple of ``target_bytes``. The first range starts at
+    ``after_seq`` and the last ends at ``last_seq``; empty when the seqs hold no message.
+    """
+    rows = await conn.fetch(
+        """
+        SELECT max(seq) AS high, sum(size) AS size FROM (
+            SELECT seq, size, sum(size) OVER (ORDER BY seq) - size AS before FROM (
+                SELECT seq, octet_length(body) + $5 AS size FROM messages
+                WHERE conversation_id = $1 AND seq > $2 AND seq <= $3) sized) placed
+        GROUP BY floor(before / $4) ORDER BY high
+        """,
+        conversation_id,
+        after_seq,
+        last_seq,
+        target_bytes,
+        LINE_OVERHEAD_BYTES,
+    )
+    highs = [row["high"] for row in rows]
+    if highs:
+        highs[-1] = last_seq
+    lows = [after_seq, *highs[:-1]]
+    return [PlannedRange(low, high, row["size"]) for low, high, row in zip(lows, highs, rows, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The ``outbox`` table (docs/architecture.md: How it works): scheduling intent written in the caller's transaction, and
 the relay's claim of it.
 
-A row is a request to publish ``{"operation_id": ...}`` to the work exchange no earlier than
-``not_before``. The relay publishes it; an insert trigger NOTIFYs the relay so it need not poll. Relays
+A row is a request to publish ``{"operation_id": ...}`` (a chunk's: with ``"chunk": n``) to the work exchange
+no earlier than ``not_before``. The relay publishes it; an insert trigger NOTIFYs the relay so it need not poll. Relays
 claim rows by the unpublished flag with ``SKIP LOCKED``.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from shared.broker import EXPORT_ROUTING_KEY
+from shared.broker import CHUNK_ROUTING_KEY, EXPORT_ROUTING_KEY
 from shared.repository.rows import Row
 
 
@@ -22,14 +22,27 @@ async def enqueue_run(conn: asyncpg.Connection, *, operation_id: str, delay_seco
 
     Runs in the caller's transaction, so the intent commits or vanishes together with the state change.
     """
+    await _enqueue(conn, operation_id, EXPORT_ROUTING_KEY, {"operation_id": operation_id}, delay_seconds)
+
+
+async def enqueue_chunk(conn: asyncpg.Connection, *, operation_id: str, chunk_no: int) -> None:
+    """Add an outbox row that wakes a worker for chunk ``chunk_no`` of ``operation_id`` on the chunk queue
+    (``shared.broker.CHUNK_ROUTING_KEY``), in the caller's transaction.
+    """
+    await _enqueue(conn, operation_id, CHUNK_ROUTING_KEY, {"operation_id": operation_id, "chunk": chunk_no}, 0.0)
+
+
+async def _enqueue(
+    conn: asyncpg.Connection, operation_id: str, routing_key: str, payload: dict[str, object], delay_seconds: float
+) -> None:
     await conn.execute(
         """
         INSERT INTO outbox (operation_id, routing_key, payload, not_before)
         VALUES ($1, $2, $3::jsonb, now() + make_interval(secs => $4))
         """,
         operation_id,
-        EXPORT_ROUTING_KEY,
-        json.dumps({"operation_id": operation_id}),
+        routing_key,
+        json.dumps(payload),
         delay_seconds,
     )
 

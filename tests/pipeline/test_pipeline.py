@@ -159,7 +159,7 @@ async def test_undecodable_wake_ups_are_dead_lettered_and_work_goes_on(
     connection = await aio_pika.connect(settings.amqp_url)
     async with connection:
         channel = await connection.channel()
-        exchange, _ = await declare_topology(channel, settings)  # the pipeline may not have declared it yet
+        exchange, *_ = await declare_topology(channel, settings)  # the pipeline may not have declared it yet
         for body in junk * 3:  # more than all the worker's slots
             await exchange.publish(aio_pika.Message(body=body), routing_key=EXPORT_ROUTING_KEY)
 
@@ -184,7 +184,7 @@ async def test_a_wake_up_for_an_unknown_operation_is_acked_logged_and_counted(
     connection = await aio_pika.connect(settings.amqp_url)
     async with connection:
         channel = await connection.channel()
-        exchange, _ = await declare_topology(channel, settings)
+        exchange, *_ = await declare_topology(channel, settings)
         with caplog.at_level(logging.WARNING, logger="services.worker.consumer"):
             body = json.dumps({"operation_id": unknown}).encode()
             await exchange.publish(aio_pika.Message(body=body), routing_key=EXPORT_ROUTING_KEY)

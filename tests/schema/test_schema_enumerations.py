@@ -14,7 +14,7 @@ import pytest
 
 from services.worker.metrics import ATTEMPT_OUTCOMES
 from shared.formats import COMPRESSIONS, FORMAT_NAMES
-from shared.states import ACTIVE, ENDED, ArtifactState, State
+from shared.states import ACTIVE, ENDED, ArtifactState, ChunkState, State
 
 pytestmark = pytest.mark.integration  # the real Postgres, reached without the database fixtures
 
@@ -49,7 +49,12 @@ async def test_the_operation_request_columns_admit_exactly_the_registry(
 
 @pytest.mark.parametrize(
     ("table", "column", "values"),
-    [("operations", "state", State), ("artifacts", "state", ArtifactState), ("attempts", "outcome", ATTEMPT_OUTCOMES)],
+    [
+        ("operations", "state", State),
+        ("artifacts", "state", ArtifactState),
+        ("export_chunks", "state", ChunkState),
+        ("attempts", "outcome", ATTEMPT_OUTCOMES),
+    ],
 )
 async def test_the_state_columns_admit_exactly_the_enumerations(
     conn: asyncpg.Connection, table: str, column: str, values: Iterable[str]

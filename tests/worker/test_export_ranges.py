@@ -11,9 +11,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.worker.export import ExportJob
+from services.worker.reading import RangeReader
 from shared.export_request import ExportRequest
-from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 
 BODY_BYTES = 10_000
@@ -32,9 +31,10 @@ async def old_then_new(pool: asyncpg.Pool) -> None:
     )
 
 
-def job(pool: asyncpg.Pool, s3: Any, settings: Settings, request: ExportRequest) -> ExportJob:
-    claimed = ClaimedOperation("op_1", "alice", "c-a", request, 100, 1, 1, False)
-    return ExportJob(pool=pool, s3=s3, settings=settings, claimed=claimed)
+def reader(pool: asyncpg.Pool, settings: Settings, request: ExportRequest) -> RangeReader:
+    return RangeReader(
+        pool=pool, settings=settings, conversation_id="c-a", request=request, kind=request.file_kind, split=False
+    )
 
 
 @pytest.mark.parametrize("file_format", ["jsonl", "csv"])
@@ -42,8 +42,8 @@ async def test_a_range_a_filter_left_empty_is_sized_by_every_message_it_spans(
     pool: asyncpg.Pool, s3: Any, settings: Settings, old_then_new: None, file_format: str
 ) -> None:
     since = datetime(2025, 1, 1, tzinfo=UTC)
-    filtered = await job(pool, s3, settings, ExportRequest(format=file_format, since=since))._read_range(0, 50)
-    unfiltered = await job(pool, s3, settings, ExportRequest(format=file_format))._read_range(0, 50)
+    filtered = await reader(pool, settings, ExportRequest(format=file_format, since=since))._read_range(0, 50, 100)
+    unfiltered = await reader(pool, settings, ExportRequest(format=file_format))._read_range(0, 50, 100)
     assert (filtered.rows or filtered.lines) in ([], None)  # the filter kept nothing of seqs 1-50
     assert unfiltered.size * 0.9 <= filtered.size <= unfiltered.size * 1.2
     assert filtered.size >= 50 * BODY_BYTES

@@ -1,0 +1,250 @@
+"""One chunk of a chunked export (docs/chunks.md: Chunked exports): its wake-up on the chunk queue, the claim
+of its lease, the writing of its seq range into an object of its own, and how its attempt ends.
+
+A chunk's object is the rendering of its messages alone: the format's header only in the first chunk, and
+every chunk its own gzip member when compressed, so that the outputs in seq order are the file. Its writes
+are fenced by the chunk's generation and by the operation being RUNNING (``shared.repository.chunks``): a
+cancel or a newer generation stops it at its next write, and it removes what it uploaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+
+from services.worker import metrics
+from services.worker.consumer import decode_payload, settle
+from services.worker.errors import LeaseLost, PermanentError, classify, error_name, require_member
+from services.worker.files import Destination, FileSet
+from services.worker.reading import RangeReader
+from shared.artifact_removal import remove_object
+from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.ids import is_operation_id
+from shared.logs import log_fields
+from shared.repository import chunks
+from shared.repository.chunks import ClaimedChunk
+from shared.settings import Settings
+from shared.states import ChunkState
+from shared.storage import CHUNK_EXTENSION, chunk_key_stem
+
+log = logging.getLogger(__name__)
+
+# The least time between two progress writes of a chunk's holder (each also notices a cancel).
+PROGRESS_INTERVAL_SECONDS = 1.0
+# Pause before handing a delivery back when the database is unreachable, so the queue does not spin.
+DATABASE_RETRY_SECONDS = 2.0
+
+
+class ChunkDeliveries:
+    """The chunk queue's deliveries, ``{"operation_id": ..., "chunk": n}``: claim the chunk, settle the
+    message, write the chunk.
+    """
+
+    what = "chunk"
+
+    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, worker_id: str) -> None:
+        self._pool = pool
+        self._s3 = s3
+        self._settings = settings
+        self._worker_id = worker_id
+
+    def decode(self, body: bytes) -> tuple[str, int] | None:
+        """(operation id, chunk number) of a chunk's wake-up, or None for anything else."""
+        payload = decode_payload(body)
+        if payload is None:
+            return None
+        operation_id, chunk_no = payload.get("operation_id"), payload.get("chunk")
+        if not (isinstance(operation_id, str) and is_operation_id(operation_id)):
+            return None
+        return (operation_id, chunk_no) if type(chunk_no) is int and chunk_no >= 1 else None
+
+    async def handle(self, message: AbstractIncomingMessage, key: tuple[str, int]) -> None:
+        """Claim the chunk, settle ``message``, and write the chunk when the claim took it."""
+        operation_id, chunk_no = key
+        settings = self._settings
+        try:
+            async with self._pool.acquire() as conn:
+                claimed = await chunks.claim(
+                    conn,
+                    operation_id=operation_id,
+                    chunk_no=chunk_no,
+                    worker_id=self._worker_id,
+                    lease_seconds=settings.lease_seconds,
+                    key_stem=chunk_key_stem(settings, operation_id, chunk_no),
+                    extension=CHUNK_EXTENSION,
+                )
+        except TRANSIENT_DATABASE_ERRORS:
+            log.warning("chunk claim failed; message requeued", extra={"operation_id": operation_id, "chunk": chunk_no})
+            await asyncio.sleep(DATABASE_RETRY_SECONDS)
+            await settle(message, requeue=True)
+            return
+        await settle(message, requeue=False)
+        if claimed is None:
+            return
+        if claimed.took_over:
+            metrics.CHUNK_TAKEOVERS.inc()
+        with metrics.CHUNKS_RUNNING.track_inprogress(), log_fields(**claimed.log_extra()):
+            await ChunkRunner(pool=self._pool, s3=self._s3, settings=settings, claimed=claimed).run()
+
+
+class ChunkRunner:
+    """Runs one claimed chunk to its end: heartbeats while it is written, then DONE with its output, a retry
+    after a backoff, FAILED once its budget is spent, or the lease handed back on shutdown.
+    """
+
+    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, claimed: ClaimedChunk) -> None:
+        self._pool = pool
+        self._s3 = s3
+        self._settings = settings
+        self._claimed = claimed
+        kind = claimed.request.file_kind
+        destination = Destination(
+            claimed.object_key, kind, claimed.conversation_id, max_part_bytes=None, header=claimed.chunk_no == 1
+        )
+        self._files = FileSet(s3, settings, destination)
+        self._reader = RangeReader(
+            pool=pool,
+            settings=settings,
+            conversation_id=claimed.conversation_id,
+            request=claimed.request,
+            kind=kind,
+            split=False,
+        )
+        self._progress_written_at: float | None = None
+
+    async def run(self) -> None:
+        """Write the chunk and record how the attempt ended. Raises ``CancelledError`` on shutdown (after
+        handing the lease back); a database error while recording the end leaves the lease to expire, and
+        the export's coordinator wakes the chunk again.
+        """
+        heartbeat = asyncio.create_task(self._heartbeat())
+        try:
+            await self._write()
+            metrics.CHUNKS_ENDED.labels("DONE").inc()
+        except LeaseLost:
+            metrics.CHUNKS_ENDED.labels("LEASE_LOST").inc()
+            log.info("chunk lease lost: superseded or canceled", extra=self._claimed.log_extra())
+            await asyncio.shield(self._discard())
+        except asyncio.CancelledError:
+            await asyncio.shield(self._end(retry_delay_seconds=None))
+            raise
+        except Exception as exc:
+            await self._fail(exc)
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    async def _write(self) -> None:
+        claimed = self._claimed
+        if claimed.previous_key is not None and claimed.previous_key != claimed.object_key:
+            # An earlier generation's output, whole or partial: never to be assembled now.
+            with contextlib.suppress(Exception):
+                await remove_object(self._s3, bucket=self._settings.s3_bucket, key=claimed.previous_key)
+        await self._reader.write(
+            self._files, after=claimed.range_after_seq, last=claimed.range_last_seq, after_each=self._record_progress
+        )
+        (stored,) = await self._files.finish()
+        async with self._pool.acquire() as conn, conn.transaction():
+            # Membership is checked again as each chunk finishes (docs/chunks.md: Chunked exports).
+            await require_member(conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id)
+            if not await chunks.finish(
+                conn,
+                operation_id=claimed.operation_id,
+                chunk_no=claimed.chunk_no,
+                generation=claimed.generation,
+                size_bytes=stored.size_bytes,
+                sha256=stored.sha256,
+                message_count=stored.message_count,
+            ):
+                raise LeaseLost("chunk")
+        log.info("chunk done", extra=claimed.log_extra(size_bytes=stored.size_bytes, messages=stored.message_count))
+
+    async def _record_progress(self) -> None:
+        now = time.monotonic()
+        if self._progress_written_at is not None and now - self._progress_written_at < PROGRESS_INTERVAL_SECONDS:
+            return
+        self._progress_written_at = now
+        if not await self._extend():
+            raise LeaseLost("progress")
+
+    async def _extend(self) -> bool:
+        claimed = self._claimed
+        messages, stored_bytes = self._files.progress()
+        async with self._pool.acquire() as conn:
+            return await chunks.extend(
+                conn,
+                operation_id=claimed.operation_id,
+                chunk_no=claimed.chunk_no,
+                generation=claimed.generation,
+                lease_seconds=self._settings.lease_seconds,
+                messages_written=messages,
+                bytes_written=stored_bytes,
+            )
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.heartbeat_seconds)
+            try:
+                if not await self._extend():
+                    return  # the writer stops at its next fenced write
+            except TRANSIENT_DATABASE_ERRORS:
+                log.warning("chunk heartbeat failed; will try again", extra=self._claimed.log_extra())
+
+    async def _fail(self, exc: Exception) -> None:
+        """End a failed attempt: FAILED at once when the owner lost access (the coordinator then fails the
+        export), else a retry after the backoff of its attempt number, FAILED once the budget is spent.
+        """
+        revoked = isinstance(exc, PermanentError)
+        verdict = classify(exc, attempt=self._claimed.attempts + 1, settings=self._settings)
+        log.warning("chunk attempt failed", extra=self._claimed.log_extra(error=error_name(exc), code=verdict.code))
+        await asyncio.shield(self._discard())
+        delay = 0.0 if revoked else (verdict.retry_delay_seconds or 0.0)
+        await self._end(
+            retry_delay_seconds=delay,
+            error_code=verdict.code,
+            error_message=verdict.message,
+            max_attempts=1 if revoked else self._settings.max_attempts,
+        )
+
+    async def _end(self, *, retry_delay_seconds: float | None, **failure: Any) -> None:
+        """``chunks.release`` of this lease, counted by its outcome; a lost database leaves the lease to expire."""
+        claimed = self._claimed
+        if retry_delay_seconds is None:
+            await self._discard()
+        try:
+            async with self._pool.acquire() as conn:
+                state = await chunks.release(
+                    conn,
+                    operation_id=claimed.operation_id,
+                    chunk_no=claimed.chunk_no,
+                    generation=claimed.generation,
+                    retry_delay_seconds=retry_delay_seconds,
+                    **failure,
+                )
+        except TRANSIENT_DATABASE_ERRORS:
+            log.warning("could not record the chunk's end; its lease expires", extra=claimed.log_extra())
+            return
+        if state is None:
+            metrics.CHUNKS_ENDED.labels("LEASE_LOST").inc()
+        elif retry_delay_seconds is None:
+            metrics.CHUNKS_ENDED.labels("HANDED_BACK").inc()
+        else:
+            metrics.CHUNKS_ENDED.labels("FAILED" if state == ChunkState.FAILED else "RETRY").inc()
+
+    async def _discard(self) -> None:
+        """Stop the upload in flight and remove this generation's object; what S3 refuses now, the janitor
+        removes once nothing names it.
+        """
+        for writer in self._files.writers():
+            await writer.abandon()
+        try:
+            await remove_object(self._s3, bucket=self._settings.s3_bucket, key=self._claimed.object_key)
+        except Exception:
+            log.warning("could not remove the chunk's object; left to the janitor", extra=self._claimed.log_extra())

@@ -1,0 +1,139 @@
+"""Reading an export's messages range by range into its files: what one attempt of a whole export and one
+chunk of a chunked export (docs/chunks.md: Chunked exports) both do with their seqs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from services.worker import metrics
+from services.worker.files import FileSet
+from shared.export_request import ExportRequest
+from shared.formats import FileKind
+from shared.repository import export_reader
+from shared.settings import Settings
+
+# Seqs in the first range an attempt reads, before it knows how many bytes a seq takes.
+FIRST_RANGE_SEQS = 1000
+
+
+@dataclass(frozen=True)
+class Range:
+    """The selected messages of seqs ``low < seq <= high``: as JSONL ``lines`` read by COPY (chunks of
+    whole lines), or as ``rows``; ``size`` (bytes) sizes the next range (``RangeReader._read_range``).
+    """
+
+    low: int
+    high: int
+    size: int
+    lines: list[bytes] = field(default_factory=list)
+    rows: list[export_reader.ExportRow] | None = None
+
+
+class RangeReader:
+    """Reads the messages ``request`` selects in ``conversation_id`` with connections of ``pool``, for files
+    of ``kind`` (``split``: parts of at most ``max_part_bytes``).
+    """
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        conversation_id: str,
+        request: ExportRequest,
+        kind: FileKind,
+        split: bool,
+    ) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._conversation_id = conversation_id
+        self._request = request
+        # Postgres writes JSONL lines straight through COPY; other formats, and parts (which need each
+        # message's seq and size), render message by message.
+        self._by_row = not kind.postgres_renders or split
+
+    async def write(self, files: FileSet, *, after: int, last: int, after_each: Callable[[], Awaitable[None]]) -> None:
+        """Hand the messages of seqs ``after < seq <= last`` to ``files`` range by range, each once its
+        statement has ended, reading the next range while the files take the current one; await
+        ``after_each()`` after each range (where a holder records progress and notices a lost lease).
+
+        A range is collected in memory rather than streamed from COPY into the writer: waiting for a slow
+        S3 inside the statement would hold its snapshot open and run into the statement timeout. To keep
+        that memory near one part per range whatever the messages' size, each range is sized from the bytes
+        per seq of the one before (at most ``export_batch_rows`` seqs, the first one ``FIRST_RANGE_SEQS``).
+        """
+        if after >= last:
+            return
+        reading: asyncio.Task[Range] | None = asyncio.create_task(self._read_range(after, FIRST_RANGE_SEQS, last))
+        try:
+            while reading is not None:
+                current = await reading
+                reading = None
+                if current.high < last:
+                    span = self._next_span(seqs=current.high - current.low, size=current.size)
+                    reading = asyncio.create_task(self._read_range(current.high, span, last))
+                handed = files.progress()[1]
+                await _take(files, current)
+                metrics.EXPORTED_BYTES.inc(files.progress()[1] - handed)
+                await after_each()
+        finally:
+            if reading is not None:
+                reading.cancel()
+                with contextlib.suppress(BaseException):
+                    await reading
+
+    async def _read_range(self, low: int, span: int, last: int) -> Range:
+        """The selected messages of seqs ``low < seq <= low + span`` (and ``<= last``).
+
+        With options that leave messages out, the range's ``size`` is that of all its messages, not of those
+        selected: sizing the next range from what a filter kept (nothing, in a range older than ``since``)
+        would make it hold every message of ``export_batch_rows`` seqs at once.
+        """
+        high = min(low + min(span, self._settings.export_batch_rows), last)
+        cid, request = self._conversation_id, self._request
+        async with self._pool.acquire() as conn:
+            if self._by_row:
+                rows = await export_reader.fetch_export_rows(
+                    conn, conversation_id=cid, after_seq=low, last_seq=high, request=request
+                )
+                selected = sum(len(row.line) for row in rows)
+                lines: list[bytes] = []
+            else:
+                rows, lines = None, []
+                await export_reader.copy_export_lines(
+                    conn, conversation_id=cid, after_seq=low, last_seq=high, request=request, output=_appender(lines)
+                )
+                selected = sum(map(len, lines))
+            size = (
+                await export_reader.range_bytes(conn, conversation_id=cid, after_seq=low, last_seq=high)
+                if request.selects_messages
+                else selected
+            )
+        return Range(low, high, size, lines=lines, rows=rows)
+
+    def _next_span(self, *, seqs: int, size: int) -> int:
+        """Seqs for about one part of lines, judged from the last range's ``size`` bytes over ``seqs`` seqs."""
+        bytes_per_seq = max(size / seqs, 1.0)
+        return max(1, int(self._settings.s3_part_size_bytes / bytes_per_seq))
+
+
+async def _take(files: FileSet, current: Range) -> None:
+    if current.rows is not None:
+        await files.add_rows(current.rows)
+    for chunk in current.lines:
+        await files.add_lines(chunk)
+
+
+def _appender(chunks: list[bytes]) -> Callable[[bytes], Awaitable[None]]:
+    """A COPY sink that appends each chunk to ``chunks``."""
+
+    async def append(data: bytes) -> None:
+        chunks.append(data)
+
+    return append

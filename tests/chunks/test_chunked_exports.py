@@ -1,0 +1,144 @@
+"""Chunked exports on the real servers (docs/chunks.md: Chunked exports): the file written from chunks by the
+real relay, worker and janitor is the file one stream writes, byte for byte for every chunkable format, and
+after decompression with gzip; its digest describes the stored bytes; a chunk under 5 MiB in the middle is
+assembled through the fallback; the chunks' objects are gone once the export has succeeded.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from devtools.broker import delete_broker_objects
+from devtools.moto import MotoServer
+from shared.settings import Settings
+from tests.support import make_settings, wait_for
+from tests.support.api_calls import make_conversation, running_pipeline, succeeded
+from tests.support.bucket import objects_under
+from tests.support.exports import Auth, Client
+
+pytestmark = pytest.mark.module_database
+
+MIB = 1024 * 1024
+# Small chunks, so that the test's files stay small: every one of them goes through the assembler's buffer.
+SMALL = {"chunk_threshold_bytes": 100_000, "chunk_target_bytes": 60_000, "chunks_per_export": 3}
+
+
+@pytest.fixture
+async def settings(database_url: str, moto: MotoServer) -> AsyncIterator[Settings]:
+    """The test's settings with a low chunking threshold."""
+    test_settings = make_settings(database_url, moto.endpoint_url, **SMALL)
+    yield test_settings
+    await delete_broker_objects(test_settings)
+
+
+async def fill(pool: asyncpg.Pool, cid: str, count: int, *, body_bytes: int = 300) -> None:
+    """``count`` messages in ``cid`` from alice and bob, bodies of up to about ``body_bytes`` bytes that
+    differ 50-fold in size, with quotes, commas, line breaks, formula signs and non-ASCII text.
+    """
+    await pool.execute(
+        "INSERT INTO conversations (conversation_id, last_seq) VALUES ($1, $2)"
+        " ON CONFLICT (conversation_id) DO UPDATE SET last_seq = excluded.last_seq",
+        cid,
+        count,
+    )
+    await pool.execute(
+        """
+        INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)
+        SELECT $1, n, 'm' || n, CASE WHEN n % 3 = 0 THEN 'bob' ELSE 'alice' END,
+               CASE n % 4 WHEN 0 THEN '=' WHEN 1 THEN '"q", ' WHEN 2 THEN E'line\\nbreak ' ELSE 'é ' END
+               || n || ' ' || repeat('x', (n * 7919 % 50 + 1) * $3 / 50),
+               timestamptz '2026-01-01Z' + n * interval '1 minute'
+        FROM generate_series(1, $2) AS n
+        """,
+        cid,
+        count,
+        body_bytes,
+    )
+
+
+async def export_file(api: Client, auth: Auth, cid: str, body: dict[str, Any], key: str) -> tuple[bytes, Any]:
+    operation = await succeeded(api, auth, "alice", cid, body, key)
+    response = await api.get(operation["result"]["url"], headers=auth("alice"))
+    assert response.status == 200, await response.text()
+    return await response.read(), operation
+
+
+async def chunks_of(pool: asyncpg.Pool, operation_id: str) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        "SELECT chunk_no, state, size_bytes FROM export_chunks WHERE operation_id = $1 ORDER BY chunk_no", operation_id
+    )
+
+
+async def chunked_and_streamed(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool, cid: str, body: dict[str, Any], key: str
+) -> tuple[bytes, bytes, dict[str, Any]]:
+    """The file of ``body`` written in chunks, then by one stream (chunking off), and the chunked operation."""
+    async with running_pipeline(settings):
+        chunked, operation = await export_file(api, auth, cid, body, f"{key}-chunked")
+    async with running_pipeline(settings.model_copy(update={"chunk_threshold_bytes": 0})):
+        streamed, _ = await export_file(api, auth, cid, body, f"{key}-streamed")
+    return chunked, streamed, operation
+
+
+@pytest.mark.parametrize("file_format", ["jsonl", "csv", "txt"])
+async def test_a_chunked_file_is_the_streamed_file_byte_for_byte(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool, s3: Any, file_format: str
+) -> None:
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await fill(pool, "c-a", 2000)
+    chunked, streamed, operation = await chunked_and_streamed(
+        api, auth, settings, pool, "c-a", {"format": file_format}, file_format
+    )
+    assert chunked == streamed
+    result = operation["result"]
+    assert result["size_bytes"] == len(chunked)
+    assert result["sha256"] == hashlib.sha256(chunked).hexdigest()
+    assert result["message_count"] == 2000
+    planned = await chunks_of(pool, operation["operation_id"])
+    assert len(planned) > 5 and {chunk["state"] for chunk in planned} == {"DONE"}
+    # The chunks' objects are removed once the file is published; only the file stays.
+    await wait_for(lambda: _only_the_file(s3, settings, operation["operation_id"]))
+
+
+async def _only_the_file(s3: Any, settings: Settings, operation_id: str) -> bool:
+    return not any("/chunks/" in key for key in await objects_under(s3, settings, operation_id))
+
+
+async def test_a_chunked_gzip_file_holds_the_streamed_bytes_in_several_members(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await fill(pool, "c-a", 2000)
+    chunked, streamed, operation = await chunked_and_streamed(
+        api, auth, settings, pool, "c-a", {"format": "csv", "compression": "gzip"}, "gz"
+    )
+    assert gzip.decompress(chunked) == gzip.decompress(streamed)
+    assert operation["result"]["sha256"] == hashlib.sha256(chunked).hexdigest()
+    assert chunked.count(b"\x1f\x8b\x08") >= len(await chunks_of(pool, operation["operation_id"]))
+
+
+async def test_a_filter_leaves_small_chunks_between_copied_ones(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    # Chunks of about 6 MiB, copied by S3; bob's messages alone leave each a third of that, which the
+    # assembler must read through itself.
+    big = settings.model_copy(update={"chunk_threshold_bytes": 10 * MIB, "chunk_target_bytes": 6 * MIB})
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await fill(pool, "c-a", 1300, body_bytes=30_000)
+    async with running_pipeline(big):
+        everything, operation = await export_file(api, auth, "c-a", {}, "all")
+        only_bob, bob_operation = await export_file(api, auth, "c-a", {"senders": ["bob"]}, "bob")
+    async with running_pipeline(settings.model_copy(update={"chunk_threshold_bytes": 0})):
+        streamed, _ = await export_file(api, auth, "c-a", {}, "all-streamed")
+        bob_streamed, _ = await export_file(api, auth, "c-a", {"senders": ["bob"]}, "bob-streamed")
+    assert everything == streamed and only_bob == bob_streamed
+    sizes = [chunk["size_bytes"] for chunk in await chunks_of(pool, operation["operation_id"])]
+    assert len(sizes) >= 3 and max(sizes) >= 5 * MIB
+    bob_sizes = [chunk["size_bytes"] for chunk in await chunks_of(pool, bob_operation["operation_id"])]
+    assert all(size < 5 * MIB for size in bob_sizes[:-1])
