@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 
 from shared.phases import Phase
+from shared.repository.chunks import Chunk
 from shared.repository.operation_view import OperationView
 from shared.routes import path
 from shared.states import TERMINAL, State
@@ -153,11 +154,12 @@ def represent_for_admin(
     access_events: list[asyncpg.Record],
     access_events_total: int,
     webhook_deliveries: list[asyncpg.Record],
+    chunks: list[Chunk],
 ) -> dict[str, Any]:
     """The admin view of one operation: ``represent_for_admin_list`` plus its attempts, artifacts, access
-    events (``access_events_total`` counts them all when the list holds only the newest) and completion
-    callbacks with every attempt to send them. Artifacts show their object key, never a download URL;
-    callbacks never show their URL, whose query may hold a secret.
+    events (``access_events_total`` counts them all when the list holds only the newest), completion
+    callbacks with every attempt to send them, and a chunked export's chunks. Artifacts and chunks show
+    their object key, never a download URL; callbacks never show their URL, whose query may hold a secret.
     """
     return {
         **represent_for_admin_list(row),
@@ -166,6 +168,17 @@ def represent_for_admin(
         "access_events": [_with_timestamps(event, "occurred_at") for event in access_events],
         "access_events_total": access_events_total,
         "webhook_deliveries": [_delivery(delivery) for delivery in webhook_deliveries],
+        "chunks": [_chunk(chunk) for chunk in chunks],
+    }
+
+
+def _chunk(chunk: Chunk) -> dict[str, Any]:
+    fields = {name: getattr(chunk, name) for name in Chunk.__dataclass_fields__}
+    return {
+        **fields,
+        "worker": fields.pop("lease_owner"),
+        "lease_expires_at": format_timestamp(chunk.lease_expires_at),
+        "updated_at": format_timestamp(chunk.updated_at),
     }
 
 

@@ -130,7 +130,8 @@ class ChunkRunner:
         except LeaseLost:
             metrics.CHUNKS_ENDED.labels("LEASE_LOST").inc()
             log.info("chunk lease lost: superseded or canceled", extra=self._claimed.log_extra())
-            await asyncio.shield(self._discard())
+            # Let go of a lease still ours (the export was canceled), so that the chunk shows nobody holds it.
+            await asyncio.shield(self._end(retry_delay_seconds=None, counted=False))
         except asyncio.CancelledError:
             await asyncio.shield(self._end(retry_delay_seconds=None))
             raise
@@ -213,8 +214,10 @@ class ChunkRunner:
             max_attempts=1 if revoked else self._settings.max_attempts,
         )
 
-    async def _end(self, *, retry_delay_seconds: float | None, **failure: Any) -> None:
-        """``chunks.release`` of this lease, counted by its outcome; a lost database leaves the lease to expire."""
+    async def _end(self, *, retry_delay_seconds: float | None, counted: bool = True, **failure: Any) -> None:
+        """``chunks.release`` of this lease, counted by its outcome when ``counted``; a lost database leaves the
+        lease to expire.
+        """
         claimed = self._claimed
         if retry_delay_seconds is None:
             await self._discard()
@@ -230,6 +233,8 @@ class ChunkRunner:
                 )
         except TRANSIENT_DATABASE_ERRORS:
             log.warning("could not record the chunk's end; its lease expires", extra=claimed.log_extra())
+            return
+        if not counted:
             return
         if state is None:
             metrics.CHUNKS_ENDED.labels("LEASE_LOST").inc()

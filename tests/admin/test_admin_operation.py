@@ -51,6 +51,7 @@ ADMIN_KEYS = {
     "access_events",
     "access_events_total",
     "webhook_deliveries",
+    "chunks",
 }
 # The worker of ``running_pipeline`` runs in this process and names itself so in the lease.
 PIPELINE_WORKER = f"{socket.gethostname()}:{os.getpid()}"

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.module_database
 # What the admin list adds to the owner's representation; the admin view of one operation adds its
 # attempts, artifacts and access events on top.
 ADMIN_LIST_KEYS = {"owner_id", "generation", "lease_owner", "lease_expires_at", "finished_at", "result_expires_at"}
-HISTORY_KEYS = {"attempts", "artifacts", "access_events", "access_events_total", "webhook_deliveries"}
+HISTORY_KEYS = {"attempts", "artifacts", "access_events", "access_events_total", "webhook_deliveries", "chunks"}
 # Long ago, so that every non-terminal operation polls at the 30 s cap whenever it is read.
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 # (operation_id, owner, conversation, state, minutes after EPOCH); op_b1 and op_b2 were created at the same

@@ -102,6 +102,13 @@ async def test_a_chunked_file_is_the_streamed_file_byte_for_byte(
     assert result["message_count"] == 2000
     planned = await chunks_of(pool, operation["operation_id"])
     assert len(planned) > 5 and {chunk["state"] for chunk in planned} == {"DONE"}
+    # Operators see the chunks in the admin view.
+    admin = await api.get(f"/admin/operations/{operation['operation_id']}", headers=auth("root", admin=True))
+    shown = (await admin.json())["chunks"]
+    assert [(chunk["chunk_no"], chunk["state"], chunk["worker"]) for chunk in shown] == [
+        (chunk["chunk_no"], "DONE", None) for chunk in planned
+    ]
+    assert sum(chunk["size_bytes"] for chunk in shown) == len(chunked)
     # The chunks' objects are removed once the file is published; only the file stays.
     await wait_for(lambda: _only_the_file(s3, settings, operation["operation_id"]))
 

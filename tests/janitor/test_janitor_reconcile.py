@@ -14,9 +14,8 @@ from services.janitor.janitor import Janitor
 from services.janitor.metrics import observe_system
 from shared.settings import Settings
 from shared.states import State
-from shared.storage import ObjectPages
 from tests.support import wait_for
-from tests.support.bucket import keys
+from tests.support.bucket import all_keys, keys, older_than_grace, put, start_upload, uploads
 from tests.support.rows import insert_artifact, insert_operation, shift
 
 # Long enough that an object written just before a pass is still younger (S3 times are whole seconds).
@@ -59,32 +58,6 @@ def gauge(name: str, **labels: str) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
 
 
-async def uploads(s3: Any, settings: Settings) -> set[tuple[str, str]]:
-    listing = await s3.list_multipart_uploads(Bucket=settings.s3_bucket)
-    return {(item["Key"], item["UploadId"]) for item in listing.get("Uploads", [])}
-
-
-async def all_keys(s3: Any, settings: Settings) -> set[str]:
-    listing = await s3.list_objects_v2(Bucket=settings.s3_bucket)
-    return {item["Key"] for item in listing.get("Contents", [])}
-
-
-async def put(s3: Any, settings: Settings, key: str) -> str:
-    await s3.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"{}\n")
-    return key
-
-
-async def start_upload(s3: Any, settings: Settings, key: str) -> tuple[str, str]:
-    created = await s3.create_multipart_upload(Bucket=settings.s3_bucket, Key=key)
-    return key, created["UploadId"]
-
-
-async def older_than_grace(s3: Any, settings: Settings) -> bool:
-    """True once every object in the bucket is past the grace period, as the janitor measures age."""
-    objects, _ = await ObjectPages(s3, bucket=settings.s3_bucket, prefix="").next_page(1000)
-    return all(item.age_seconds > GRACE_SECONDS for item in objects)
-
-
 @pytest.fixture
 def janitor(pool: asyncpg.Pool, s3: Any, settings: Settings) -> Janitor:
     return Janitor(
@@ -119,7 +92,7 @@ async def test_a_pass_removes_what_no_live_record_names_and_keeps_the_rest(
     await insert_operation(pool, "op_lost", "QUEUED")
     await shift(pool, "op_lost", "updated_at", "-2 minutes")
 
-    await wait_for(lambda: older_than_grace(s3, settings), timeout=GRACE_SECONDS + 10)
+    await wait_for(lambda: older_than_grace(s3, settings, GRACE_SECONDS), timeout=GRACE_SECONDS + 10)
     fresh = await put(s3, settings, "exports/op_fresh/g1.jsonl")
     before = counters()
 
@@ -142,7 +115,7 @@ async def test_each_pass_lists_at_most_a_batch_and_the_next_one_goes_on_from_the
     await insert_operation(pool, "op_a", "SUCCEEDED", generation=1, result_key="exports/op_a/g1.jsonl")
     published = await put(s3, settings, await insert_artifact(pool, "op_a", 1, "PUBLISHED"))
     orphans = [await put(s3, settings, f"exports/op_{name}/g1.jsonl") for name in "bcde"]
-    await wait_for(lambda: older_than_grace(s3, settings), timeout=GRACE_SECONDS + 10)
+    await wait_for(lambda: older_than_grace(s3, settings, GRACE_SECONDS), timeout=GRACE_SECONDS + 10)
     janitor = Janitor(
         pool=pool,
         s3=s3,
@@ -263,7 +236,7 @@ async def test_a_key_the_batch_delete_refuses_does_not_keep_the_other_orphans(
 ) -> None:
     odd = await put(s3, settings, "exports/op_odd/ctrl\x01key")
     orphans = {await put(s3, settings, f"exports/op_gone/g{generation}.jsonl") for generation in (1, 2)}
-    await wait_for(lambda: older_than_grace(s3, settings), timeout=GRACE_SECONDS + 10)
+    await wait_for(lambda: older_than_grace(s3, settings, GRACE_SECONDS), timeout=GRACE_SECONDS + 10)
 
     removed = await janitor.remove_orphan_objects()
 
@@ -294,7 +267,7 @@ async def test_a_split_artifacts_record_names_every_part_under_its_folder(
         await put(s3, settings, "exports/op_split/g1.csv/part-1.csv"),
     }
     stale_upload = await start_upload(s3, settings, "exports/op_split/g2/part-2.csv")
-    await wait_for(lambda: older_than_grace(s3, settings), timeout=GRACE_SECONDS + 10)
+    await wait_for(lambda: older_than_grace(s3, settings, GRACE_SECONDS), timeout=GRACE_SECONDS + 10)
     before = counters()
 
     await janitor.run_pass()

@@ -28,6 +28,7 @@ from shared.repository import (
     access_events,
     artifacts,
     attempts,
+    chunks,
     message_store,
     status_monitor,
     webhook_deliveries,
@@ -200,10 +201,10 @@ async def list_operations(request: web.Request) -> web.Response:
 
 
 async def get_operation(request: web.Request) -> web.Response:
-    """``GET /admin/operations/{operation_id}``: the operation whoever owns it, with its owner, lease and
-    generation, its attempts (one per claim), its artifacts (object keys, never download URLs) and its
-    newest ``ACCESS_EVENTS_SHOWN`` access events, all read as of one moment; ``Cache-Control: no-store``.
-    404 when unknown.
+    """``GET /admin/operations/{operation_id}``: the operation whoever owns it, with its owner, lease and generation,
+    its attempts (one per claim), its artifacts (object keys, never download URLs), its newest
+    ``ACCESS_EVENTS_SHOWN`` access events and a chunked export's chunks, all read as of one moment; ``Cache-Control:
+    no-store``. 404 when unknown.
     """
     operation_id = _operation_path_id(request)
     async with request.app[POOL].acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
@@ -219,6 +220,7 @@ async def get_operation(request: web.Request) -> web.Response:
             ),
             access_events_total=await access_events.count_access_events(conn, operation_id=operation_id),
             webhook_deliveries=await webhook_deliveries.list_for_operation(conn, operation_id=operation_id),
+            chunks=await chunks.chunks_of(conn, operation_id=operation_id),
         )
     return json_response(body, headers=NO_STORE)
 
