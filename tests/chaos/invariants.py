@@ -69,11 +69,21 @@ SELECT o.*, k.idempotency_key FROM operations o LEFT JOIN idempotency_keys k USI
 WHERE o.operation_id = ANY($1) OR k.idempotency_key LIKE $2 || '%' OR o.created_at >= $3
 """
 # What may stay in the bucket once all is quiet (docs/retention.md: Orphan objects and uploads): the published key of a
-# SUCCEEDED operation; and whatever a parked FAILED_REPAIR operation holds, left for an operator.
+# SUCCEEDED operation; and whatever a parked FAILED_REPAIR operation holds, left for an operator, its chunks'
+# objects included (docs/chunks.md: The janitor and chunks). No chunk's object of an ended export stays.
 KEPT_SQL = """
 SELECT a.object_key, o.state = 'FAILED_REPAIR' AS parked FROM artifacts a JOIN operations o USING (operation_id)
 WHERE (a.state = 'PUBLISHED' AND o.state = 'SUCCEEDED' AND o.result_key = a.object_key)
    OR o.state = 'FAILED_REPAIR'
+UNION ALL
+SELECT c.object_key, true FROM export_chunks c JOIN operations o USING (operation_id)
+WHERE o.state = 'FAILED_REPAIR' AND c.object_key IS NOT NULL
+"""
+# A chunked export's file is its chunks' recorded outputs and nothing else: every chunk DONE, and their sizes
+# adding up to the file's (docs/chunks.md: Assembly).
+CHUNKS_SQL = """
+SELECT count(*) AS chunks, count(*) FILTER (WHERE state = 'DONE') AS done, coalesce(sum(size_bytes), 0) AS size
+FROM export_chunks WHERE operation_id = $1
 """
 # A 503 is documented for outages: one counts if it came during a fault or this long after it ended.
 OUTAGE_MARGIN_SECONDS = 15.0
@@ -249,6 +259,9 @@ class Checker:
         )
         if published != 1:
             self.findings.append(f"{operation_id} SUCCEEDED but no PUBLISHED artifact names {row['result_key']}")
+        chunked = await connection.fetchrow(CHUNKS_SQL, operation_id)
+        if chunked["chunks"] and (chunked["done"], chunked["size"]) != (chunked["chunks"], row["result_size_bytes"]):
+            self.findings.append(f"{operation_id} SUCCEEDED from chunks {dict(chunked)}, not its file")
         files = self._recorded_files(row, kind)
         seqs: list[int] = []
         bodies: dict[int, str] = {}

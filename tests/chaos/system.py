@@ -29,6 +29,10 @@ CHAOS_SETTINGS: dict[str, str] = {
     "CHATEXPORT_LEASE_SECONDS": "3",
     "CHATEXPORT_HEARTBEAT_SECONDS": "0.75",
     "CHATEXPORT_MAX_ATTEMPTS": "8",
+    # The run-wide conversation (about 14 MB) is written in chunks of about 1 MiB; a round's own are not.
+    "CHATEXPORT_CHUNK_THRESHOLD_BYTES": str(2 * 1024 * 1024),
+    "CHATEXPORT_CHUNK_TARGET_BYTES": str(1024 * 1024),
+    "CHATEXPORT_CHUNKS_PER_EXPORT": "3",
 }
 LEASE_SECONDS = 3.0
 # The janitor hands an expired lease's operation back this long after expiry (FAST's setting), on its
