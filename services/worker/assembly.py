@@ -6,23 +6,29 @@ completion, a part under 5 MiB that is not the last, so a chunk smaller than tha
 left out, a compressed one) is read through the assembler into a part in the making, together with the
 head of the next chunk when that is needed to reach 5 MiB: the buffer never holds more than 5 MiB.
 
-The assembled object is then read once: its sha256 and size are the file's, and each chunk's stretch of
-it must have the sha256 its writer recorded, so a part copied wrongly fails the export (a transient
-error: the next attempt assembles again).
+The assembled object is then read once, in ranges of which several are in flight: its sha256 and size are
+the file's, and each chunk's stretch of it must have the sha256 its writer recorded, so a part copied
+wrongly fails the export (a transient error: the next attempt assembles again).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from services.worker.object_writer import READBACK_CHUNK_BYTES, StoredBytesDiffer, check_etag
+from services.worker.object_writer import StoredBytesDiffer, check_etag
 from shared.formats import MIN_PART_BYTES
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.chunks import Chunk
 from shared.settings import Settings
 from shared.storage import upload_deadline
+
+# The verifying read: ranges of this size, this many at once (so at most 32 MiB held).
+VERIFY_RANGE_BYTES = 8 * 1024 * 1024
+VERIFY_READS = 4
 
 
 class Assembly:
@@ -129,34 +135,56 @@ class Assembly:
         return data
 
     async def _verify(self, done: Sequence[Chunk]) -> tuple[int, str]:
-        """Read the assembled object once: (its size, its hex sha256), after checking that each chunk's
-        stretch of it has that chunk's recorded size and sha256.
+        """Read the assembled object once: (its size, its hex sha256), after checking that it has the size of
+        its chunks and that each chunk's stretch of it has that chunk's recorded sha256.
         """
+        expected_size = sum(chunk.size_bytes or 0 for chunk in done)
+        head = await self._s3.head_object(Bucket=self._bucket, Key=self._key)
+        if head["ContentLength"] != expected_size:
+            raise StoredBytesDiffer(f"{self._key}: {head['ContentLength']} bytes, its chunks hold {expected_size}")
         whole = hashlib.sha256()
-        expected = iter(done)
-        current, piece, left = _next(expected)
-        size = 0
-        response = await self._s3.get_object(Bucket=self._bucket, Key=self._key)
-        async with response["Body"] as stream:
-            async for data in stream.iter_chunks(READBACK_CHUNK_BYTES):
-                whole.update(data)
-                size += len(data)
-                view = memoryview(data)
-                while view:
-                    if current is None:
-                        raise StoredBytesDiffer(f"{self._key}: more bytes than its chunks hold")
-                    taken, view = view[:left], view[left:]
-                    piece.update(taken)
-                    left -= len(taken)
-                    if left == 0:
-                        _check_chunk(current, piece)
-                        current, piece, left = _next(expected)
-        while current is not None:  # chunks of no bytes, or bytes missing
-            if left:
-                raise StoredBytesDiffer(f"{self._key}: fewer bytes than its chunks hold")
+        chunks = iter(done)
+        current, piece, left = _next(chunks)
+        async for data in self._ranges(expected_size):
+            whole.update(data)
+            view = memoryview(data)
+            while view:
+                while current is not None and left == 0:  # chunks of no bytes
+                    _check_chunk(current, piece)
+                    current, piece, left = _next(chunks)
+                assert current is not None  # the sizes add up
+                taken, view = view[:left], view[left:]
+                piece.update(taken)
+                left -= len(taken)
+        while current is not None:
             _check_chunk(current, piece)
-            current, piece, left = _next(expected)
-        return size, whole.hexdigest()
+            current, piece, left = _next(chunks)
+        return expected_size, whole.hexdigest()
+
+    async def _ranges(self, size: int) -> AsyncIterator[bytes]:
+        """The assembled object's ``size`` bytes in order, read as ranges of ``VERIFY_RANGE_BYTES`` of which
+        ``VERIFY_READS`` are in flight at once: one connection to a slow S3 would make the read as long as
+        the whole export's writing. At most that many ranges are held.
+        """
+        starts = iter(range(0, size, VERIFY_RANGE_BYTES))
+        window: collections.deque[asyncio.Task[bytes]] = collections.deque()
+
+        def more() -> None:
+            start = next(starts, None)
+            if start is not None:
+                window.append(asyncio.create_task(self._read(self._key, start, min(start + VERIFY_RANGE_BYTES, size))))
+
+        for _ in range(VERIFY_READS):
+            more()
+        try:
+            while window:
+                data = await window.popleft()
+                more()
+                yield data
+        finally:
+            for task in window:
+                task.cancel()
+            await asyncio.gather(*window, return_exceptions=True)
 
 
 def _next(chunks: Any) -> tuple[Chunk | None, Any, int]:
