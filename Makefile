@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt typecheck docs bench chaos clean
+.PHONY: help install run test lint fmt typecheck docs bench bench-chunks chaos clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -22,7 +22,8 @@ help:
 	@echo "make lint       ruff check + ruff format --check + mypy"
 	@echo "make docs       build the documentation site into site/, every warning an error"
 	@echo "make fmt        ruff format + ruff check --fix"
-	@echo "make bench      the benchmarks: polls, submits, the drain, latency, the 1M-message export, recovery"
+	@echo "make bench      the benchmarks: polls, submits, the drain, latency, the 1M-message export, recovery,"
+	@echo "                chunked exports (make bench-chunks runs that one alone)"
 	@echo "make chaos      the fault harness: ROUNDS=1000 rounds of random faults, SEED=S (default random),"
 	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
@@ -64,10 +65,13 @@ test: lint docs
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
-bench: install
+bench: install bench-chunks
 	@command -v wrk >/dev/null || apt-get install -y wrk || sudo apt-get install -y wrk
 	$(BIN)/python bench/all.py
 	$(BIN)/python bench/recovery.py
+
+bench-chunks: install
+	$(BIN)/python bench/chunks.py
 
 # The long run of the fault harness; a short fixed-seed sample of it is part of `make test`.
 ROUNDS ?= 1000

@@ -155,7 +155,8 @@ async def copy_to_s3_baseline(settings: Settings, last_seq: int) -> float:
 
 async def figures(total: int, batch: int) -> list[Figure]:
     """Run the export and both baselines (see the module's docstring); print the details, return the rows."""
-    async with running_system(workers=1) as system:
+    # One stream (chunking off), against COPY; chunked exports are bench/chunks.py's.
+    async with running_system(workers=1, overrides={"CHATEXPORT_CHUNK_THRESHOLD_BYTES": "0"}) as system:
         settings = system.settings()  # the system's own JWT secret
         admin = {"Authorization": f"Bearer {mint_token(settings, user_id='root', scopes=['admin'])}"}
         user = {"Authorization": f"Bearer {mint_token(settings, user_id='alice')}"}

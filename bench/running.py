@@ -8,8 +8,10 @@ import contextlib
 import json
 import os
 import tempfile
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -18,31 +20,70 @@ import asyncpg
 from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
+from tests.support.private_servers import TcpProxy
 
 PG_SERVER = os.environ.get("CHATEXPORT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("CHATEXPORT_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 
 
 @contextlib.asynccontextmanager
-async def running_system(*, workers: int, overrides: Mapping[str, str] | None = None) -> AsyncIterator[LocalSystem]:
+async def running_system(
+    *, workers: int, overrides: Mapping[str, str] | None = None, template: str | None = None
+) -> AsyncIterator[LocalSystem]:
     """Start every part (``workers`` workers) with ``overrides`` laid over the file's settings on a fresh
-    database, which the compose file's one-shot ``migrate`` creates; stop and remove it all on exit.
+    database (a copy of the database ``template`` when given), which the compose file's one-shot ``migrate``
+    brings up to date; stop and remove it all on exit.
     """
-    database_url = f"{PG_SERVER}/chatexport_bench_{uuid.uuid4().hex[:8]}"
+    async with proxied_system(workers=workers, overrides=overrides, template=template, proxy=False) as running:
+        yield running.system
+
+
+@dataclass(frozen=True)
+class RunningSystem:
+    """A benchmark's system and, when asked for, the proxy its parts reach S3 through."""
+
+    system: LocalSystem
+    proxy: TcpProxy | None
+
+
+@contextlib.asynccontextmanager
+async def proxied_system(
+    *, workers: int, overrides: Mapping[str, str] | None = None, template: str | None = None, proxy: bool = True
+) -> AsyncIterator[RunningSystem]:
+    """``running_system``, with the parts reaching S3 through a ``TcpProxy`` in front of moto when ``proxy``
+    (one the benchmark may throttle).
+    """
+    name = f"chatexport_bench_{uuid.uuid4().hex[:8]}"
+    database_url = f"{PG_SERVER}/{name}"
     system = LocalSystem(
         database_url=database_url, amqp_url=AMQP_URL, log_dir=Path(tempfile.mkdtemp()), overrides=overrides
     )
+    storage_proxy: TcpProxy | None = None
     try:
-        system.start(workers=workers)
-        yield system
+        if template is not None:
+            await admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        moto = system.start_storage()
+        if proxy:
+            target = urllib.parse.urlsplit(moto.endpoint_url)
+            storage_proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 80)
+            system.env["CHATEXPORT_S3_ENDPOINT_URL"] = f"http://127.0.0.1:{storage_proxy.port}"
+        system.start_parts(workers=workers)
+        yield RunningSystem(system, storage_proxy)
     finally:
         system.stop()
+        if storage_proxy is not None:
+            storage_proxy.close()
         await delete_broker_objects(system.settings())
-        admin_conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
-        try:
-            await admin_conn.execute(f'DROP DATABASE IF EXISTS "{database_url.rsplit("/", 1)[1]}" WITH (FORCE)')
-        finally:
-            await admin_conn.close()
+        await admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def admin_execute(statement: str) -> None:
+    """Run ``statement`` on the benchmark server's ``postgres`` database (to create or drop a database)."""
+    admin_conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
+    try:
+        await admin_conn.execute(statement)
+    finally:
+        await admin_conn.close()
 
 
 def admin_headers(system: LocalSystem) -> dict[str, str]:

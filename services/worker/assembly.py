@@ -1,14 +1,14 @@
 """Assembling a chunked export's file from its finished chunks (docs/chunks.md: Chunked exports, Assembly).
 
-The chunks' objects, in seq order, are the file. They become the parts of one multipart upload without their
-bytes passing through the worker: ``UploadPartCopy`` of each chunk, or of the rest of it. S3 refuses, at
-completion, a part under 5 MiB that is not the last, so a chunk smaller than that (a range a filter mostly
-left out, a compressed one) is read through the assembler into a part in the making, together with the
-head of the next chunk when that is needed to reach 5 MiB: the buffer never holds more than 5 MiB.
-
-The assembled object is then read once, in ranges of which several are in flight: its sha256 and size are
-the file's, and each chunk's stretch of it must have the sha256 its writer recorded, so a part copied
-wrongly fails the export (a transient error: the next attempt assembles again).
+The chunks' objects, in seq order, are the file. They become the parts of one multipart upload, chunk by
+chunk as each finishes while later ones are still written, so that little is left to do after the last one.
+Each chunk is read once, in ranges of which several are in flight: its bytes go into the file's sha256, must
+have the sha256 its writer recorded, and give the MD5 of each part they make. A stretch of at least 5 MiB
+starting a part is copied inside S3 (``UploadPartCopy``), and S3's ETag for the copy must be that MD5; S3
+refuses, at completion, a part under 5 MiB that is not the last, so a shorter stretch (a chunk a filter mostly
+left out, a compressed one, or the head of a chunk that completes a part in the making) is uploaded from the
+bytes read, through a buffer sent as a part once it holds 5 MiB. The completed upload's ETag must be the one its
+parts' MD5s make. The file's bytes are never read back: each part was checked as S3 stored it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from services.worker.object_writer import StoredBytesDiffer, check_etag
@@ -26,15 +26,16 @@ from shared.repository.chunks import Chunk
 from shared.settings import Settings
 from shared.storage import upload_deadline
 
-# The verifying read: ranges of this size, this many at once (so at most 32 MiB held).
-VERIFY_RANGE_BYTES = 8 * 1024 * 1024
-VERIFY_READS = 4
+# Each chunk is read in ranges of this size, this many at once (so at most 32 MiB held).
+READ_RANGE_BYTES = 8 * 1024 * 1024
+READS_IN_FLIGHT = 4
 
 
 class Assembly:
-    """Assembles ``key`` (stored with ``content_type``) in the bucket of ``settings``; ``on_upload(upload_id)``
-    is awaited once the multipart upload exists, before its first part (to record it), and ``after_part()``
-    after each part (where the holder notices a cancel or a lost lease).
+    """Assembles ``key`` (stored with ``content_type``) in the bucket of ``settings``: ``start``, then ``add``
+    each DONE chunk in seq order, then ``finish``. ``on_upload(upload_id)`` is awaited once the multipart
+    upload exists, before its first part (to record it), and ``after_part()`` after each part (where the
+    holder notices a cancel or a lost lease).
     """
 
     def __init__(
@@ -56,56 +57,80 @@ class Assembly:
         self._after_part = after_part
         self._upload_id = ""
         self._parts: list[dict[str, Any]] = []
+        self._part_md5s: list[bytes] = []
         self._buffer = bytearray()
+        self._whole = hashlib.sha256()
+        self._size = 0
+        self._messages = 0
 
-    async def run(self, done: Sequence[Chunk]) -> ArtifactFiles:
-        """Assemble the DONE chunks ``done`` (in seq order), verify the file and return it as one file.
-        Raises ``StoredBytesDiffer`` when the stored bytes are not the chunks', and S3's errors.
-        """
+    async def start(self) -> None:
+        """Begin the multipart upload and have it recorded."""
         created = await self._s3.create_multipart_upload(
             Bucket=self._bucket, Key=self._key, ContentType=self._content_type
         )
         self._upload_id = created["UploadId"]
         await self._on_upload(self._upload_id)
-        for chunk in done:
-            await self._add(chunk)
-        if self._buffer or not self._parts:
-            await self._flush()  # the last part may be small, and an empty file is one empty part
-        await self._s3.complete_multipart_upload(
-            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
-        )
-        size, sha256 = await self._verify(done)
-        count = sum(chunk.message_count or 0 for chunk in done)
-        return ArtifactFiles.one_file(self._key, size_bytes=size, sha256=sha256, message_count=count)
 
-    async def _add(self, chunk: Chunk) -> None:
-        """Add ``chunk``'s bytes after what came before: copied by S3 where a stretch of at least 5 MiB starts
-        a part, else through the buffer.
+    async def add(self, chunk: Chunk) -> None:
+        """Add the DONE ``chunk`` after every chunk added before. Raises ``StoredBytesDiffer`` when its object
+        is not what its writer recorded or S3 copied other bytes, and S3's errors.
         """
         assert chunk.object_key is not None and chunk.size_bytes is not None
-        size, offset = chunk.size_bytes, 0
-        if self._buffer:
-            offset = min(size, MIN_PART_BYTES - len(self._buffer))
-            self._buffer += await self._read(chunk.object_key, 0, offset)
+        size = chunk.size_bytes
+        # The head that completes a part in the making, then what starts a part of its own.
+        head = min(size, MIN_PART_BYTES - len(self._buffer)) if self._buffer else 0
+        copied = size - head >= MIN_PART_BYTES
+        piece, copy_md5, offset = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+        async for data in self._read(chunk.object_key, size):
+            piece.update(data)
+            self._whole.update(data)
+            view = memoryview(data)
+            if offset < head:
+                taken = view[: head - offset]
+                self._buffer += taken
+                view = view[len(taken) :]
+            if copied:
+                copy_md5.update(view)
+            else:
+                self._buffer += view
+            offset += len(data)
             if len(self._buffer) >= MIN_PART_BYTES:
                 await self._flush()
-        rest = size - offset
-        if rest >= MIN_PART_BYTES:
-            await self._copy(chunk.object_key, offset, size)
-        elif rest > 0:
-            self._buffer += await self._read(chunk.object_key, offset, size)
+        if piece.hexdigest() != chunk.sha256 or offset != size:
+            raise StoredBytesDiffer(f"chunk {chunk.chunk_no}: its object is not what its writer recorded")
+        if copied:
+            await self._copy(chunk.object_key, head, size, copy_md5)
+        self._size += size
+        self._messages += chunk.message_count or 0
 
-    async def _copy(self, source: str, start: int, end: int) -> None:
-        """Part: bytes ``start`` to ``end`` (exclusive) of ``source``, copied inside S3."""
+    async def finish(self) -> ArtifactFiles:
+        """Upload the last part, complete the upload, check its ETag, and return the file."""
+        if self._buffer or not self._parts:
+            await self._flush()  # the last part may be small, and an empty file is one empty part
+        completed = await self._s3.complete_multipart_upload(
+            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
+        )
+        whole = hashlib.md5(b"".join(self._part_md5s), usedforsecurity=False).hexdigest()
+        check_etag(completed["ETag"], f"{whole}-{len(self._parts)}", what=self._key)
+        return ArtifactFiles.one_file(
+            self._key, size_bytes=self._size, sha256=self._whole.hexdigest(), message_count=self._messages
+        )
+
+    async def _copy(self, source: str, start: int, end: int, md5: Any) -> None:
+        """Part: bytes ``start`` to ``end`` (exclusive) of ``source``, copied inside S3; ``md5`` is theirs."""
+        number = len(self._parts) + 1
         copied = await self._s3.upload_part_copy(
             Bucket=self._bucket,
             Key=self._key,
             UploadId=self._upload_id,
-            PartNumber=len(self._parts) + 1,
+            PartNumber=number,
             CopySource={"Bucket": self._bucket, "Key": source},
             CopySourceRange=f"bytes={start}-{end - 1}",
         )
-        self._parts.append({"PartNumber": len(self._parts) + 1, "ETag": copied["CopyPartResult"]["ETag"]})
+        etag = copied["CopyPartResult"]["ETag"]
+        check_etag(etag, md5.hexdigest(), what=f"part {number} of {self._key}")
+        self._parts.append({"PartNumber": number, "ETag": etag})
+        self._part_md5s.append(md5.digest())
         await self._after_part()
 
     async def _flush(self) -> None:
@@ -113,68 +138,30 @@ class Assembly:
         body = bytes(self._buffer)
         self._buffer.clear()
         number = len(self._parts) + 1
+        md5 = hashlib.md5(body, usedforsecurity=False)
         async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=len(body)):
             uploaded = await self._s3.upload_part(
                 Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=body
             )
-        check_etag(
-            uploaded["ETag"], hashlib.md5(body, usedforsecurity=False).hexdigest(), what=f"part {number} of {self._key}"
-        )
+        check_etag(uploaded["ETag"], md5.hexdigest(), what=f"part {number} of {self._key}")
         self._parts.append({"PartNumber": number, "ETag": uploaded["ETag"]})
+        self._part_md5s.append(md5.digest())
         await self._after_part()
 
-    async def _read(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``start`` to ``end`` (exclusive) of ``key``; nothing for an empty stretch."""
-        if end <= start:
-            return b""
-        response = await self._s3.get_object(Bucket=self._bucket, Key=key, Range=f"bytes={start}-{end - 1}")
-        async with response["Body"] as stream:
-            data: bytes = await stream.read()
-        if len(data) != end - start:
-            raise StoredBytesDiffer(f"{key}: read {len(data)} bytes of {end - start}")
-        return data
-
-    async def _verify(self, done: Sequence[Chunk]) -> tuple[int, str]:
-        """Read the assembled object once: (its size, its hex sha256), after checking that it has the size of
-        its chunks and that each chunk's stretch of it has that chunk's recorded sha256.
+    async def _read(self, key: str, size: int) -> AsyncIterator[bytes]:
+        """The ``size`` bytes of ``key`` in order, read as ranges of ``READ_RANGE_BYTES`` of which
+        ``READS_IN_FLIGHT`` are in flight at once: one connection to a slow S3 would make the assembly as
+        slow as one chunk's writer. At most that many ranges are held.
         """
-        expected_size = sum(chunk.size_bytes or 0 for chunk in done)
-        head = await self._s3.head_object(Bucket=self._bucket, Key=self._key)
-        if head["ContentLength"] != expected_size:
-            raise StoredBytesDiffer(f"{self._key}: {head['ContentLength']} bytes, its chunks hold {expected_size}")
-        whole = hashlib.sha256()
-        chunks = iter(done)
-        current, piece, left = _next(chunks)
-        async for data in self._ranges(expected_size):
-            whole.update(data)
-            view = memoryview(data)
-            while view:
-                while current is not None and left == 0:  # chunks of no bytes
-                    _check_chunk(current, piece)
-                    current, piece, left = _next(chunks)
-                assert current is not None  # the sizes add up
-                taken, view = view[:left], view[left:]
-                piece.update(taken)
-                left -= len(taken)
-        while current is not None:
-            _check_chunk(current, piece)
-            current, piece, left = _next(chunks)
-        return expected_size, whole.hexdigest()
-
-    async def _ranges(self, size: int) -> AsyncIterator[bytes]:
-        """The assembled object's ``size`` bytes in order, read as ranges of ``VERIFY_RANGE_BYTES`` of which
-        ``VERIFY_READS`` are in flight at once: one connection to a slow S3 would make the read as long as
-        the whole export's writing. At most that many ranges are held.
-        """
-        starts = iter(range(0, size, VERIFY_RANGE_BYTES))
+        starts = iter(range(0, size, READ_RANGE_BYTES))
         window: collections.deque[asyncio.Task[bytes]] = collections.deque()
 
         def more() -> None:
             start = next(starts, None)
             if start is not None:
-                window.append(asyncio.create_task(self._read(self._key, start, min(start + VERIFY_RANGE_BYTES, size))))
+                window.append(asyncio.create_task(self._range(key, start, min(start + READ_RANGE_BYTES, size))))
 
-        for _ in range(VERIFY_READS):
+        for _ in range(READS_IN_FLIGHT):
             more()
         try:
             while window:
@@ -186,12 +173,11 @@ class Assembly:
                 task.cancel()
             await asyncio.gather(*window, return_exceptions=True)
 
-
-def _next(chunks: Any) -> tuple[Chunk | None, Any, int]:
-    chunk = next(chunks, None)
-    return chunk, hashlib.sha256(), 0 if chunk is None else (chunk.size_bytes or 0)
-
-
-def _check_chunk(chunk: Chunk, piece: Any) -> None:
-    if piece.hexdigest() != chunk.sha256:
-        raise StoredBytesDiffer(f"chunk {chunk.chunk_no}: the assembled bytes differ from what its writer stored")
+    async def _range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` (exclusive) of ``key``."""
+        response = await self._s3.get_object(Bucket=self._bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        async with response["Body"] as stream:
+            data: bytes = await stream.read()
+        if len(data) != end - start:
+            raise StoredBytesDiffer(f"{key}: read {len(data)} bytes of {end - start}")
+        return data

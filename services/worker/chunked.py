@@ -113,40 +113,66 @@ class ChunkedExport:
         return seqs * largest > settings.chunk_threshold_bytes
 
     async def write(self, key: str, *, content_type: str, on_upload: Callable[[str], Awaitable[None]]) -> ArtifactFiles:
-        """Wait until every chunk is DONE, then assemble ``key`` from them. Raises ``LeaseLost`` (a cancel,
-        a takeover), ``PermanentError`` (a chunk found the owner no longer a member), ``NeedsRepair`` (a
-        chunk spent its budget) and S3's errors.
+        """Wake the chunks and assemble ``key`` from them, each chunk as soon as it and every one before it
+        are DONE, while the later ones are written. Raises ``LeaseLost`` (a cancel, a takeover),
+        ``PermanentError`` (a chunk found the owner no longer a member), ``NeedsRepair`` (a chunk spent its
+        budget), ``StoredBytesDiffer`` and S3's errors.
         """
-        done = await self._wait_for_chunks()
-        totals = _totals(done)
-        assembly = Assembly(
-            self._s3,
-            self._settings,
-            key=key,
-            content_type=content_type,
-            on_upload=on_upload,
-            after_part=lambda: self._progress(Phase.UPLOADING, totals),
-        )
-        return await assembly.run(done)
+        totals = (0, 0)
 
-    async def _wait_for_chunks(self) -> list[Chunk]:
+        async def after_part() -> None:
+            await self._progress(Phase.WRITING, totals)
+
+        assembly = Assembly(
+            self._s3, self._settings, key=key, content_type=content_type, on_upload=on_upload, after_part=after_part
+        )
+        await assembly.start()
+        done: asyncio.Queue[Chunk | None] = asyncio.Queue()
+        assembling = asyncio.create_task(_assemble(assembly, done))
+        try:
+            added = 0
+            while True:
+                now = await self._look()
+                totals = _totals(now)
+                await self._progress(Phase.WRITING, totals)
+                while added < len(now) and now[added].state == ChunkState.DONE:
+                    done.put_nowait(now[added])
+                    added += 1
+                if added == len(now):
+                    done.put_nowait(None)
+                    break
+                await asyncio.wait({assembling}, timeout=POLL_SECONDS)  # the chunks' rows tell how far they are
+                if assembling.done():
+                    break
+            if not assembling.done():
+                await self._progress(Phase.UPLOADING, totals)  # every chunk is written: the last parts remain
+            return await assembling
+        finally:
+            assembling.cancel()
+            await asyncio.gather(assembling, return_exceptions=True)
+
+    async def _look(self) -> list[Chunk]:
+        """Wake what the cap allows and return every chunk as it is now; raises for a FAILED chunk."""
         operation_id = self._claimed.operation_id
-        while True:
-            async with self._pool.acquire() as conn, conn.transaction():
-                woken = await chunks.wake(
-                    conn,
-                    operation_id=operation_id,
-                    running_at_most=self._settings.chunks_per_export,
-                    requeue_after_seconds=self._settings.janitor_requeue_after_seconds,
-                )
-                for chunk_no in woken:
-                    await outbox.enqueue_chunk(conn, operation_id=operation_id, chunk_no=chunk_no)
-                now = await chunks.chunks_of(conn, operation_id=operation_id)
-            _raise_for_failed(now)
-            await self._progress(Phase.WRITING, _totals(now))
-            if all(chunk.state == ChunkState.DONE for chunk in now):
-                return now
-            await asyncio.sleep(POLL_SECONDS)  # other workers write the chunks; their rows tell how far
+        async with self._pool.acquire() as conn, conn.transaction():
+            woken = await chunks.wake(
+                conn,
+                operation_id=operation_id,
+                running_at_most=self._settings.chunks_per_export,
+                requeue_after_seconds=self._settings.janitor_requeue_after_seconds,
+            )
+            for chunk_no in woken:
+                await outbox.enqueue_chunk(conn, operation_id=operation_id, chunk_no=chunk_no)
+            now = await chunks.chunks_of(conn, operation_id=operation_id)
+        _raise_for_failed(now)
+        return now
+
+
+async def _assemble(assembly: Assembly, done: asyncio.Queue[Chunk | None]) -> ArtifactFiles:
+    """Add each chunk ``done`` yields, in order, until None; then finish the assembly."""
+    while (chunk := await done.get()) is not None:
+        await assembly.add(chunk)
+    return await assembly.finish()
 
 
 def _totals(now: list[Chunk]) -> tuple[int, int]:

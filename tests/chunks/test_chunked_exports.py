@@ -62,6 +62,25 @@ async def fill(pool: asyncpg.Pool, cid: str, count: int, *, body_bytes: int = 30
     )
 
 
+async def fill_hex(pool: asyncpg.Pool, cid: str, count: int, *, body_bytes: int) -> None:
+    """``count`` messages from alice in the existing ``cid`` whose bodies are ``body_bytes`` of hex digits
+    that repeat nothing: gzip makes them about half as big, no smaller.
+    """
+    await pool.execute("UPDATE conversations SET last_seq = $2 WHERE conversation_id = $1", cid, count)
+    await pool.execute(
+        """
+        INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)
+        SELECT $1, n, 'm' || n, 'alice',
+               (SELECT string_agg(md5(n || '-' || i), '') FROM generate_series(1, $3 / 32) AS i),
+               timestamptz '2026-01-01Z' + n * interval '1 minute'
+        FROM generate_series(1, $2) AS n
+        """,
+        cid,
+        count,
+        body_bytes,
+    )
+
+
 async def export_file(api: Client, auth: Auth, cid: str, body: dict[str, Any], key: str) -> tuple[bytes, Any]:
     operation = await succeeded(api, auth, "alice", cid, body, key)
     response = await api.get(operation["result"]["url"], headers=auth("alice"))
@@ -149,3 +168,20 @@ async def test_a_filter_leaves_small_chunks_between_copied_ones(
     assert len(sizes) >= 3 and max(sizes) >= 5 * MIB
     bob_sizes = [chunk["size_bytes"] for chunk in await chunks_of(pool, bob_operation["operation_id"])]
     assert all(size < 5 * MIB for size in bob_sizes[:-1])
+
+
+async def test_a_full_size_gzip_export_is_copied_by_s3_in_parts_of_at_least_5_mib(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    big = settings.model_copy(update={"chunk_threshold_bytes": 10 * MIB, "chunk_target_bytes": 12 * MIB})
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await fill_hex(pool, "c-a", 2600, body_bytes=10_000)
+    body = {"format": "jsonl", "compression": "gzip"}
+    async with running_pipeline(big):
+        chunked, operation = await export_file(api, auth, "c-a", body, "gz-full")
+    async with running_pipeline(settings.model_copy(update={"chunk_threshold_bytes": 0})):
+        streamed, _ = await export_file(api, auth, "c-a", body, "gz-full-streamed")
+    assert gzip.decompress(chunked) == gzip.decompress(streamed)
+    assert operation["result"]["sha256"] == hashlib.sha256(chunked).hexdigest()
+    sizes = [chunk["size_bytes"] for chunk in await chunks_of(pool, operation["operation_id"])]
+    assert len(sizes) >= 2 and all(size >= 5 * MIB for size in sizes[:-1]), sizes

@@ -69,10 +69,12 @@ async def some_done_and_one_held(faulty: Faulty, operation_id: str) -> list[asyn
     return result
 
 
-async def start(faulty: Faulty, key: str, user: str = "alice") -> tuple[str, bytes, str]:
+async def start(
+    faulty: Faulty, key: str, user: str = "alice", *, bytes_per_second: float = CHUNK_BYTES_PER_SECOND
+) -> tuple[str, bytes, str]:
     fingerprint = await faulty.messages_fingerprint()
     expected = await faulty.expected(user, "c-big")
-    faulty.proxy.throttle(CHUNK_BYTES_PER_SECOND)
+    faulty.proxy.throttle(bytes_per_second)
     return await faulty.submit(user, "c-big", key), expected, fingerprint
 
 
@@ -94,10 +96,11 @@ async def test_a_worker_killed_mid_chunk_costs_only_the_chunks_it_held(faulty: F
 
 
 async def test_a_worker_killed_while_it_assembles_is_taken_over_without_redoing_a_chunk(faulty: Faulty) -> None:
-    operation_id, expected, fingerprint = await start(faulty, "assembly-kill")
-    holder = await uploading(faulty, operation_id)  # the assembly's upload is recorded before its first part
-    before = await chunks(faulty, operation_id)
-    assert {chunk["state"] for chunk in before} == {"DONE"}
+    # Faster: every chunk is written, and read by the assembly, before the moment this test needs.
+    operation_id, expected, fingerprint = await start(faulty, "assembly-kill", bytes_per_second=4 * MIB)
+    await uploading(faulty, operation_id)  # the assembly's upload is recorded before its first part
+    before = await wait_for(lambda: _all_done_while_running(faulty, operation_id), timeout=120)
+    holder = faulty.system.holder((await faulty.operation(operation_id))["lease_owner"])
     assert faulty.system.group.kill(holder) == -signal.SIGKILL
     faulty.proxy.throttle(None)
 
@@ -106,6 +109,13 @@ async def test_a_worker_killed_while_it_assembles_is_taken_over_without_redoing_
     assert [chunk["generation"] for chunk in await chunks(faulty, operation_id)] == [
         chunk["generation"] for chunk in before
     ]
+
+
+async def _all_done_while_running(faulty: Faulty, operation_id: str) -> list[asyncpg.Record] | None:
+    """Every chunk DONE while the export is still RUNNING (its last parts being assembled): the chunks."""
+    now = await chunks(faulty, operation_id)
+    running = (await faulty.operation(operation_id))["state"] == "RUNNING"
+    return now if running and {chunk["state"] for chunk in now} == {"DONE"} else None
 
 
 async def test_a_cancel_reaches_every_chunk_and_removes_every_object(faulty: Faulty) -> None:

@@ -253,6 +253,21 @@ async def test_proxy_throttles_and_lets_go(echo_port: int, tcp_proxy: Callable[[
         proxy.throttle(0)
 
 
+async def test_proxy_throttles_each_connection_on_its_own(
+    echo_port: int, tcp_proxy: Callable[[str, int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy("127.0.0.1", echo_port)
+    payload = b"y" * 60_000
+    loop = asyncio.get_running_loop()
+    proxy.throttle(100_000, per_connection=True)
+    started = loop.time()
+    # Three connections at once, 120 kB each at 100 kB/s each: about 1.2 s together, not the 3.6 s that one
+    # shared limit would take.
+    results = await asyncio.gather(*(roundtrip(proxy.port, payload) for _ in range(3)))
+    assert results == [payload] * 3
+    assert 1.0 <= loop.time() - started < 3.0
+
+
 async def test_proxy_answers_with_an_error_and_forwards_again(
     moto: MotoServer, tcp_proxy: Callable[[str, int], TcpProxy]
 ) -> None:

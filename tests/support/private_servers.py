@@ -527,6 +527,7 @@ class _Link:
     client: asyncio.StreamWriter
     task: asyncio.Task[Any] | None
     upstream: asyncio.StreamWriter | None = None
+    next_send: float = 0.0  # loop time at which this connection may forward its next chunk (per connection)
 
     def drop(self) -> None:
         """Reset the client's connection and abort the target's."""
@@ -557,7 +558,8 @@ class TcpProxy:
         self._blocked = False
         self._answer: bytes | None = None  # set by answer_with: what every new connection gets instead
         self._bytes_per_second: float | None = None
-        self._next_send = 0.0  # loop time at which the throttled proxy may forward its next chunk
+        self._per_connection = False
+        self.next_send = 0.0  # loop time at which the throttled proxy may forward its next chunk
         self._server: asyncio.Server | None = None
         self._links: set[_Link] = set()
         self._loop = asyncio.new_event_loop()
@@ -598,13 +600,14 @@ class TcpProxy:
         """Listen and forward again on the same port. Raises ``OSError`` if someone took the port meanwhile."""
         self._call(self._listen())
 
-    def throttle(self, bytes_per_second: float | None) -> None:
+    def throttle(self, bytes_per_second: float | None, *, per_connection: bool = False) -> None:
         """Forward at most ``bytes_per_second`` bytes per second, all connections and both directions
-        together; ``None`` lifts the limit. Applies to connections already open too.
+        together, or each connection (both directions) on its own when ``per_connection``, as a store that
+        limits every connection does; ``None`` lifts the limit. Applies to connections already open too.
         """
         if bytes_per_second is not None and bytes_per_second <= 0:
             raise ValueError("bytes_per_second must be positive or None")
-        self._call(self._set_rate(bytes_per_second))
+        self._call(self._set_rate(bytes_per_second, per_connection))
 
     def answer_with(self, status: int | None) -> None:
         """Answer every request on a new connection with an HTTP ``status`` and an S3-style error body, then
@@ -626,8 +629,9 @@ class TcpProxy:
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(PROXY_CALL_TIMEOUT_SECONDS)
 
-    async def _set_rate(self, bytes_per_second: float | None) -> None:
+    async def _set_rate(self, bytes_per_second: float | None, per_connection: bool) -> None:
         self._bytes_per_second = bytes_per_second
+        self._per_connection = per_connection
 
     async def _set_answer(self, status: int | None) -> None:
         self._answer = None if status is None else _error_response(status)
@@ -689,19 +693,21 @@ class TcpProxy:
             link.drop()
             return
         pipes = [
-            asyncio.create_task(self._pipe(reader, link.upstream)),
-            asyncio.create_task(self._pipe(upstream_reader, link.client)),
+            asyncio.create_task(self._pipe(reader, link.upstream, link)),
+            asyncio.create_task(self._pipe(upstream_reader, link.client, link)),
         ]
         _, pending = await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Copy ``reader`` to ``writer`` until end of stream or a connection error, paced by ``throttle``."""
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: _Link) -> None:
+        """Copy ``reader`` to ``writer`` of ``link`` until end of stream or a connection error, paced by
+        ``throttle``.
+        """
         with contextlib.suppress(OSError):
             while data := await reader.read(self._chunk_bytes()):
-                await self._pace(len(data))
+                await self._pace(len(data), link)
                 writer.write(data)
                 await writer.drain()
 
@@ -711,11 +717,14 @@ class TcpProxy:
         step = int(self._bytes_per_second * THROTTLE_STEP_SECONDS)
         return max(PROXY_MIN_CHUNK_BYTES, min(PROXY_CHUNK_BYTES, step))
 
-    async def _pace(self, size: int) -> None:
-        """Wait for this chunk's turn: chunks are spaced so that the total rate stays at the limit."""
+    async def _pace(self, size: int, link: _Link) -> None:
+        """Wait for this chunk's turn: chunks are spaced so that the rate (the total's, or ``link``'s when
+        throttled per connection) stays at the limit.
+        """
         if self._bytes_per_second is None:
             return
+        clock: TcpProxy | _Link = link if self._per_connection else self
         now = self._loop.time()
-        send_at = max(now, self._next_send)
-        self._next_send = send_at + size / self._bytes_per_second
+        send_at = max(now, clock.next_send)
+        clock.next_send = send_at + size / self._bytes_per_second
         await asyncio.sleep(send_at - now)
