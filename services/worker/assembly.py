@@ -26,9 +26,10 @@ from shared.repository.chunks import Chunk
 from shared.settings import Settings
 from shared.storage import upload_deadline
 
-# Each chunk is read in ranges of this size, this many at once (so at most 32 MiB held).
-READ_RANGE_BYTES = 8 * 1024 * 1024
-READS_IN_FLIGHT = 4
+# Each chunk is read in ranges of this size, this many at once (so at most 32 MiB held): against a store that
+# limits each connection, the assembly must read faster than the chunks' writers write.
+READ_RANGE_BYTES = 4 * 1024 * 1024
+READS_IN_FLIGHT = 8
 
 
 class Assembly:

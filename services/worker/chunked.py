@@ -74,14 +74,15 @@ class ChunkedExport:
         """
         claimed, settings = self._claimed, self._settings
         after = claimed.request.after_seq
+        # A small export costs no query: the same snapshot and settings never planned it either.
+        if not self.applies() or not self._may_exceed_threshold(self._last_seq - after):
+            return []
         async with self._pool.acquire() as conn:
             existing = await chunks.chunks_of(conn, operation_id=claimed.operation_id)
             if existing:
                 if any(chunk.state == ChunkState.FAILED for chunk in existing):
                     await chunks.retry_failed(conn, operation_id=claimed.operation_id)
                 return await chunks.chunks_of(conn, operation_id=claimed.operation_id)
-            if not self.applies() or not self._may_exceed_threshold(self._last_seq - after):
-                return []
             total = await export_reader.range_bytes(
                 conn, conversation_id=claimed.conversation_id, after_seq=after, last_seq=self._last_seq
             )
