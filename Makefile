@@ -65,10 +65,11 @@ test: lint docs
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
-bench: install bench-chunks
+bench: install
 	@command -v wrk >/dev/null || apt-get install -y wrk || sudo apt-get install -y wrk
 	$(BIN)/python bench/all.py
 	$(BIN)/python bench/recovery.py
+	$(BIN)/python bench/chunks.py
 
 bench-chunks: install
 	$(BIN)/python bench/chunks.py
