@@ -20,10 +20,7 @@ class Format:
     """One export format: its ``name`` (the request's ``format``), the stored object's ``content_type`` when it
     is not compressed, ``description`` (the file, for the API document), ``renderer`` (a new renderer for one
     file of the conversation whose id it is given), and ``postgres_renders``: whether Postgres renders its
-    file whole (``rendering.JSONL_LINE_SQL``) when it is not split, and ``chunkable``: whether a file can be
-    written in chunks rendered apart (docs/chunks.md: Chunked exports), which needs a renderer with no footer
-    and nothing carried from one message to the next, so that the first chunk's header followed by every
-    chunk's messages is the file.
+    file whole (``rendering.JSONL_LINE_SQL``) when it is not split.
     """
 
     name: str
@@ -31,7 +28,6 @@ class Format:
     description: str
     renderer: Callable[[str], Renderer]
     postgres_renders: bool = False
-    chunkable: bool = True
 
     @property
     def extension(self) -> str:
@@ -58,13 +54,7 @@ FORMATS: Final = {
             "CR starts with `'`.",
             Csv,
         ),
-        Format(
-            "html",
-            "text/html; charset=utf-8",
-            "One self-contained transcript, grouped by day (UTC).",
-            Html,
-            chunkable=False,
-        ),
+        Format("html", "text/html; charset=utf-8", "One self-contained transcript, grouped by day (UTC).", Html),
         Format(
             "txt",
             "text/plain; charset=utf-8",
@@ -113,13 +103,6 @@ class FileKind:
     def postgres_renders(self) -> bool:
         """True when Postgres renders a file of this format whole (``Format.postgres_renders``)."""
         return FORMATS[self.format].postgres_renders
-
-    @property
-    def chunkable(self) -> bool:
-        """True when a file of this format can be written in chunks (``Format.chunkable``); gzip keeps it so,
-        each chunk one gzip member (RFC 1952 allows several).
-        """
-        return FORMATS[self.format].chunkable
 
     def renderer(self, conversation_id: str) -> Renderer:
         """A new renderer for one file of ``conversation_id``."""

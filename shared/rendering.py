@@ -22,16 +22,30 @@ from shared.timefmt import format_timestamp
 
 class Renderer(Protocol):
     """Renders one file: ``header()``, then ``message(row)`` for each message in seq order, then ``footer()``;
-    ``footer_at_most`` is the most bytes ``footer()`` may return, whatever came before.
+    ``footer_at_most`` is the most bytes ``footer()`` may return, whatever came before. ``carries_over``: a
+    message's rendering depends on the message before it; ``continue_after(row)`` then makes the renderer go
+    on as if it had rendered ``row`` last (a chunk after the first, docs/chunks.md: Chunked exports).
     """
 
     footer_at_most: int
+    carries_over: bool
 
     def header(self) -> bytes: ...
 
     def message(self, row: ExportedMessage) -> bytes: ...
 
     def footer(self) -> bytes: ...
+
+    def continue_after(self, row: ExportedMessage) -> None: ...
+
+
+class _Stateless:
+    """What a renderer that keeps no state between messages shares: nothing to carry over."""
+
+    carries_over = False
+
+    def continue_after(self, row: ExportedMessage) -> None:
+        """Nothing to do: no message depends on the one before."""
 
 
 # Each field's JSON value as Postgres writes it: to_json escapes exactly as json.dumps(ensure_ascii=False) does,
@@ -63,7 +77,7 @@ def _jsonl_line_sql() -> str:
 JSONL_LINE_SQL = _jsonl_line_sql()
 
 
-class JsonLines:
+class JsonLines(_Stateless):
     """JSONL: one ``message_shape.message_json`` object per line, the line Postgres rendered with
     ``JSONL_LINE_SQL`` (``ExportedMessage.line``).
     """
@@ -80,7 +94,7 @@ class JsonLines:
         return b""
 
 
-class Csv:
+class Csv(_Stateless):
     """CSV (RFC 4180): a header row of the ``FIELDS``, then one row per message with the read API's values,
     CRLF line ends, UTF-8; every text cell goes through ``formulas.guarded``, so that none of those that hold
     what users chose (ids and body) runs as a formula (sent_at, which the service writes, cannot start like one).
@@ -137,16 +151,21 @@ class Html:
     """
 
     footer_at_most = len(_HTML_DAY_END) + len(_HTML_END)
+    carries_over = True  # a day's section opens with its first message and closes at the next day's
 
     def __init__(self, conversation_id: str) -> None:
         self._conversation_id = conversation_id
         self._day: str | None = None
 
+    def continue_after(self, row: ExportedMessage) -> None:
+        """Go on inside the day section of ``row``, which the file holds before this renderer's messages."""
+        self._day = _stamp(row)[:10]
+
     def header(self) -> bytes:
         return _HTML_HEAD.format(title=html.escape(self._conversation_id)).encode()
 
     def message(self, row: ExportedMessage) -> bytes:
-        stamp = format_timestamp(row.sent_at) or ""
+        stamp = _stamp(row)
         day, time = stamp[:10], stamp[11:19]
         opening = ""
         if day != self._day:
@@ -165,6 +184,10 @@ class Html:
         return ((_HTML_DAY_END if self._day is not None else "") + _HTML_END).encode()
 
 
+def _stamp(row: ExportedMessage) -> str:
+    return format_timestamp(row.sent_at) or ""
+
+
 # str.splitlines() ends a line at each of these as well as at LF and CR (Python's documentation of str.splitlines).
 _OTHER_LINE_BREAKS = "\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 _TEXT_ESCAPES = {
@@ -175,7 +198,7 @@ _TEXT_ESCAPES = {
 }
 
 
-class Text:
+class Text(_Stateless):
     """TXT, the plain text DiscordChatExporter's users know: one line per message in seq order,
     ``[2026-03-01 12:30:00.000Z] alice: body`` (the time in UTC, as the API prints it with a space for the
     ``T``), UTF-8, no header. In a body a backslash is written ``\\\\``, a line feed ``\\n``, a carriage

@@ -1,8 +1,10 @@
 """One chunk of a chunked export (docs/chunks.md: Chunked exports): its wake-up on the chunk queue, the claim
 of its lease, the writing of its seq range into an object of its own, and how its attempt ends.
 
-A chunk's object is the rendering of its messages alone: the format's header only in the first chunk, and
-every chunk its own gzip member when compressed, so that the outputs in seq order are the file. Its writes
+A chunk's object is the rendering of its messages as the file holds them there: the format's header only in
+the first chunk, its footer only in the last, rendered on from the file's message before the range when the
+format carries state over (HTML's day sections), and every chunk its own gzip member when compressed, so
+that the outputs in seq order are the file. Its writes
 are fenced by the chunk's generation and by the operation being RUNNING (``shared.repository.chunks``): a
 cancel or a newer generation stops it at its next write, and it removes what it uploaded.
 """
@@ -27,8 +29,9 @@ from shared.artifact_removal import remove_object
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
 from shared.logs import log_fields
-from shared.repository import chunks
+from shared.repository import chunks, export_reader
 from shared.repository.chunks import ClaimedChunk
+from shared.repository.export_reader import ExportRow
 from shared.settings import Settings
 from shared.states import ChunkState
 from shared.storage import CHUNK_EXTENSION, chunk_key_stem
@@ -103,20 +106,47 @@ class ChunkRunner:
         self._s3 = s3
         self._settings = settings
         self._claimed = claimed
-        kind = claimed.request.file_kind
-        destination = Destination(
-            claimed.object_key, kind, claimed.conversation_id, max_part_bytes=None, header=claimed.chunk_no == 1
-        )
-        self._files = FileSet(s3, settings, destination)
         self._reader = RangeReader(
             pool=pool,
             settings=settings,
             conversation_id=claimed.conversation_id,
             request=claimed.request,
-            kind=kind,
+            kind=claimed.request.file_kind,
             split=False,
         )
+        self._files = FileSet(s3, settings, self._destination(previous=None))
         self._progress_written_at: float | None = None
+
+    def _destination(self, *, previous: ExportRow | None) -> Destination:
+        """The chunk's object: the header in the first chunk only, the footer in the last only, rendered on
+        from ``previous``.
+        """
+        claimed = self._claimed
+        return Destination(
+            claimed.object_key,
+            claimed.request.file_kind,
+            claimed.conversation_id,
+            max_part_bytes=None,
+            header=claimed.chunk_no == 1,
+            footer=claimed.last_chunk,
+            previous=previous,
+        )
+
+    async def _previous_message(self) -> ExportRow | None:
+        """The file's message before this chunk's range, when the format's rendering carries over from it
+        (HTML's day sections), else None without a query.
+        """
+        claimed = self._claimed
+        if claimed.chunk_no == 1 or not claimed.request.file_kind.renderer(claimed.conversation_id).carries_over:
+            return None
+        async with self._pool.acquire() as conn:
+            return await export_reader.last_export_row(
+                conn,
+                conversation_id=claimed.conversation_id,
+                after_seq=claimed.request.after_seq,
+                last_seq=claimed.range_after_seq,
+                request=claimed.request,
+            )
 
     async def run(self) -> None:
         """Write the chunk and record how the attempt ended. Raises ``CancelledError`` on shutdown (after
@@ -148,6 +178,9 @@ class ChunkRunner:
             # An earlier generation's output, whole or partial: never to be assembled now.
             with contextlib.suppress(Exception):
                 await remove_object(self._s3, bucket=self._settings.s3_bucket, key=claimed.previous_key)
+        previous = await self._previous_message()
+        if previous is not None:
+            self._files = FileSet(self._s3, self._settings, self._destination(previous=previous))
         await self._reader.write(
             self._files, after=claimed.range_after_seq, last=claimed.range_last_seq, after_each=self._record_progress
         )

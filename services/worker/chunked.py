@@ -61,11 +61,8 @@ class ChunkedExport:
         self._progress = progress
 
     def applies(self) -> bool:
-        """Whether this export may be chunked at all: chunking on, a chunkable format, not split into parts."""
-        request = self._claimed.request
-        return (
-            self._settings.chunk_threshold_bytes > 0 and request.file_kind.chunkable and request.max_part_bytes is None
-        )
+        """Whether this export may be chunked at all: chunking on, and not split into parts."""
+        return self._settings.chunk_threshold_bytes > 0 and self._claimed.request.max_part_bytes is None
 
     async def plan(self) -> list[Chunk]:
         """The export's chunks: those an earlier generation planned (FAILED ones made PENDING again: this is

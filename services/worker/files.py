@@ -28,8 +28,10 @@ GZIP_WBITS = 16 + zlib.MAX_WBITS
 @dataclass(frozen=True)
 class Destination:
     """Where and how the files of one artifact are written: under ``key`` (with ``max_part_bytes``, the folder
-    of its parts, ``shared.storage.part_key``), as ``kind`` rendered for ``conversation_id``; without the
-    format's header when not ``header`` (a chunk after the first, docs/chunks.md: Chunked exports).
+    of its parts, ``shared.storage.part_key``), as ``kind`` rendered for ``conversation_id``. A chunk's
+    object (docs/chunks.md: Chunked exports) is a piece of one file: the format's header only when
+    ``header`` (the first chunk), its footer only when ``footer`` (the last), and rendered as if
+    ``previous``, the file's message before it, had come just before.
     """
 
     key: str
@@ -37,6 +39,8 @@ class Destination:
     conversation_id: str
     max_part_bytes: int | None
     header: bool = True
+    footer: bool = True
+    previous: ExportRow | None = None
 
     @property
     def split(self) -> bool:
@@ -51,10 +55,13 @@ class Destination:
 class ObjectFile:
     """One object being written: rendered bytes, compressed when ``compressed``, into ``writer``."""
 
-    def __init__(self, writer: ObjectWriter, renderer: Renderer, *, key: str, number: int, compressed: bool) -> None:
+    def __init__(
+        self, writer: ObjectWriter, renderer: Renderer, *, key: str, number: int, compressed: bool, footer: bool = True
+    ) -> None:
         self.key = key
         self.number = number
         self.renderer = renderer
+        self._footer = footer
         self._writer = writer
         self._compressor = zlib.compressobj(wbits=GZIP_WBITS) if compressed else None
         self.rendered_bytes = 0
@@ -79,8 +86,10 @@ class ObjectFile:
         await self._writer.write(self._compressor.compress(data) if self._compressor else data)
 
     async def finish(self) -> StoredPart:
-        """Write the footer, end the compressed stream and make the object visible; return it as verified."""
-        footer = self.renderer.footer()
+        """Write the footer (when the object ends the file), end the compressed stream and make the object
+        visible; return it as verified.
+        """
+        footer = self.renderer.footer() if self._footer else b""
         self.rendered_bytes += len(footer)
         if self._compressor is not None:
             footer = self._compressor.compress(footer) + self._compressor.flush()
@@ -173,7 +182,11 @@ class FileSet:
             content_type=where.kind.content_type,
         )
         renderer = where.kind.renderer(where.conversation_id)
-        return ObjectFile(writer, renderer, key=key, number=number, compressed=where.kind.compressed)
+        if where.previous is not None:
+            renderer.continue_after(where.previous)
+        return ObjectFile(
+            writer, renderer, key=key, number=number, compressed=where.kind.compressed, footer=where.footer
+        )
 
     async def _finish_current(self) -> None:
         assert self._current is not None

@@ -136,8 +136,8 @@ async def wake(
 class ClaimedChunk(Row):
     """A chunk whose lease a worker holds: its range (``range_after_seq < seq <= range_last_seq``), the fencing
     ``generation`` of the claim, the ``object_key`` this generation writes and ``previous_key``, the one an earlier
-    generation was given (None for the first), ``took_over`` (an earlier holder's lease had expired), and what the
-    operation exports (its owner, conversation and request).
+    generation was given (None for the first), ``took_over`` (an earlier holder's lease had expired),
+    ``last_chunk`` (it ends the file), and what the operation exports (its owner, conversation and request).
     """
 
     operation_id: str
@@ -149,6 +149,7 @@ class ClaimedChunk(Row):
     object_key: str
     previous_key: str | None
     took_over: bool
+    last_chunk: bool
     owner_id: str
     conversation_id: str
     request: ExportRequest
@@ -187,7 +188,9 @@ async def claim(
           AND (c.not_before IS NULL OR c.not_before <= now())
         RETURNING c.operation_id, c.chunk_no, c.after_seq AS range_after_seq, c.last_seq AS range_last_seq,
                   c.generation, c.attempts, c.object_key,
-                  earlier.previous_key, earlier.took_over, o.owner_id, o.conversation_id,
+                  earlier.previous_key, earlier.took_over,
+                  c.chunk_no = (SELECT max(chunk_no) FROM export_chunks WHERE operation_id = $1) AS last_chunk,
+                  o.owner_id, o.conversation_id,
                   {", ".join(f"o.{name}" for name in FIELDS)}
         """,
         operation_id,

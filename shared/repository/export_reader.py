@@ -22,17 +22,19 @@ from shared.repository.rows import Row
 
 # The messages of one export range that the request's options select (docs/api.md: API reference, Export
 # options): since inclusive, until exclusive, on sent_at; only the listed senders.
-_EXPORTED_MESSAGES = """
+_SELECTED_MESSAGES = """
 FROM messages
 WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
   AND ($4::timestamptz IS NULL OR sent_at >= $4) AND ($5::timestamptz IS NULL OR sent_at < $5)
   AND ($6::text[] IS NULL OR sender_id = ANY($6::text[]))
-ORDER BY seq
 """
+_EXPORTED_MESSAGES = f"{_SELECTED_MESSAGES} ORDER BY seq"
+_ROW_COLUMNS = f"seq, message_id, sender_id, sent_at, body, {JSONL_LINE_SQL} AS line"
 
 # JSONL lines are rendered by Postgres (docs/api.md: API reference, The file), so no row crosses into Python objects.
 EXPORT_LINES_SQL = f"SELECT {JSONL_LINE_SQL} {_EXPORTED_MESSAGES}"
-_EXPORT_ROWS_SQL = f"SELECT seq, message_id, sender_id, sent_at, body, {JSONL_LINE_SQL} AS line {_EXPORTED_MESSAGES}"
+_EXPORT_ROWS_SQL = f"SELECT {_ROW_COLUMNS} {_EXPORTED_MESSAGES}"
+_LAST_ROW_SQL = f"SELECT {_ROW_COLUMNS} {_SELECTED_MESSAGES} ORDER BY seq DESC LIMIT 1"
 
 # COPY's csv format with quote and delimiter characters that JSON text never contains passes the
 # lines through verbatim; the text format would double every backslash.
@@ -134,3 +136,13 @@ async def fetch_export_rows(
     """
     rows = await conn.fetch(_EXPORT_ROWS_SQL, conversation_id, after_seq, last_seq, *_selection(request))
     return [ExportRow.from_row(row) for row in rows]
+
+
+async def last_export_row(
+    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, request: ExportRequest
+) -> ExportRow | None:
+    """The last of the messages ``fetch_export_rows`` would give for the same arguments, or None when there
+    is none: what a chunk's renderer goes on from (docs/chunks.md: Chunked exports).
+    """
+    row = await conn.fetchrow(_LAST_ROW_SQL, conversation_id, after_seq, last_seq, *_selection(request))
+    return None if row is None else ExportRow.from_row(row)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from services.api.http.schemas import ExportSubmission, Message, OperationReques
 from shared.formats import CONTENT_TYPES, FORMAT_NAMES, FORMATS, FileKind
 from shared.message_shape import FIELDS
 from shared.rendering import JSONL_LINE_SQL, Csv
+from shared.repository.export_reader import ExportRow
 
 API_PAGE = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
 
@@ -46,3 +48,22 @@ def test_the_readme_names_every_format_in_the_option_table() -> None:
     row = next(line for line in API_PAGE.splitlines() if line.startswith("  | `format` |"))
     offered = row.split("|")[3].split(";")[0]
     assert re.findall(r"`(\w+)`", offered) == list(FORMAT_NAMES)
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("cut", [1, 2, 3, 4])
+def test_a_file_rendered_in_two_pieces_is_the_file_rendered_whole(name: str, cut: int) -> None:
+    # Messages on two days; the second piece goes on from the first's last message, as a chunk does
+    # (docs/chunks.md: Chunked exports).
+    rows = [
+        ExportRow(seq, f"m{seq}", "alice", datetime(2026, 3, 1 + seq // 3, 23, seq, tzinfo=UTC), f"body {seq}", "{}")
+        for seq in range(1, 6)
+    ]
+    whole = FORMATS[name].renderer("c-a")
+    expected = whole.header() + b"".join(map(whole.message, rows)) + whole.footer()
+    first, second = FORMATS[name].renderer("c-a"), FORMATS[name].renderer("c-a")
+    second.continue_after(rows[cut - 1])
+    pieces = first.header() + b"".join(map(first.message, rows[:cut]))
+    pieces += b"".join(map(second.message, rows[cut:])) + second.footer()
+    assert pieces == expected
+    assert second.carries_over == (name == "html")
