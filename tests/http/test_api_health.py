@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 from devtools.moto import MotoServer
@@ -42,6 +44,25 @@ async def test_readyz_and_requests_are_503_while_the_database_refuses_connection
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         await admin.close()
     assert (await api.get("/readyz")).status == 200  # recovers by itself
+
+
+async def test_an_api_started_while_the_database_refuses_connections_serves_once_it_is_back(
+    settings: Settings, moto: MotoServer, s3: Any, auth: Auth
+) -> None:
+    database = settings.database_url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(f"{PG_SERVER}/postgres")
+    try:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        async with configured_api(settings, moto, s3_bucket=settings.s3_bucket) as client:
+            await expect_problem(await client.get("/readyz"), 503, "SERVICE_UNAVAILABLE")
+            await expect_problem(
+                await client.get("/v3/operations/op_whatever", headers=auth("alice")), 503, "SERVICE_UNAVAILABLE"
+            )
+            await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+            assert (await client.get("/readyz")).status == 200
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await admin.close()
 
 
 async def test_readyz_is_503_when_no_connection_answers_in_time(settings: Settings, moto: MotoServer) -> None:
