@@ -200,6 +200,8 @@ CREATE TABLE public.export_chunks (
     error_message text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    first_message_seq bigint,
+    last_message_seq bigint,
     CONSTRAINT export_chunks_check CHECK ((last_seq > after_seq)),
     CONSTRAINT export_chunks_chunk_no_check CHECK ((chunk_no >= 1)),
     CONSTRAINT export_chunks_state_check CHECK ((state = ANY (ARRAY['PENDING'::text, 'QUEUED'::text, 'RUNNING'::text, 'DONE'::text, 'FAILED'::text])))

@@ -4,7 +4,8 @@ of its lease, the writing of its seq range into an object of its own, and how it
 A chunk's object is the rendering of its messages as the file holds them there: the format's header only in
 the first chunk, its footer only in the last, rendered on from the file's message before the range when the
 format carries state over (HTML's day sections), and every chunk its own gzip member when compressed, so
-that the outputs in seq order are the file. Its writes
+that the outputs in seq order are the file. A split result's chunk is instead one part of it, a complete file
+that ends early, handing the rest of its range to a new chunk, where the part is full. Its writes
 are fenced by the chunk's generation and by the operation being RUNNING (``shared.repository.chunks``): a
 cancel or a newer generation stops it at its next write, and it removes what it uploaded.
 """
@@ -23,7 +24,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from services.worker import metrics
 from services.worker.consumer import decode_payload, settle
 from services.worker.errors import LeaseLost, PermanentError, classify, error_name, require_member
-from services.worker.files import Destination, FileSet
+from services.worker.files import Destination, FileSet, PartFull
 from services.worker.reading import RangeReader
 from shared.artifact_removal import remove_object
 from shared.db import TRANSIENT_DATABASE_ERRORS
@@ -106,38 +107,51 @@ class ChunkRunner:
         self._s3 = s3
         self._settings = settings
         self._claimed = claimed
+        self._split = claimed.request.max_part_bytes is not None
         self._reader = RangeReader(
             pool=pool,
             settings=settings,
             conversation_id=claimed.conversation_id,
             request=claimed.request,
             kind=claimed.request.file_kind,
-            split=False,
+            split=self._split,
         )
         self._files = FileSet(s3, settings, self._destination(previous=None))
         self._progress_written_at: float | None = None
 
     def _destination(self, *, previous: ExportRow | None) -> Destination:
         """The chunk's object: the header in the first chunk only, the footer in the last only, rendered on
-        from ``previous``.
+        from ``previous``; a split result's part, whole, of at most ``max_part_bytes``.
         """
         claimed = self._claimed
+        if self._split:
+            return Destination(
+                claimed.object_key,
+                claimed.request.file_kind,
+                claimed.conversation_id,
+                max_part_bytes=claimed.request.max_part_bytes,
+                one_file=True,
+            )
         return Destination(
             claimed.object_key,
             claimed.request.file_kind,
             claimed.conversation_id,
             max_part_bytes=None,
-            header=claimed.chunk_no == 1,
+            header=claimed.first_chunk,
             footer=claimed.last_chunk,
             previous=previous,
         )
 
     async def _previous_message(self) -> ExportRow | None:
         """The file's message before this chunk's range, when the format's rendering carries over from it
-        (HTML's day sections), else None without a query.
+        (HTML's day sections) and the chunk is not a file of its own, else None without a query.
         """
         claimed = self._claimed
-        if claimed.chunk_no == 1 or not claimed.request.file_kind.renderer(claimed.conversation_id).carries_over:
+        if (
+            claimed.first_chunk
+            or self._split
+            or not claimed.request.file_kind.renderer(claimed.conversation_id).carries_over
+        ):
             return None
         async with self._pool.acquire() as conn:
             return await export_reader.last_export_row(
@@ -181,10 +195,18 @@ class ChunkRunner:
         previous = await self._previous_message()
         if previous is not None:
             self._files = FileSet(self._s3, self._settings, self._destination(previous=previous))
-        await self._reader.write(
-            self._files, after=claimed.range_after_seq, last=claimed.range_last_seq, after_each=self._record_progress
-        )
+        full = False
+        try:
+            await self._reader.write(
+                self._files,
+                after=claimed.range_after_seq,
+                last=claimed.range_last_seq,
+                after_each=self._record_progress,
+            )
+        except PartFull:
+            full = True
         (stored,) = await self._files.finish()
+        seqs = None if stored.first_seq is None or stored.last_seq is None else (stored.first_seq, stored.last_seq)
         async with self._pool.acquire() as conn, conn.transaction():
             # Membership is checked again as each chunk finishes (docs/chunks.md: Chunked exports).
             await require_member(conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id)
@@ -196,6 +218,8 @@ class ChunkRunner:
                 size_bytes=stored.size_bytes,
                 sha256=stored.sha256,
                 message_count=stored.message_count,
+                message_seqs=seqs,
+                ended_at_seq=stored.last_seq if full else None,
             ):
                 raise LeaseLost("chunk")
         log.info("chunk done", extra=claimed.log_extra(size_bytes=stored.size_bytes, messages=stored.message_count))

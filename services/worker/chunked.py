@@ -4,7 +4,8 @@ per-export cap frees a place, folds their progress into the operation, and assem
 chunk is DONE.
 
 The plan is kept by every later generation (the same snapshot, the same ranges), and a DONE chunk is never
-redone: a coordinator that takes over waits only for the chunks not yet DONE.
+redone: a coordinator that takes over waits only for the chunks not yet DONE. A split result's chunks are
+its parts: each is copied, whole, to the part's key (docs/chunks.md: Split results).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import asyncpg
 
 from services.worker.assembly import Assembly
 from services.worker.errors import LeaseLost, NeedsRepair, access_revoked
+from services.worker.files import Destination
 from shared.phases import Phase
 from shared.repository import chunks, export_reader, outbox
-from shared.repository.artifacts import ArtifactFiles
+from shared.repository.artifacts import ArtifactFiles, StoredPart
 from shared.repository.chunks import Chunk
 from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
@@ -31,9 +33,13 @@ from shared.states import ChunkState
 MAX_CHUNKS = 5000
 # How often the coordinator looks at its chunks (the database is the only channel between the workers).
 POLL_SECONDS = 0.2
+# A split result's chunks are planned at this share of max_part_bytes: the plan estimates JSONL lines, and
+# a chunk whose rendering outgrows the part ends early, leaving the rest of its range to a new chunk.
+SPLIT_CHUNK_SHARE = 0.75
 _REVOKED = access_revoked().code
 
 Progress = Callable[[Phase, tuple[int, int]], Awaitable[None]]
+OnUpload = Callable[[str], Awaitable[None]]
 
 
 class ChunkedExport:
@@ -61,8 +67,8 @@ class ChunkedExport:
         self._progress = progress
 
     def applies(self) -> bool:
-        """Whether this export may be chunked at all: chunking on, and not split into parts."""
-        return self._settings.chunk_threshold_bytes > 0 and self._claimed.request.max_part_bytes is None
+        """Whether this export may be chunked at all: chunking is on."""
+        return self._settings.chunk_threshold_bytes > 0
 
     async def plan(self) -> list[Chunk]:
         """The export's chunks: those an earlier generation planned (FAILED ones made PENDING again: this is
@@ -90,7 +96,7 @@ class ChunkedExport:
                 conversation_id=claimed.conversation_id,
                 after_seq=after,
                 last_seq=self._last_seq,
-                target_bytes=max(settings.chunk_target_bytes, math.ceil(total / MAX_CHUNKS)),
+                target_bytes=self._target_bytes(total),
             )
             if len(ranges) < 2:
                 return []
@@ -99,6 +105,15 @@ class ChunkedExport:
             ):
                 raise LeaseLost("plan")
             return await chunks.chunks_of(conn, operation_id=claimed.operation_id)
+
+    def _target_bytes(self, total: int) -> int:
+        """The estimated bytes of each chunk of ``total``: ``chunk_target_bytes``, more when the chunks of one
+        upload would be too many, less for a split result's parts.
+        """
+        max_part_bytes = self._claimed.request.max_part_bytes
+        if max_part_bytes is not None:
+            return min(self._settings.chunk_target_bytes, int(max_part_bytes * SPLIT_CHUNK_SHARE))
+        return max(self._settings.chunk_target_bytes, math.ceil(total / MAX_CHUNKS))
 
     def _may_exceed_threshold(self, seqs: int) -> bool:
         """False when ``seqs`` messages cannot reach the threshold even at the largest body a message may
@@ -110,29 +125,34 @@ class ChunkedExport:
         )
         return seqs * largest > settings.chunk_threshold_bytes
 
-    async def write(self, key: str, *, content_type: str, on_upload: Callable[[str], Awaitable[None]]) -> ArtifactFiles:
-        """Wake the chunks and assemble ``key`` from them, each chunk as soon as it and every one before it
-        are DONE, while the later ones are written. Raises ``LeaseLost`` (a cancel, a takeover),
-        ``PermanentError`` (a chunk found the owner no longer a member), ``NeedsRepair`` (a chunk spent its
-        budget), ``StoredBytesDiffer`` and S3's errors.
+    async def write(self, destination: Destination, *, on_upload: OnUpload) -> ArtifactFiles:
+        """Wake the chunks and assemble the files of ``destination`` from them, each chunk as soon as it and
+        every one before it are DONE, while the later ones are written; ``on_upload(upload_id)`` records each
+        upload before its first part. Raises ``LeaseLost`` (a cancel, a takeover), ``PermanentError`` (a chunk
+        found the owner no longer a member), ``NeedsRepair`` (a chunk spent its budget), ``StoredBytesDiffer``
+        and S3's errors.
         """
         totals = (0, 0)
 
         async def after_part() -> None:
             await self._progress(Phase.WRITING, totals)
 
-        assembly = Assembly(
-            self._s3, self._settings, key=key, content_type=content_type, on_upload=on_upload, after_part=after_part
-        )
-        await assembly.start()
+        def assembly(key: str) -> Assembly:
+            content_type = destination.kind.content_type
+            return Assembly(
+                self._s3, self._settings, key=key, content_type=content_type, on_upload=on_upload, after_part=after_part
+            )
+
         done: asyncio.Queue[Chunk | None] = asyncio.Queue()
-        assembling = asyncio.create_task(_assemble(assembly, done))
+        assemble = _assemble_parts if destination.max_part_bytes is not None else _assemble_file
+        assembling = asyncio.create_task(assemble(destination, assembly, done))
         try:
             added = 0
             while True:
                 now = await self._look()
                 totals = _totals(now)
                 await self._progress(Phase.WRITING, totals)
+                # A chunk that ends early adds the rest of its range after itself, so ``added`` stays valid.
                 while added < len(now) and now[added].state == ChunkState.DONE:
                     done.put_nowait(now[added])
                     added += 1
@@ -166,11 +186,53 @@ class ChunkedExport:
         return now
 
 
-async def _assemble(assembly: Assembly, done: asyncio.Queue[Chunk | None]) -> ArtifactFiles:
-    """Add each chunk ``done`` yields, in order, until None; then finish the assembly."""
+async def _assemble_file(
+    destination: Destination, assembly: Callable[[str], Assembly], done: asyncio.Queue[Chunk | None]
+) -> ArtifactFiles:
+    """One file: add each chunk ``done`` yields, in order, until None, to one upload; then finish it."""
+    file = assembly(destination.key)
+    await file.start()
     while (chunk := await done.get()) is not None:
-        await assembly.add(chunk)
-    return await assembly.finish()
+        await file.add(chunk)
+    return await file.finish()
+
+
+async def _assemble_parts(
+    destination: Destination, assembly: Callable[[str], Assembly], done: asyncio.Queue[Chunk | None]
+) -> ArtifactFiles:
+    """A split result: each chunk ``done`` yields that holds a message becomes the next part, whole (a chunk
+    a filter left empty adds nothing, unless no chunk holds a message: an empty export has one part).
+    """
+    parts: list[StoredPart] = []
+    empty: Chunk | None = None
+    while (chunk := await done.get()) is not None:
+        if chunk.message_count:
+            parts.append(await _part(destination, assembly, chunk, number=len(parts) + 1))
+        elif empty is None:
+            empty = chunk
+    if not parts and empty is not None:
+        parts.append(await _part(destination, assembly, empty, number=1))
+    return ArtifactFiles(destination.key, tuple(parts), split=True)
+
+
+async def _part(
+    destination: Destination, assembly: Callable[[str], Assembly], chunk: Chunk, *, number: int
+) -> StoredPart:
+    """Part ``number`` of a split result: ``chunk``'s object copied to the part's key."""
+    key = destination.file_key(number)
+    part = assembly(key)
+    await part.start()
+    await part.add(chunk)
+    (stored,) = (await part.finish()).parts
+    return StoredPart(
+        number,
+        key,
+        stored.size_bytes,
+        stored.sha256,
+        stored.message_count,
+        chunk.first_message_seq,
+        chunk.last_message_seq,
+    )
 
 
 def _totals(now: list[Chunk]) -> tuple[int, int]:

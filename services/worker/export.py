@@ -72,8 +72,8 @@ class ExportJob:
             kind=self._kind,
             split=self._split,
         )
-        destination = Destination(self.key, self._kind, claimed.conversation_id, request.max_part_bytes)
-        self._files = FileSet(s3, settings, destination)
+        self._destination = Destination(self.key, self._kind, claimed.conversation_id, request.max_part_bytes)
+        self._files = FileSet(s3, settings, self._destination)
         self._chunked = ChunkedExport(
             pool=pool, s3=s3, settings=settings, claimed=claimed, last_seq=last_seq(claimed), progress=self._progress
         )
@@ -98,9 +98,7 @@ class ExportJob:
                 raise LeaseLost("artifact")
         try:
             if planned:
-                files = await self._chunked.write(
-                    self.key, content_type=self._kind.content_type, on_upload=self._record_assembly_upload
-                )
+                files = await self._chunked.write(self._destination, on_upload=self._record_assembly_upload)
             else:
                 await self._write_messages()
                 await self._progress(Phase.UPLOADING)

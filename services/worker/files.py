@@ -31,7 +31,9 @@ class Destination:
     of its parts, ``shared.storage.part_key``), as ``kind`` rendered for ``conversation_id``. A chunk's
     object (docs/chunks.md: Chunked exports) is a piece of one file: the format's header only when
     ``header`` (the first chunk), its footer only when ``footer`` (the last), and rendered as if
-    ``previous``, the file's message before it, had come just before.
+    ``previous``, the file's message before it, had come just before. A split result's chunk is ``one_file``
+    under ``key``: a complete file that ends, raising ``PartFull``, where a message would take it past
+    ``max_part_bytes`` (docs/chunks.md: Split results).
     """
 
     key: str
@@ -41,15 +43,20 @@ class Destination:
     header: bool = True
     footer: bool = True
     previous: ExportRow | None = None
+    one_file: bool = False
 
     @property
     def split(self) -> bool:
         """True when the artifact is parts of at most ``max_part_bytes``."""
-        return self.max_part_bytes is not None
+        return self.max_part_bytes is not None and not self.one_file
 
     def file_key(self, number: int) -> str:
         """The key of file ``number`` (1-based): the artifact's own, or its part's."""
         return part_key(self.key, number, extension=self.kind.extension) if self.split else self.key
+
+
+class PartFull(Exception):
+    """A ``one_file`` destination's file is full: the message it was given, and those after, are not in it."""
 
 
 class ObjectFile:
@@ -104,7 +111,7 @@ class FileSet:
     """The files of one artifact, written with the aiobotocore client ``s3`` to ``destination`` in the bucket
     of ``settings``, in upload parts of ``s3_part_size_bytes``. With ``destination.max_part_bytes`` a file
     that a message would take past that size (rendered, before compression, footer included) is finished
-    and the message starts the next one.
+    and the message starts the next one (or, for a ``one_file`` destination, ``PartFull`` is raised).
     """
 
     def __init__(self, s3: Any, settings: Settings, destination: Destination) -> None:
@@ -121,6 +128,8 @@ class FileSet:
             current = await self._file()
             piece = current.renderer.message(row)
             if self._outgrows(current, piece):
+                if self._destination.one_file:
+                    raise PartFull
                 await self._finish_current()
                 current = await self._file()
                 piece = current.renderer.message(row)

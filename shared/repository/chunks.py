@@ -38,7 +38,7 @@ class PlannedRange:
 @dataclass(frozen=True)
 class Chunk(Row):
     """One chunk as recorded: its range, state, lease, the object of its current generation and, once DONE,
-    that object's size (bytes), sha256 (hex) and message count.
+    that object's size (bytes), sha256 (hex), message count and the seqs of its first and last message.
     """
 
     chunk_no: int
@@ -56,6 +56,8 @@ class Chunk(Row):
     size_bytes: int | None
     sha256: str | None
     message_count: int | None
+    first_message_seq: int | None
+    last_message_seq: int | None
     error_code: str | None
     error_message: str | None
     updated_at: datetime
@@ -92,7 +94,7 @@ async def plan(conn: asyncpg.Connection, *, operation_id: str, generation: int, 
 async def chunks_of(conn: asyncpg.Connection, *, operation_id: str) -> list[Chunk]:
     """Every chunk of ``operation_id``, in seq order (none: the export is not chunked, or not planned yet)."""
     rows = await conn.fetch(
-        f"SELECT {_CHUNK_COLUMNS} FROM export_chunks c WHERE c.operation_id = $1 ORDER BY c.chunk_no", operation_id
+        f"SELECT {_CHUNK_COLUMNS} FROM export_chunks c WHERE c.operation_id = $1 ORDER BY c.after_seq", operation_id
     )
     return [Chunk.from_row({**row, "state": ChunkState(row["state"])}) for row in rows]
 
@@ -118,7 +120,7 @@ async def wake(
               AND ((state = 'PENDING' AND (not_before IS NULL OR not_before <= now()))
                    OR (state = 'QUEUED' AND updated_at < now() - make_interval(secs => $3))
                    OR (state = 'RUNNING' AND lease_expires_at < now()))
-            ORDER BY chunk_no
+            ORDER BY after_seq
             LIMIT greatest($2 - (SELECT n FROM busy), 0)
             FOR UPDATE SKIP LOCKED)
         UPDATE export_chunks c SET state = 'QUEUED', updated_at = now()
@@ -137,7 +139,8 @@ class ClaimedChunk(Row):
     """A chunk whose lease a worker holds: its range (``range_after_seq < seq <= range_last_seq``), the fencing
     ``generation`` of the claim, the ``object_key`` this generation writes and ``previous_key``, the one an earlier
     generation was given (None for the first), ``took_over`` (an earlier holder's lease had expired),
-    ``last_chunk`` (it ends the file), and what the operation exports (its owner, conversation and request).
+    ``first_chunk`` and ``last_chunk`` (it begins or ends the file), and what the operation exports (its
+    owner, conversation and request).
     """
 
     operation_id: str
@@ -149,6 +152,7 @@ class ClaimedChunk(Row):
     object_key: str
     previous_key: str | None
     took_over: bool
+    first_chunk: bool
     last_chunk: bool
     owner_id: str
     conversation_id: str
@@ -189,7 +193,8 @@ async def claim(
         RETURNING c.operation_id, c.chunk_no, c.after_seq AS range_after_seq, c.last_seq AS range_last_seq,
                   c.generation, c.attempts, c.object_key,
                   earlier.previous_key, earlier.took_over,
-                  c.chunk_no = (SELECT max(chunk_no) FROM export_chunks WHERE operation_id = $1) AS last_chunk,
+                  c.after_seq = (SELECT min(after_seq) FROM export_chunks WHERE operation_id = $1) AS first_chunk,
+                  c.last_seq = (SELECT max(last_seq) FROM export_chunks WHERE operation_id = $1) AS last_chunk,
                   o.owner_id, o.conversation_id,
                   {", ".join(f"o.{name}" for name in FIELDS)}
         """,
@@ -249,16 +254,37 @@ async def finish(
     size_bytes: int,
     sha256: str,
     message_count: int,
+    message_seqs: tuple[int, int] | None,
+    ended_at_seq: int | None = None,
 ) -> bool:
-    """Record the holder's verified output (``size_bytes``, hex ``sha256``, ``message_count``) and make the
-    chunk DONE; False, recording nothing, when the lease is lost or the export is no longer RUNNING.
+    """Record the holder's verified output (``size_bytes``, hex ``sha256``, ``message_count``, the seqs of its
+    first and last message or None) and make the chunk DONE; False, recording nothing, when the lease is lost
+    or the export is no longer RUNNING.
+
+    ``ended_at_seq``: the output ends at that seq, short of the range (a split result's part is full,
+    docs/chunks.md: Split results): the chunk's range ends there and the rest becomes a new PENDING chunk.
+    Run it in a transaction then: the operation's row is locked so that two chunks ending early at once
+    number their new chunks apart.
     """
-    status = await conn.execute(
+    if ended_at_seq is not None:
+        await conn.execute("SELECT 1 FROM operations WHERE operation_id = $1 FOR UPDATE", operation_id)
+    first, last = message_seqs or (None, None)
+    count = await conn.fetchval(
         f"""
-        UPDATE export_chunks c SET state = 'DONE', size_bytes = $4, sha256 = $5, message_count = $6,
-            messages_written = $6, bytes_written = $4, lease_owner = NULL, lease_expires_at = NULL,
-            updated_at = now()
-        WHERE {_HELD}
+        WITH done AS (
+            UPDATE export_chunks c SET state = 'DONE', size_bytes = $4, sha256 = $5, message_count = $6,
+                messages_written = $6, bytes_written = $4, first_message_seq = $7, last_message_seq = $8,
+                last_seq = coalesce($9::bigint, c.last_seq), lease_owner = NULL, lease_expires_at = NULL,
+                updated_at = now()
+            FROM export_chunks was
+            WHERE was.operation_id = c.operation_id AND was.chunk_no = c.chunk_no AND {_HELD}
+            RETURNING was.after_seq, was.last_seq, was.estimated_bytes),
+        rest AS (
+            INSERT INTO export_chunks (operation_id, chunk_no, after_seq, last_seq, estimated_bytes)
+            SELECT $1, (SELECT max(chunk_no) + 1 FROM export_chunks WHERE operation_id = $1), $9, done.last_seq,
+                   done.estimated_bytes * (done.last_seq - $9) / (done.last_seq - done.after_seq)
+            FROM done WHERE $9 IS NOT NULL AND $9 < done.last_seq)
+        SELECT count(*) FROM done
         """,
         operation_id,
         chunk_no,
@@ -266,8 +292,11 @@ async def finish(
         size_bytes,
         sha256,
         message_count,
+        first,
+        last,
+        ended_at_seq,
     )
-    return status != "UPDATE 0"
+    return bool(count)
 
 
 async def release(
@@ -323,7 +352,7 @@ async def retry_failed(conn: asyncpg.Connection, *, operation_id: str) -> int:
 async def object_keys(conn: asyncpg.Connection, *, operation_id: str) -> list[str]:
     """The objects the chunks of ``operation_id`` name (each chunk's current generation's)."""
     rows = await conn.fetch(
-        "SELECT object_key FROM export_chunks WHERE operation_id = $1 AND object_key IS NOT NULL ORDER BY chunk_no",
+        "SELECT object_key FROM export_chunks WHERE operation_id = $1 AND object_key IS NOT NULL ORDER BY after_seq",
         operation_id,
     )
     return [row["object_key"] for row in rows]

@@ -80,9 +80,12 @@ SELECT c.object_key, true FROM export_chunks c JOIN operations o USING (operatio
 WHERE o.state = 'FAILED_REPAIR' AND c.object_key IS NOT NULL
 """
 # A chunked export's file is its chunks' recorded outputs and nothing else: every chunk DONE, and their sizes
-# adding up to the file's (docs/chunks.md: Assembly).
+# adding up to the file's (docs/chunks.md: Assembly); a split result's parts are the chunks that hold a
+# message, or the first chunk when none does (docs/chunks.md: Split results).
 CHUNKS_SQL = """
-SELECT count(*) AS chunks, count(*) FILTER (WHERE state = 'DONE') AS done, coalesce(sum(size_bytes), 0) AS size
+SELECT count(*) AS chunks, count(*) FILTER (WHERE state = 'DONE') AS done, coalesce(sum(size_bytes), 0) AS size,
+       coalesce(sum(size_bytes) FILTER (WHERE message_count > 0), (array_agg(size_bytes ORDER BY after_seq))[1])
+           AS parts_size
 FROM export_chunks WHERE operation_id = $1
 """
 # A 503 is documented for outages: one counts if it came during a fault or this long after it ended.
@@ -260,7 +263,8 @@ class Checker:
         if published != 1:
             self.findings.append(f"{operation_id} SUCCEEDED but no PUBLISHED artifact names {row['result_key']}")
         chunked = await connection.fetchrow(CHUNKS_SQL, operation_id)
-        if chunked["chunks"] and (chunked["done"], chunked["size"]) != (chunked["chunks"], row["result_size_bytes"]):
+        size = chunked["size"] if row["max_part_bytes"] is None else chunked["parts_size"]
+        if chunked["chunks"] and (chunked["done"], size) != (chunked["chunks"], row["result_size_bytes"]):
             self.findings.append(f"{operation_id} SUCCEEDED from chunks {dict(chunked)}, not its file")
         files = self._recorded_files(row, kind)
         seqs: list[int] = []

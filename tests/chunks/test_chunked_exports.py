@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,10 +18,12 @@ import pytest
 
 from devtools.broker import delete_broker_objects
 from devtools.moto import MotoServer
+from shared.repository import export_reader
 from shared.settings import Settings
 from tests.support import make_settings, wait_for
 from tests.support.api_calls import make_conversation, running_pipeline, succeeded
 from tests.support.bucket import objects_under
+from tests.support.exported_files import assert_self_contained, parsed
 from tests.support.exports import Auth, Client
 
 pytestmark = pytest.mark.module_database
@@ -197,3 +200,78 @@ async def test_a_full_size_gzip_export_is_copied_by_s3_in_parts_of_at_least_5_mi
     assert operation["result"]["sha256"] == hashlib.sha256(chunked).hexdigest()
     sizes = [chunk["size_bytes"] for chunk in await chunks_of(pool, operation["operation_id"])]
     assert len(sizes) >= 2 and all(size >= 5 * MIB for size in sizes[:-1]), sizes
+
+
+async def parts_of(api: Client, auth: Auth, operation: dict[str, Any]) -> list[bytes]:
+    """The parts of a split result, downloaded, each checked against its figures."""
+    contents = []
+    for part in operation["result"]["parts"]:
+        response = await api.get(part["url"], headers=auth("alice"))
+        assert response.status == 200, await response.text()
+        content = await response.read()
+        assert len(content) == part["size_bytes"] and hashlib.sha256(content).hexdigest() == part["sha256"]
+        contents.append(content)
+    return contents
+
+
+async def done_chunks(pool: asyncpg.Pool, operation_id: str) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        "SELECT after_seq, last_seq, message_count, first_message_seq, last_message_seq FROM export_chunks"
+        " WHERE operation_id = $1 AND state = 'DONE' ORDER BY after_seq",
+        operation_id,
+    )
+
+
+async def test_a_split_result_is_made_of_whole_chunks(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool, s3: Any
+) -> None:
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await fill(pool, "c-a", 2000)
+    async with running_pipeline(settings):
+        operation = await succeeded(api, auth, "alice", "c-a", {"max_part_bytes": 5 * MIB}, "split")
+    async with running_pipeline(settings.model_copy(update={"chunk_threshold_bytes": 0})):
+        whole, _ = await export_file(api, auth, "c-a", {}, "whole")
+    parts = operation["result"]["parts"]
+    chunks = await done_chunks(pool, operation["operation_id"])
+    # Each part is one chunk, whole: the same messages, the same seqs.
+    assert len(parts) == len(chunks) > 5
+    assert [(part["first_seq"], part["last_seq"], part["message_count"]) for part in parts] == [
+        (chunk["first_message_seq"], chunk["last_message_seq"], chunk["message_count"]) for chunk in chunks
+    ]
+    assert parts[0]["first_seq"] == 1 and parts[-1]["last_seq"] == 2000
+    assert b"".join(await parts_of(api, auth, operation)) == whole
+    await wait_for(lambda: _only_the_file(s3, settings, operation["operation_id"]))
+
+
+async def test_a_chunk_whose_part_is_full_hands_the_rest_of_its_range_to_a_new_chunk(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    # The plan estimates JSONL lines: 3,000 bodies of 1,000 '<' are about 3 MB, a few chunks; as HTML each
+    # '<' is '&lt;', so a chunk's rendering outgrows the 5 MiB part and ends early.
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await pool.execute("UPDATE conversations SET last_seq = 3000 WHERE conversation_id = 'c-a'")
+    await pool.execute(
+        "INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)"
+        " SELECT 'c-a', n, 'm' || n, 'alice', n || repeat('<', 1000),"
+        "        timestamptz '2026-01-01Z' + n * interval '1 minute'"
+        " FROM generate_series(1, 3000) AS n"
+    )
+    html = settings.model_copy(update={"chunk_target_bytes": 2 * MIB})
+    async with running_pipeline(html):
+        operation = await succeeded(api, auth, "alice", "c-a", {"format": "html", "max_part_bytes": 5 * MIB}, "html")
+    parts = operation["result"]["parts"]
+    chunks = await done_chunks(pool, operation["operation_id"])
+    async with pool.acquire() as conn:
+        plan = await export_reader.plan_ranges(
+            conn, conversation_id="c-a", after_seq=0, last_seq=3000, target_bytes=html.chunk_target_bytes
+        )
+    assert len(parts) == len(chunks) > len(plan) >= 2
+    assert all(earlier["last_seq"] == later["after_seq"] for earlier, later in itertools.pairwise(chunks))
+    bodies: list[str] = []
+    for content in await parts_of(api, auth, operation):
+        text = content.decode()
+        assert len(content) <= 5 * MIB and text.startswith("<!DOCTYPE html>") and text.endswith("</html>\n")
+        transcript = parsed(content)
+        assert_self_contained(transcript)
+        bodies += transcript.bodies
+    assert bodies == [f"{n}{'<' * 1000}" for n in range(1, 3001)]
