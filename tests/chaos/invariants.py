@@ -262,11 +262,12 @@ class Checker:
         )
         if published != 1:
             self.findings.append(f"{operation_id} SUCCEEDED but no PUBLISHED artifact names {row['result_key']}")
+        files = self._recorded_files(row, kind)
         chunked = await connection.fetchrow(CHUNKS_SQL, operation_id)
         size = chunked["size"] if row["max_part_bytes"] is None else chunked["parts_size"]
-        if chunked["chunks"] and (chunked["done"], size) != (chunked["chunks"], row["result_size_bytes"]):
-            self.findings.append(f"{operation_id} SUCCEEDED from chunks {dict(chunked)}, not its file")
-        files = self._recorded_files(row, kind)
+        recorded = sum(file[1] for file in files)
+        if chunked["chunks"] and (chunked["done"], size) != (chunked["chunks"], recorded):
+            self.findings.append(f"{operation_id} SUCCEEDED from chunks {dict(chunked)}, not its {recorded} bytes")
         seqs: list[int] = []
         bodies: dict[int, str] = {}
         for key, size, sha256, count in files:
