@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt typecheck docs bench bench-chunks chaos clean
+.PHONY: help install run test lint fmt typecheck docs bench bench-chunks bench-redirect chaos clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -23,7 +23,7 @@ help:
 	@echo "make docs       build the documentation site into site/, every warning an error"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make bench      the benchmarks: polls, submits, the drain, latency, the 1M-message export, recovery,"
-	@echo "                chunked exports (make bench-chunks runs that one alone)"
+	@echo "                downloads by redirect, chunked exports (make bench-redirect, make bench-chunks run one)"
 	@echo "make chaos      the fault harness: ROUNDS=1000 rounds of random faults, SEED=S (default random),"
 	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
@@ -69,10 +69,14 @@ bench: install
 	@command -v wrk >/dev/null || apt-get install -y wrk || sudo apt-get install -y wrk
 	$(BIN)/python bench/all.py
 	$(BIN)/python bench/recovery.py
+	$(BIN)/python bench/redirect.py
 	$(BIN)/python bench/chunks.py
 
 bench-chunks: install
 	$(BIN)/python bench/chunks.py
+
+bench-redirect: install
+	$(BIN)/python bench/redirect.py
 
 # The long run of the fault harness; a short fixed-seed sample of it is part of `make test`.
 ROUNDS ?= 1000

@@ -91,7 +91,11 @@ class LocalSystem:
         """
         self.moto = start_moto()
         self.group.adopt("moto", self.moto.process)
-        self.env.update({"CHATEXPORT_S3_ENDPOINT_URL": self.moto.endpoint_url, **MOTO_CREDENTIALS})
+        # Clients on this machine reach moto itself, so download redirects are signed for it too.
+        endpoint = self.moto.endpoint_url
+        self.env.update(
+            {"CHATEXPORT_S3_ENDPOINT_URL": endpoint, "CHATEXPORT_S3_PUBLIC_ENDPOINT_URL": endpoint, **MOTO_CREDENTIALS}
+        )
         return self.moto
 
     def start_parts(self, *, workers: int | None = None, janitors: int | None = None) -> None:

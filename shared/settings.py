@@ -84,6 +84,11 @@ class Settings(BaseSettings):
         "http://127.0.0.1:9000", description="S3 endpoint; `make run` starts moto here if nothing answers"
     )
     s3_region: str = Field("us-east-1", description="S3 region")
+    s3_public_endpoint_url: str | None = Field(
+        None,
+        description="S3 endpoint that download redirects' presigned URLs name, as clients reach it; unset:"
+        " `s3_endpoint_url`",
+    )
     s3_bucket: str = Field(
         "chatexport-exports",
         min_length=3,
@@ -202,6 +207,13 @@ class Settings(BaseSettings):
         ge=1,
         description="downloads one user may have open in one API process; `429 TOO_MANY_DOWNLOADS` beyond",
         json_schema_extra={"unit": "downloads"},
+    )
+    download_redirect_seconds: int = Field(
+        60,
+        ge=1,
+        le=604800,
+        description="lifetime of the presigned storage URL a download redirect answers with (at most S3's 7 days)",
+        json_schema_extra={"unit": "s"},
     )
     download_write_timeout_seconds: float = Field(
         30.0,

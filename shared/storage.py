@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -73,16 +74,55 @@ async def open_s3_client(settings: Settings) -> AsyncIterator[Any]:
         retries={"max_attempts": 2, "mode": "standard"},
         s3={"addressing_style": "path"},
     )
-    session = get_session()
-    async with session.create_client(
+    async with _client(settings, endpoint_url=settings.s3_endpoint_url, config=config) as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def open_presigner(settings: Settings) -> AsyncIterator[Any]:
+    """Yield an aiobotocore S3 client that signs URLs for ``s3_public_endpoint_url`` (else ``s3_endpoint_url``)
+    with Signature Version 4 (so that a URL carries its ``X-Amz-Expires``); it never opens a connection.
+    """
+    # botocore logs every signature it makes at DEBUG; a presigned URL's is a credential, so its signer
+    # logs nothing below INFO whatever the level asked for (docs/api.md: API reference, Download by redirect).
+    logging.getLogger("botocore.auth").setLevel(logging.INFO)
+    config = AioConfig(signature_version="s3v4", s3={"addressing_style": "path"})
+    endpoint_url = settings.s3_public_endpoint_url or settings.s3_endpoint_url
+    async with _client(settings, endpoint_url=endpoint_url, config=config) as client:
+        yield client
+
+
+def _client(settings: Settings, *, endpoint_url: str | None, config: AioConfig) -> Any:
+    """The context manager of an S3 client for ``endpoint_url`` with the credentials of ``settings``."""
+    return get_session().create_client(
         "s3",
-        endpoint_url=settings.s3_endpoint_url,
+        endpoint_url=endpoint_url,
         region_name=settings.s3_region,
         aws_access_key_id=settings.s3_access_key_id,
         aws_secret_access_key=settings.s3_secret_access_key,
         config=config,
-    ) as client:
-        yield client
+    )
+
+
+async def presigned_download(
+    presigner: Any, *, bucket: str, key: str, expires_seconds: int, content_type: str, content_disposition: str
+) -> str:
+    """A URL that GETs object ``key`` of ``bucket`` for ``expires_seconds`` without credentials, its answer's
+    ``Content-Type``, ``Content-Disposition`` and ``Cache-Control: no-store`` forced by the signed query
+    (docs/api.md: API reference, Download by redirect). The URL is a credential: never log it.
+    """
+    url: str = await presigner.generate_presigned_url(
+        "get_object",
+        Params={
+            "Bucket": bucket,
+            "Key": key,
+            "ResponseContentType": content_type,
+            "ResponseContentDisposition": content_disposition,
+            "ResponseCacheControl": "no-store",
+        },
+        ExpiresIn=expires_seconds,
+    )
+    return url
 
 
 @contextlib.asynccontextmanager

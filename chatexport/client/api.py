@@ -43,12 +43,20 @@ class Submitted:
     replayed: bool
 
 
-class Api:
-    """A session on the API at ``base_url`` with the bearer ``token``; use it as an async context manager."""
+# Files above this many bytes are downloaded by redirect, from the storage itself (docs/api.md: API
+# reference, Download by redirect): below it, one more round trip costs more than the API's streaming.
+REDIRECT_ABOVE_BYTES = 8 * 1024 * 1024
 
-    def __init__(self, base_url: str, token: str) -> None:
+
+class Api:
+    """A session on the API at ``base_url`` with the bearer ``token``; use it as an async context manager.
+    Files above ``redirect_above_bytes`` are downloaded by redirect (None: never).
+    """
+
+    def __init__(self, base_url: str, token: str, *, redirect_above_bytes: int | None = REDIRECT_ABOVE_BYTES) -> None:
         self._base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
+        self.redirect_above_bytes = redirect_above_bytes
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Api:

@@ -2,6 +2,12 @@
 ``If-Range`` (so a changed file is never spliced onto an old part), checked against the size and sha256
 the status gives, then renamed into place atomically. A split result is one such file per part, named
 ``OUTPUT`` with ``.part-<n>`` before its extension (docs/command-line.md: Command-line client).
+
+A file above the session's ``redirect_above_bytes`` comes from the storage itself: the API answers each
+fetch, a resume too, with a ``303`` to a fresh short-lived URL, which is fetched without the token (the URL
+is the credential, and S3 refuses a request that carries both), a resumed range guarded by the storage's
+own ETag (``If-Match``, kept beside the part file); the end checks are the same (docs/api.md: API reference,
+Download by redirect).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from chatexport.client.api import Api, problem_of
 
@@ -84,6 +92,7 @@ async def fetch_verified(api: Api, file: dict[str, Any], destination: Path) -> P
     if have is None or have < file["size_bytes"]:
         await _fetch(api, file, part, have or 0)
     size, sha256 = _digest(part)
+    _tag_path(part).unlink(missing_ok=True)
     if (size, sha256) != (file["size_bytes"], file["sha256"]):
         part.unlink()
         raise NotVerified(
@@ -103,15 +112,62 @@ async def _download_file(api: Api, file: dict[str, Any], destination: Path) -> D
 
 async def _fetch(api: Api, file: dict[str, Any], part: Path, have: int) -> None:
     headers = {"Range": f"bytes={have}-", "If-Range": f'"{file["sha256"]}"'} if have else {}
-    async with api.session.get(api.url(file["url"]), headers={**api.auth_headers, **headers}) as response:
-        if response.status not in (200, 206):
-            raise await problem_of(response)
-        # 200 despite a Range: the file is not the one the part began, so the part starts over.
-        with part.open("ab" if response.status == 206 else "wb") as target:
-            async for chunk in response.content.iter_chunked(CHUNK_BYTES):
-                target.write(chunk)
-            target.flush()
-            os.fsync(target.fileno())
+    redirect_above = api.redirect_above_bytes
+    if redirect_above is not None and file["size_bytes"] > redirect_above:
+        url = api.url(file["url"]) + "?delivery=redirect"
+    else:
+        url = api.url(file["url"])
+    async with api.session.get(url, headers={**api.auth_headers, **headers}, allow_redirects=False) as response:
+        if response.status == 303:
+            await _fetch_from_storage(api, response.headers["Location"], part, have)
+            return
+        await _write(response, part)
+
+
+async def _fetch_from_storage(api: Api, url: str, part: Path, have: int) -> None:
+    """Fetch ``url``, a presigned storage URL, into ``part`` (``have`` bytes of it already there) with no
+    ``Authorization`` header; a resume needs the ETag the storage gave the part's start, else starts over.
+    """
+    tag = _storage_tag(part) if have else None
+    headers = {"Range": f"bytes={have}-", "If-Match": tag} if tag else {}
+    async with api.session.get(url, headers=headers, allow_redirects=False) as response:
+        if response.status == 412:
+            _start_over(part)
+            raise NotVerified(f"{part}: the stored file changed since the download began; run the command again")
+        if response.status in (200, 206) and response.headers.get("ETag"):
+            _tag_path(part).write_text(response.headers["ETag"], encoding="ascii")
+        await _write(response, part)
+
+
+def _storage_tag(part: Path) -> str | None:
+    """The storage's ETag of the download that ``part`` holds the start of, if it was kept."""
+    path = _tag_path(part)
+    return path.read_text(encoding="ascii").strip() if path.exists() else None
+
+
+def _start_over(part: Path) -> None:
+    """Forget ``part`` and its storage ETag: the stored object is not the one the part began with."""
+    _tag_path(part).unlink(missing_ok=True)
+    part.unlink(missing_ok=True)
+
+
+async def _write(response: aiohttp.ClientResponse, part: Path) -> None:
+    """Write the body of a 200 (the whole file) or 206 (the rest of ``part``) into ``part``; raises
+    ``ApiError`` for any other answer.
+    """
+    if response.status not in (200, 206):
+        raise await problem_of(response)
+    # 200 despite a Range: the file is not the one the part began, so the part starts over.
+    with part.open("ab" if response.status == 206 else "wb") as target:
+        async for chunk in response.content.iter_chunked(CHUNK_BYTES):
+            target.write(chunk)
+        target.flush()
+        os.fsync(target.fileno())
+
+
+def _tag_path(part: Path) -> Path:
+    """Where the storage's ETag of a redirected download's ``part`` file is kept until it is verified."""
+    return part.with_name(part.name + ".etag")
 
 
 def _holds(path: Path, file: dict[str, Any]) -> bool:

@@ -10,7 +10,17 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from services.api.exporting.changes import OperationChanges
-from services.api.http.keys import CHANGES, DOWNLOAD_SLOTS, MONITOR, POOL, S3, SETTINGS, VERIFIER, WAIT_SLOTS
+from services.api.http.keys import (
+    CHANGES,
+    DOWNLOAD_SLOTS,
+    MONITOR,
+    POOL,
+    PRESIGNER,
+    S3,
+    SETTINGS,
+    VERIFIER,
+    WAIT_SLOTS,
+)
 from services.api.http.middlewares import auth_middleware, error_middleware, metrics_middleware
 from services.api.http.server import api_runner
 from services.api.http.slots import ConnectionSlots
@@ -21,7 +31,7 @@ from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, database_check, serving, storage_check
 from shared.settings import Settings
-from shared.storage import open_s3_client
+from shared.storage import open_presigner, open_s3_client
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +49,9 @@ async def _s3_context(app: web.Application) -> AsyncIterator[None]:
     # The API only reads results that workers wrote, so it neither creates the bucket nor needs S3 up to
     # start: a download while S3 is unreachable is a 5xx problem, not a dead API. Readiness still reports
     # S3, so that an orchestrator sees a replica that cannot serve downloads.
-    async with open_s3_client(app[SETTINGS]) as client:
+    async with open_s3_client(app[SETTINGS]) as client, open_presigner(app[SETTINGS]) as presigner:
         app[S3] = client
+        app[PRESIGNER] = presigner
         app[MONITOR].checks["storage"] = storage_check(client, app[SETTINGS].s3_bucket)
         yield
 

@@ -16,6 +16,39 @@ BASELINE = Path(__file__).with_name("openapi_baseline.json")
 PROSE = frozenset({"description", "summary"})
 # (path of keys into the document, addition) that the document gained on purpose since the baseline. The
 # addition is merged into what is there (``_add``), so an entry says only what is new.
+DOWNLOADS = ("/v3/exports/{operation_id}/result", "/v3/exports/{operation_id}/result/parts/{number}")
+_DELIVERY = {"enum": ["redirect", "stream"], "title": "Delivery", "type": "string"}
+_DOWNLOAD_QUERY = {
+    "additionalProperties": False,
+    "properties": {"delivery": _DELIVERY},
+    "title": "DownloadQuery",
+    "type": "object",
+}
+
+
+class Prepended(list[Any]):
+    """An addition that goes before a list's items rather than after them."""
+
+
+def _redirect_answers(method: str) -> dict[str, Any]:
+    header = {"required": True, "schema": {"type": "string", "format": "uri"}}
+    problem = {"$ref": "#/components/schemas/Problem", "properties": {"code": {"enum": ["VALIDATION_FAILED"]}}}
+    return {
+        "parameters": Prepended([{"name": "delivery", "in": "query", "required": False, "schema": _DELIVERY}]),
+        "responses": {
+            "303": {
+                "headers": {
+                    "Location": header,
+                    "Cache-Control": {"required": True, "schema": {"const": "no-store"}},
+                    "Referrer-Policy": {"required": True, "schema": {"const": "no-referrer"}},
+                }
+            },
+            # A HEAD answer has no body, so its problems are bare.
+            "422": {} if method == "head" else {"content": {"application/problem+json": {"schema": problem}}},
+        },
+    }
+
+
 ADDED: list[tuple[tuple[str, ...], Any]] = [
     # The representation says whether the operation is finished (docs/api.md: API reference, Operation).
     (
@@ -31,9 +64,12 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
             ("paths", path, "get", "responses", status, "content", "text/plain; charset=utf-8"),
             {"schema": {"type": "string"}},
         )
-        for path in ("/v3/exports/{operation_id}/result", "/v3/exports/{operation_id}/result/parts/{number}")
+        for path in DOWNLOADS
         for status in ("200", "206")
     ),
+    # Downloads by redirect (docs/api.md: API reference, Download by redirect): the query, the 303, the 422.
+    (("components", "schemas", "DownloadQuery"), _DOWNLOAD_QUERY),
+    *((("paths", path, method), _redirect_answers(method)) for path in DOWNLOADS for method in ("get", "head")),
 ]
 
 
@@ -55,11 +91,14 @@ def _meaning(key: str, value: Any) -> Any:
 
 
 def _add(node: Any, addition: Any) -> Any:
-    """``node`` with ``addition`` merged in: an object member by member, a list extended at its end; anything
+    """``node`` with ``addition`` merged in: an object member by member, a list extended at its end (at its
+    start for ``Prepended``); anything
     else (or nothing) is replaced by ``addition``.
     """
     if isinstance(node, dict) and isinstance(addition, dict):
         return {**node, **{key: _add(node.get(key), value) for key, value in addition.items()}}
+    if isinstance(node, list) and isinstance(addition, Prepended):
+        return [*addition, *node]
     if isinstance(node, list) and isinstance(addition, list):
         return [*node, *addition]
     return addition

@@ -17,6 +17,8 @@ SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 VERIFIER = web.AppKey("verifier", TokenVerifier)
 S3 = web.AppKey("s3", object)  # an aiobotocore S3 client; typed loosely because botocore is dynamic
+# The client that signs download redirects' URLs for the storage endpoint clients reach.
+PRESIGNER = web.AppKey("presigner", object)
 # Bounds the downloads streaming at once in this process, in all and per user.
 DOWNLOAD_SLOTS = web.AppKey("download_slots", ConnectionSlots)
 # Bounds the long polls and event streams waiting at once in this process, in all and per user.

@@ -242,6 +242,15 @@ class OperationQuery(StrictModel):
     wait: Annotated[int, Field(ge=1, le=MAX_WAIT_SECONDS), QUERY_DIGITS] | None = ABSENT_PARAMETER
 
 
+class DownloadQuery(StrictModel):
+    """Query of a download (the result, or a part): ``delivery=redirect`` asks for a ``303`` to a presigned
+    storage URL instead of the file, ``stream`` (the default) for the file itself (docs/api.md: API reference,
+    Download by redirect).
+    """
+
+    delivery: Literal["stream", "redirect"] | None = ABSENT_PARAMETER
+
+
 class AdminOperationListQuery(OperationListQuery):
     """Query of ``GET /admin/operations``: the user list's parameters, with the owner and the conversation
     as filters besides the state (docs/api.md: API reference, Admin list of operations).

@@ -16,7 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from services.api.exporting.results import DOWNLOAD_SAFETY, ResultFile, content_disposition, result_file
 from services.api.exporting.submission import FIRST_POLL_AFTER_SECONDS, submit
 from services.api.exporting.transfer import TransferCut, stream
-from services.api.http.bodies import JSON_BODY_PROBLEMS, read_model
+from services.api.http.bodies import JSON_BODY_PROBLEMS, read_model, validate_query
 from services.api.http.contract import (
     LOCATION_HEADER,
     NO_STORE_HEADER,
@@ -29,13 +29,13 @@ from services.api.http.contract import (
 )
 from services.api.http.fields import sole_field
 from services.api.http.idempotency import HEADER, parse_idempotency_key
-from services.api.http.keys import DOWNLOAD_SLOTS, POOL, PRINCIPAL, SETTINGS, s3_client
+from services.api.http.keys import DOWNLOAD_SLOTS, POOL, PRESIGNER, PRINCIPAL, SETTINGS, s3_client
 from services.api.http.metrics import DOWNLOADS, DOWNLOADS_STREAMING
 from services.api.http.preconditions import PreconditionOutcome, Validators
 from services.api.http.problems import ProblemError, not_found
 from services.api.http.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.http.responses import NO_STORE, operation_answer, operation_response
-from services.api.http.schemas import ExportSubmission
+from services.api.http.schemas import DownloadQuery, ExportSubmission
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.formats import FORMATS, GZIP_CONTENT_TYPE
 from shared.ids import is_operation_id
@@ -47,7 +47,7 @@ from shared.repository.operation_view import OperationView
 from shared.routes import path
 from shared.settings import Settings
 from shared.states import State
-from shared.storage import STORAGE_ERRORS
+from shared.storage import STORAGE_ERRORS, presigned_download
 from shared.webhooks.targets import RefusedTarget, check_url
 
 log = logging.getLogger(__name__)
@@ -129,15 +129,17 @@ async def _download(request: web.Request, *, part_number: str | None) -> web.Str
     Every attempt is recorded as an access event with the caller's user id, also for an operation that is
     not the caller's or does not exist: ``GRANTED`` once the file is open, ``NOT_MODIFIED`` for a 304, else
     the refusal's code (an unexpected failure's too). Preconditions come after authorization, so a
-    non-member learns nothing from them. Downloads take a slot each (``ConnectionSlots``: 429 over the
-    user's cap, 503 over the process's), and one that moves fewer than ``download_min_bytes_per_second``
-    over a window, or whose client accepts nothing for ``download_write_timeout_seconds``, is cut off, so
-    slow readers cannot hold the slots or S3's connections.
+    non-member learns nothing from them. ``delivery=redirect`` answers, after every check, a ``303`` to a
+    presigned storage URL (``REDIRECTED``), which takes no slot. Streamed downloads take a slot each
+    (``ConnectionSlots``: 429 over the user's cap, 503 over the process's), and one that moves fewer than
+    ``download_min_bytes_per_second`` over a window, or whose client accepts nothing for
+    ``download_write_timeout_seconds``, is cut off, so slow readers cannot hold the slots or S3's connections.
     """
     operation_id = request.match_info["operation_id"]
     user_id = request[PRINCIPAL].user_id
     slots = request.app[DOWNLOAD_SLOTS]
     try:
+        query = validate_query(DownloadQuery, request)
         async with request.app[POOL].acquire() as conn:
             row = await _authorize_download(conn, operation_id=operation_id, user_id=user_id)
         file = result_file(row, part_number)
@@ -152,12 +154,32 @@ async def _download(request: web.Request, *, part_number: str | None) -> web.Str
             return web.Response(status=304, headers=_validator_headers(validators))
         wanted = validators.range_applies(request.headers)
         byte_range = _requested_range(request, file.stored.size_bytes) if wanted else None
+        if query.delivery == "redirect":
+            return await _redirect(request, file)
         slots.check(user_id)
     except Exception as refusal:
         await _record_refusal(request, operation_id, user_id, refusal)
         raise
     with slots.take(user_id), DOWNLOADS_STREAMING.track_inprogress():
         return await _send_result(request, file, byte_range, validators)
+
+
+async def _redirect(request: web.Request, file: ResultFile) -> web.Response:
+    """``303 See Other`` to a presigned URL of ``file`` (docs/api.md: API reference, Download by redirect). The
+    URL is a credential until it expires: it is in the ``Location`` header only, never in a log line, an
+    access event or a metric, and the answer is neither stored nor named in a referrer.
+    """
+    settings = request.app[SETTINGS]
+    url = await presigned_download(
+        request.app[PRESIGNER],
+        bucket=settings.s3_bucket,
+        key=file.stored.key,
+        expires_seconds=settings.download_redirect_seconds,
+        content_type=file.content_type,
+        content_disposition=content_disposition(file.filename),
+    )
+    await _record_access(request, file.operation_id, request[PRINCIPAL].user_id, "REDIRECTED")
+    return web.Response(status=303, headers={**NO_STORE, "Location": url, "Referrer-Policy": "no-referrer"})
 
 
 async def _record_access(request: web.Request, operation_id: str, user_id: str, outcome: str) -> None:
@@ -407,8 +429,12 @@ def _download_endpoint(*, part: bool) -> Endpoint:
         summary=f"Download {what}",
         tag="exports",
         description="Checks in this order: token, owner, state, the owner's current membership, then the "
-        "preconditions of RFC 9110 section 13.2.2. Every attempt is recorded as an access event. Each user has "
-        "at most `CHATEXPORT_DOWNLOAD_PER_USER_CONCURRENCY` downloads open (429 beyond).",
+        "preconditions of RFC 9110 section 13.2.2, then the range. Every attempt is recorded as an access event. "
+        "Each user has at most `CHATEXPORT_DOWNLOAD_PER_USER_CONCURRENCY` downloads open (429 beyond). With "
+        "`delivery=redirect`, after the same checks, a 303 to a presigned storage URL that lives "
+        "`CHATEXPORT_DOWNLOAD_REDIRECT_SECONDS`: GET it without an `Authorization` header (the URL is the "
+        "credential; send `Range` and `If-Match` with the storage's own ETag to it); no download cap applies.",
+        query=DownloadQuery,
         parameters=(
             header_parameter(
                 "Range",
@@ -424,12 +450,25 @@ def _download_endpoint(*, part: bool) -> Endpoint:
             _file_answer(200, "The whole file.", partial=False),
             _file_answer(206, "The requested byte range.", partial=True),
             Answer(
+                303,
+                "`delivery=redirect`: the file is at the `Location`, a presigned storage URL whose answer is an "
+                "attachment with the file's name and type and `Cache-Control: no-store`.",
+                headers={
+                    "Location": header(
+                        "The presigned storage URL.", {"type": "string", "format": "uri"}, required=True
+                    ),
+                    "Cache-Control": NO_STORE_HEADER,
+                    "Referrer-Policy": header("The URL is never sent on.", {"const": "no-referrer"}, required=True),
+                },
+            ),
+            Answer(
                 304,
                 "Not modified: the client's copy is current.",
                 headers={"Cache-Control": NO_STORE_HEADER, **_VALIDATORS},
             ),
         ),
         problems=(
+            "VALIDATION_FAILED",
             "NOT_FOUND",
             "RESULT_EXPIRED",
             "RESULT_NOT_READY",
