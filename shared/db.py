@@ -89,6 +89,23 @@ async def connect(settings: Settings, **server_settings: str) -> asyncpg.Connect
     )
 
 
+# How long closing a connection of its own may take a part that stops, before the connection is dropped.
+CLOSE_TIMEOUT_SECONDS = 5.0
+
+
+async def close_connection(conn: asyncpg.Connection, *, timeout_seconds: float = CLOSE_TIMEOUT_SECONDS) -> None:
+    """Close ``conn`` (a part's own, not a pool's) within ``timeout_seconds`` (s), else terminate it. A part
+    that stops must stop: a server that went away, or a process frozen past the server's patience, makes a
+    graceful close time out or fail, and that is no error of the part's. Raises nothing of that kind.
+    """
+    if conn.is_closed():
+        return
+    try:
+        await conn.close(timeout=timeout_seconds)
+    except TRANSIENT_DATABASE_ERRORS:
+        conn.terminate()
+
+
 @contextlib.asynccontextmanager
 async def probing_connection(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
     """A pooled connection for a probe that the caller bounds with a short deadline (readiness, a scrape).

@@ -17,7 +17,7 @@ import asyncpg
 from aio_pika.abc import AbstractExchange
 
 from services.relay import metrics
-from shared.db import TRANSIENT_DATABASE_ERRORS, connect
+from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
 from shared.repository import outbox
 from shared.settings import Settings
 
@@ -101,8 +101,8 @@ class Relay:
                 await self._publish_all()
                 await self._wait(wake, stop)
         finally:
-            if listener is not None and not listener.is_closed():
-                await listener.close()
+            if listener is not None:
+                await close_connection(listener)
 
     async def _publish_all(self) -> None:
         try:

@@ -10,6 +10,8 @@ from collections import defaultdict
 
 from aiohttp import web
 
+from devtools.ports import free_port
+
 # A slow answer takes longer than the harness's callback timeout, so the relay counts it as failed.
 SLOW_SECONDS = 2.0
 
@@ -33,7 +35,10 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}/hook"
 
     async def start(self) -> None:
-        """Listen on a free port (kept for later ``up()`` calls)."""
+        """Listen on a free port below the ephemeral range (kept for later ``up()`` calls): a port the kernel
+        hands out may be an outgoing connection's by the time ``down()`` ends.
+        """
+        self.port = free_port()
         app = web.Application()
         app.router.add_post("/hook", self._hook)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)

@@ -5,10 +5,13 @@ release (docs/benchmark.md: Benchmark, What was tuned).
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import asyncpg
 
-from shared.db import create_pool
+from shared.db import close_connection, create_pool
 from shared.settings import Settings
+from tests.support.private_servers import TcpProxy
 
 LOCK_KEY = 912_345
 
@@ -32,3 +35,16 @@ async def test_a_transaction_left_open_is_rolled_back_with_its_locks_on_release(
         assert held == 0
     finally:
         await single.close()
+
+
+async def test_a_connection_that_cannot_close_in_time_is_dropped_without_an_error(settings: Settings) -> None:
+    # A part stopping after its server stopped answering (or after being frozen past the server's patience):
+    # asyncpg's graceful close raises TimeoutError, which once ended a stopping relay with a traceback.
+    target = urlsplit(settings.database_url)
+    with TcpProxy(target.hostname or "127.0.0.1", target.port or 5432) as proxy:
+        through = target._replace(netloc=f"{target.username}@127.0.0.1:{proxy.port}").geturl()
+        conn = await asyncpg.connect(through)
+        assert await conn.fetchval("SELECT 1") == 1
+        proxy.throttle(1)  # a byte a second: the close's Terminate message never gets through in time
+        await close_connection(conn, timeout_seconds=0.2)
+        assert conn.is_closed()

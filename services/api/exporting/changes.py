@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.db import TRANSIENT_DATABASE_ERRORS, connect
+from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,8 @@ class OperationChanges:
             self._keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
-        if self._connection is not None and not self._connection.is_closed():
-            await self._connection.close()
+        if self._connection is not None:
+            await close_connection(self._connection)
 
     @contextlib.contextmanager
     def subscribe(self, operation_id: str) -> Iterator[Subscription]:
