@@ -26,7 +26,7 @@ import aiohttp
 from rich.console import Console
 
 from chatexport.client.api import Api, ApiError
-from chatexport.client.download import NotVerified, download_result, extension_of
+from chatexport.client.download import NotVerified, StorageRefused, download_result, extension_of
 from chatexport.client.exporting import ExportOutcome, export, export_incrementally
 from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, ProgressDisplay, human_bytes
 from chatexport.client.statefiles import UnusableStateFile
@@ -362,6 +362,9 @@ def _run(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) -> int
     except NotVerified as exc:
         print(f"chatexport: {exc}", file=sys.stderr)
         return EXIT_NOT_VERIFIED
+    except StorageRefused as exc:
+        print(f"chatexport: {exc}; run the same command again", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except UnusableStateFile as exc:
         print(f"chatexport: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -25,6 +25,10 @@ from chatexport.client.api import Api, problem_of
 CHUNK_BYTES = 256 * 1024
 
 
+class StorageRefused(Exception):
+    """The storage refused a redirected download's URL even when asked again with a fresh one."""
+
+
 class NotVerified(Exception):
     """The downloaded bytes are not the file the status describes; the part file was deleted."""
 
@@ -111,32 +115,52 @@ async def _download_file(api: Api, file: dict[str, Any], destination: Path) -> D
 
 
 async def _fetch(api: Api, file: dict[str, Any], part: Path, have: int) -> None:
-    headers = {"Range": f"bytes={have}-", "If-Range": f'"{file["sha256"]}"'} if have else {}
     redirect_above = api.redirect_above_bytes
     if redirect_above is not None and file["size_bytes"] > redirect_above:
-        url = api.url(file["url"]) + "?delivery=redirect"
-    else:
-        url = api.url(file["url"])
-    async with api.session.get(url, headers={**api.auth_headers, **headers}, allow_redirects=False) as response:
-        if response.status == 303:
-            await _fetch_from_storage(api, response.headers["Location"], part, have)
-            return
+        await _fetch_by_redirect(api, file, part, have)
+        return
+    headers = {"Range": f"bytes={have}-", "If-Range": f'"{file["sha256"]}"'} if have else {}
+    async with api.session.get(api.url(file["url"]), headers={**api.auth_headers, **headers}) as response:
         await _write(response, part)
 
 
-async def _fetch_from_storage(api: Api, url: str, part: Path, have: int) -> None:
+async def _fetch_by_redirect(api: Api, file: dict[str, Any], part: Path, have: int) -> None:
+    """Ask the API for the file's storage URL and fetch it from there. A URL the storage refuses (expired:
+    403) or a part file the stored object no longer continues (412) gets one more try with a fresh URL,
+    the latter from the start.
+    """
+    for last_try in (False, True):
+        headers = {"Range": f"bytes={have}-", "If-Range": f'"{file["sha256"]}"'} if have else {}
+        url = api.url(file["url"]) + "?delivery=redirect"
+        async with api.session.get(url, headers={**api.auth_headers, **headers}, allow_redirects=False) as response:
+            if response.status != 303:
+                await _write(response, part)  # an API without redirects streams the file
+                return
+            location = response.headers["Location"]
+        status = await _fetch_from_storage(api, location, part, have, last_try=last_try)
+        if status not in (403, 412):
+            return
+        if status == 412:
+            _start_over(part)
+            have = 0
+
+
+async def _fetch_from_storage(api: Api, url: str, part: Path, have: int, *, last_try: bool) -> int:
     """Fetch ``url``, a presigned storage URL, into ``part`` (``have`` bytes of it already there) with no
-    ``Authorization`` header; a resume needs the ETag the storage gave the part's start, else starts over.
+    ``Authorization`` header, a resume guarded by the ETag the storage gave the part's start. Returns the
+    storage's status; a 403 or 412 writes nothing, and raises ``StorageRefused`` on the ``last_try``.
     """
     tag = _storage_tag(part) if have else None
     headers = {"Range": f"bytes={have}-", "If-Match": tag} if tag else {}
     async with api.session.get(url, headers=headers, allow_redirects=False) as response:
-        if response.status == 412:
-            _start_over(part)
-            raise NotVerified(f"{part}: the stored file changed since the download began; run the command again")
-        if response.status in (200, 206) and response.headers.get("ETag"):
+        if response.status in (403, 412) and not last_try:
+            return response.status
+        if response.status not in (200, 206):
+            raise StorageRefused(f"the storage refused the download: HTTP {response.status} {response.reason}")
+        if response.headers.get("ETag"):
             _tag_path(part).write_text(response.headers["ETag"], encoding="ascii")
         await _write(response, part)
+        return response.status
 
 
 def _storage_tag(part: Path) -> str | None:

@@ -67,8 +67,14 @@ class ChunkedExport:
         self._progress = progress
 
     def applies(self) -> bool:
-        """Whether this export may be chunked at all: chunking is on."""
-        return self._settings.chunk_threshold_bytes > 0
+        """Whether this export may be chunked at all: chunking is on, and it is not a split result with a
+        filter (the plan weighs every message, so such a result's parts would each hold a filter's share of
+        a part: many small ones where one stream writes few).
+        """
+        request = self._claimed.request
+        return self._settings.chunk_threshold_bytes > 0 and not (
+            request.max_part_bytes is not None and request.selects_messages
+        )
 
     async def plan(self) -> list[Chunk]:
         """The export's chunks: those an earlier generation planned (FAILED ones made PENDING again: this is
@@ -111,9 +117,10 @@ class ChunkedExport:
         upload would be too many, less for a split result's parts.
         """
         max_part_bytes = self._claimed.request.max_part_bytes
+        target = self._settings.chunk_target_bytes
         if max_part_bytes is not None:
-            return min(self._settings.chunk_target_bytes, int(max_part_bytes * SPLIT_CHUNK_SHARE))
-        return max(self._settings.chunk_target_bytes, math.ceil(total / MAX_CHUNKS))
+            target = min(target, int(max_part_bytes * SPLIT_CHUNK_SHARE))
+        return max(target, math.ceil(total / MAX_CHUNKS))
 
     def _may_exceed_threshold(self, seqs: int) -> bool:
         """False when ``seqs`` messages cannot reach the threshold even at the largest body a message may

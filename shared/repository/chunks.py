@@ -103,8 +103,8 @@ async def wake(
     conn: asyncpg.Connection, *, operation_id: str, running_at_most: int, requeue_after_seconds: float
 ) -> list[int]:
     """Mark QUEUED, in seq order, the chunks to wake now, so that at most ``running_at_most`` are queued or
-    held; return their numbers for the caller to enqueue in the same transaction. Woken: a PENDING chunk
-    whose retry time has come, a RUNNING one whose lease expired, and a QUEUED one whose wake-up is older
+    held; return their numbers, in seq order, for the caller to enqueue in the same transaction. Woken: a
+    PENDING chunk whose retry time has come, a RUNNING one whose lease expired, and a QUEUED one whose wake-up is older
     than ``requeue_after_seconds`` (a message may be lost; a second claim of one chunk finds it held).
     """
     rows = await conn.fetch(
@@ -125,13 +125,13 @@ async def wake(
             FOR UPDATE SKIP LOCKED)
         UPDATE export_chunks c SET state = 'QUEUED', updated_at = now()
         FROM due WHERE c.operation_id = $1 AND c.chunk_no = due.chunk_no
-        RETURNING c.chunk_no
+        RETURNING c.chunk_no, c.after_seq
         """,
         operation_id,
         running_at_most,
         requeue_after_seconds,
     )
-    return sorted(row["chunk_no"] for row in rows)
+    return [row["chunk_no"] for row in sorted(rows, key=lambda row: row["after_seq"])]
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,10 @@ async def finish(
         WITH done AS (
             UPDATE export_chunks c SET state = 'DONE', size_bytes = $4, sha256 = $5, message_count = $6,
                 messages_written = $6, bytes_written = $4, first_message_seq = $7, last_message_seq = $8,
-                last_seq = coalesce($9::bigint, c.last_seq), lease_owner = NULL, lease_expires_at = NULL,
+                last_seq = coalesce($9::bigint, c.last_seq),
+                estimated_bytes = c.estimated_bytes * (coalesce($9::bigint, c.last_seq) - c.after_seq)
+                    / (c.last_seq - c.after_seq),
+                lease_owner = NULL, lease_expires_at = NULL,
                 updated_at = now()
             FROM export_chunks was
             WHERE was.operation_id = c.operation_id AND was.chunk_no = c.chunk_no AND {_HELD}

@@ -202,3 +202,20 @@ async def test_the_client_fetches_from_the_storage_without_the_token_and_resumes
 def fetched_url(proxy: StorageProxy, request: Any) -> str:
     """The URL ``request`` fetched through ``proxy``, query included."""
     return str(aiohttp.client.URL(proxy.url + request.path).with_query(request.query))
+
+
+async def test_a_part_the_stored_object_no_longer_continues_is_fetched_again_from_the_start(
+    api: Client, auth: Auth, storage_proxy: StorageProxy, tmp_path: Path, pipeline: None
+) -> None:
+    operation = await succeeded_export(api, auth, "c-r", {"format": "jsonl"})
+    token = auth("alice")["Authorization"].removeprefix("Bearer ")
+    output = tmp_path / "c-r.jsonl"
+    part = part_path(output)
+    part.write_bytes(b"bytes of another file")
+    part.with_name(part.name + ".etag").write_text('"not-the-stored-etag"', encoding="ascii")
+    async with Api(str(api.make_url("")), token, redirect_above_bytes=0) as client:
+        (whole,) = await download_result(client, operation, output)
+    assert output.stat().st_size == whole.size_bytes
+    refused, fetched = [request for request in storage_proxy.requests if request.method == "GET"]
+    assert refused.headers["If-Match"] == '"not-the-stored-etag"'
+    assert "Range" not in fetched.headers and "Authorization" not in fetched.headers
