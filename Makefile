@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt typecheck docs bench bench-chunks bench-redirect chaos clean
+.PHONY: help install run test lint fmt typecheck docs bench bench-chunks bench-redirect chaos clusters clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -26,6 +26,8 @@ help:
 	@echo "                downloads by redirect, chunked exports (make bench-redirect, make bench-chunks run one)"
 	@echo "make chaos      the fault harness: ROUNDS=1000 rounds of random faults, SEED=S (default random),"
 	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once"
+	@echo "make clusters   start a 3-node RabbitMQ cluster and a PostgreSQL primary with a standby, print the"
+	@echo "                CHATEXPORT_* URLs that point at them, delete both on Ctrl-C"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
 
 $(BIN)/python:
@@ -86,6 +88,9 @@ LANES  ?= 1
 chaos: install
 	@command -v faketime >/dev/null || (apt-get update -qq && apt-get install -y faketime) || (sudo apt-get update -qq && sudo apt-get install -y faketime)
 	$(BIN)/python -m tests.chaos --rounds $(ROUNDS) --lanes $(LANES) $(if $(SEED),--seed $(SEED)) $(if $(ROUND),--round $(ROUND))
+
+clusters: install
+	$(BIN)/python -m devtools.clusters
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -19,8 +19,8 @@ import asyncpg
 
 from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
+from devtools.servers import TcpProxy
 from shared.auth import mint_token
-from tests.support.private_servers import TcpProxy
 
 PG_SERVER = os.environ.get("CHATEXPORT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("CHATEXPORT_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")

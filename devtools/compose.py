@@ -11,9 +11,10 @@ interpolation of ``$$``, ``$VAR``, ``${VAR}``, ``${VAR:-default}``, ``${VAR-defa
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ import yaml
 from shared.settings import Settings
 
 COMPOSE_FILE = Path(__file__).resolve().parents[1] / "deploy" / "compose.yaml"
+# Merged over COMPOSE_FILE (``overrides``): the same service on a RabbitMQ cluster and a primary with a standby.
+CLUSTER_COMPOSE_FILE = COMPOSE_FILE.with_name("compose.cluster.yaml")
 SETTINGS_PREFIX = "CHATEXPORT_"
 # What compose assumes when a service names none (compose specification, "stop_grace_period").
 DEFAULT_STOP_GRACE = "10s"
@@ -79,13 +82,20 @@ class Service:
         return duration_seconds(str(self.spec.get("stop_grace_period", DEFAULT_STOP_GRACE)))
 
 
-def load_compose(path: Path = COMPOSE_FILE, *, variables: Mapping[str, str]) -> dict[str, Service]:
+def load_compose(
+    path: Path = COMPOSE_FILE, *, variables: Mapping[str, str], overrides: Sequence[Path] = ()
+) -> dict[str, Service]:
     """The services of the compose file at ``path``, in file order, interpolated from ``variables`` (what
-    compose takes from the shell's environment).
+    compose takes from the shell's environment), with the files ``overrides`` merged over it in order, as
+    ``docker compose -f path -f override ...`` merges them: mappings key by key, anything else replaced
+    (compose appends some sequences, such as ``ports``; this reader replaces them too).
 
     Raises ``ComposeError`` when a ``${VAR:?message}`` variable is unset, ``yaml.YAMLError`` on bad YAML.
     """
-    document = _interpolate(yaml.safe_load(path.read_text(encoding="utf-8")), variables)
+    documents = [
+        _interpolate(yaml.safe_load(file.read_text(encoding="utf-8")), variables) for file in (path, *overrides)
+    ]
+    document = functools.reduce(_merged, documents)
     return {
         name: Service(name, spec, _environment(spec.get("environment"), variables))
         for name, spec in document["services"].items()
@@ -126,6 +136,13 @@ def duration_seconds(text: str) -> float:
     if not pieces or "".join(number + unit for number, unit in pieces) != text:
         raise ComposeError(f"not a compose duration: {text!r}")
     return sum(float(number) * _DURATION_UNITS[unit] for number, unit in pieces)
+
+
+def _merged(base: Any, override: Any) -> Any:
+    """``override`` merged over ``base``: mappings recursively, key by key; any other value replaces."""
+    if not (isinstance(base, dict) and isinstance(override, dict)):
+        return override
+    return {**base, **{key: _merged(base.get(key), value) for key, value in override.items()}}
 
 
 def _interpolate(node: Any, variables: Mapping[str, str]) -> Any:

@@ -21,10 +21,10 @@ import aio_pika
 import asyncpg
 
 from devtools.localsystem import READY_TIMEOUT_SECONDS
+from devtools.servers import PostgresStopMode, RabbitStopMode
 from services.janitor.leadership import LEADER_LOCK_KEY
 from tests.chaos.plan import PARTS, Fault, FaultKind
 from tests.chaos.system import JANITOR_INTERVAL_SECONDS, LEASE_SECONDS, REQUEUE_AFTER_SECONDS, ChaosSystem
-from tests.support.private_servers import PostgresStopMode, RabbitStopMode
 
 # Holds the relay's "mark published" inside its transaction, after the broker confirmed the publish, for
 # less than the statement timeout; the harness kills the relay meanwhile. Other updates pass.

@@ -24,12 +24,12 @@ from typing import Any
 
 import asyncpg
 
+from devtools.servers import ServerError
 from shared.formats import FileKind
 from shared.storage import artifact_prefix, is_folder, part_key
 from tests.chaos.plan import PARTS
 from tests.chaos.system import ChaosSystem
 from tests.chaos.workload import TERMINAL, Observations
-from tests.support.private_servers import ServerError
 
 POLL_SECONDS = 0.1
 # What a part that died of an uncaught error leaves in its log (the interpreter's report on stderr), and the

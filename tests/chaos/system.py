@@ -13,11 +13,11 @@ from pathlib import Path
 
 import asyncpg
 
+from devtools.servers import PrivatePostgres, PrivateRabbitMQ
 from shared.auth import mint_token
 from shared.db import migrate
 from tests.chaos.receiver import Receiver
 from tests.support.fault_harness import Faulty, running
-from tests.support.private_servers import PrivatePostgres, PrivateRabbitMQ
 
 # Short leases, passes and backoffs, so that a round's takeovers, retries and clean-ups take seconds
 # (docs/development.md: Development, The fault harness). The rest is FAST, the fault tests' settings.

@@ -10,8 +10,8 @@ from typing import TypeVar
 
 import pytest
 
+from devtools.servers import PrivatePostgres, PrivateRabbitMQ, TcpProxy
 from shared.db import migrate
-from tests.support.private_servers import PrivatePostgres, PrivateRabbitMQ, TcpProxy
 
 ServerT = TypeVar("ServerT", PrivatePostgres, PrivateRabbitMQ)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from devtools.servers import PrivatePostgres, PrivateRabbitMQ
 from tests.support import AMQP_URL, cloned_database, wait_for
 from tests.support.fault_harness import (
     SLOW_UPLOADS,
@@ -21,7 +22,6 @@ from tests.support.fault_harness import (
     uploading,
     wait_for_queue_counts,
 )
-from tests.support.private_servers import PrivatePostgres, PrivateRabbitMQ
 
 pytestmark = pytest.mark.e2e
 

@@ -17,9 +17,9 @@ import pytest
 from aio_pika.abc import FieldValue
 
 from devtools.moto import MotoServer
+from devtools.servers import PrivatePostgres, PrivateRabbitMQ, TcpProxy, epmd_names
 from tests.support import wait_for
 from tests.support.fault_harness import wait_for_queue_counts
-from tests.support.private_servers import PrivatePostgres, PrivateRabbitMQ, TcpProxy, epmd_names
 
 pytestmark = pytest.mark.e2e
 

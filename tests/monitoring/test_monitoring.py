@@ -18,13 +18,13 @@ import pytest
 from prometheus_client import Counter
 
 from devtools.ports import free_port
+from devtools.servers import TcpProxy
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
 from shared.monitoring import CHECK_TIMEOUT_SECONDS, Monitor, broker_check, database_check, serving, storage_check
 from shared.settings import Settings
 from tests.support import AMQP_URL, PG_SERVER, wait_for
 from tests.support.api_calls import metric_samples
-from tests.support.private_servers import TcpProxy
 
 SCRAPES = Counter("chatexport_test_scrape_refreshes_total", "Refreshes run by the monitoring test.")
 

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
+from devtools.servers import TcpProxy
 from shared.db import close_connection, create_pool
 from shared.settings import Settings
-from tests.support.private_servers import TcpProxy
 
 LOCK_KEY = 912_345
 

@@ -19,13 +19,13 @@ import asyncpg
 
 from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
+from devtools.servers import PrivateRabbitMQ, TcpProxy
 from shared.auth import mint_token
 from shared.settings import Settings
 from shared.states import TERMINAL
 from shared.storage import artifact_prefix, ensure_bucket, open_s3_client
 from tests.support import wait_for
 from tests.support.api_calls import expected_file, metric_samples, read_all, submit
-from tests.support.private_servers import PrivateRabbitMQ, TcpProxy
 
 # Short leases and passes so that a takeover or a clean-up happens within seconds.
 FAST: dict[str, str] = {

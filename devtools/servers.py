@@ -43,6 +43,7 @@ from shared.lifecycle import die_with_parent
 HOST = "127.0.0.1"
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 30.0
+COMMAND_TIMEOUT_SECONDS = 60.0  # one psql or rabbitmqctl run
 POLL_SECONDS = 0.05
 PROBE_TIMEOUT_SECONDS = 2.0  # one connection attempt while waiting for a server
 LOG_TAIL_BYTES = 6000
@@ -270,17 +271,21 @@ def _as_postgres(args: Sequence[str]) -> list[str]:
 class PrivatePostgres(_ChildServer):
     """A throwaway PostgreSQL cluster on ``127.0.0.1:<port>``, trust authentication, superuser ``postgres``.
 
-    The first ``start`` runs ``initdb``. The server runs as the ``postgres`` OS user (through ``runuser``
-    when we are root) with ``fsync=off``: fast, and still durable against a server crash.
+    The first ``start`` runs ``initdb``, unless ``data_dir`` was filled before (``base_backup_of``). The
+    server runs as the ``postgres`` OS user (through ``runuser`` when we are root) with ``fsync=off``: fast,
+    and still durable against a server crash. ``settings`` (PostgreSQL parameter name to value) override
+    the defaults (``wal_level=minimal``, no WAL senders, ...); they are given on the command line, so they
+    win over ``ALTER SYSTEM``: leave out any parameter that must be changed at run time.
     """
 
     kind = "PostgreSQL"
 
-    def __init__(self) -> None:
+    def __init__(self, *, settings: Mapping[str, str] | None = None) -> None:
         self.bindir = postgres_bindir()  # before the temp folder exists: nothing to clean up if it fails
         super().__init__("chatexport-pg-")
         self.port = free_port(HOST)
         self.data_dir = self.base_dir / "data"
+        self.settings = {**_POSTGRES_SETTINGS, **(settings or {})}
         if os.geteuid() == 0:
             shutil.chown(self.base_dir, user="postgres", group="postgres")
 
@@ -301,6 +306,41 @@ class PrivatePostgres(_ChildServer):
         finally:
             await conn.close()
         return self.url(dbname)
+
+    def base_backup_of(
+        self, primary: PrivatePostgres, *, application_name: str, timeout: float = START_TIMEOUT_SECONDS
+    ) -> None:
+        """Fill this (never started) server's data folder with ``pg_basebackup -R`` from the running
+        ``primary``, so that it starts as a standby streaming from it under ``application_name`` (the name
+        ``synchronous_standby_names`` lists). ``primary`` needs ``wal_level=replica`` and WAL senders.
+
+        Raises ``ServerError`` when the backup fails or takes longer than ``timeout`` seconds.
+        """
+        conninfo = f"host={HOST} port={primary.port} user=postgres application_name={application_name}"
+        backup = [str(self.bindir / "pg_basebackup"), "-d", conninfo, "-D", str(self.data_dir), "-R"]
+        backup += ["--checkpoint=fast", "--no-sync"]  # fsync is off on these servers anyway
+        try:
+            result = subprocess.run(_as_postgres(backup), capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise ServerError(f"pg_basebackup from port {primary.port} took over {timeout} s") from exc
+        if result.returncode != 0:
+            raise ServerError(f"pg_basebackup failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+
+    def query(self, sql: str, *, dbname: str = "postgres", timeout: float = COMMAND_TIMEOUT_SECONDS) -> str:
+        """Run ``sql`` with ``psql`` (blocking, for code without an event loop) and return its output
+        unaligned, without headers: one line a row, ``|`` between columns.
+
+        Raises ``ServerError`` when psql fails or takes longer than ``timeout`` seconds.
+        """
+        psql = [str(self.bindir / "psql"), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql, self.url(dbname)]
+        env = {**os.environ, "PGCONNECT_TIMEOUT": str(max(1, round(PROBE_TIMEOUT_SECONDS)))}
+        try:
+            result = subprocess.run(psql, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise self._error(f"did not answer {sql!r} within {timeout} s") from exc
+        if result.returncode != 0:
+            raise self._error(f"failed {sql!r} ({result.returncode}): {result.stderr.strip()}")
+        return result.stdout.strip()
 
     def stop(self, mode: PostgresStopMode = "fast", timeout: float = STOP_TIMEOUT_SECONDS) -> None:
         """Shut the server down and wait until it has exited; a stopped server is left alone.
@@ -330,7 +370,7 @@ class PrivatePostgres(_ChildServer):
             raise ServerError(f"initdb failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
 
     def _command(self) -> list[str]:
-        settings = {**_POSTGRES_SETTINGS, "port": str(self.port), "unix_socket_directories": str(self.base_dir)}
+        settings = {**self.settings, "port": str(self.port), "unix_socket_directories": str(self.base_dir)}
         options = [arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")]
         return _as_postgres([str(self.bindir / "postgres"), "-D", str(self.data_dir), *options])
 
@@ -387,7 +427,8 @@ RabbitStopMode = Literal["graceful", "kill"]
 
 
 class PrivateRabbitMQ(_ChildServer):
-    """A throwaway single RabbitMQ node, without plugins, on ``127.0.0.1:<port>`` (user guest/guest).
+    """A throwaway single RabbitMQ node, without plugins (but management when asked), on
+    ``127.0.0.1:<port>`` (user guest/guest).
 
     The node has a unique name registered with the machine's epmd, its own distribution port, and keeps its
     data in its folder across restarts, so durable queues and persistent messages survive ``restart``.
@@ -396,14 +437,18 @@ class PrivateRabbitMQ(_ChildServer):
 
     kind = "RabbitMQ"
 
-    def __init__(self) -> None:
+    def __init__(self, *, cookie: str | None = None, management: bool = False) -> None:
+        """``cookie``: the Erlang cookie, the same for every node of one cluster (by default the VM makes
+        one of its own); ``management``: enable the management plugin on ``management_port``.
+        """
         self.script = rabbitmq_server_script()  # before the temp folder exists: nothing to clean up if it fails
         super().__init__("chatexport-rmq-")
         self.port = free_port(HOST)
         self.dist_port = _free_port_other_than(self.port)
+        self.management_port = _free_port_other_than(self.port, self.dist_port) if management else None
         self.short_name = f"chatexport-fault-{uuid.uuid4().hex[:10]}"
         self.node_name = f"{self.short_name}@localhost"
-        self._write_config()
+        self._write_config(cookie)
 
     @property
     def url(self) -> str:
@@ -437,13 +482,28 @@ class PrivateRabbitMQ(_ChildServer):
         }
 
     def _list_queues(self, vhost: str) -> list[dict[str, Any]]:
-        ctl = [str(self.script.parent / "rabbitmqctl"), "--node", self.node_name, "--quiet", "list_queues"]
-        ctl += ["--vhost", vhost, "--formatter", "json", "name", "messages_ready", "messages_unacknowledged"]
-        result = subprocess.run(ctl, env=self._environment(), capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise self._error(f"rabbitmqctl list_queues failed ({result.returncode}): {result.stderr.strip()}")
-        rows: list[dict[str, Any]] = json.loads(result.stdout)
+        columns = ("name", "messages_ready", "messages_unacknowledged")
+        rows: list[dict[str, Any]] = self.ctl_json("list_queues", "--vhost", vhost, *columns)
         return rows
+
+    def ctl(self, *args: str, tool: str = "rabbitmqctl", timeout: float = COMMAND_TIMEOUT_SECONDS) -> str:
+        """Run RabbitMQ's ``tool`` (``rabbitmqctl``, ``rabbitmq-queues``, ...) with ``args`` against this
+        node and return its output. Raises ``ServerError`` when it fails or takes over ``timeout`` seconds.
+        """
+        command = [str(self.script.parent / tool), "--node", self.node_name, "--quiet", *args]
+        try:
+            result = subprocess.run(
+                command, env=self._environment(), capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise self._error(f"{tool} {args[0]} took over {timeout} s") from exc
+        if result.returncode != 0:
+            raise self._error(f"{tool} {args[0]} failed ({result.returncode}): {result.stderr.strip()}")
+        return result.stdout
+
+    def ctl_json(self, *args: str, tool: str = "rabbitmqctl", timeout: float = COMMAND_TIMEOUT_SECONDS) -> Any:
+        """``ctl(*args, "--formatter", "json")`` parsed; same errors."""
+        return json.loads(self.ctl(*args, "--formatter", "json", tool=tool, timeout=timeout))
 
     def _stop_quickly(self) -> None:
         self.stop(mode="kill")  # a graceful stop takes a second more
@@ -454,13 +514,24 @@ class PrivateRabbitMQ(_ChildServer):
                 raise self._error("stopped but its name is still registered with epmd")
             time.sleep(POLL_SECONDS)
 
-    def _write_config(self) -> None:
-        (self.base_dir / "enabled_plugins").write_text("[].\n")
+    def _write_config(self, cookie: str | None) -> None:
+        plugins = "[rabbitmq_management]" if self.management_port is not None else "[]"
+        (self.base_dir / "enabled_plugins").write_text(f"{plugins}.\n")
         (self.base_dir / "rabbitmq-env.conf").write_text("")  # instead of /etc/rabbitmq/rabbitmq-env.conf
         # Erlang terms, not rabbitmq.conf: skips the cuttlefish translation at boot.
-        (self.base_dir / "rabbitmq.config").write_text(RABBITMQ_CONFIG)
+        (self.base_dir / "rabbitmq.config").write_text(self._config())
         for folder in ("mnesia", "log"):
             (self.base_dir / folder).mkdir()
+        if cookie is not None:  # in HOME, where both the VM and rabbitmqctl look; Erlang wants it owner-only
+            cookie_file = self.base_dir / ".erlang.cookie"
+            cookie_file.write_text(cookie)
+            cookie_file.chmod(0o400)
+
+    def _config(self) -> str:
+        if self.management_port is None:
+            return RABBITMQ_CONFIG
+        listener = f'{{rabbitmq_management, [{{listener, [{{port, {self.management_port}}}, {{ip, "{HOST}"}}]}}]}}'
+        return RABBITMQ_CONFIG.removesuffix("].\n") + f",\n {listener}].\n"
 
     def _command(self) -> list[str]:
         return [str(self.script)]

@@ -1,0 +1,73 @@
+"""Fixtures for tests on local clusters: a three-node RabbitMQ cluster and PostgreSQL primaries with streaming
+standbys (``devtools.clusters``). Every test in this folder is marked ``cluster`` and ``e2e``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from devtools.clusters import PostgresCluster, RabbitCluster
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test collected from this folder ``cluster`` and ``e2e`` (a conftest's ``pytestmark`` would
+    not).
+    """
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="module")
+def shared_rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
+    """One started three-node cluster per test module: forming it takes about 20 s, so the module's tests
+    share it (each with its own queue names). Its logs are kept in a ``rabbit-cluster`` temp folder.
+    """
+    cluster = RabbitCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy(keep_logs_in=tmp_path_factory.mktemp("rabbit-cluster"))
+
+
+@pytest.fixture
+def rabbit_cluster(shared_rabbit_cluster: RabbitCluster) -> RabbitCluster:
+    """The module's cluster with every node running: whatever an earlier test of the module stopped or
+    killed (and left down, say because it failed) is started again first.
+    """
+    shared_rabbit_cluster.start()
+    return shared_rabbit_cluster
+
+
+@pytest.fixture
+async def make_postgres_cluster(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[PostgresCluster]]]:
+    """``await make_postgres_cluster(standbys=1, synchronous=False)`` -> a started ``PostgresCluster`` of this
+    test's own (about 3 s); all are destroyed afterwards, their logs kept in ``<tmp_path>/postgres-<i>/``.
+    """
+    clusters: list[PostgresCluster] = []
+
+    async def make(standbys: int = 1, *, synchronous: bool = False) -> PostgresCluster:
+        cluster = PostgresCluster(standbys, synchronous=synchronous)
+        clusters.append(cluster)
+        await asyncio.to_thread(cluster.start)
+        return cluster
+
+    yield make
+    for index, cluster in enumerate(clusters, 1):
+        logs = tmp_path / f"postgres-{index}"
+        logs.mkdir()
+        await asyncio.to_thread(cluster.destroy, logs)
+
+
+@pytest.fixture
+async def postgres_cluster(make_postgres_cluster: Callable[..., Awaitable[PostgresCluster]]) -> PostgresCluster:
+    """A started primary with one standby, asynchronous replication."""
+    return await make_postgres_cluster()

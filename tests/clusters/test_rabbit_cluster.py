@@ -1,0 +1,91 @@
+"""The local RabbitMQ cluster (devtools/clusters.py): it forms before any queue is declared, a killed node
+comes back into it, and the whole cluster stopped and started together comes back with its messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aio_pika
+
+from devtools.clusters import RabbitCluster
+from tests.support import unique, wait_for
+
+CLUSTER_TIMEOUT_SECONDS = 120.0
+
+
+async def declare_quorum_queue(url: str, name: str) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
+
+
+async def publish(url: str, queue: str, body: bytes) -> None:
+    """Publish ``body`` persistently to ``queue`` and wait for the broker's confirm."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        await channel.default_exchange.publish(message, routing_key=queue, timeout=CLUSTER_TIMEOUT_SECONDS)
+
+
+async def take(url: str, queue: str) -> bytes | None:
+    """Get and ack one message of ``queue`` through the node at ``url``; None when it is empty."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        message = await (await channel.get_queue(queue, ensure=False)).get(fail=False)
+        if message is None:
+            return None
+        await message.ack()
+        return message.body
+
+
+def node_names(cluster: RabbitCluster) -> set[str]:
+    return {node.node_name for node in cluster.nodes}
+
+
+async def running_nodes_are(cluster: RabbitCluster, names: set[str]) -> bool:
+    return await asyncio.to_thread(cluster.running_nodes) == names
+
+
+async def test_a_quorum_queue_declared_after_start_has_a_member_on_every_node(rabbit_cluster: RabbitCluster) -> None:
+    queue = unique("cluster-formed")
+    await declare_quorum_queue(rabbit_cluster.urls[1], queue)
+
+    assert set(await asyncio.to_thread(rabbit_cluster.members_of, queue)) == node_names(rabbit_cluster)
+    assert await asyncio.to_thread(rabbit_cluster.leader_of, queue) in rabbit_cluster.nodes
+    assert rabbit_cluster.amqp_url.split(",") == rabbit_cluster.urls
+
+
+async def test_a_killed_node_restarts_and_rejoins(rabbit_cluster: RabbitCluster) -> None:
+    queue = unique("cluster-rejoin")
+    await declare_quorum_queue(rabbit_cluster.urls[0], queue)
+    leader = await asyncio.to_thread(rabbit_cluster.leader_of, queue)
+    others = [node for node in rabbit_cluster.nodes if node is not leader]
+
+    await asyncio.to_thread(leader.stop, mode="kill")
+    await wait_for(lambda: running_nodes_are(rabbit_cluster, node_names(rabbit_cluster) - {leader.node_name}))
+    await publish(others[0].url, queue, b"while the leader was down")  # the two left are a majority
+    await asyncio.to_thread(leader.start)
+    await wait_for(
+        lambda: running_nodes_are(rabbit_cluster, node_names(rabbit_cluster)), timeout=CLUSTER_TIMEOUT_SECONDS
+    )
+
+    assert await take(leader.url, queue) == b"while the leader was down"
+    assert set(await asyncio.to_thread(rabbit_cluster.members_of, queue)) == node_names(rabbit_cluster)
+
+
+async def test_all_nodes_stopped_then_started_together_come_back(rabbit_cluster: RabbitCluster) -> None:
+    queue = unique("cluster-restart")
+    await declare_quorum_queue(rabbit_cluster.urls[2], queue)
+    await publish(rabbit_cluster.urls[0], queue, b"kept")
+
+    await asyncio.to_thread(rabbit_cluster.stop)
+    assert not any(node.running for node in rabbit_cluster.nodes)
+    await asyncio.to_thread(rabbit_cluster.start)
+
+    assert await running_nodes_are(rabbit_cluster, node_names(rabbit_cluster))
+    assert await take(rabbit_cluster.urls[2], queue) == b"kept"
+    assert set(await asyncio.to_thread(rabbit_cluster.members_of, queue)) == node_names(rabbit_cluster)
