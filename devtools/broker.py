@@ -4,9 +4,7 @@ that one set of settings declared (a test's, or a ``LocalSystem``'s once it has 
 
 from __future__ import annotations
 
-import aio_pika
-
-from shared.broker import chunk_queue_name
+from shared.broker import connect, queue_names
 from shared.settings import Settings
 
 
@@ -14,10 +12,10 @@ async def delete_broker_objects(settings: Settings) -> None:
     """Delete the work, chunk and dead-letter queues and exchanges named by ``settings``, so the shared broker does
     not fill up.
     """
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect(settings, name="cleanup")
     try:
         channel = await connection.channel()
-        for queue in (settings.amqp_queue, chunk_queue_name(settings), f"{settings.amqp_queue}.dead"):
+        for queue in queue_names(settings):
             await channel.queue_delete(queue)
         for exchange in (settings.amqp_exchange, f"{settings.amqp_exchange}.dlx"):
             await channel.exchange_delete(exchange)

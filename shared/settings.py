@@ -58,7 +58,12 @@ class Settings(BaseSettings):
         10.0, gt=0, description="connect and statement timeout", json_schema_extra={"unit": "s"}
     )
 
-    amqp_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL")
+    amqp_url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        description="RabbitMQ URL, or the URLs of a cluster's nodes separated by commas (each `amqp://` or"
+        " `amqps://`): a part connects to the first node that answers and, when its node goes, to the next",
+        json_schema_extra={"unit": "URL"},
+    )
     amqp_exchange: str = Field(
         "chatexport", description="work exchange (direct); its dead-letter exchange is `<name>.dlx`"
     )
@@ -69,8 +74,26 @@ class Settings(BaseSettings):
     amqp_connect_timeout_seconds: float = Field(
         15.0,
         gt=0,
-        description="timeout of one broker connection attempt; parts retry with backoff until the broker answers",
+        description="timeout of one broker connection attempt (to one node); parts retry with backoff until the"
+        " broker answers",
         json_schema_extra={"unit": "s"},
+    )
+    amqp_quorum_initial_group_size: int | None = Field(
+        None,
+        ge=1,
+        description="`x-quorum-initial-group-size` of the work, chunk and dead-letter queues: on how many nodes"
+        " they keep replicas; unset: the argument is left out (RabbitMQ then uses every node of the cluster at"
+        " declaration). RabbitMQ refuses to redeclare an existing queue with another value: see Broker clusters"
+        " on the Deployment page before changing it",
+        json_schema_extra={"unit": "nodes"},
+    )
+    # Member lists of quorum queues are not visible over AMQP, only through the management plugin's HTTP API.
+    amqp_management_url: SecretStr | None = Field(
+        None,
+        description="RabbitMQ management API, `http[s]://user:password@host:port/`; when set, the worker checks"
+        " that the work queue has `CHATEXPORT_AMQP_QUORUM_INITIAL_GROUP_SIZE` members and exports the count;"
+        " the credentials are never logged",
+        json_schema_extra={"unit": "URL"},
     )
     amqp_heartbeat_seconds: int = Field(
         15,
@@ -415,6 +438,13 @@ class Settings(BaseSettings):
             raise ValueError("CHATEXPORT_WEBHOOK_ALLOW_PRIVATE is for development and tests only")
         if self.webhook_proxy_url is not None and not _is_http_proxy(self.webhook_proxy_url.get_secret_value()):
             raise ValueError("CHATEXPORT_WEBHOOK_PROXY_URL must be http://[user:password@]host[:port]")
+        if not all(_is_url(url, ("amqp", "amqps")) for url in amqp_node_urls(self.amqp_url)):
+            # Not the value itself: it holds the broker's password.
+            raise ValueError("CHATEXPORT_AMQP_URL must be amqp:// or amqps:// URLs separated by commas")
+        if self.amqp_management_url is not None and not _is_url(
+            self.amqp_management_url.get_secret_value(), ("http", "https")
+        ):
+            raise ValueError("CHATEXPORT_AMQP_MANAGEMENT_URL must be an http:// or https:// URL")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError("CHATEXPORT_HEARTBEAT_SECONDS must be shorter than CHATEXPORT_LEASE_SECONDS")
         if self.result_ttl_seconds > self.operation_retention_seconds:
@@ -422,6 +452,23 @@ class Settings(BaseSettings):
         if self.idempotency_replay_window_seconds > self.operation_retention_seconds:
             raise ValueError("the idempotency replay window must not exceed the operation retention")
         return self
+
+
+def amqp_node_urls(amqp_url: str) -> list[str]:
+    """The node URLs of ``CHATEXPORT_AMQP_URL`` (one URL, or several separated by commas), in order, each
+    stripped of surrounding spaces; an empty part stays an empty string (which the settings refuse).
+    """
+    return [url.strip() for url in amqp_url.split(",")]
+
+
+def _is_url(url: str, schemes: tuple[str, ...]) -> bool:
+    """Whether ``url`` has one of ``schemes``, a host and a valid port (or none)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - reading it raises ValueError on a bad port
+    except ValueError:
+        return False
+    return parts.scheme in schemes and bool(parts.hostname)
 
 
 def _is_http_proxy(url: str) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 from services.worker.chunk import ChunkDeliveries
 from services.worker.consumer import Consumer, OperationDeliveries
+from services.worker.members import watching_queue_members
 from services.worker.runner import LeaseRunner
 from shared import broker
 from shared.db import create_pool_when_ready
@@ -42,6 +43,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         )
         resources.push_async_callback(session.connection.close)
         monitor.checks["broker"] = broker_check(session.connection)
+        await resources.enter_async_context(watching_queue_members(settings))
         s3 = await resources.enter_async_context(open_s3_client(settings))
         monitor.checks["storage"] = storage_check(s3, settings.s3_bucket)
         await keep_trying(

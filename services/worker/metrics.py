@@ -66,3 +66,15 @@ CHUNKS_RUNNING = Gauge(
     "chatexport_worker_chunks_running",
     "Chunks this worker is writing now (at most CHATEXPORT_WORKER_CHUNK_CONCURRENCY).",
 )
+# Read from the management API (CHATEXPORT_AMQP_MANAGEMENT_URL) by services.worker.members.
+BROKER_QUEUE_MEMBERS = Gauge(
+    "chatexport_broker_queue_members",
+    "Nodes holding a replica of each quorum queue (work, chunks, dead letters), as the RabbitMQ management API"
+    " last listed them; only with CHATEXPORT_AMQP_MANAGEMENT_URL set.",
+    ["queue"],
+)
+BROKER_QUEUE_MEMBERS_WANTED = Gauge(
+    "chatexport_broker_queue_members_wanted",
+    "CHATEXPORT_AMQP_QUORUM_INITIAL_GROUP_SIZE: the replicas each quorum queue should have; only when it and"
+    " CHATEXPORT_AMQP_MANAGEMENT_URL are set.",
+)
