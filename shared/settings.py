@@ -25,6 +25,8 @@ from shared.webhooks.targets import RefusedTarget, normalise_host
 PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"
 PLACEHOLDER_WEBHOOK_SIGNING_KEY = "dev-only-insecure-webhook-key-change-me"
 MIN_JWT_SECRET_BYTES = 32
+# Also the connect timeout of code that runs without settings (migrations given a bare URL).
+DATABASE_CONNECT_TIMEOUT_SECONDS = 5.0
 
 # Markdown; what ``Settings._check_consistency`` refuses, told before the table of every setting.
 RULES = f"""Every setting is an environment variable, `CHATEXPORT_` followed by the setting's name; durations
@@ -50,12 +52,25 @@ class Settings(BaseSettings):
     )
     log_level: str = Field("INFO", description="log level of every part (JSON lines on stderr)")
 
-    database_url: str = Field("postgresql://postgres@127.0.0.1:5432/chatexport", description="PostgreSQL DSN")
+    database_url: str = Field(
+        "postgresql://postgres@127.0.0.1:5432/chatexport",
+        description="PostgreSQL DSN; a primary with standbys is named by all its hosts,"
+        " `postgresql://user@h1:5432,h2:5432/chatexport?target_session_attrs=read-write`: each connection tries"
+        " them in order and keeps the first that takes writes (see A primary with standbys on the Deployment page)",
+        json_schema_extra={"unit": "URL"},
+    )
     database_pool_max: int = Field(
         10, ge=1, description="pool size per process", json_schema_extra={"unit": "connections"}
     )
     database_timeout_seconds: float = Field(
-        10.0, gt=0, description="connect and statement timeout", json_schema_extra={"unit": "s"}
+        10.0, gt=0, description="statement timeout (client side)", json_schema_extra={"unit": "s"}
+    )
+    database_connect_timeout_seconds: float = Field(
+        DATABASE_CONNECT_TIMEOUT_SECONDS,
+        gt=0,
+        description="timeout of one connection attempt to one host of `database_url`; hosts are tried in turn,"
+        " each with this timeout",
+        json_schema_extra={"unit": "s"},
     )
 
     amqp_url: str = Field(

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 async def _pg_context(app: web.Application) -> AsyncIterator[None]:
     # No connection at start-up: an api started while the database is down (restarted with it, say) serves
     # 503 problems and is not ready until it is back, rather than dying.
-    app[POOL] = await create_pool(app[SETTINGS], min_size=0)
+    # The API acknowledges its commits to clients: one held on the primary only must answer 503, not 2xx.
+    app[POOL] = await create_pool(app[SETTINGS], min_size=0, refuse_unreplicated=True)
     app[MONITOR].checks["database"] = database_check(app[POOL])
     yield
     await app[POOL].close()

@@ -130,11 +130,16 @@ class Relay:
     ) -> asyncpg.Connection | None:
         if listener is not None and not listener.is_closed():
             return listener
+        listener = None
         try:
             listener = await connect(self._settings)
             await listener.add_listener(NOTIFY_CHANNEL, lambda *_: wake.set())
         except TRANSIENT_DATABASE_ERRORS:
+            # A connection that cannot LISTEN (a standby refuses it, 25006; a timeout) is dropped, not kept
+            # half set up: the next loop connects again.
             log.warning("LISTEN unavailable; polling only")
+            if listener is not None:
+                listener.terminate()
             return None
         return listener
 

@@ -12,6 +12,7 @@ import asyncpg
 
 from services.api.http.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
 from services.api.http.problems import ProblemError, not_found
+from shared.db import await_replication
 from shared.export_request import ExportRequest
 from shared.fingerprint import fingerprint
 from shared.ids import new_operation_id
@@ -47,7 +48,9 @@ async def submit(
 
     Raises ``ProblemError`` NOT_FOUND (not a member, or no such conversation), IDEMPOTENCY_KEY_REUSED /
     IDEMPOTENCY_KEY_EXPIRED (409) or TOO_MANY_ACTIVE_EXPORTS (429); on success the operation, its
-    idempotency record and its outbox row are committed together.
+    idempotency record and its outbox row are committed together. ``conn`` comes from the API's pool, which
+    refuses a commit that the synchronous standbys may lack (``shared.db.UnreplicatedCommit``, a 503) when
+    it is released (docs/deploy.md: A primary with standbys).
     """
     result = await submit_export(
         conn,
@@ -62,6 +65,10 @@ async def submit(
     )
     if result.outcome is SubmitOutcome.CREATED:
         log.info("export submitted", extra={"operation_id": result.operation_id, "conversation_id": conversation_id})
+    elif result.outcome is SubmitOutcome.REPLAYED:
+        # The operation may be one whose commit held on the primary only (its submit answered 503): the
+        # replay answers 202 only once the synchronous standbys hold it.
+        await await_replication(conn)
     return _answer(result, settings)
 
 
