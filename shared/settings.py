@@ -72,6 +72,19 @@ class Settings(BaseSettings):
         " each with this timeout",
         json_schema_extra={"unit": "s"},
     )
+    database_read_url: str | None = Field(
+        None,
+        description="DSN of a hot standby for the worker's reads of an export's messages; unset: every read"
+        " goes to `database_url`. Membership checks and writes always go to `database_url`",
+        json_schema_extra={"unit": "URL"},
+    )
+    database_read_wait_seconds: float = Field(
+        2.0,
+        ge=0,
+        description="how long an attempt or chunk waits for the standby to replay past its claim before it"
+        " reads from the primary instead",
+        json_schema_extra={"unit": "s"},
+    )
 
     amqp_url: str = Field(
         "amqp://guest:guest@127.0.0.1:5672/",

@@ -25,6 +25,7 @@ from services.worker import metrics
 from services.worker.consumer import decode_payload, settle
 from services.worker.errors import LeaseLost, PermanentError, classify, error_name, require_member
 from services.worker.files import Destination, FileSet, PartFull
+from services.worker.read_source import ReadSource
 from services.worker.reading import RangeReader
 from shared.artifact_removal import remove_object
 from shared.db import TRANSIENT_DATABASE_ERRORS
@@ -52,11 +53,14 @@ class ChunkDeliveries:
 
     what = "chunk"
 
-    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, worker_id: str) -> None:
+    def __init__(
+        self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, worker_id: str, reads: ReadSource | None = None
+    ) -> None:
         self._pool = pool
         self._s3 = s3
         self._settings = settings
         self._worker_id = worker_id
+        self._reads = reads or ReadSource(primary=pool)
 
     def decode(self, body: bytes) -> tuple[str, int] | None:
         """(operation id, chunk number) of a chunk's wake-up, or None for anything else."""
@@ -94,7 +98,7 @@ class ChunkDeliveries:
         if claimed.took_over:
             metrics.CHUNK_TAKEOVERS.inc()
         with metrics.CHUNKS_RUNNING.track_inprogress(), log_fields(**claimed.log_extra()):
-            await ChunkRunner(pool=self._pool, s3=self._s3, settings=settings, claimed=claimed).run()
+            await ChunkRunner(pool=self._pool, s3=self._s3, settings=settings, claimed=claimed, reads=self._reads).run()
 
 
 class ChunkRunner:
@@ -102,14 +106,16 @@ class ChunkRunner:
     after a backoff, FAILED once its budget is spent, or the lease handed back on shutdown.
     """
 
-    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, claimed: ClaimedChunk) -> None:
+    def __init__(
+        self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, claimed: ClaimedChunk, reads: ReadSource
+    ) -> None:
         self._pool = pool
         self._s3 = s3
         self._settings = settings
         self._claimed = claimed
         self._split = claimed.request.max_part_bytes is not None
         self._reader = RangeReader(
-            pool=pool,
+            source=reads,
             settings=settings,
             conversation_id=claimed.conversation_id,
             request=claimed.request,

@@ -20,10 +20,11 @@ import asyncpg
 from services.worker.assembly import Assembly
 from services.worker.errors import LeaseLost, NeedsRepair, access_revoked
 from services.worker.files import Destination
+from services.worker.read_source import ReadSource
 from shared.phases import Phase
 from shared.repository import chunks, export_reader, outbox
 from shared.repository.artifacts import ArtifactFiles, StoredPart
-from shared.repository.chunks import Chunk
+from shared.repository.chunks import Chunk, PlannedRange
 from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 from shared.states import ChunkState
@@ -46,7 +47,8 @@ class ChunkedExport:
     """The chunked path of one attempt for ``claimed``, whose file is ``key`` of ``content_type``.
 
     ``progress(phase, (messages, bytes))`` is the attempt's fenced progress write (it raises ``LeaseLost``
-    on a cancel or a takeover); ``on_upload(upload_id)`` records the assembly's upload.
+    on a cancel or a takeover); ``on_upload(upload_id)`` records the assembly's upload; the plan weighs the
+    messages through ``reads`` (the standby or the primary, ``services.worker.read_source``).
     """
 
     def __init__(
@@ -58,8 +60,10 @@ class ChunkedExport:
         claimed: ClaimedOperation,
         last_seq: int,
         progress: Progress,
+        reads: ReadSource,
     ) -> None:
         self._pool = pool
+        self._reads = reads
         self._s3 = s3
         self._settings = settings
         self._claimed = claimed
@@ -81,7 +85,7 @@ class ChunkedExport:
         a new attempt), or a new plan when the messages are estimated above ``chunk_threshold_bytes``;
         empty when the export is written in one stream. Raises ``LeaseLost`` when the plan's fence fails.
         """
-        claimed, settings = self._claimed, self._settings
+        claimed = self._claimed
         after = claimed.request.after_seq
         # A small export costs no query: the same snapshot and settings never planned it either.
         if not self.applies() or not self._may_exceed_threshold(self._last_seq - after):
@@ -92,25 +96,34 @@ class ChunkedExport:
                 if any(chunk.state == ChunkState.FAILED for chunk in existing):
                     await chunks.retry_failed(conn, operation_id=claimed.operation_id)
                 return await chunks.chunks_of(conn, operation_id=claimed.operation_id)
-            total = await export_reader.range_bytes(
-                conn, conversation_id=claimed.conversation_id, after_seq=after, last_seq=self._last_seq
-            )
-            if total <= settings.chunk_threshold_bytes:
-                return []
-            ranges = await export_reader.plan_ranges(
-                conn,
-                conversation_id=claimed.conversation_id,
-                after_seq=after,
-                last_seq=self._last_seq,
-                target_bytes=self._target_bytes(total),
-            )
-            if len(ranges) < 2:
-                return []
+        # Weighing reads every message of the export: not on the primary when a standby can serve it.
+        ranges = await (await self._reads.begin()).run(self._weigh)
+        if len(ranges) < 2:
+            return []
+        async with self._pool.acquire() as conn:
             if not await chunks.plan(
                 conn, operation_id=claimed.operation_id, generation=claimed.generation, ranges=ranges
             ):
                 raise LeaseLost("plan")
             return await chunks.chunks_of(conn, operation_id=claimed.operation_id)
+
+    async def _weigh(self, conn: asyncpg.Connection) -> list[PlannedRange]:
+        """The ranges of the chunks the export's messages would make; none when they are estimated at or
+        below ``chunk_threshold_bytes``.
+        """
+        conversation_id, after = self._claimed.conversation_id, self._claimed.request.after_seq
+        total = await export_reader.range_bytes(
+            conn, conversation_id=conversation_id, after_seq=after, last_seq=self._last_seq
+        )
+        if total <= self._settings.chunk_threshold_bytes:
+            return []
+        return await export_reader.plan_ranges(
+            conn,
+            conversation_id=conversation_id,
+            after_seq=after,
+            last_seq=self._last_seq,
+            target_bytes=self._target_bytes(total),
+        )
 
     def _target_bytes(self, total: int) -> int:
         """The estimated bytes of each chunk of ``total``: ``chunk_target_bytes``, more when the chunks of one

@@ -20,6 +20,7 @@ from services.worker.chunked import ChunkedExport
 from services.worker.errors import LeaseLost
 from services.worker.files import Destination, FileSet
 from services.worker.object_writer import read_digest
+from services.worker.read_source import ReadSource
 from services.worker.reading import RangeReader
 from shared.artifact_removal import remove_artifact
 from shared.logs import update_log_fields
@@ -53,7 +54,15 @@ class ExportJob:
     transient error.
     """
 
-    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, claimed: ClaimedOperation) -> None:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        s3: Any,
+        settings: Settings,
+        claimed: ClaimedOperation,
+        reads: ReadSource | None = None,
+    ) -> None:
         self._pool = pool
         self._s3 = s3
         self._settings = settings
@@ -64,8 +73,9 @@ class ExportJob:
         self.key = artifact_key(
             settings, claimed.operation_id, claimed.generation, extension=self._kind.extension, split=self._split
         )
+        reads = reads or ReadSource(primary=pool)
         self._reader = RangeReader(
-            pool=pool,
+            source=reads,
             settings=settings,
             conversation_id=claimed.conversation_id,
             request=request,
@@ -75,7 +85,13 @@ class ExportJob:
         self._destination = Destination(self.key, self._kind, claimed.conversation_id, request.max_part_bytes)
         self._files = FileSet(s3, settings, self._destination)
         self._chunked = ChunkedExport(
-            pool=pool, s3=s3, settings=settings, claimed=claimed, last_seq=last_seq(claimed), progress=self._progress
+            pool=pool,
+            s3=s3,
+            settings=settings,
+            claimed=claimed,
+            last_seq=last_seq(claimed),
+            progress=self._progress,
+            reads=reads,
         )
         self._recorded_upload_id: str | None = None
         self._progress_written_at: float | None = None

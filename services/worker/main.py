@@ -9,12 +9,15 @@ import os
 import socket
 from typing import Any
 
+import asyncpg
+
 from services.worker.chunk import ChunkDeliveries
 from services.worker.consumer import Consumer, OperationDeliveries
 from services.worker.members import watching_queue_members
+from services.worker.read_source import ReadSource
 from services.worker.runner import LeaseRunner
 from shared import broker
-from shared.db import create_pool_when_ready
+from shared.db import create_pool, create_pool_when_ready
 from shared.lifecycle import drain, keep_trying, run_until_signalled
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, Unavailable, broker_check, database_check, serving, storage_check
@@ -49,7 +52,12 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         await keep_trying(
             lambda: ensure_bucket(s3, settings.s3_bucket), what="file store", errors=STORAGE_ERRORS, stop=stop
         )
-        runner = LeaseRunner(pool=pool, s3=s3, settings=settings)
+        reads = ReadSource(
+            primary=pool,
+            standby=await _standby_pool(settings, resources),
+            wait_seconds=settings.database_read_wait_seconds,
+        )
+        runner = LeaseRunner(pool=pool, s3=s3, settings=settings, reads=reads)
         consumers = (
             Consumer(
                 queue=session.queue,
@@ -59,7 +67,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
             # Slots of their own: a small export never waits for a slot behind chunks (docs/chunks.md).
             Consumer(
                 queue=session.chunk_queue,
-                deliveries=ChunkDeliveries(pool=pool, s3=s3, settings=settings, worker_id=worker_id),
+                deliveries=ChunkDeliveries(pool=pool, s3=s3, settings=settings, worker_id=worker_id, reads=reads),
                 concurrency=settings.worker_chunk_concurrency,
             ),
         )
@@ -74,6 +82,17 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
             await consumer.stop()
         running = set().union(*(consumer.running for consumer in consumers))
         await drain(running, grace_seconds=settings.shutdown_grace_seconds)
+
+
+async def _standby_pool(settings: Settings, resources: contextlib.AsyncExitStack) -> asyncpg.Pool | None:
+    """The pool of ``database_read_url``, closed with ``resources``; None when it is unset. It connects on
+    first use: a standby that is down delays no start-up, and its reads go to the primary meanwhile.
+    """
+    if settings.database_read_url is None:
+        return None
+    pool = await create_pool(settings.model_copy(update={"database_url": settings.database_read_url}), min_size=0)
+    resources.push_async_callback(pool.close)
+    return pool
 
 
 async def _consuming(consumers: tuple[Consumer[Any], ...]) -> None:

@@ -66,6 +66,23 @@ CHUNKS_RUNNING = Gauge(
     "chatexport_worker_chunks_running",
     "Chunks this worker is writing now (at most CHATEXPORT_WORKER_CHUNK_CONCURRENCY).",
 )
+READ_SERVERS = ("standby", "primary", "both")
+EXPORT_READS = counter_from_zero(
+    "chatexport_worker_export_reads_total",
+    "Export attempts and chunks that read their messages, by the server their reads went to: standby (the"
+    " CHATEXPORT_DATABASE_READ_URL), primary, or both (the standby gave up part way).",
+    "server",
+    READ_SERVERS,
+)
+STANDBY_FALLBACK_REASONS = ("lag", "conflict", "unavailable")
+STANDBY_FALLBACKS = counter_from_zero(
+    "chatexport_worker_standby_fallbacks_total",
+    "Attempts and chunks whose remaining reads moved from the standby to the primary, by reason: lag (not caught"
+    " up with the claim within CHATEXPORT_DATABASE_READ_WAIT_SECONDS), conflict (a read cancelled by a recovery"
+    " conflict) or unavailable (the standby could not be reached).",
+    "reason",
+    STANDBY_FALLBACK_REASONS,
+)
 # Read from the management API (CHATEXPORT_AMQP_MANAGEMENT_URL) by services.worker.members.
 BROKER_QUEUE_MEMBERS = Gauge(
     "chatexport_broker_queue_members",

@@ -13,6 +13,7 @@ import asyncpg
 
 from services.worker import metrics
 from services.worker.files import FileSet
+from services.worker.read_source import ExportReads, ReadSource
 from shared.export_request import ExportRequest
 from shared.formats import FileKind
 from shared.repository import export_reader
@@ -36,21 +37,22 @@ class Range:
 
 
 class RangeReader:
-    """Reads the messages ``request`` selects in ``conversation_id`` with connections of ``pool``, for files
-    of ``kind`` (``split``: parts of at most ``max_part_bytes``).
+    """Reads the messages ``request`` selects in ``conversation_id`` through ``source`` (the standby or the
+    primary, ``services.worker.read_source``), for files of ``kind`` (``split``: parts of at most
+    ``max_part_bytes``).
     """
 
     def __init__(
         self,
         *,
-        pool: asyncpg.Pool,
+        source: ReadSource,
         settings: Settings,
         conversation_id: str,
         request: ExportRequest,
         kind: FileKind,
         split: bool,
     ) -> None:
-        self._pool = pool
+        self._source = source
         self._settings = settings
         self._conversation_id = conversation_id
         self._request = request
@@ -70,14 +72,17 @@ class RangeReader:
         """
         if after >= last:
             return
-        reading: asyncio.Task[Range] | None = asyncio.create_task(self._read_range(after, FIRST_RANGE_SEQS, last))
+        reads = await self._source.begin()
+        reading: asyncio.Task[Range] | None = asyncio.create_task(
+            self._read_range(reads, after, FIRST_RANGE_SEQS, last)
+        )
         try:
             while reading is not None:
                 current = await reading
                 reading = None
                 if current.high < last:
                     span = self._next_span(seqs=current.high - current.low, size=current.size)
-                    reading = asyncio.create_task(self._read_range(current.high, span, last))
+                    reading = asyncio.create_task(self._read_range(reads, current.high, span, last))
                 handed = files.progress()[1]
                 await _take(files, current)
                 metrics.EXPORTED_BYTES.inc(files.progress()[1] - handed)
@@ -87,8 +92,9 @@ class RangeReader:
                 reading.cancel()
                 with contextlib.suppress(BaseException):
                     await reading
+            reads.finish()
 
-    async def _read_range(self, low: int, span: int, last: int) -> Range:
+    async def _read_range(self, reads: ExportReads, low: int, span: int, last: int) -> Range:
         """The selected messages of seqs ``low < seq <= low + span`` (and ``<= last``).
 
         With options that leave messages out, the range's ``size`` is that of all its messages, not of those
@@ -96,25 +102,28 @@ class RangeReader:
         would make it hold every message of ``export_batch_rows`` seqs at once.
         """
         high = min(low + min(span, self._settings.export_batch_rows), last)
+        return await reads.run(lambda conn: self._read_on(conn, low, high))
+
+    async def _read_on(self, conn: asyncpg.Connection, low: int, high: int) -> Range:
+        """``_read_range``'s statements on ``conn``: nothing is handed on before they have all ended."""
         cid, request = self._conversation_id, self._request
-        async with self._pool.acquire() as conn:
-            if self._by_row:
-                rows = await export_reader.fetch_export_rows(
-                    conn, conversation_id=cid, after_seq=low, last_seq=high, request=request
-                )
-                selected = sum(len(row.line) for row in rows)
-                lines: list[bytes] = []
-            else:
-                rows, lines = None, []
-                await export_reader.copy_export_lines(
-                    conn, conversation_id=cid, after_seq=low, last_seq=high, request=request, output=_appender(lines)
-                )
-                selected = sum(map(len, lines))
-            size = (
-                await export_reader.range_bytes(conn, conversation_id=cid, after_seq=low, last_seq=high)
-                if request.selects_messages
-                else selected
+        if self._by_row:
+            rows = await export_reader.fetch_export_rows(
+                conn, conversation_id=cid, after_seq=low, last_seq=high, request=request
             )
+            selected = sum(len(row.line) for row in rows)
+            lines: list[bytes] = []
+        else:
+            rows, lines = None, []
+            await export_reader.copy_export_lines(
+                conn, conversation_id=cid, after_seq=low, last_seq=high, request=request, output=_appender(lines)
+            )
+            selected = sum(map(len, lines))
+        size = (
+            await export_reader.range_bytes(conn, conversation_id=cid, after_seq=low, last_seq=high)
+            if request.selects_messages
+            else selected
+        )
         return Range(low, high, size, lines=lines, rows=rows)
 
     def _next_span(self, *, seqs: int, size: int) -> int:

@@ -25,6 +25,7 @@ from services.worker.errors import (
     require_member,
 )
 from services.worker.export import ExportJob, Written
+from services.worker.read_source import ReadSource
 from shared.artifact_removal import remove_artifacts, remove_chunk_objects
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
@@ -41,12 +42,15 @@ log = logging.getLogger(__name__)
 
 
 class LeaseRunner:
-    """Runs leases with the worker's shared pool, S3 client and settings."""
+    """Runs leases with the worker's shared pool, S3 client and settings; the exports' messages are read
+    through ``reads`` (default: the pool).
+    """
 
-    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings) -> None:
+    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, reads: ReadSource | None = None) -> None:
         self._pool = pool
         self._s3 = s3
         self._settings = settings
+        self._reads = reads or ReadSource(primary=pool)
 
     async def run(self, claimed: ClaimedOperation) -> None:
         """Run ``claimed`` and record how it ended. Raises ``CancelledError`` on shutdown, and a database
@@ -100,7 +104,7 @@ class LeaseRunner:
         (docs/states.md: States and failure model, Unknown outcomes): each look removes that object for good.
         """
         while True:
-            job = ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, claimed=claimed)
+            job = ExportJob(pool=self._pool, s3=self._s3, settings=self._settings, claimed=claimed, reads=self._reads)
             written = await job.write()
             if await self._succeed(claimed, job, written):
                 if job.chunked or written.adopted:

@@ -11,7 +11,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.worker.reading import RangeReader
+from services.worker.read_source import ReadSource
+from services.worker.reading import Range, RangeReader
 from shared.export_request import ExportRequest
 from shared.settings import Settings
 
@@ -33,8 +34,19 @@ async def old_then_new(pool: asyncpg.Pool) -> None:
 
 def reader(pool: asyncpg.Pool, settings: Settings, request: ExportRequest) -> RangeReader:
     return RangeReader(
-        pool=pool, settings=settings, conversation_id="c-a", request=request, kind=request.file_kind, split=False
+        source=ReadSource(primary=pool),
+        settings=settings,
+        conversation_id="c-a",
+        request=request,
+        kind=request.file_kind,
+        split=False,
     )
+
+
+async def read_range(pool: asyncpg.Pool, settings: Settings, request: ExportRequest) -> Range:
+    """The range of seqs 0 < seq <= 50 as ``RangeReader`` reads it."""
+    reads = await ReadSource(primary=pool).begin()
+    return await reader(pool, settings, request)._read_range(reads, 0, 50, 100)
 
 
 @pytest.mark.parametrize("file_format", ["jsonl", "csv"])
@@ -42,8 +54,8 @@ async def test_a_range_a_filter_left_empty_is_sized_by_every_message_it_spans(
     pool: asyncpg.Pool, s3: Any, settings: Settings, old_then_new: None, file_format: str
 ) -> None:
     since = datetime(2025, 1, 1, tzinfo=UTC)
-    filtered = await reader(pool, settings, ExportRequest(format=file_format, since=since))._read_range(0, 50, 100)
-    unfiltered = await reader(pool, settings, ExportRequest(format=file_format))._read_range(0, 50, 100)
+    filtered = await read_range(pool, settings, ExportRequest(format=file_format, since=since))
+    unfiltered = await read_range(pool, settings, ExportRequest(format=file_format))
     assert (filtered.rows or filtered.lines) in ([], None)  # the filter kept nothing of seqs 1-50
     assert unfiltered.size * 0.9 <= filtered.size <= unfiltered.size * 1.2
     assert filtered.size >= 50 * BODY_BYTES

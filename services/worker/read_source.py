@@ -1,0 +1,136 @@
+"""Where an export's message reads go: a hot standby that has caught up with the claim, else the primary
+(docs/deploy.md: Export reads on a hot standby).
+
+An attempt or a chunk takes the primary's WAL position once its claim has committed. Each range it reads
+goes to the standby only when that standby has replayed past that position, so the standby shows every
+message the primary had when the work was claimed; a standby that lags longer than
+``database_read_wait_seconds``, is unreachable, or cancels a read for a recovery conflict sends the rest of
+that attempt's reads to the primary. Membership checks and every write stay on the primary: only
+``RangeReader`` reads through this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+
+from services.worker import metrics
+from shared.db import TRANSIENT_DATABASE_ERRORS
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# How often a lagging standby's replay position is asked again while an attempt waits for it (seconds).
+REPLAY_POLL_SECONDS = 0.02
+
+# A standby cancels a statement that conflicts with the replay of a change once it has waited
+# ``max_standby_streaming_delay``: 40001 for snapshot, lock and tablespace conflicts, 40P01 for a buffer-pin
+# deadlock, 57P04 when the database was dropped (PostgreSQL's ``ProcessInterrupts``).
+RECOVERY_CONFLICTS: tuple[type[BaseException], ...] = (
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.DatabaseDroppedError,
+)
+
+# True when the server has replayed (a standby) or written (a primary, e.g. a promoted standby) WAL up to $1.
+_CAUGHT_UP_SQL = "SELECT coalesce(pg_last_wal_replay_lsn(), pg_current_wal_lsn()) >= $1::pg_lsn"
+
+
+class ReadSource:
+    """The worker's two ways to read messages: the ``primary`` pool, and the ``standby`` pool of
+    ``database_read_url`` (None: every read goes to the primary). ``wait_seconds`` bounds how long one
+    attempt waits for the standby to catch up.
+    """
+
+    def __init__(self, *, primary: asyncpg.Pool, standby: asyncpg.Pool | None = None, wait_seconds: float = 0.0):
+        self._primary = primary
+        self._standby = standby
+        self._wait_seconds = wait_seconds
+
+    async def begin(self) -> ExportReads:
+        """The reads of one attempt or chunk whose claim has committed: with a standby, the primary's WAL
+        position now (``pg_current_wal_lsn()``), which every later read must see. Raises what the driver raises
+        when the primary cannot answer.
+        """
+        if self._standby is None:
+            return ExportReads(self._primary, None, position=None, deadline=0.0)
+        async with self._primary.acquire() as conn:
+            position: int = await conn.fetchval("SELECT pg_current_wal_lsn()")
+        return ExportReads(
+            self._primary, self._standby, position=position, deadline=time.monotonic() + self._wait_seconds
+        )
+
+
+class ExportReads:
+    """The reads of one attempt or chunk: ``run(read)`` gives ``read`` a connection on the standby while it
+    has replayed past ``position``, else on the primary; ``finish()`` counts where they went.
+    """
+
+    def __init__(self, primary: asyncpg.Pool, standby: asyncpg.Pool | None, *, position: int | None, deadline: float):
+        self._primary = primary
+        self._standby = standby
+        self._position = position
+        self._deadline = deadline  # time.monotonic() after which a lagging standby is given up
+        self._servers: set[str] = set()
+
+    async def run(self, read: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``await read(conn)`` on the standby when it shows everything up to the claim, else on the primary.
+
+        ``read`` must hand nothing on before it returns: a read the standby cancels for a recovery conflict,
+        or that loses the standby, runs again in full on the primary, so no line is written twice. Raises what
+        ``read`` raises on the primary.
+        """
+        if self._standby is not None:
+            with contextlib.suppress(_GaveUp):
+                return await self._on_standby(self._standby, read)
+        self._servers.add("primary")
+        async with self._primary.acquire() as conn:
+            return await read(conn)
+
+    def finish(self) -> None:
+        """Count this attempt's or chunk's reads by server: ``standby``, ``primary`` or ``both``."""
+        if self._servers:
+            server = "both" if len(self._servers) > 1 else next(iter(self._servers))
+            metrics.EXPORT_READS.labels(server).inc()
+
+    async def _on_standby(self, standby: asyncpg.Pool, read: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        try:
+            async with standby.acquire() as conn:
+                if not await self._caught_up(conn):
+                    self._give_up("lag")
+                result = await read(conn)
+        except RECOVERY_CONFLICTS as exc:
+            self._give_up("conflict", exc)
+        except TRANSIENT_DATABASE_ERRORS as exc:
+            self._give_up("unavailable", exc)
+        self._servers.add("standby")
+        return result
+
+    async def _caught_up(self, conn: asyncpg.Connection) -> bool:
+        """Wait until ``conn``'s server has replayed past the claim's position, polling until the deadline."""
+        while not await conn.fetchval(_CAUGHT_UP_SQL, self._position):
+            if time.monotonic() >= self._deadline:
+                return False
+            await asyncio.sleep(REPLAY_POLL_SECONDS)
+        return True
+
+    def _give_up(self, reason: str, exc: BaseException | None = None) -> None:
+        """Send the rest of these reads to the primary; raises ``_GaveUp``."""
+        self._standby = None
+        metrics.STANDBY_FALLBACKS.labels(reason).inc()
+        log.warning(
+            "export reads moved to the primary",
+            extra={"reason": reason, "error": None if exc is None else type(exc).__name__},
+        )
+        raise _GaveUp(reason)
+
+
+class _GaveUp(Exception):
+    """The standby cannot serve these reads; they go to the primary."""

@@ -1,0 +1,176 @@
+"""Export reads on a hot standby (docs/deploy.md: Export reads on a hot standby): a worker reads an export's
+messages on the standby only once it has replayed past the claim, otherwise on the primary; a read the
+standby cancels for a recovery conflict runs again on the primary. The real processes run against a private
+primary with one standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from prometheus_client import REGISTRY
+
+from devtools.clusters import PostgresCluster
+from devtools.servers import PrivatePostgres
+from services.worker.read_source import ReadSource
+from shared.db import migrate
+from tests.support import AMQP_URL, wait_for
+from tests.support.fault_harness import Faulty, check_ended_correctly, make_conversation, running
+
+WAIT_SECONDS = 1.0
+
+
+async def worker_reads(faulty: Faulty) -> dict[str, float]:
+    """``chatexport_worker_export_reads_total`` and ``..._standby_fallbacks_total`` summed over the workers."""
+    totals: dict[str, float] = {}
+    for part in faulty.system.metrics_ports:
+        if part.startswith("worker"):
+            for name, value in (await faulty.metrics(part)).items():
+                if "export_reads_total{" in name or "standby_fallbacks_total{" in name:
+                    totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+async def test_an_export_never_reads_a_standby_that_has_not_replayed_its_claim(
+    postgres_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    database_url = await postgres_cluster.create_database("chatexport")
+    await migrate(database_url)
+    standby = postgres_cluster.standbys[0]
+    overrides = {
+        "CHATEXPORT_DATABASE_READ_URL": postgres_cluster.server_url(standby, "chatexport"),
+        "CHATEXPORT_DATABASE_READ_WAIT_SECONDS": str(WAIT_SECONDS),
+    }
+    async with running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides=overrides) as f:
+        await asyncio.to_thread(postgres_cluster.pause_replay, standby)
+        # Sent while replay is paused: the standby has none of these messages.
+        await make_conversation(f, "c-replay", ["alice"], messages=300, body_bytes=40)
+        expected = await f.expected("alice", "c-replay")
+        fingerprint = await f.messages_fingerprint()
+        while_paused = await f.submit("alice", "c-replay", "while-paused")
+        await check_ended_correctly(f, "alice", {while_paused: expected}, fingerprint=fingerprint)
+        paused_reads = await worker_reads(f)
+        assert paused_reads["chatexport_worker_standby_fallbacks_total{reason=lag}"] == 1, paused_reads
+        assert paused_reads["chatexport_worker_export_reads_total{server=primary}"] == 1, paused_reads
+        assert paused_reads["chatexport_worker_export_reads_total{server=standby}"] == 0, paused_reads
+
+        await asyncio.to_thread(postgres_cluster.resume_replay, standby)
+        after_resume = await f.submit("alice", "c-replay", "after-resume")
+        await check_ended_correctly(f, "alice", {after_resume: expected}, fingerprint=fingerprint)
+        resumed_reads = await worker_reads(f)
+        assert resumed_reads["chatexport_worker_export_reads_total{server=standby}"] == 1, resumed_reads
+        assert resumed_reads["chatexport_worker_standby_fallbacks_total{reason=lag}"] == 1, resumed_reads
+
+
+async def test_a_read_cancelled_by_a_recovery_conflict_runs_again_on_the_primary(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    database_url = await postgres_cluster.create_database("conflicts")
+    await migrate(database_url)
+    standby = postgres_cluster.standbys[0]
+    standby_url = postgres_cluster.server_url(standby, "conflicts")
+    await wait_for(lambda: replayed(postgres_cluster, standby), timeout=30)
+    admin = await asyncpg.connect(postgres_cluster.server_url(standby, "postgres"))
+    try:  # cancel a conflicting query at once rather than after the default 30 s
+        await admin.execute("ALTER SYSTEM SET max_standby_streaming_delay = 0")
+        await admin.execute("SELECT pg_reload_conf()")
+    finally:
+        await admin.close()
+    async with (
+        asyncpg.create_pool(database_url, min_size=1, max_size=2) as primary,
+        asyncpg.create_pool(standby_url, min_size=1, max_size=2) as standby_pool,
+    ):
+        reads = await ReadSource(primary=primary, standby=standby_pool, wait_seconds=30).begin()
+        conflicts_before = conflicts()
+        started = asyncio.Event()
+        servers: list[bool] = []
+
+        async def read(conn: asyncpg.Connection) -> bool:
+            in_recovery: bool = await conn.fetchval("SELECT pg_is_in_recovery()")
+            servers.append(in_recovery)
+            if in_recovery:  # hold a lock on messages until the primary's exclusive lock is replayed
+                started.set()
+                await conn.fetchval("SELECT count(*) FROM messages, pg_sleep(60)")
+            return in_recovery
+
+        reading = asyncio.create_task(reads.run(read))
+        await asyncio.wait_for(started.wait(), 30)
+        async with primary.acquire() as conn, conn.transaction():
+            await conn.execute("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        assert await asyncio.wait_for(reading, 60) is False  # the last run was on the primary
+        assert servers == [True, False]
+        assert conflicts() == conflicts_before + 1
+        # The rest of this attempt's reads stay on the primary.
+        assert await reads.run(read) is False
+        assert servers == [True, False, False]
+
+
+async def replayed(cluster: PostgresCluster, standby: PrivatePostgres) -> bool:
+    """True once ``standby`` has replayed everything its primary has written so far."""
+    written = await _fetchval(cluster.server_url(cluster.primary, "postgres"), "SELECT pg_current_wal_lsn()")
+    replayed_up_to = await _fetchval(cluster.server_url(standby, "postgres"), "SELECT pg_last_wal_replay_lsn()")
+    return bool(replayed_up_to >= written)
+
+
+async def _fetchval(url: str, sql: str) -> Any:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval(sql)
+    finally:
+        await conn.close()
+
+
+def conflicts() -> float:
+    return REGISTRY.get_sample_value("chatexport_worker_standby_fallbacks_total", {"reason": "conflict"}) or 0.0
+
+
+MILLION = 1_000_000
+
+
+async def tuples_returned(url: str) -> int:
+    """``tup_returned`` of the database at ``url`` as its server counts it now."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        returned: int = await conn.fetchval(
+            "SELECT tup_returned FROM pg_stat_database WHERE datname = current_database()"
+        )
+    finally:
+        await conn.close()
+    return returned
+
+
+async def test_a_million_message_export_reads_the_standby_not_the_primary(
+    postgres_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    database_url = await postgres_cluster.create_database("chatexport")
+    await migrate(database_url)
+    standby = postgres_cluster.standbys[0]
+    primary_url = postgres_cluster.server_url(postgres_cluster.primary, "chatexport")
+    conn = await asyncpg.connect(primary_url)
+    try:
+        await conn.execute("INSERT INTO conversations (conversation_id, last_seq) VALUES ('c-big', $1)", MILLION)
+        await conn.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-big', 'alice')")
+        await conn.execute(
+            "INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)"
+            " SELECT 'c-big', n, 'm' || n, 'alice', md5(n::text), timestamptz '2026-01-01Z' + n * interval '1 s'"
+            " FROM generate_series(1, $1::bigint) AS n",
+            MILLION,
+        )
+    finally:
+        await conn.close()
+    await wait_for(lambda: replayed(postgres_cluster, standby), timeout=120)
+    overrides = {"CHATEXPORT_DATABASE_READ_URL": postgres_cluster.server_url(standby, "chatexport")}
+    async with running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, workers=1, overrides=overrides) as f:
+        before = await tuples_returned(primary_url)
+        operation_id = await f.submit("alice", "c-big", "million")
+        row = await f.wait_state(operation_id, "SUCCEEDED", timeout=300)
+        grown = await tuples_returned(primary_url) - before
+        print(f"\n1M export read on the standby: the primary returned {grown} tuples ({grown / MILLION:.2%})")
+        assert row["result_message_count"] == MILLION
+        assert grown < MILLION * 0.05
+        reads = await worker_reads(f)
+        assert reads["chatexport_worker_export_reads_total{server=standby}"] == 1, reads
