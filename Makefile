@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt typecheck docs bench bench-chunks bench-redirect chaos clusters clean
+.PHONY: help install run test test-clusters pytest lint fmt typecheck docs bench bench-chunks bench-redirect chaos clusters clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -18,7 +18,8 @@ endif
 
 help:
 	@echo "make run        start every part locally with moto and demo data (chatexport dev)"
-	@echo "make test       lint, format check, type check and every test"
+	@echo "make test       lint, format check, type check and every test but the cluster group"
+	@echo "make test-clusters  the tests on local RabbitMQ and PostgreSQL clusters (marked cluster)"
 	@echo "make lint       ruff check + ruff format --check + mypy"
 	@echo "make docs       build the documentation site into site/, every warning an error"
 	@echo "make fmt        ruff format + ruff check --fix"
@@ -61,9 +62,18 @@ fmt: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# pytest exits 5 when it collected no test: for us that is a failure, never a pass.
+# pytest exits 5 when it collected no test: for us that is a failure, never a pass. The tests on local
+# clusters (marked `cluster`) start three RabbitMQ nodes and PostgreSQL standbys: they are a group of their
+# own, `make test-clusters`, which CI runs after `make test` with a time limit of its own.
 test: lint docs
-	@status=0; $(BIN)/pytest || status=$$?; \
+	@$(MAKE) --no-print-directory pytest MARKERS="not cluster"
+
+test-clusters: install
+	@$(MAKE) --no-print-directory pytest MARKERS="cluster"
+
+MARKERS ?=
+pytest:
+	@status=0; $(BIN)/pytest -m "$(MARKERS)" || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
