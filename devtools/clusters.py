@@ -16,6 +16,7 @@ import concurrent.futures
 import contextlib
 import functools
 import secrets
+import shutil
 import signal
 import threading
 import time
@@ -272,6 +273,25 @@ class PostgresCluster:
             follower.query("SELECT pg_reload_conf()")
         self._follow(standby, followers, max(0.0, deadline - time.monotonic()))
 
+    def rebuild_standby(self, former: PrivatePostgres, timeout: float = CLUSTER_START_TIMEOUT_SECONDS) -> None:
+        """Make the stopped former primary ``former`` a standby of ``primary`` again, on its own port: its data
+        folder is replaced by a fresh ``pg_basebackup -R`` (rather than ``pg_rewind``: these databases are
+        small), it starts, and ``primary`` counts it (with ``synchronous``) for synchronous commit again.
+
+        Raises ``ValueError`` when ``former`` is not one of ``former_primaries`` or still runs, ``ServerError``
+        when the backup, the start or the streaming fails within ``timeout`` seconds.
+        """
+        if former not in self.former_primaries or former.running:
+            raise ValueError("only a stopped former primary of this cluster can be rebuilt as a standby")
+        deadline = time.monotonic() + timeout
+        shutil.rmtree(former.data_dir)
+        former.base_backup_of(self.primary, application_name=self._names[former], timeout=timeout)
+        former.start(max(0.0, deadline - time.monotonic()))
+        self.former_primaries.remove(former)
+        self.standbys.append(former)
+        followers = [server for server in self.standbys if server.running]
+        self._follow(self.primary, followers, max(0.0, deadline - time.monotonic()))
+
     def pause_replay(self, standby: PrivatePostgres, timeout: float = PROMOTE_TIMEOUT_SECONDS) -> None:
         """Pause WAL replay on ``standby`` (``pg_wal_replay_pause``) and wait until it has paused: it keeps
         receiving WAL but shows no newer commit until ``resume_replay``. Raises ``ServerError`` otherwise.
@@ -320,24 +340,47 @@ DATABASE_NAME = "chatexport"
 
 
 def main() -> None:
-    """Start a three-node RabbitMQ cluster and a PostgreSQL primary with one standby (holding a migrated
-    ``chatexport`` database), print the settings to use, and destroy both on SIGINT or SIGTERM.
+    """Start a three-node RabbitMQ cluster (with the management API) and a PostgreSQL primary with one
+    standby (holding a migrated ``chatexport`` database), print the settings to use and how to reach each
+    node, and destroy both on SIGINT or SIGTERM.
     """
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
-    rabbit, postgres = RabbitCluster(), PostgresCluster()
+    rabbit, postgres = RabbitCluster(management=True), PostgresCluster()
     try:
         _in_parallel([rabbit.start, postgres.start])
         database_url = asyncio.run(postgres.create_database(DATABASE_NAME))
         asyncio.run(migrate(postgres.server_url(postgres.primary, DATABASE_NAME)))
-        print(f"CHATEXPORT_AMQP_URL={rabbit.amqp_url}")
-        print(f"CHATEXPORT_DATABASE_URL={database_url}")
-        print(f"CHATEXPORT_DATABASE_READ_URL={postgres.server_url(postgres.standbys[0], DATABASE_NAME)}")
-        print("Ctrl-C stops and deletes both clusters.", flush=True)
+        print(_banner(rabbit, postgres, database_url), flush=True)
         stopping.wait()
     finally:
         _destroy_all([rabbit.destroy, postgres.destroy])
+
+
+def _banner(rabbit: RabbitCluster, postgres: PostgresCluster, database_url: str) -> str:
+    """What ``main`` prints: the settings as ``export`` lines, then each server and how to reach it."""
+    standby_url = postgres.server_url(postgres.standbys[0], DATABASE_NAME)
+    lines = [
+        "# Both clusters are up; the chatexport database is created and migrated. In another shell:",
+        f"export CHATEXPORT_AMQP_URL={rabbit.amqp_url}",
+        f"export CHATEXPORT_AMQP_MANAGEMENT_URL={rabbit.management_url()}",
+        "export CHATEXPORT_AMQP_QUORUM_INITIAL_GROUP_SIZE=3",
+        f"export CHATEXPORT_DATABASE_URL={database_url}",
+        f"export CHATEXPORT_DATABASE_READ_URL={standby_url}",
+        "make run    # every part on the clusters",
+        "",
+        "# RabbitMQ nodes (kill one with: kill -KILL <pid>); rabbitmqctl for a node: HOME=<folder> <ctl> --node <name>",
+    ]
+    for node in rabbit.nodes:
+        lines.append(f"#   {node.node_name} port {node.port} pid {node.pid} folder {node.base_dir}")
+    lines.append(f"#   ctl: {rabbit.nodes[0].script.parent / 'rabbitmqctl'}")
+    lines.append("# PostgreSQL servers:")
+    for server in postgres.servers:
+        role = "primary" if server is postgres.primary else "standby"
+        lines.append(f"#   {role} {postgres.server_url(server, DATABASE_NAME)} data {server.data_dir}")
+    lines.append("# Ctrl-C stops and deletes both clusters.")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,13 @@ class _ChildServer:
         """True while the server process started by ``start`` has not exited."""
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The pid of the process ``start`` spawned (RabbitMQ's Erlang VM itself; for PostgreSQL run as root,
+        ``runuser``), or None before the first start.
+        """
+        return None if self._process is None else self._process.pid
+
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
         """The end of the server's log (all its runs, appended)."""
         return _tail(self.log_path, limit)
@@ -446,7 +453,7 @@ class PrivateRabbitMQ(_ChildServer):
         self.port = free_port(HOST)
         self.dist_port = _free_port_other_than(self.port)
         self.management_port = _free_port_other_than(self.port, self.dist_port) if management else None
-        self.short_name = f"chatexport-fault-{uuid.uuid4().hex[:10]}"
+        self.short_name = f"chatexport-{uuid.uuid4().hex[:10]}"
         self.node_name = f"{self.short_name}@localhost"
         self._write_config(cookie)
 

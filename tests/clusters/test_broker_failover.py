@@ -6,8 +6,9 @@ the three nodes' URLs; every export ends once, with the right file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from devtools.clusters import RabbitCluster
@@ -41,16 +42,25 @@ async def longest_pause_seconds(faulty: Faulty, operation_ids: Sequence[str]) ->
     return float(pause)
 
 
-async def test_a_drain_goes_on_when_the_work_queue_leader_is_killed(
-    rabbit_cluster: RabbitCluster, template_db: str, tmp_path: Path
-) -> None:
+@contextlib.asynccontextmanager
+async def on_the_cluster(
+    rabbit_cluster: RabbitCluster, template_db: str, tmp_path: Path, cid: str
+) -> AsyncIterator[tuple[Faulty, bytes, str]]:
+    """Every part running on ``rabbit_cluster``, with ``cid`` (alice's, 100 messages): the system, the file an
+    export of ``cid`` must hold, and the messages' fingerprint.
+    """
     async with (
         cloned_database(template_db, "chatexport_c") as database_url,
         running(tmp_path, database_url=database_url, amqp_url=rabbit_cluster.amqp_url, overrides=UNLIMITED) as f,
     ):
-        await make_conversation(f, "c-drain", ["alice"], messages=100, body_bytes=60)
-        expected = await f.expected("alice", "c-drain")
-        fingerprint = await f.messages_fingerprint()
+        await make_conversation(f, cid, ["alice"], messages=100, body_bytes=60)
+        yield f, await f.expected("alice", cid), await f.messages_fingerprint()
+
+
+async def test_a_drain_goes_on_when_the_work_queue_leader_is_killed(
+    rabbit_cluster: RabbitCluster, template_db: str, tmp_path: Path
+) -> None:
+    async with on_the_cluster(rabbit_cluster, template_db, tmp_path, "c-drain") as (f, expected, fingerprint):
         leader = await asyncio.to_thread(rabbit_cluster.leader_of, f.settings.amqp_queue)
         exports = await asyncio.gather(*(f.submit("alice", "c-drain", f"drain-{n}") for n in range(DRAIN_EXPORTS)))
         await wait_for(lambda: _at_least(f, exports, KILL_AFTER_SUCCEEDED), timeout=DRAIN_TIMEOUT_SECONDS)
@@ -71,13 +81,7 @@ async def test_a_drain_goes_on_when_the_work_queue_leader_is_killed(
 async def test_submits_are_accepted_while_the_whole_broker_is_down(
     rabbit_cluster: RabbitCluster, template_db: str, tmp_path: Path
 ) -> None:
-    async with (
-        cloned_database(template_db, "chatexport_c") as database_url,
-        running(tmp_path, database_url=database_url, amqp_url=rabbit_cluster.amqp_url, overrides=UNLIMITED) as f,
-    ):
-        await make_conversation(f, "c-down", ["alice"], messages=50, body_bytes=60)
-        expected = await f.expected("alice", "c-down")
-        fingerprint = await f.messages_fingerprint()
+    async with on_the_cluster(rabbit_cluster, template_db, tmp_path, "c-down") as (f, expected, fingerprint):
         before = await f.submit("alice", "c-down", "before")
         await f.wait_state(before, "SUCCEEDED")
 

@@ -89,14 +89,25 @@ async def long_poll_ends(faulty: Faulty, operation_id: str) -> dict[str, Any]:
                 return body
 
 
-async def test_no_accepted_export_is_lost_when_the_primary_is_killed(
-    make_postgres_cluster: MakeCluster, tmp_path: Path
-) -> None:
+@contextlib.asynccontextmanager
+async def on_a_synchronous_pair(
+    make_postgres_cluster: MakeCluster, tmp_path: Path, cid: str
+) -> AsyncIterator[tuple[PostgresCluster, Faulty]]:
+    """A primary with one synchronous standby, and every part running on it with ``cid`` (alice's, 100
+    messages).
+    """
     cluster = await make_postgres_cluster(1, synchronous=True)
     database_url = await cluster.create_database("chatexport")
     await migrate(database_url)
     async with running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides=UNLIMITED) as f:
-        await make_conversation(f, "c-fail", ["alice"], messages=100, body_bytes=60)
+        await make_conversation(f, cid, ["alice"], messages=100, body_bytes=60)
+        yield cluster, f
+
+
+async def test_no_accepted_export_is_lost_when_the_primary_is_killed(
+    make_postgres_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    async with on_a_synchronous_pair(make_postgres_cluster, tmp_path, "c-fail") as (cluster, f):
         expected = await f.expected("alice", "c-fail")
         fingerprint = await f.messages_fingerprint()
         async with submitting(f, "c-fail") as submitter:
@@ -123,11 +134,7 @@ async def test_no_accepted_export_is_lost_when_the_primary_is_killed(
 async def test_an_unfenced_old_primary_answers_503_never_202(
     make_postgres_cluster: MakeCluster, tmp_path: Path
 ) -> None:
-    cluster = await make_postgres_cluster(1, synchronous=True)
-    database_url = await cluster.create_database("chatexport")
-    await migrate(database_url)
-    async with running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides=UNLIMITED) as f:
-        await make_conversation(f, "c-split", ["alice"], messages=20, body_bytes=60)
+    async with on_a_synchronous_pair(make_postgres_cluster, tmp_path, "c-split") as (cluster, f):
         old_primary, standby = cluster.primary, cluster.standbys[0]
         await asyncio.to_thread(cluster.promote, standby)
         # The old primary still takes the parts' writes, but no standby confirms them any more.

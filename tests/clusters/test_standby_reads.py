@@ -23,6 +23,13 @@ from tests.support.fault_harness import Faulty, check_ended_correctly, make_conv
 WAIT_SECONDS = 1.0
 
 
+async def migrated(cluster: PostgresCluster, dbname: str) -> str:
+    """The URL of a new, migrated database ``dbname`` on ``cluster``."""
+    database_url = await cluster.create_database(dbname)
+    await migrate(database_url)
+    return database_url
+
+
 async def worker_reads(faulty: Faulty) -> dict[str, float]:
     """``chatexport_worker_export_reads_total`` and ``..._standby_fallbacks_total`` summed over the workers."""
     totals: dict[str, float] = {}
@@ -37,8 +44,7 @@ async def worker_reads(faulty: Faulty) -> dict[str, float]:
 async def test_an_export_never_reads_a_standby_that_has_not_replayed_its_claim(
     postgres_cluster: PostgresCluster, tmp_path: Path
 ) -> None:
-    database_url = await postgres_cluster.create_database("chatexport")
-    await migrate(database_url)
+    database_url = await migrated(postgres_cluster, "chatexport")
     standby = postgres_cluster.standbys[0]
     overrides = {
         "CHATEXPORT_DATABASE_READ_URL": postgres_cluster.server_url(standby, "chatexport"),
@@ -68,8 +74,7 @@ async def test_an_export_never_reads_a_standby_that_has_not_replayed_its_claim(
 async def test_a_read_cancelled_by_a_recovery_conflict_runs_again_on_the_primary(
     postgres_cluster: PostgresCluster,
 ) -> None:
-    database_url = await postgres_cluster.create_database("conflicts")
-    await migrate(database_url)
+    database_url = await migrated(postgres_cluster, "conflicts")
     standby = postgres_cluster.standbys[0]
     standby_url = postgres_cluster.server_url(standby, "conflicts")
     await wait_for(lambda: replayed(postgres_cluster, standby), timeout=30)
@@ -146,8 +151,7 @@ async def tuples_returned(url: str) -> int:
 async def test_a_million_message_export_reads_the_standby_not_the_primary(
     postgres_cluster: PostgresCluster, tmp_path: Path
 ) -> None:
-    database_url = await postgres_cluster.create_database("chatexport")
-    await migrate(database_url)
+    database_url = await migrated(postgres_cluster, "chatexport")
     standby = postgres_cluster.standbys[0]
     primary_url = postgres_cluster.server_url(postgres_cluster.primary, "chatexport")
     conn = await asyncpg.connect(primary_url)

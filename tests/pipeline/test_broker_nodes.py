@@ -208,22 +208,28 @@ async def management_answers(url: str) -> bool:
         return False
 
 
+async def declared_on(rabbitmq: PrivateRabbitMQ, *, wanted: int) -> Settings:
+    """Settings naming ``rabbitmq``, its management API and ``wanted`` members, whose queues are declared."""
+    url = management_url(rabbitmq)
+    await wait_for(lambda: management_answers(url), timeout=60)
+    settings = Settings(
+        amqp_url=rabbitmq.url,
+        amqp_exchange=unique("members-x"),
+        amqp_queue=unique("members-q"),
+        amqp_management_url=url,
+        amqp_quorum_initial_group_size=wanted,
+    )
+    session = await broker.open_session(settings, name="test")
+    await session.connection.close()
+    return settings
+
+
 @pytest.mark.integration
 async def test_a_queue_with_fewer_members_than_wanted_is_told_and_counted(
     managed_rabbitmq: PrivateRabbitMQ, caplog: Any, tmp_path: Path
 ) -> None:
     """On one node every queue has one member: with three wanted, the check warns for each and counts 1."""
-    url = management_url(managed_rabbitmq)
-    await wait_for(lambda: management_answers(url), timeout=60)
-    settings = Settings(
-        amqp_url=managed_rabbitmq.url,
-        amqp_exchange=unique("members-x"),
-        amqp_queue=unique("members-q"),
-        amqp_management_url=url,
-        amqp_quorum_initial_group_size=3,
-    )
-    session = await broker.open_session(settings, name="test")
-    await session.connection.close()
+    settings = await declared_on(managed_rabbitmq, wanted=3)
     counts: dict[str, int] = {}
     with caplog.at_level(logging.WARNING, logger="services.worker.members"):
         await check_queue_members(settings, counts)
@@ -238,17 +244,7 @@ async def test_a_queue_with_fewer_members_than_wanted_is_told_and_counted(
 
 @pytest.mark.integration
 async def test_a_queue_with_the_members_wanted_is_not_told(managed_rabbitmq: PrivateRabbitMQ, caplog: Any) -> None:
-    url = management_url(managed_rabbitmq)
-    await wait_for(lambda: management_answers(url), timeout=60)
-    settings = Settings(
-        amqp_url=managed_rabbitmq.url,
-        amqp_exchange=unique("members-x"),
-        amqp_queue=unique("members-q"),
-        amqp_management_url=url,
-        amqp_quorum_initial_group_size=1,
-    )
-    session = await broker.open_session(settings, name="test")
-    await session.connection.close()
+    settings = await declared_on(managed_rabbitmq, wanted=1)
     with caplog.at_level(logging.WARNING, logger="services.worker.members"):
         await check_queue_members(settings, {})
     assert not [record for record in caplog.records if record.name == "services.worker.members"]
