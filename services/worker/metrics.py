@@ -74,12 +74,13 @@ EXPORT_READS = counter_from_zero(
     "server",
     READ_SERVERS,
 )
-STANDBY_FALLBACK_REASONS = ("lag", "conflict", "unavailable")
+STANDBY_FALLBACK_REASONS = ("lag", "not_standby", "conflict", "unavailable")
 STANDBY_FALLBACKS = counter_from_zero(
     "chatexport_worker_standby_fallbacks_total",
     "Attempts and chunks whose remaining reads moved from the standby to the primary, by reason: lag (not caught"
-    " up with the claim within CHATEXPORT_DATABASE_READ_WAIT_SECONDS), conflict (a read cancelled by a recovery"
-    " conflict) or unavailable (the standby could not be reached).",
+    " up with the claim within CHATEXPORT_DATABASE_READ_WAIT_SECONDS), not_standby (the server is not in"
+    " recovery: promoted, or a primary), conflict (a read cancelled by a recovery conflict) or unavailable (the"
+    " standby could not be reached or failed otherwise).",
     "reason",
     STANDBY_FALLBACK_REASONS,
 )

@@ -21,7 +21,6 @@ from typing import TypeVar
 import asyncpg
 
 from services.worker import metrics
-from shared.db import TRANSIENT_DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +38,10 @@ RECOVERY_CONFLICTS: tuple[type[BaseException], ...] = (
     asyncpg.DatabaseDroppedError,
 )
 
-# True when the server has replayed (a standby) or written (a primary, e.g. a promoted standby) WAL up to $1.
-_CAUGHT_UP_SQL = "SELECT coalesce(pg_last_wal_replay_lsn(), pg_current_wal_lsn()) >= $1::pg_lsn"
+# NULL when the server is not in recovery, else whether it has replayed the primary's WAL up to $1. A server
+# that is not a standby (one promoted since, an old primary left running) writes WAL of a history of its own,
+# so its positions say nothing about the primary's.
+_CAUGHT_UP_SQL = "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() >= $1::pg_lsn END"
 
 
 class ReadSource:
@@ -103,19 +104,28 @@ class ExportReads:
     async def _on_standby(self, standby: asyncpg.Pool, read: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         try:
             async with standby.acquire() as conn:
-                if not await self._caught_up(conn):
+                caught_up = await self._caught_up(conn)
+                if caught_up is None:
+                    self._give_up("not_standby")
+                if not caught_up:
                     self._give_up("lag")
                 result = await read(conn)
         except RECOVERY_CONFLICTS as exc:
             self._give_up("conflict", exc)
-        except TRANSIENT_DATABASE_ERRORS as exc:
+        except _GaveUp:
+            raise
+        except Exception as exc:  # a read changes nothing: whatever failed here, the primary serves it
             self._give_up("unavailable", exc)
         self._servers.add("standby")
         return result
 
-    async def _caught_up(self, conn: asyncpg.Connection) -> bool:
-        """Wait until ``conn``'s server has replayed past the claim's position, polling until the deadline."""
-        while not await conn.fetchval(_CAUGHT_UP_SQL, self._position):
+    async def _caught_up(self, conn: asyncpg.Connection) -> bool | None:
+        """Wait until ``conn``'s server has replayed past the claim's position, polling until the deadline;
+        None at once when the server is not a standby.
+        """
+        while not (caught_up := await conn.fetchval(_CAUGHT_UP_SQL, self._position)):
+            if caught_up is None:
+                return None
             if time.monotonic() >= self._deadline:
                 return False
             await asyncio.sleep(REPLAY_POLL_SECONDS)
