@@ -220,6 +220,20 @@ async def test_a_submit_whose_commit_did_not_reach_the_synchronous_standby_answe
         response = await submit(api, auth, "alice", "c-a", {"format": "jsonl"}, "sync-1")
         assert response.status == 202, await response.text()
         assert response.headers["Idempotent-Replayed"] == "true"
+
+        # The same for a cancel: the first commits on the primary only, and its repeat, which changes
+        # nothing, still waits for the standby before it may answer 202.
+        cancel_path = f"/v3/operations/{(await response.json())['operation_id']}/cancel"
+        await asyncio.to_thread(standby.stop)
+
+        async def cancel_cancelled() -> int:
+            answer = asyncio.create_task(api.post(cancel_path, headers=auth("alice")))
+            await cancel_commit_wait(cluster.primary)
+            return (await answer).status
+
+        assert [await cancel_cancelled(), await cancel_cancelled()] == [503, 503]
+        await asyncio.to_thread(standby.start)
+        assert (await api.post(cancel_path, headers=auth("alice"))).status == 202
     # Flushed on the standby before the 202; replayed there soon after.
     assert await wait_for(lambda: count(standby, OPERATIONS), timeout=FAILOVER_TIMEOUT_SECONDS) == 1
     assert await count(cluster.primary, OPERATIONS) == 1

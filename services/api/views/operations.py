@@ -31,6 +31,7 @@ from services.api.http.schemas import (
     OperationPage,
     OperationQuery,
 )
+from shared.db import await_replication
 from shared.ids import is_operation_id
 from shared.repository import status_monitor
 from shared.repository.operation_view import OperationView
@@ -139,6 +140,11 @@ async def cancel_operation(request: web.Request) -> web.Response:
             # A wake-up in the same transaction: a worker finishes a cancellation that no live worker
             # holds at once, instead of a janitor pass later (docs/states.md: States and failure model, Cancel).
             await enqueue_run(conn, operation_id=operation_id)
+        else:
+            # A repeated cancel changes nothing, so its commit would not wait for the synchronous standbys,
+            # and the first one's may hold on the primary only (it answered 503): acknowledge neither before
+            # they hold it (docs/deploy.md: A primary with standbys).
+            await await_replication(conn)
         # Read in the transaction: a request that moved it sees its own CANCEL_REQUESTED.
         row = await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=owner_id)
     if row is None:
