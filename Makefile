@@ -26,7 +26,8 @@ help:
 	@echo "make bench      the benchmarks: polls, submits, the drain, latency, the 1M-message export, recovery,"
 	@echo "                downloads by redirect, chunked exports (make bench-redirect, make bench-chunks run one)"
 	@echo "make chaos      the fault harness: ROUNDS=1000 rounds of random faults, SEED=S (default random),"
-	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once"
+	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once, CLUSTER=1 on a"
+	@echo "                RabbitMQ cluster and a PostgreSQL primary with standbys (node kills, failovers)"
 	@echo "make clusters   start a 3-node RabbitMQ cluster and a PostgreSQL primary with a standby, print the"
 	@echo "                CHATEXPORT_* URLs that point at them, delete both on Ctrl-C"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
@@ -95,9 +96,10 @@ ROUNDS ?= 1000
 SEED   ?=
 ROUND  ?=
 LANES  ?= 1
+CLUSTER ?=
 chaos: install
 	@command -v faketime >/dev/null || (apt-get update -qq && apt-get install -y faketime) || (sudo apt-get update -qq && sudo apt-get install -y faketime)
-	$(BIN)/python -m tests.chaos --rounds $(ROUNDS) --lanes $(LANES) $(if $(SEED),--seed $(SEED)) $(if $(ROUND),--round $(ROUND))
+	$(BIN)/python -m tests.chaos --rounds $(ROUNDS) --lanes $(LANES) $(if $(SEED),--seed $(SEED)) $(if $(ROUND),--round $(ROUND)) $(if $(CLUSTER),--cluster)
 
 clusters: install
 	$(BIN)/python -m devtools.clusters

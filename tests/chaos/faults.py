@@ -23,8 +23,15 @@ import asyncpg
 from devtools.localsystem import READY_TIMEOUT_SECONDS
 from devtools.servers import PostgresStopMode, RabbitStopMode
 from services.janitor.leadership import LEADER_LOCK_KEY
+from shared.settings import amqp_node_urls
 from tests.chaos.plan import PARTS, Fault, FaultKind
-from tests.chaos.system import JANITOR_INTERVAL_SECONDS, LEASE_SECONDS, REQUEUE_AFTER_SECONDS, ChaosSystem
+from tests.chaos.system import (
+    JANITOR_INTERVAL_SECONDS,
+    LEASE_SECONDS,
+    REQUEUE_AFTER_SECONDS,
+    ChaosClusters,
+    ChaosSystem,
+)
 
 # Holds the relay's "mark published" inside its transaction, after the broker confirmed the publish, for
 # less than the statement timeout; the harness kills the relay meanwhile. Other updates pass.
@@ -92,8 +99,9 @@ class Injector:
         self.log(f"repaired {fault.kind} target={fault.target}{'' if took_effect else ' (it found nothing to act on)'}")
 
     async def heal(self) -> None:
-        """Every part running and ready, both servers up, S3 and the receiver answering normally, no held
-        outbox mark. Raises ``RuntimeError`` when that cannot be reached.
+        """Every part running and ready, both servers up (in cluster mode every node and server, replay
+        resumed, a former primary rebuilt as a standby), S3 and the receiver answering normally, no held
+        outbox mark. Raises ``RuntimeError`` (``ServerError`` for a cluster) when that cannot be reached.
         """
         proxy = self.system.faulty.proxy
         proxy.answer_with(None)
@@ -101,8 +109,10 @@ class Injector:
         proxy.unblock()
         await self.system.receiver.up()
         async with self._servers:
+            if self.system.clusters is not None:
+                await asyncio.to_thread(self.system.clusters.repair)
             for server in (self.system.postgres, self.system.rabbitmq):
-                if not server.running:
+                if server is not None and not server.running:
                     await asyncio.to_thread(server.start)
         await self._release_marks()
         for name in PARTS:
@@ -142,11 +152,13 @@ class Injector:
     async def _restart_broker(self, fault: Fault) -> bool:
         mode: RabbitStopMode = "kill" if fault.detail == "kill" else "graceful"
         rabbitmq = self.system.rabbitmq
+        assert rabbitmq is not None, "the single broker's fault, never planned in cluster mode"
         return await self._restart(functools.partial(rabbitmq.stop, mode), rabbitmq.start, fault.for_seconds)
 
     async def _restart_database(self, fault: Fault) -> bool:
         mode: PostgresStopMode = "immediate" if fault.detail == "immediate" else "fast"
         postgres = self.system.postgres
+        assert postgres is not None, "the single database's fault, never planned in cluster mode"
         return await self._restart(functools.partial(postgres.stop, mode), postgres.start, fault.for_seconds)
 
     async def _restart(self, stop: Callable[[], None], start: Callable[[], None], seconds: float) -> bool:
@@ -155,6 +167,36 @@ class Injector:
             await asyncio.to_thread(stop)
             await asyncio.sleep(seconds)  # the fault: the server stays down this long
             await asyncio.to_thread(start)
+        return True
+
+    async def _kill_broker_node(self, fault: Fault) -> bool:
+        node = self._clusters().rabbit.nodes[int(fault.detail) - 1]
+        async with self._servers:
+            if not node.running:
+                return False
+            await asyncio.to_thread(node.stop, "kill")
+            await asyncio.sleep(fault.for_seconds)  # the fault: the node stays down this long
+            await asyncio.to_thread(node.start)
+        return True
+
+    async def _database_failover(self, fault: Fault) -> bool:
+        clusters = self._clusters()
+        async with self._servers:
+            old = await asyncio.to_thread(clusters.fail_over)
+            self.log(f"promoted the server on port {clusters.postgres.primary.port}")
+            await asyncio.sleep(fault.for_seconds)  # the fault: the old primary stays down this long
+            await asyncio.to_thread(clusters.postgres.rebuild_standby, old)
+            self.log(f"rebuilt the server on port {old.port} as a standby")
+        return True
+
+    async def _replay_paused(self, fault: Fault) -> bool:
+        clusters = self._clusters()
+        async with self._servers:
+            standby = clusters.standby_to_pause()
+            await asyncio.to_thread(clusters.postgres.pause_replay, standby)
+            self.log(f"paused replay on the server on port {standby.port}")
+            await asyncio.sleep(fault.for_seconds)  # the fault: the standby shows no newer commit this long
+            await asyncio.to_thread(clusters.postgres.resume_replay, standby)
         return True
 
     async def _s3_cut(self, fault: Fault) -> bool:
@@ -200,15 +242,17 @@ class Injector:
 
     async def _bad_wakeup(self, fault: Fault) -> bool:
         settings = self.system.faulty.settings
-        try:
-            connection = await aio_pika.connect(settings.amqp_url, timeout=2)
-            async with connection:
-                channel = await connection.channel()
-                body = aio_pika.Message(b"\xff\xfe not a wake-up", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-                await channel.default_exchange.publish(body, routing_key=settings.amqp_queue)
-        except (aio_pika.exceptions.AMQPError, OSError, TimeoutError):
-            return False  # the broker is down: there is nothing to inject
-        return True
+        for url in amqp_node_urls(settings.amqp_url):
+            try:
+                connection = await aio_pika.connect(url, timeout=2)
+                async with connection:
+                    channel = await connection.channel()
+                    body = aio_pika.Message(b"\xff\xfe not a wake-up", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+                    await channel.default_exchange.publish(body, routing_key=settings.amqp_queue)
+            except (aio_pika.exceptions.AMQPError, OSError, TimeoutError):
+                continue  # this node is down: try the next
+            return True
+        return False  # the broker is down: there is nothing to inject
 
     async def _relay_killed_before_commit(self, fault: Fault) -> bool:
         if await self._database(HOLD_MARKS_SQL, execute=True) is None:
@@ -241,6 +285,11 @@ class Injector:
         return True
 
     # --- helpers ----------------------------------------------------------------------------------------
+
+    def _clusters(self) -> ChaosClusters:
+        """Cluster mode's servers; the cluster faults are planned only in cluster mode."""
+        assert self.system.clusters is not None, "a cluster fault outside cluster mode"
+        return self.system.clusters
 
     def _running(self, name: str) -> bool:
         return name in self.system.faulty.system.group.pids()
@@ -315,4 +364,7 @@ _ACTIONS: dict[FaultKind, Callable[[Injector, Fault], Awaitable[bool]]] = {
     FaultKind.RECEIVER_DOWN: Injector._receiver_down,
     FaultKind.RECEIVER_SLOW: Injector._receiver_mode,
     FaultKind.RECEIVER_ERRORS: Injector._receiver_mode,
+    FaultKind.KILL_BROKER_NODE: Injector._kill_broker_node,
+    FaultKind.DATABASE_FAILOVER: Injector._database_failover,
+    FaultKind.REPLAY_PAUSED: Injector._replay_paused,
 }

@@ -369,7 +369,7 @@ class Checker:
         queue = self.system.faulty.settings.amqp_queue
 
         async def counts() -> dict[str, int]:
-            return await asyncio.to_thread(self.system.rabbitmq.queue_counts, queue)
+            return await asyncio.to_thread(self.system.queue_counts, queue)
 
         async def drained() -> bool:
             return set((await counts()).values()) == {0}

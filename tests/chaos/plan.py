@@ -16,6 +16,11 @@ PARTS = ("api", "relay", "worker-1", "worker-2", "janitor")
 WORKERS = ("worker-1", "worker-2")
 # Restarts of the broker or the database cost seconds each: a minority of rounds get one.
 SERVER_RESTART_SHARE = 0.08
+# In cluster mode a server fault instead: a broker node killed, a failover or replay paused on a standby
+# (docs/development.md: The fault harness, Cluster mode). Each costs seconds too (a failover rebuilds a
+# standby): a third of the rounds get one of the three.
+CLUSTER_FAULT_SHARE = 0.33
+BROKER_NODES = 3
 
 
 class FaultKind(StrEnum):
@@ -36,11 +41,16 @@ class FaultKind(StrEnum):
     RECEIVER_DOWN = "receiver_down"
     RECEIVER_SLOW = "receiver_slow"
     RECEIVER_ERRORS = "receiver_errors"
+    # Cluster mode only, instead of the restarts above:
+    KILL_BROKER_NODE = "kill_broker_node"  # SIGKILL one RabbitMQ node of three, start it again later
+    DATABASE_FAILOVER = "database_failover"  # the primary killed, a standby promoted, the old one rebuilt
+    REPLAY_PAUSED = "replay_paused"  # WAL replay paused on the standby the worker reads on
 
 
 # Faults that act on one process name.
 PART_FAULTS = {FaultKind.KILL, FaultKind.TERM, FaultKind.STOP}
 SERVER_RESTARTS = {FaultKind.RESTART_BROKER, FaultKind.RESTART_DATABASE}
+CLUSTER_FAULTS = {FaultKind.KILL_BROKER_NODE, FaultKind.DATABASE_FAILOVER, FaultKind.REPLAY_PAUSED}
 
 
 @dataclass(frozen=True)
@@ -97,13 +107,19 @@ class RoundPlan:
         return asdict(self)
 
 
-def plan_round(seed: int, round_number: int) -> RoundPlan:
-    """The plan of round ``round_number`` (1-based) of a run with ``seed``; deterministic."""
+def plan_round(seed: int, round_number: int, *, cluster: bool = False) -> RoundPlan:
+    """The plan of round ``round_number`` (1-based) of a run with ``seed``; deterministic for each
+    ``(seed, round_number, cluster)``. With ``cluster`` the round's server fault, if any, is one of
+    ``CLUSTER_FAULTS`` instead of a restart; the rest of the plan is the same in both modes.
+    """
     rng = random.Random(f"chatexport-chaos:{seed}:{round_number}")
     sizes = [rng.choice([0, 1, 7, 30, 120]) for _ in range(rng.randint(1, 2))]
     exports = [_export(rng, len(sizes)) for _ in range(rng.randint(2, 5))]
     faults = [_fault(rng) for _ in range(rng.choice([1, 1, 2, 2, 3]))]
-    if rng.random() < SERVER_RESTART_SHARE:
+    draw = rng.random()
+    if cluster and draw < CLUSTER_FAULT_SHARE:
+        faults.append(_cluster_fault(rng))
+    elif not cluster and draw < SERVER_RESTART_SHARE:
         faults.append(_server_restart(rng))
     return RoundPlan(seed, round_number, sizes, exports, sorted(faults, key=lambda f: f.at_seconds))
 
@@ -146,7 +162,7 @@ def _options(rng: random.Random, big: bool) -> dict[str, Any]:
 
 
 def _fault(rng: random.Random) -> Fault:
-    kind = rng.choice([kind for kind in FaultKind if kind not in SERVER_RESTARTS])
+    kind = rng.choice([kind for kind in FaultKind if kind not in SERVER_RESTARTS | CLUSTER_FAULTS])
     at = round(rng.uniform(0, ROUND_WINDOW_SECONDS), 2)
     duration = round(rng.uniform(0.5, 3.0), 2)
     if kind in PART_FAULTS:
@@ -162,3 +178,16 @@ def _server_restart(rng: random.Random) -> Fault:
     kind = rng.choice(sorted(SERVER_RESTARTS))
     modes = ["fast", "immediate"] if kind is FaultKind.RESTART_DATABASE else ["graceful", "kill"]
     return Fault(kind, round(rng.uniform(0, ROUND_WINDOW_SECONDS), 2), 1.0, detail=rng.choice(modes))
+
+
+def _cluster_fault(rng: random.Random) -> Fault:
+    """A broker node (``detail``: its number, from 1) down 1 to 4 s; the old primary down 0.5 to 2 s before
+    it is rebuilt as a standby; or replay paused 1 to 5 s, so past the worker's wait for the standby.
+    """
+    kind = rng.choice(sorted(CLUSTER_FAULTS))
+    at = round(rng.uniform(0, ROUND_WINDOW_SECONDS), 2)
+    if kind is FaultKind.KILL_BROKER_NODE:
+        return Fault(kind, at, round(rng.uniform(1.0, 4.0), 2), detail=str(rng.randint(1, BROKER_NODES)))
+    if kind is FaultKind.DATABASE_FAILOVER:
+        return Fault(kind, at, round(rng.uniform(0.5, 2.0), 2))
+    return Fault(kind, at, round(rng.uniform(1.0, 5.0), 2))

@@ -1,14 +1,15 @@
 """Runs rounds of the fault harness and reports them (docs/development.md: Development, The fault harness).
 
-``python -m tests.chaos --rounds N [--seed S] [--round K] [--out DIR] [--lanes L]``: N rounds of a run
-with seed S (random when absent), or only round K of it, on L systems at once (each takes every L-th
-round). Each round prepares its conversations, drives its workload
-while its faults are injected, repairs everything and runs the checker. ``rounds.jsonl`` in the output
-folder gets one line per round (seed, round, faults, operations, findings); a failing round's folder
-``round-K`` keeps its plan, its event log, the parts' logs of that round and the findings. A SIGTERM or
-Ctrl-C stops the run between or inside rounds (the unfinished round counts nothing) and still writes
-``summary.json``, with ``finished`` false. Exit status 1 when any round found a violation, else 130 when the
-run was stopped early.
+``python -m tests.chaos --rounds N [--seed S] [--round K] [--out DIR] [--lanes L] [--cluster]``: N rounds
+of a run with seed S (random when absent), or only round K of it, on L systems at once (each takes every
+L-th round); with ``--cluster`` each system runs on a RabbitMQ cluster and a PostgreSQL primary with
+standbys, and the server faults are the clusters' (docs/development.md: The fault harness, Cluster mode).
+Each round prepares its conversations, drives its workload while its faults are injected, repairs everything
+and runs the checker. ``rounds.jsonl`` in the output folder gets one line per round (seed, round, faults,
+operations, findings); a failing round's folder ``round-K`` keeps its plan, its event log, the parts' logs of
+that round and the findings. A SIGTERM or Ctrl-C stops the run between or inside rounds (the unfinished round
+counts nothing) and still writes ``summary.json``, with ``finished`` false. Exit status 1 when any round found
+a violation, else 130 when the run was stopped early.
 """
 
 from __future__ import annotations
@@ -54,10 +55,13 @@ class Summary:
         return {**self.__dict__, "faults": dict(sorted(self.faults.items())), "seconds": round(self.seconds, 1)}
 
 
-async def run_chaos(rounds: Iterable[int], out_dir: Path, summary: Summary, *, lanes: int = 1) -> None:
-    """Run ``rounds`` (round numbers) of the run with ``summary.seed`` on ``lanes`` systems started for it,
-    each taking every ``lanes``-th round, at the same time; add their figures to ``summary`` and write their
-    records under ``out_dir``. A round's outcome does not depend on its lane: each starts from a quiet system.
+async def run_chaos(
+    rounds: Iterable[int], out_dir: Path, summary: Summary, *, lanes: int = 1, cluster: bool = False
+) -> None:
+    """Run ``rounds`` (round numbers) of the run with ``summary.seed`` on ``lanes`` systems started for it
+    (on clusters with ``cluster``), each taking every ``lanes``-th round, at the same time; add their
+    figures to ``summary`` and write their records under ``out_dir``. A round's outcome does not depend on
+    its lane: each starts from a quiet system.
     ``summary.json`` is written also when the run is cancelled.
     """
     started = time.monotonic()
@@ -65,7 +69,7 @@ async def run_chaos(rounds: Iterable[int], out_dir: Path, summary: Summary, *, l
 
     async def lane(number: int) -> None:
         folder = out_dir / ("system" if lanes == 1 else f"system-{number + 1}")
-        async with chaos_system(folder) as system:
+        async with chaos_system(folder, cluster=cluster) as system:
             await run_rounds(system, summary.seed, planned[number::lanes], out_dir, summary)
 
     try:
@@ -81,18 +85,19 @@ async def run_rounds(
     system: ChaosSystem, seed: int, rounds: Iterable[int], out_dir: Path, summary: Summary | None = None
 ) -> Summary:
     """Run ``rounds`` of the run with ``seed`` on ``system``, adding their figures to ``summary`` (a new one
-    by default); return it.
+    by default); return it. A system on clusters gets the cluster mode's plans.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summary or Summary(seed)
     started = time.monotonic()
-    setup = Workload(system, plan_round(seed, 0), lambda _: None)
+    cluster = system.clusters is not None
+    setup = Workload(system, plan_round(seed, 0, cluster=cluster), lambda _: None)
     try:
         await setup.prepare_big()
     finally:
         await setup.close()
     for round_number in rounds:
-        await _round(system, plan_round(seed, round_number), out_dir, summary)
+        await _round(system, plan_round(seed, round_number, cluster=cluster), out_dir, summary)
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -138,7 +143,7 @@ async def _round(system: ChaosSystem, plan: RoundPlan, out_dir: Path, summary: S
     if findings:
         summary.failed_rounds.append(plan.round_number)
         folder = _keep_round(system, plan, out_dir, events, findings, offsets)
-        replay = f"make chaos SEED={plan.seed} ROUND={plan.round_number}"
+        replay = f"make chaos SEED={plan.seed} ROUND={plan.round_number}{' CLUSTER=1' if system.clusters else ''}"
         print(f"  findings and logs in {folder}; replay: {replay}", flush=True)
 
 
@@ -214,14 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round", type=int, default=None, help="replay only this round of the run")
     parser.add_argument("--out", type=Path, default=None, help="where records go (default: .chaos/<seed>-<time>)")
     parser.add_argument("--lanes", type=int, default=1, help="systems that run rounds at the same time (default 1)")
+    parser.add_argument(
+        "--cluster", action="store_true", help="run on a RabbitMQ cluster and a PostgreSQL primary with standbys"
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1, 10**9)
     rounds = [args.round] if args.round is not None else range(1, args.rounds + 1)
     out_dir = args.out or Path(".chaos") / f"{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-    print(f"fault harness: seed {seed}, {len(rounds)} round(s), records in {out_dir}", flush=True)
+    mode = " on clusters" if args.cluster else ""
+    print(f"fault harness{mode}: seed {seed}, {len(rounds)} round(s), records in {out_dir}", flush=True)
     summary = Summary(seed)
     try:
-        asyncio.run(_stoppable(run_chaos(rounds, out_dir, summary, lanes=max(1, args.lanes))))
+        asyncio.run(_stoppable(run_chaos(rounds, out_dir, summary, lanes=max(1, args.lanes), cluster=args.cluster)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("fault harness: stopped before its last round", flush=True)
     print(json.dumps(summary.as_json(), indent=2), flush=True)
