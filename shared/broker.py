@@ -167,11 +167,12 @@ async def _connect_from(nodes: list[URL], start: int, settings: Settings, *, nam
 
 @dataclass(frozen=True)
 class BrokerSession:
-    """A part's broker resources: its robust ``connection``, and the work ``exchange``, ``queue`` and
-    ``chunk_queue`` declared through the one channel it opened on it (the channel lives as long as they do).
+    """A part's broker resources: its robust ``connection``, the one ``channel`` it opened on it, and the work
+    ``exchange``, ``queue`` and ``chunk_queue`` declared through that channel (which lives as long as they do).
     """
 
     connection: AbstractRobustConnection
+    channel: AbstractChannel
     exchange: AbstractExchange
     queue: AbstractQueue
     chunk_queue: AbstractQueue
@@ -194,7 +195,7 @@ async def open_session(
         with contextlib.suppress(Exception):
             await connection.close()
         raise
-    return BrokerSession(connection, exchange, queue, chunk_queue)
+    return BrokerSession(connection, channel, exchange, queue, chunk_queue)
 
 
 async def open_session_when_ready(

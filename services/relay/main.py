@@ -40,7 +40,8 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         log.info("relay started", extra={"exchange": settings.amqp_exchange})
         # Completion callbacks are what the outbox holds too: the relay sends both (docs/architecture.md: How it works).
         async with asyncio.TaskGroup() as group:
-            group.create_task(Relay(pool=pool, exchange=session.exchange, settings=settings).run(stop=stop))
+            relay = Relay(pool=pool, channel=session.channel, exchange=session.exchange, settings=settings)
+            group.create_task(relay.run(stop=stop))
             group.create_task(WebhookSender(pool=pool, settings=settings).run(stop=stop))
 
 
