@@ -118,6 +118,9 @@ class RabbitCluster:
         names = {node.node_name for node in self.nodes}
         remaining = max(0.0, deadline - time.monotonic())
         _wait_until(lambda: self.running_nodes() == names, remaining, "not every node of the cluster ran")
+        # A node counts as running before it has finished booting; a quorum queue declared meanwhile may
+        # leave it out of its members.
+        _in_parallel(functools.partial(node.ctl, "await_startup") for node in self.nodes)
 
     def stop(self) -> None:
         """Stop every node gracefully, all at once."""

@@ -9,6 +9,7 @@ import asyncio
 import aio_pika
 
 from devtools.clusters import RabbitCluster
+from devtools.servers import PrivateRabbitMQ, ServerError
 from tests.support import unique, wait_for
 
 CLUSTER_TIMEOUT_SECONDS = 120.0
@@ -59,6 +60,14 @@ async def test_a_quorum_queue_declared_after_start_has_a_member_on_every_node(ra
     assert rabbit_cluster.amqp_url.split(",") == rabbit_cluster.urls
 
 
+async def led_by_another(cluster: RabbitCluster, queue: str, former: PrivateRabbitMQ) -> bool:
+    """True once a node other than ``former`` leads ``queue`` (False while no node answers for one)."""
+    try:
+        return await asyncio.to_thread(cluster.leader_of, queue) is not former
+    except ServerError:
+        return False
+
+
 async def test_a_killed_node_restarts_and_rejoins(rabbit_cluster: RabbitCluster) -> None:
     queue = unique("cluster-rejoin")
     await declare_quorum_queue(rabbit_cluster.urls[0], queue)
@@ -67,7 +76,9 @@ async def test_a_killed_node_restarts_and_rejoins(rabbit_cluster: RabbitCluster)
 
     await asyncio.to_thread(leader.stop, mode="kill")
     await wait_for(lambda: running_nodes_are(rabbit_cluster, node_names(rabbit_cluster) - {leader.node_name}))
-    await publish(others[0].url, queue, b"while the leader was down")  # the two left are a majority
+    # The two left are a majority; until they have elected a leader, RabbitMQ nacks a publish to the queue.
+    await wait_for(lambda: led_by_another(rabbit_cluster, queue, leader), timeout=CLUSTER_TIMEOUT_SECONDS)
+    await publish(others[0].url, queue, b"while the leader was down")
     await asyncio.to_thread(leader.start)
     await wait_for(
         lambda: running_nodes_are(rabbit_cluster, node_names(rabbit_cluster)), timeout=CLUSTER_TIMEOUT_SECONDS
