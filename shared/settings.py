@@ -26,7 +26,7 @@ PLACEHOLDER_JWT_SECRET = "dev-only-insecure-secret-change-me"
 PLACEHOLDER_WEBHOOK_SIGNING_KEY = "dev-only-insecure-webhook-key-change-me"
 MIN_JWT_SECRET_BYTES = 32
 # Also the connect timeout of code that runs without settings (migrations given a bare URL).
-DATABASE_CONNECT_TIMEOUT_SECONDS = 5.0
+DATABASE_CONNECT_TIMEOUT_SECONDS = 10.0
 
 # Markdown; what ``Settings._check_consistency`` refuses, told before the table of every setting.
 RULES = f"""Every setting is an environment variable, `CHATEXPORT_` followed by the setting's name; durations
