@@ -152,9 +152,7 @@ async def chaos_system(log_dir: Path, *, cluster: bool = False) -> AsyncIterator
     receiver = Receiver()
     try:
         await asyncio.gather(asyncio.to_thread(postgres.start), asyncio.to_thread(rabbitmq.start))
-        database_url = await postgres.create_database(DATABASE_NAME)
-        await migrate(database_url)
-        await _check_connections(database_url)
+        database_url = await _prepared(await postgres.create_database(DATABASE_NAME))
         await receiver.start()
         async with running(
             log_dir, database_url=database_url, amqp_url=rabbitmq.url, overrides=CHAOS_SETTINGS
@@ -176,9 +174,7 @@ async def _clustered(log_dir: Path) -> AsyncIterator[ChaosSystem]:
     receiver = Receiver()
     try:
         await asyncio.gather(asyncio.to_thread(rabbit.start), asyncio.to_thread(postgres.start))
-        database_url = await postgres.create_database(DATABASE_NAME)
-        await migrate(database_url)
-        await _check_connections(database_url)
+        database_url = await _prepared(await postgres.create_database(DATABASE_NAME))
         await receiver.start()
         read_url = postgres.server_url(clusters.reader, DATABASE_NAME)
         overrides = {**CHAOS_SETTINGS, **CLUSTER_SETTINGS, "CHATEXPORT_DATABASE_READ_URL": read_url}
@@ -195,6 +191,13 @@ def _received_lsn(standby: PrivatePostgres) -> int:
         return int(standby.query("SELECT pg_last_wal_receive_lsn() - '0/0'::pg_lsn") or -1)
     except ServerError:
         return -1
+
+
+async def _prepared(database_url: str) -> str:
+    """``database_url``, migrated and with its connection checks set (``_check_connections``)."""
+    await migrate(database_url)
+    await _check_connections(database_url)
+    return database_url
 
 
 async def _check_connections(database_url: str) -> None:
