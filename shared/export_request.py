@@ -83,3 +83,5 @@ FIELDS = tuple(field.name for field in dataclasses.fields(ExportRequest))
 # What the operation shows of it: the callback's URL stays with its owner (docs/api.md: API reference,
 # Completion callbacks).
 SHOWN_FIELDS = tuple(name for name in FIELDS if name != "notify_url")
+# The options a schedule refuses: every run after the first would be empty (docs/schedules.md: The resource).
+SCHEDULE_REFUSED_OPTIONS = ("before_seq", "until")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 
 from shared.export_request import ExportRequest
 from shared.formats import DEFAULT_COMPRESSION
+from shared.timefmt import format_timestamp
 
 
 def fingerprint(*, user_id: str, conversation_id: str, request: ExportRequest) -> str:
@@ -26,5 +28,24 @@ def fingerprint(*, user_id: str, conversation_id: str, request: ExportRequest) -
     canonical.update((name, value) for name, value in options.items() if value not in (None, DEFAULT_COMPRESSION))
     if request.notify_url is not None:
         canonical["notify"] = {"url": request.notify_url}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def schedule_fingerprint(
+    *, user_id: str, conversation_id: str, request: ExportRequest, every: str, start_at: datetime | None, mode: str
+) -> str:
+    """Hex sha256 of a schedule's canonical body (docs/schedules.md: The resource): its runs' request as
+    ``fingerprint`` reads it, the interval as normalised (``shared.cadence.Cadence.text``), the anchor as a UTC
+    instant (None when left to the creation) and the mode. Never equal to an export's fingerprint: submits and
+    schedules share one key space, and a key used for one is reused by the other.
+    """
+    canonical = {
+        "kind": "schedule",
+        "request": fingerprint(user_id=user_id, conversation_id=conversation_id, request=request),
+        "every": every,
+        "start_at": None if start_at is None else format_timestamp(start_at),
+        "mode": mode,
+    }
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("ascii")).hexdigest()

@@ -21,6 +21,12 @@ def new_operation_id() -> str:
     return "op_" + secrets.token_urlsafe(18)
 
 
+def new_schedule_id() -> str:
+    """Return a schedule's id: opaque and URL-safe like an operation's, 144 bits from the CSPRNG (docs/schedules.md:
+    The resource)."""
+    return "sch_" + secrets.token_urlsafe(18)
+
+
 def is_operation_id(value: str) -> bool:
     """True when ``value`` could be an operation id; looking up anything else is pointless (and a U+0000
     in it would even fail in Postgres).

@@ -37,5 +37,5 @@ AUTHORIZATION_REFUSALS = counter_from_zero(
     "chatexport_authorization_refusals_total",
     "Requests or exports refused because the owner is not (or no longer) a member, by stage.",
     "stage",
-    ("submit", "execute", "download"),
+    ("submit", "schedule", "execute", "download"),
 )

@@ -11,9 +11,11 @@ from typing import Any
 
 import asyncpg
 
+from shared.export_request import SCHEDULE_REFUSED_OPTIONS
 from shared.phases import Phase
 from shared.repository.chunks import Chunk
 from shared.repository.operation_view import OperationView
+from shared.repository.schedules import ScheduleView
 from shared.routes import path
 from shared.states import TERMINAL, State
 from shared.timefmt import format_timestamp
@@ -60,10 +62,49 @@ def represent(row: OperationView) -> dict[str, Any]:
         "result": _result(row),
         "links": _links(operation_id, row.state, terminal, split=row.result_parts is not None),
         "done": terminal,
+        "schedule_id": row.schedule_id,
+        "due_at": format_timestamp(row.due_at),
     }
     if not terminal:
         body["next_poll_after_seconds"] = next_poll_after_seconds(row.age_seconds)
     return body
+
+
+def represent_schedule(schedule: ScheduleView) -> dict[str, Any]:
+    """The JSON object of one export schedule (docs/schedules.md: The resource): its runs' options as an
+    operation shows them but the two a schedule refuses, never its callback's URL.
+    """
+    options = schedule.request.options()
+    for refused in SCHEDULE_REFUSED_OPTIONS:
+        del options[refused]
+    last_run = None
+    if schedule.last_operation_id is not None and schedule.last_run_state is not None:
+        last_run = {
+            "operation_id": schedule.last_operation_id,
+            "due_at": format_timestamp(schedule.last_run_due_at),
+            "state": schedule.last_run_state,
+        }
+    schedule_id = schedule.schedule_id
+    return {
+        "schedule_id": schedule_id,
+        "conversation_id": schedule.conversation_id,
+        "every": schedule.every.text,
+        "start_at": format_timestamp(schedule.start_at),
+        "mode": schedule.mode,
+        "options": options,
+        "state": schedule.state.value,
+        "paused_reason": None if schedule.paused_reason is None else schedule.paused_reason.value,
+        "waiting_reason": None if schedule.waiting_reason is None else schedule.waiting_reason.value,
+        "next_run_at": format_timestamp(schedule.next_run_at),
+        "watermark": schedule.watermark,
+        "last_run": last_run,
+        "created_at": format_timestamp(schedule.created_at),
+        "updated_at": format_timestamp(schedule.updated_at),
+        "links": {
+            "self": path("getExportSchedule", schedule_id=schedule_id),
+            "runs": path("listExportScheduleRuns", schedule_id=schedule_id),
+        },
+    }
 
 
 def _error(row: OperationView) -> dict[str, str] | None:

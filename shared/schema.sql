@@ -9,6 +9,43 @@ CREATE TYPE public.submit_outcome AS ENUM (
     'created'
 );
 
+CREATE FUNCTION public.create_export_schedule(p_schedule_id text, p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_schedules integer, p_every text, p_start_at timestamp with time zone, p_mode text, p_request jsonb, OUT outcome public.submit_outcome, OUT schedule_id text) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    earlier record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM conversation_members m
+                   WHERE m.conversation_id = p_conversation_id AND m.user_id = p_owner_id) THEN
+        outcome := 'not_member';
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('submit:' || p_owner_id, 0));
+    SELECT k.fingerprint, k.schedule_id,
+           k.created_at + make_interval(secs => p_replay_window_seconds) <= now() AS expired
+      INTO earlier FROM idempotency_keys k
+     WHERE k.owner_id = p_owner_id AND k.idempotency_key = p_idempotency_key;
+    IF FOUND THEN
+        schedule_id := earlier.schedule_id;
+        outcome := CASE WHEN earlier.fingerprint <> p_fingerprint OR earlier.schedule_id IS NULL THEN 'reused'
+                        WHEN earlier.expired THEN 'expired' ELSE 'replayed' END;
+        RETURN;
+    END IF;
+    IF (SELECT count(*) FROM export_schedules s WHERE s.owner_id = p_owner_id) >= p_max_schedules THEN
+        outcome := 'quota';
+        RETURN;
+    END IF;
+    INSERT INTO export_schedules (schedule_id, owner_id, conversation_id, every, start_at, mode, request,
+                                  next_run_at, watermark)
+    VALUES (p_schedule_id, p_owner_id, p_conversation_id, p_every, coalesce(p_start_at, now()), p_mode, p_request,
+            coalesce(p_start_at, now()), coalesce((p_request->>'after_seq')::bigint, 0));
+    INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, schedule_id)
+    VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_schedule_id);
+    schedule_id := p_schedule_id;
+    outcome := 'created';
+END;
+$$;
+
 CREATE FUNCTION public.operation_changed() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -61,6 +98,52 @@ CREATE FUNCTION public.outbox_notify() RETURNS trigger
     AS $$
 BEGIN
     PERFORM pg_notify('chatexport_outbox', NEW.outbox_id::text);
+    RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION public.pause_export_schedule(p_schedule_id text, p_reason text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    paused export_schedules%ROWTYPE;
+BEGIN
+    UPDATE export_schedules SET state = 'PAUSED', paused_reason = p_reason, next_run_at = NULL,
+        waiting_reason = NULL, version = version + 1, updated_at = now()
+     WHERE schedule_id = p_schedule_id AND state = 'ACTIVE'
+    RETURNING * INTO paused;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF paused.request->>'notify_url' IS NOT NULL THEN
+        INSERT INTO webhook_deliveries (webhook_id, schedule_id, owner_id, event_type, url)
+        VALUES ('msg_' || replace(gen_random_uuid()::text, '-', ''), p_schedule_id, paused.owner_id,
+                'schedule.paused', paused.request->>'notify_url');
+    END IF;
+    RETURN true;
+END;
+$$;
+
+CREATE FUNCTION public.schedule_run_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.state = 'SUCCEEDED' THEN
+        UPDATE export_schedules SET watermark = NEW.snapshot_max_seq, version = version + 1, updated_at = now()
+         WHERE schedule_id = NEW.schedule_id AND NEW.snapshot_max_seq IS NOT NULL
+           AND CASE mode WHEN 'incremental' THEN watermark = NEW.after_seq
+                         ELSE watermark < NEW.snapshot_max_seq END;
+    ELSIF NEW.state = 'FAILED_REPAIR' THEN
+        PERFORM pause_export_schedule(NEW.schedule_id, 'RUN_NEEDS_REPAIR');
+    ELSIF NEW.state = 'FAILED' AND NEW.error_code = 'ACCESS_REVOKED' THEN
+        PERFORM pause_export_schedule(NEW.schedule_id, 'ACCESS_REVOKED');
+    ELSIF OLD.state = 'FAILED_REPAIR' THEN
+        UPDATE export_schedules SET state = 'ACTIVE', paused_reason = NULL, next_run_at = now(),
+            version = version + 1, updated_at = now()
+         WHERE schedule_id = NEW.schedule_id AND paused_reason = 'RUN_NEEDS_REPAIR'
+           AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.schedule_id = NEW.schedule_id
+                             AND o.state = 'FAILED_REPAIR' AND o.operation_id <> NEW.operation_id);
+    END IF;
     RETURN NULL;
 END;
 $$;
@@ -207,12 +290,39 @@ CREATE TABLE public.export_chunks (
     CONSTRAINT export_chunks_state_check CHECK ((state = ANY (ARRAY['PENDING'::text, 'QUEUED'::text, 'RUNNING'::text, 'DONE'::text, 'FAILED'::text])))
 );
 
+CREATE TABLE public.export_schedules (
+    schedule_id text NOT NULL,
+    owner_id text NOT NULL,
+    conversation_id text NOT NULL,
+    every text NOT NULL,
+    start_at timestamp with time zone NOT NULL,
+    mode text NOT NULL,
+    request jsonb NOT NULL,
+    state text DEFAULT 'ACTIVE'::text NOT NULL,
+    paused_reason text,
+    waiting_reason text,
+    next_run_at timestamp with time zone,
+    watermark bigint NOT NULL,
+    last_operation_id text,
+    version bigint DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT export_schedules_active_has_next CHECK (((state = 'PAUSED'::text) OR (next_run_at IS NOT NULL))),
+    CONSTRAINT export_schedules_mode_check CHECK ((mode = ANY (ARRAY['incremental'::text, 'full'::text]))),
+    CONSTRAINT export_schedules_paused_reason_check CHECK ((paused_reason = ANY (ARRAY['USER'::text, 'ACCESS_REVOKED'::text, 'RUN_NEEDS_REPAIR'::text]))),
+    CONSTRAINT export_schedules_paused_with_reason CHECK (((state = 'PAUSED'::text) = (paused_reason IS NOT NULL))),
+    CONSTRAINT export_schedules_state_check CHECK ((state = ANY (ARRAY['ACTIVE'::text, 'PAUSED'::text]))),
+    CONSTRAINT export_schedules_waiting_reason_check CHECK ((waiting_reason = 'ACTIVE_EXPORT_QUOTA'::text))
+);
+
 CREATE TABLE public.idempotency_keys (
     owner_id text NOT NULL,
     idempotency_key text NOT NULL,
     fingerprint text NOT NULL,
-    operation_id text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    operation_id text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    schedule_id text,
+    CONSTRAINT idempotency_keys_one_target CHECK ((num_nonnulls(operation_id, schedule_id) = 1))
 );
 
 CREATE TABLE public.messages (
@@ -261,8 +371,11 @@ CREATE TABLE public.operations (
     compression text DEFAULT 'none'::text NOT NULL,
     max_part_bytes bigint,
     result_parts jsonb,
+    schedule_id text,
+    due_at timestamp with time zone,
     CONSTRAINT operations_compression_check CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
     CONSTRAINT operations_format CHECK ((format = ANY (ARRAY['jsonl'::text, 'csv'::text, 'html'::text, 'txt'::text]))),
+    CONSTRAINT operations_run_has_due CHECK (((schedule_id IS NULL) = (due_at IS NULL))),
     CONSTRAINT operations_state_check CHECK ((state = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRY_AT'::text, 'CANCEL_REQUESTED'::text, 'SUCCEEDED'::text, 'CANCELED'::text, 'FAILED'::text, 'FAILED_REPAIR'::text, 'EXPIRED'::text])))
 );
 
@@ -301,7 +414,9 @@ CREATE VIEW public.operation_representations AS
     operations.senders,
     operations.compression,
     operations.max_part_bytes,
-    operations.result_parts
+    operations.result_parts,
+    operations.schedule_id,
+    operations.due_at
    FROM public.operations;
 
 CREATE TABLE public.outbox (
@@ -341,7 +456,7 @@ CREATE TABLE public.webhook_attempts (
 CREATE TABLE public.webhook_deliveries (
     delivery_id bigint NOT NULL,
     webhook_id text NOT NULL,
-    operation_id text NOT NULL,
+    operation_id text,
     owner_id text NOT NULL,
     event_type text NOT NULL,
     url text NOT NULL,
@@ -350,7 +465,9 @@ CREATE TABLE public.webhook_deliveries (
     attempts integer DEFAULT 0 NOT NULL,
     delivered_at timestamp with time zone,
     gave_up_at timestamp with time zone,
-    CONSTRAINT webhook_deliveries_event_type_check CHECK ((event_type = ANY (ARRAY['export.succeeded'::text, 'export.failed'::text, 'export.canceled'::text, 'export.needs_repair'::text])))
+    schedule_id text,
+    CONSTRAINT webhook_deliveries_event_type_check CHECK ((event_type = ANY (ARRAY['export.succeeded'::text, 'export.failed'::text, 'export.canceled'::text, 'export.needs_repair'::text, 'schedule.paused'::text]))),
+    CONSTRAINT webhook_deliveries_one_subject CHECK ((num_nonnulls(operation_id, schedule_id) = 1))
 );
 
 CREATE SEQUENCE public.webhook_deliveries_delivery_id_seq
@@ -389,6 +506,9 @@ ALTER TABLE ONLY public.conversations
 ALTER TABLE ONLY public.export_chunks
     ADD CONSTRAINT export_chunks_pkey PRIMARY KEY (operation_id, chunk_no);
 
+ALTER TABLE ONLY public.export_schedules
+    ADD CONSTRAINT export_schedules_pkey PRIMARY KEY (schedule_id);
+
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (owner_id, idempotency_key);
 
@@ -400,6 +520,9 @@ ALTER TABLE ONLY public.messages
 
 ALTER TABLE ONLY public.operations
     ADD CONSTRAINT operations_pkey PRIMARY KEY (operation_id);
+
+ALTER TABLE ONLY public.operations
+    ADD CONSTRAINT operations_schedule_due UNIQUE (schedule_id, due_at);
 
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (outbox_id);
@@ -422,7 +545,13 @@ CREATE INDEX conversation_members_user ON public.conversation_members USING btre
 
 CREATE INDEX export_chunks_object_key ON public.export_chunks USING btree (object_key) WHERE (object_key IS NOT NULL);
 
+CREATE INDEX export_schedules_due ON public.export_schedules USING btree (next_run_at) WHERE (state = 'ACTIVE'::text);
+
+CREATE INDEX export_schedules_owner_created ON public.export_schedules USING btree (owner_id, created_at DESC, schedule_id DESC);
+
 CREATE INDEX idempotency_keys_operation ON public.idempotency_keys USING btree (operation_id);
+
+CREATE INDEX idempotency_keys_schedule ON public.idempotency_keys USING btree (schedule_id) WHERE (schedule_id IS NOT NULL);
 
 CREATE INDEX operations_active ON public.operations USING btree (state, updated_at) WHERE (state = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRY_AT'::text, 'CANCEL_REQUESTED'::text, 'FAILED_REPAIR'::text]));
 
@@ -440,6 +569,8 @@ CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (ne
 
 CREATE INDEX webhook_deliveries_operation ON public.webhook_deliveries USING btree (operation_id);
 
+CREATE INDEX webhook_deliveries_schedule ON public.webhook_deliveries USING btree (schedule_id) WHERE (schedule_id IS NOT NULL);
+
 CREATE TRIGGER operation_changed AFTER UPDATE ON public.operations FOR EACH ROW WHEN ((new.version <> old.version)) EXECUTE FUNCTION public.operation_changed();
 
 CREATE TRIGGER operation_ended_notify AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.notify_url IS NOT NULL) AND (new.state IS DISTINCT FROM old.state) AND (new.state = ANY (ARRAY['SUCCEEDED'::text, 'FAILED'::text, 'CANCELED'::text, 'FAILED_REPAIR'::text])))) EXECUTE FUNCTION public.operation_ended_notify();
@@ -447,6 +578,8 @@ CREATE TRIGGER operation_ended_notify AFTER UPDATE OF state ON public.operations
 CREATE TRIGGER operation_versioned BEFORE UPDATE ON public.operations FOR EACH ROW EXECUTE FUNCTION public.operation_versioned();
 
 CREATE TRIGGER outbox_notify AFTER INSERT ON public.outbox FOR EACH ROW EXECUTE FUNCTION public.outbox_notify();
+
+CREATE TRIGGER schedule_run_changed AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.schedule_id IS NOT NULL) AND (new.state IS DISTINCT FROM old.state))) EXECUTE FUNCTION public.schedule_run_changed();
 
 ALTER TABLE ONLY public.artifacts
     ADD CONSTRAINT artifacts_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(operation_id) ON DELETE CASCADE;
@@ -463,6 +596,9 @@ ALTER TABLE ONLY public.export_chunks
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(operation_id) ON DELETE CASCADE;
 
+ALTER TABLE ONLY public.idempotency_keys
+    ADD CONSTRAINT idempotency_keys_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.export_schedules(schedule_id) ON DELETE CASCADE;
+
 ALTER TABLE ONLY public.messages
     ADD CONSTRAINT messages_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id);
 
@@ -471,3 +607,6 @@ ALTER TABLE ONLY public.webhook_attempts
 
 ALTER TABLE ONLY public.webhook_deliveries
     ADD CONSTRAINT webhook_deliveries_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(operation_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.export_schedules(schedule_id) ON DELETE CASCADE;

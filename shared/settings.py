@@ -27,12 +27,15 @@ PLACEHOLDER_WEBHOOK_SIGNING_KEY = "dev-only-insecure-webhook-key-change-me"
 MIN_JWT_SECRET_BYTES = 32
 # Also the connect timeout of code that runs without settings (migrations given a bare URL).
 DATABASE_CONNECT_TIMEOUT_SECONDS = 10.0
+# The shortest schedule interval outside development: an hour (docs/schedules.md: The resource).
+DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS = 3600
 
 # Markdown; what ``Settings._check_consistency`` refuses, told before the table of every setting.
 RULES = f"""Every setting is an environment variable, `CHATEXPORT_` followed by the setting's name; durations
 are in seconds, sizes in bytes. Outside `development`, start-up refuses the placeholder JWT secret and any
 secret shorter than {MIN_JWT_SECRET_BYTES} bytes (RFC 7518 3.2), unless a public key is configured; it also refuses
-the placeholder webhook signing key and `CHATEXPORT_WEBHOOK_ALLOW_PRIVATE`. The result retention and the
+the placeholder webhook signing key, `CHATEXPORT_WEBHOOK_ALLOW_PRIVATE` and a schedule minimum interval below an
+hour. The result retention and the
 idempotency replay window may not exceed the record retention, and the heartbeat must be shorter than the
 lease. A command given a bad value exits with code 2, naming the setting on stderr but not its value."""
 
@@ -246,6 +249,22 @@ class Settings(BaseSettings):
     )
     max_active_exports: int = Field(
         5, ge=1, description="non-terminal exports per user before `429`", json_schema_extra={"unit": "operations"}
+    )
+    schedule_min_interval_seconds: int = Field(
+        DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS,
+        ge=1,
+        description="the shortest interval a schedule may have (its `every`, a month counting as 28 days); below"
+        f" {DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS} for development and tests only (refused elsewhere)",
+        json_schema_extra={"unit": "s"},
+    )
+    max_schedules_per_user: int = Field(
+        20, ge=1, description="export schedules per user before `409`", json_schema_extra={"unit": "schedules"}
+    )
+    scheduler_interval_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="how often the leading janitor looks for due schedules and creates their runs",
+        json_schema_extra={"unit": "s"},
     )
     download_concurrency: int = Field(
         32,
@@ -464,6 +483,14 @@ class Settings(BaseSettings):
             raise ValueError("CHATEXPORT_WEBHOOK_SIGNING_KEY is the development placeholder; set a real key")
         if self.environment != "development" and self.webhook_allow_private:
             raise ValueError("CHATEXPORT_WEBHOOK_ALLOW_PRIVATE is for development and tests only")
+        if (
+            self.environment != "development"
+            and self.schedule_min_interval_seconds < DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS
+        ):
+            raise ValueError(
+                "CHATEXPORT_SCHEDULE_MIN_INTERVAL_SECONDS below "
+                f"{DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS} is for development and tests only"
+            )
         if self.webhook_proxy_url is not None and not _is_http_proxy(self.webhook_proxy_url.get_secret_value()):
             raise ValueError("CHATEXPORT_WEBHOOK_PROXY_URL must be http://[user:password@]host[:port]")
         if not all(_is_url(url, ("amqp", "amqps")) for url in amqp_node_urls(self.amqp_url)):

@@ -110,3 +110,37 @@ class ChunkState(StrEnum):
 
 # Chunks a worker may claim: woken or not yet, or held by a lease that may have expired (the claim checks).
 CLAIMABLE_CHUNKS: frozenset[ChunkState] = frozenset({ChunkState.PENDING, ChunkState.QUEUED, ChunkState.RUNNING})
+
+
+class ScheduleState(StrEnum):
+    """Where an export schedule is (docs/schedules.md: The resource): it creates runs only while ACTIVE."""
+
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+
+
+class PauseReason(StrEnum):
+    """Why a schedule is PAUSED (docs/schedules.md: When a run cannot go on): its owner paused it, the owner is no
+    longer a member of the conversation, or a run waits for an operator (FAILED_REPAIR).
+    """
+
+    USER = "USER"
+    ACCESS_REVOKED = "ACCESS_REVOKED"
+    RUN_NEEDS_REPAIR = "RUN_NEEDS_REPAIR"
+
+
+class WaitingReason(StrEnum):
+    """Why a due run of an ACTIVE schedule is not created yet (docs/schedules.md: Runs): the owner's active
+    exports are at the quota; the run is created once one ends.
+    """
+
+    ACTIVE_EXPORT_QUOTA = "ACTIVE_EXPORT_QUOTA"
+
+
+class ScheduleMode(StrEnum):
+    """How a schedule's runs choose their range (docs/schedules.md: The chain), the default first: each after the
+    chain's watermark, or each the whole selection again.
+    """
+
+    INCREMENTAL = "incremental"
+    FULL = "full"

@@ -52,6 +52,9 @@ class OperationView:
     finished_at: datetime | None
     lease_owner: str | None
     lease_expires_at: datetime | None
+    # A scheduled run's schedule and due time (docs/schedules.md: Runs); None for an export submitted by hand.
+    schedule_id: str | None
+    due_at: datetime | None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> OperationView:

@@ -1,6 +1,8 @@
 """The ``webhook_deliveries`` and ``webhook_attempts`` tables: completion callbacks waiting to be sent,
 and every attempt to send one (docs/api.md: API reference, Completion callbacks). Rows are written by the
-trigger of migration 0006 in the transaction that ends the operation; the relay claims due ones with
+trigger of migration 0006 in the transaction that ends the operation, and by migration 0013's
+``pause_export_schedule`` in the transaction that pauses a schedule for a reason of the system's (a
+``schedule.paused`` row names the schedule instead of an operation); the relay claims due ones with
 ``SKIP LOCKED``, so several relays share the work.
 """
 
@@ -15,13 +17,15 @@ from shared.repository.rows import Row
 
 @dataclass(frozen=True)
 class Delivery(Row):
-    """A callback to send: its stable ``webhook_id`` (the same on every retry), the operation it reports,
+    """A callback to send: its stable ``webhook_id`` (the same on every retry), what it reports (an
+    operation, or for ``schedule.paused`` a schedule: exactly one of ``operation_id`` and ``schedule_id``),
     the event type, the URL, how many attempts were made, and its age in seconds.
     """
 
     delivery_id: int
     webhook_id: str
-    operation_id: str
+    operation_id: str | None
+    schedule_id: str | None
     owner_id: str
     event_type: str
     url: str
@@ -36,7 +40,7 @@ async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[Delivery]:
     """
     rows = await conn.fetch(
         """
-        SELECT delivery_id, webhook_id, operation_id, owner_id, event_type, url, attempts,
+        SELECT delivery_id, webhook_id, operation_id, schedule_id, owner_id, event_type, url, attempts,
                extract(epoch FROM now() - created_at)::float8 AS age_seconds,
                extract(epoch FROM created_at)::bigint AS created_at_epoch
         FROM webhook_deliveries

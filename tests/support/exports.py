@@ -42,6 +42,8 @@ REPRESENTATION_KEYS = {
     "result",
     "links",
     "done",
+    "schedule_id",
+    "due_at",
 }
 # An id that was never handed out, with the shape of a real one.
 GUESSED_ID = "op_AAAAAAAAAAAAAAAAAAAAAAAA"

@@ -1,0 +1,442 @@
+"""The ``export_schedules`` table, and the runs it creates (docs/schedules.md: Scheduled exports).
+
+The owner's side creates, reads, pauses, resumes and deletes a schedule; the scheduler's side finds due
+schedules and fires one: creating its run, an ordinary export operation keyed by the schedule and the due
+time, at most once by the database's unique constraint whoever fires. What a run's end does to its schedule
+(the chain's watermark, a pause) is the trigger of migration 0013, in the transaction that ends the run.
+Every function runs on the caller's connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+import asyncpg
+
+from shared.cadence import Cadence
+from shared.export_request import FIELDS, ExportRequest
+from shared.repository import outbox
+from shared.repository.message_store import is_member
+from shared.repository.operation_view import OperationView
+from shared.repository.submissions import SubmitOutcome
+from shared.states import ACTIVE, PauseReason, ScheduleState, WaitingReason, values
+
+_ACTIVE_STATES = values(ACTIVE)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """One schedule as its owner sees it: ``request`` is every run's export request (an incremental run
+    starts at ``watermark`` instead of ``request.after_seq``), ``every`` the interval, ``start_at`` its anchor;
+    ``next_run_at`` is None while PAUSED; ``last_run_*`` describe the run created last (None before the first,
+    or once it was purged). Times are aware datetimes.
+    """
+
+    schedule_id: str
+    owner_id: str
+    conversation_id: str
+    every: Cadence
+    start_at: datetime
+    mode: str
+    request: ExportRequest
+    state: ScheduleState
+    paused_reason: PauseReason | None
+    waiting_reason: WaitingReason | None
+    next_run_at: datetime | None
+    watermark: int
+    last_operation_id: str | None
+    last_run_due_at: datetime | None
+    last_run_state: str | None
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> ScheduleView:
+        """Build from a row of ``_SELECT_VIEW``."""
+        return cls(
+            schedule_id=row["schedule_id"],
+            owner_id=row["owner_id"],
+            conversation_id=row["conversation_id"],
+            every=Cadence.parse(row["every"]),
+            start_at=row["start_at"],
+            mode=row["mode"],
+            request=ExportRequest.from_row(row),
+            state=ScheduleState(row["state"]),
+            paused_reason=None if row["paused_reason"] is None else PauseReason(row["paused_reason"]),
+            waiting_reason=None if row["waiting_reason"] is None else WaitingReason(row["waiting_reason"]),
+            next_run_at=row["next_run_at"],
+            watermark=row["watermark"],
+            last_operation_id=row["last_operation_id"],
+            last_run_due_at=row["last_run_due_at"],
+            last_run_state=row["last_run_state"],
+            version=row["version"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    """What ``create_schedule`` decided, as a submit's outcome (``QUOTA``: the per-user limit of schedules), and the
+    schedule it concerns: the new or replayed one, None otherwise.
+    """
+
+    outcome: SubmitOutcome
+    schedule_id: str | None
+
+
+# The request's fields as columns, read from the stored JSON object as ``operations`` types them.
+_REQUEST_COLUMNS = ", ".join(f"r.{name}" for name in FIELDS)
+_SELECT_VIEW = f"""
+    SELECT s.*, {_REQUEST_COLUMNS}, o.due_at AS last_run_due_at, o.state AS last_run_state
+    FROM export_schedules s
+    CROSS JOIN LATERAL jsonb_populate_record(NULL::operations, s.request) r
+    LEFT JOIN operations o ON o.operation_id = s.last_operation_id
+"""
+
+
+async def create_schedule(
+    conn: asyncpg.Connection,
+    *,
+    schedule_id: str,
+    owner_id: str,
+    conversation_id: str,
+    idempotency_key: str,
+    fingerprint: str,
+    every: Cadence,
+    start_at: datetime | None,
+    mode: str,
+    request: ExportRequest,
+    replay_window_seconds: int,
+    max_schedules: int,
+) -> CreateResult:
+    """Create ``schedule_id`` unless membership, an earlier use of ``idempotency_key`` (the submit's key space)
+    or the limit of ``max_schedules`` decides otherwise (the server-side ``create_export_schedule``, migration
+    0013).
+    ``start_at`` None anchors the schedule at its creation (the database's clock); its first run is due at the
+    anchor. ``request.before_seq`` and ``request.until`` must be None (the caller refuses them).
+    """
+    row = await conn.fetchrow(
+        "SELECT outcome::text, schedule_id FROM create_export_schedule($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        schedule_id,
+        owner_id,
+        conversation_id,
+        idempotency_key,
+        fingerprint,
+        float(replay_window_seconds),
+        max_schedules,
+        every.text,
+        start_at,
+        mode,
+        request.as_json(),
+    )
+    return CreateResult(SubmitOutcome(row["outcome"]), row["schedule_id"])
+
+
+async def read_schedule(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> ScheduleView | None:
+    """The schedule if it exists AND belongs to ``owner_id`` (one answer for both); None otherwise."""
+    row = await conn.fetchrow(_SELECT_VIEW + " WHERE s.schedule_id = $1 AND s.owner_id = $2", schedule_id, owner_id)
+    return None if row is None else ScheduleView.from_row(row)
+
+
+async def read_schedules(
+    conn: asyncpg.Connection, *, owner_id: str, limit: int, after: tuple[datetime, str] | None
+) -> list[ScheduleView]:
+    """Up to ``limit`` schedules of ``owner_id``, newest first, strictly after the keyset ``after`` (the
+    (created_at, schedule_id) of the previous page's last one).
+    """
+    after_created, after_id = after if after else (None, None)
+    rows = await conn.fetch(
+        _SELECT_VIEW
+        + """ WHERE s.owner_id = $1 AND ($2::timestamptz IS NULL OR (s.created_at, s.schedule_id) < ($2, $3))
+        ORDER BY s.created_at DESC, s.schedule_id DESC LIMIT $4""",
+        owner_id,
+        after_created,
+        after_id,
+        limit,
+    )
+    return [ScheduleView.from_row(row) for row in rows]
+
+
+async def read_runs(
+    conn: asyncpg.Connection, *, schedule_id: str, owner_id: str, limit: int, after: tuple[datetime, str] | None
+) -> list[OperationView] | None:
+    """Up to ``limit`` runs of the schedule, newest due time first, strictly after the keyset ``after`` (the
+    (due_at, operation_id) of the previous page's last one); None when the schedule does not exist or is not
+    ``owner_id``'s.
+    """
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        if not await conn.fetchval(
+            "SELECT true FROM export_schedules WHERE schedule_id = $1 AND owner_id = $2", schedule_id, owner_id
+        ):
+            return None
+        after_due, after_id = after if after else (None, None)
+        rows = await conn.fetch(
+            """
+            SELECT * FROM operation_representations
+            WHERE schedule_id = $1 AND owner_id = $2
+              AND ($3::timestamptz IS NULL OR (due_at, operation_id) < ($3, $4))
+            ORDER BY due_at DESC, operation_id DESC LIMIT $5
+            """,
+            schedule_id,
+            owner_id,
+            after_due,
+            after_id,
+            limit,
+        )
+    return [OperationView.from_row(row) for row in rows]
+
+
+async def pause(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> ScheduleView | None:
+    """ACTIVE -> PAUSED with reason USER; a PAUSED schedule stays as it is, its reason kept (idempotent). None when
+    the schedule does not exist or is not ``owner_id``'s.
+    """
+    await conn.execute(
+        """
+        UPDATE export_schedules SET state = 'PAUSED', paused_reason = 'USER', next_run_at = NULL,
+            waiting_reason = NULL, version = version + 1, updated_at = now()
+        WHERE schedule_id = $1 AND owner_id = $2 AND state = 'ACTIVE'
+        """,
+        schedule_id,
+        owner_id,
+    )
+    return await read_schedule(conn, schedule_id=schedule_id, owner_id=owner_id)
+
+
+class ResumeOutcome(StrEnum):
+    """What a resume decided (docs/schedules.md: The resource)."""
+
+    RESUMED = "resumed"
+    NOT_FOUND = "not_found"
+    # The owner is no longer a member of the conversation.
+    NOT_MEMBER = "not_member"
+    # A run is FAILED_REPAIR: the schedule resumes once an operator has repaired it.
+    NEEDS_REPAIR = "needs_repair"
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    """A resume's ``outcome`` and the schedule as it is after it (None when NOT_FOUND)."""
+
+    outcome: ResumeOutcome
+    schedule: ScheduleView | None
+
+
+async def resume(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> ResumeResult:
+    """PAUSED -> ACTIVE with the next run at the first due time after now (the database's clock); an ACTIVE
+    schedule is left as it is (idempotent). Refused while a run is FAILED_REPAIR, or when the owner is no longer
+    a member.
+    """
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            """
+            SELECT now() AS now, s.state, s.every, s.start_at, s.conversation_id,
+                   EXISTS (SELECT 1 FROM operations o
+                           WHERE o.schedule_id = s.schedule_id AND o.state = 'FAILED_REPAIR') AS needs_repair
+            FROM export_schedules s WHERE s.schedule_id = $1 AND s.owner_id = $2 FOR UPDATE
+            """,
+            schedule_id,
+            owner_id,
+        )
+        if row is None:
+            return ResumeResult(ResumeOutcome.NOT_FOUND, None)
+        outcome = ResumeOutcome.RESUMED
+        if row["state"] == ScheduleState.PAUSED:
+            if row["needs_repair"]:
+                outcome = ResumeOutcome.NEEDS_REPAIR
+            elif not await is_member(conn, conversation_id=row["conversation_id"], user_id=owner_id):
+                outcome = ResumeOutcome.NOT_MEMBER
+            else:
+                await conn.execute(
+                    """
+                    UPDATE export_schedules SET state = 'ACTIVE', paused_reason = NULL, next_run_at = $2,
+                        version = version + 1, updated_at = now()
+                    WHERE schedule_id = $1
+                    """,
+                    schedule_id,
+                    Cadence.parse(row["every"]).next_due(row["start_at"], row["now"]),
+                )
+        schedule = await read_schedule(conn, schedule_id=schedule_id, owner_id=owner_id)
+    return ResumeResult(outcome, schedule)
+
+
+async def delete(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> bool:
+    """Delete the schedule and its idempotency records; its runs stay, to their own retention, and one in
+    flight finishes. False when it does not exist or is not ``owner_id``'s.
+    """
+    status = await conn.execute(
+        "DELETE FROM export_schedules WHERE schedule_id = $1 AND owner_id = $2", schedule_id, owner_id
+    )
+    return status == "DELETE 1"
+
+
+# An ACTIVE schedule whose next run is due and that has no unfinished run: the scheduler's work. One with an
+# unfinished run waits for it, its missed due times to be coalesced (docs/schedules.md: Runs).
+_DUE = """
+    FROM export_schedules s
+    WHERE s.state = 'ACTIVE' AND s.next_run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.schedule_id = s.schedule_id AND o.state = ANY($1::text[]))
+"""
+
+
+async def due_schedules(conn: asyncpg.Connection, *, limit: int) -> list[str]:
+    """Up to ``limit`` ids of schedules due to fire, the longest overdue first."""
+    rows = await conn.fetch(f"SELECT s.schedule_id {_DUE} ORDER BY s.next_run_at LIMIT $2", _ACTIVE_STATES, limit)
+    return [row["schedule_id"] for row in rows]
+
+
+class FireOutcome(StrEnum):
+    """What firing a schedule did (docs/schedules.md: Runs)."""
+
+    CREATED = "created"
+    # Not ACTIVE, deleted, its next run not due yet (another firing part got there first), or a run of it is
+    # unfinished: its due times wait, to be coalesced into one run once it ends.
+    NOT_DUE = "not_due"
+    WAITING_FOR_QUOTA = "waiting_for_quota"
+    ACCESS_REVOKED = "access_revoked"
+    # A run for this due time exists already: the unique constraint refused a second one.
+    DUPLICATE = "duplicate"
+
+
+@dataclass(frozen=True)
+class FireResult:
+    """A fire's ``outcome``; ``due_at`` the due time it was for, and ``operation_id`` the run it created (CREATED)."""
+
+    outcome: FireOutcome
+    due_at: datetime | None = None
+    operation_id: str | None = None
+
+
+async def fire(conn: asyncpg.Connection, *, schedule_id: str, operation_id: str, max_active: int) -> FireResult:
+    """Create the schedule's run as ``operation_id`` if it is due, in one transaction: the schedule row locked,
+    then the submit's checks in the submit's order (membership: else the schedule pauses with ACCESS_REVOKED;
+    the owner's active exports under the submit's per-user lock: at ``max_active`` the run waits, the schedule
+    showing why), then the operation and its outbox row. The run is keyed by the latest due time at or before
+    now, every missed one coalesced into it; the next run is due at the first due time after now. Safe to call
+    from several processes at once, and after a pause in the middle (a frozen process): the row lock orders
+    them, and the unique (schedule_id, due_at) refuses a second run for one due time.
+    """
+    async with conn.transaction():
+        # The clock as this statement runs, after its snapshot, not the transaction's start: a run's created_at
+        # follows the end of every run it saw finished, even when this process froze between BEGIN and here.
+        row = await conn.fetchrow(
+            "SELECT clock_timestamp() AS now, s.every, s.start_at, s.owner_id, s.conversation_id"
+            f" {_DUE} AND s.schedule_id = $2 FOR UPDATE OF s",
+            _ACTIVE_STATES,
+            schedule_id,
+        )
+        if row is None:
+            return FireResult(FireOutcome.NOT_DUE)
+        every, now = Cadence.parse(row["every"]), row["now"]
+        # Due, so the anchor has passed: there is a latest due time.
+        due_at = every.latest_due(row["start_at"], now) or row["start_at"]
+        owner_id = row["owner_id"]
+        if not await is_member(conn, conversation_id=row["conversation_id"], user_id=owner_id):
+            await conn.execute("SELECT pause_export_schedule($1, $2)", schedule_id, PauseReason.ACCESS_REVOKED.value)
+            return FireResult(FireOutcome.ACCESS_REVOKED, due_at)
+        if await _at_quota(conn, owner_id=owner_id, max_active=max_active):
+            await _set_waiting(conn, schedule_id, WaitingReason.ACTIVE_EXPORT_QUOTA)
+            return FireResult(FireOutcome.WAITING_FOR_QUOTA, due_at)
+        created = await _insert_run(conn, schedule_id=schedule_id, operation_id=operation_id, due_at=due_at, now=now)
+        await conn.execute(
+            """
+            UPDATE export_schedules SET next_run_at = $2, waiting_reason = NULL,
+                last_operation_id = coalesce($3, last_operation_id), version = version + 1, updated_at = now()
+            WHERE schedule_id = $1
+            """,
+            schedule_id,
+            every.next_due(row["start_at"], now),
+            operation_id if created else None,
+        )
+    if not created:
+        return FireResult(FireOutcome.DUPLICATE, due_at)
+    return FireResult(FireOutcome.CREATED, due_at, operation_id)
+
+
+async def _at_quota(conn: asyncpg.Connection, *, owner_id: str, max_active: int) -> bool:
+    """True when ``owner_id`` has ``max_active`` active exports; under the submit's per-user lock (migration 0009),
+    so that a submit and a run cannot both take the last slot.
+    """
+    # Two statements: the count's snapshot must be taken after the lock is granted (READ COMMITTED).
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('submit:' || $1, 0))", owner_id)
+    at_quota: bool = await conn.fetchval(
+        "SELECT count(*) >= $3 FROM operations o WHERE o.owner_id = $1 AND o.state = ANY($2::text[])",
+        owner_id,
+        _ACTIVE_STATES,
+        max_active,
+    )
+    return at_quota
+
+
+async def _set_waiting(conn: asyncpg.Connection, schedule_id: str, reason: WaitingReason) -> None:
+    await conn.execute(
+        """
+        UPDATE export_schedules SET waiting_reason = $2, version = version + 1, updated_at = now()
+        WHERE schedule_id = $1 AND waiting_reason IS DISTINCT FROM $2
+        """,
+        schedule_id,
+        reason.value,
+    )
+
+
+# A run's operation: the schedule's request, starting at the watermark when incremental. The column list is the
+# request's fields, so a new field of the request reaches runs without a change here.
+_INSERT_RUN = f"""
+    INSERT INTO operations (
+        operation_id, owner_id, conversation_id, state, schedule_id, due_at, created_at, updated_at, {
+    ", ".join(FIELDS)
+})
+    SELECT $2, s.owner_id, s.conversation_id, 'QUEUED', s.schedule_id, $3, $4, $4, {
+    ", ".join(
+        "CASE s.mode WHEN 'incremental' THEN s.watermark ELSE r.after_seq END" if name == "after_seq" else f"r.{name}"
+        for name in FIELDS
+    )
+}
+    FROM export_schedules s CROSS JOIN LATERAL jsonb_populate_record(NULL::operations, s.request) r
+    WHERE s.schedule_id = $1
+    ON CONFLICT (schedule_id, due_at) DO NOTHING
+    RETURNING operation_id
+"""
+
+
+async def _insert_run(
+    conn: asyncpg.Connection, *, schedule_id: str, operation_id: str, due_at: datetime, now: datetime
+) -> bool:
+    """Insert the run, created at ``now``, and the outbox row that wakes a worker for it; False when a run for
+    ``due_at`` exists.
+    """
+    inserted = await conn.fetchval(_INSERT_RUN, schedule_id, operation_id, due_at, now)
+    if inserted is None:
+        return False
+    await outbox.enqueue_run(conn, operation_id=operation_id)
+    return True
+
+
+@dataclass(frozen=True)
+class ScheduleFigures:
+    """What the scheduler's gauges show: schedules by state (``"ACTIVE"``, ``"PAUSED"``, and ``"WAITING"`` for
+    those whose run waits for the quota) and how long, in seconds, the longest-overdue due schedule has been due
+    (0 when none is).
+    """
+
+    by_state: dict[str, int]
+    oldest_due_lag_seconds: float
+
+
+async def schedule_figures(conn: asyncpg.Connection) -> ScheduleFigures:
+    """Read the figures in one round trip."""
+    row = await conn.fetchrow(
+        f"""
+        SELECT (SELECT count(*) FROM export_schedules WHERE state = 'ACTIVE') AS active,
+               (SELECT count(*) FROM export_schedules WHERE state = 'PAUSED') AS paused,
+               (SELECT count(*) FROM export_schedules WHERE waiting_reason IS NOT NULL) AS waiting,
+               (SELECT coalesce(extract(epoch FROM now() - min(s.next_run_at))::float8, 0) {_DUE}) AS lag
+        """,
+        _ACTIVE_STATES,
+    )
+    return ScheduleFigures(
+        {"ACTIVE": row["active"], "PAUSED": row["paused"], "WAITING": row["waiting"]}, max(0.0, row["lag"])
+    )
