@@ -6,7 +6,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from services.api.http import openapi
-from services.api.views import admin, docs, exports, health, messages, operations, page, webhooks
+from services.api.views import admin, docs, exports, health, messages, operations, page, schedules, webhooks
 from shared.routes import ROUTES
 
 HANDLERS: dict[str, Handler] = {
@@ -24,6 +24,13 @@ HANDLERS: dict[str, Handler] = {
     "streamOperationEvents": operations.stream_operation_events,
     "cancelOperation": operations.cancel_operation,
     "getWebhookSecret": webhooks.webhook_secret,
+    "createExportSchedule": schedules.create_export_schedule,
+    "listExportSchedules": schedules.list_export_schedules,
+    "getExportSchedule": schedules.get_export_schedule,
+    "deleteExportSchedule": schedules.delete_export_schedule,
+    "listExportScheduleRuns": schedules.list_export_schedule_runs,
+    "pauseExportSchedule": schedules.pause_export_schedule,
+    "resumeExportSchedule": schedules.resume_export_schedule,
     "getOpenApiDocument": openapi.openapi_document,
     "toPage": page.to_page,
     "pageFile": page.page_file,

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from services.api.http.openapi import build_document
+from services.api.views import schedules
+from shared.routes import ROUTES_BY_NAME
 
 BASELINE = Path(__file__).with_name("openapi_baseline.json")
 PROSE = frozenset({"description", "summary"})
@@ -23,6 +25,38 @@ _DOWNLOAD_QUERY = {
     "properties": {"delivery": _DELIVERY},
     "title": "DownloadQuery",
     "type": "object",
+}
+
+
+# Export schedules (docs/api.md: Export schedules): their routes, models and tag are new as a whole, so they are
+# taken from the document as it is built (the schedule API's tests hold what they mean); what existed gains
+# only a run's schedule and due time in ``Operation``.
+_DOCUMENT = build_document()
+SCHEDULE_PATHS = sorted({ROUTES_BY_NAME[endpoint.route].path for endpoint in schedules.ENDPOINTS})
+SCHEDULE_SCHEMAS = (
+    "ExportScheduleSubmission",
+    "PauseReason",
+    "Schedule",
+    "ScheduleLinks",
+    "ScheduleOptions",
+    "SchedulePage",
+    "SchedulePageQuery",
+    "ScheduleRun",
+    "ScheduleRunPage",
+    "ScheduleState",
+    "WaitingReason",
+)
+_TIMESTAMP = {
+    "format": "date-time",
+    "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z$",
+    "type": "string",
+}
+_RUN_OF = {
+    "properties": {
+        "schedule_id": {"anyOf": [{"type": "string"}, {"type": "null"}], "title": "Schedule Id"},
+        "due_at": {"anyOf": [_TIMESTAMP, {"type": "null"}], "title": "Due At"},
+    },
+    "required": ["schedule_id", "due_at"],
 }
 
 
@@ -70,6 +104,10 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
     # Downloads by redirect (docs/api.md: API reference, Download by redirect): the query, the 303, the 422.
     (("components", "schemas", "DownloadQuery"), _DOWNLOAD_QUERY),
     *((("paths", path, method), _redirect_answers(method)) for path in DOWNLOADS for method in ("get", "head")),
+    (("components", "schemas", "Operation"), _RUN_OF),
+    (("tags",), [{"name": "schedules"}]),
+    *((("paths", path), _DOCUMENT["paths"][path]) for path in SCHEDULE_PATHS),
+    *((("components", "schemas", name), _DOCUMENT["components"]["schemas"][name]) for name in SCHEDULE_SCHEMAS),
 ]
 
 

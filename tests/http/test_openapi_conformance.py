@@ -65,10 +65,22 @@ async def succeeded_export(api: aiohttp.ClientSession, auth: Headers, member: st
     return cid, operation["operation_id"]
 
 
+async def schedule(api: aiohttp.ClientSession, auth: Headers, member: str, cid: str) -> str:
+    """A daily export schedule of ``cid`` by ``member``: its id."""
+    response = await api.post(
+        path("createExportSchedule", cid=cid),
+        json={"every": "P1D"},
+        headers={**auth(member), "Idempotency-Key": unique("key")},
+    )
+    assert response.status == 201, await response.text()
+    schedule_id: str = (await response.json())["schedule_id"]
+    return schedule_id
+
+
 @pytest.fixture(scope="module")
 async def world(system: LocalSystem, live_auth: Headers) -> World:
     """Two exported conversations of one member, who then leaves the second one, and a third exported in
-    parts (one part: five messages are far below the part size).
+    parts (one part: five messages are far below the part size); a schedule of each of the first two.
 
     Module-scoped: every generated case of every operation shares it (hypothesis refuses function scope).
     """
@@ -78,6 +90,7 @@ async def world(system: LocalSystem, live_auth: Headers) -> World:
         cid, operation_id = await succeeded_export(api, auth, member)
         left_cid, revoked_operation_id = await succeeded_export(api, auth, member)
         _, split_operation_id = await succeeded_export(api, auth, member, max_part_bytes=5 * 1024 * 1024)
+        schedule_ids = (await schedule(api, auth, member, cid), await schedule(api, auth, member, left_cid))
         response = await api.delete(
             f"/admin/conversations/{left_cid}/members/{member}", headers=auth("root", admin=True)
         )
@@ -88,6 +101,7 @@ async def world(system: LocalSystem, live_auth: Headers) -> World:
             "message_id": ("m4",),
             "operation_id": (operation_id, revoked_operation_id, split_operation_id),
             "number": ("1",),
+            "schedule_id": schedule_ids,
         },
         headers={
             "member": auth(member),

@@ -84,16 +84,8 @@ def _answer(result: SubmitResult, settings: Settings) -> AcceptedSubmission:
         case SubmitOutcome.NOT_MEMBER:
             AUTHORIZATION_REFUSALS.labels("submit").inc()
             raise not_found()
-        case SubmitOutcome.REUSED:
-            raise _conflict(
-                "IDEMPOTENCY_KEY_REUSED",
-                "This Idempotency-Key was already used for a different request; use a new key.",
-            )
-        case SubmitOutcome.EXPIRED:
-            raise _conflict(
-                "IDEMPOTENCY_KEY_EXPIRED",
-                "This Idempotency-Key is past its replay window; use a new key to start a new export.",
-            )
+        case SubmitOutcome.REUSED | SubmitOutcome.EXPIRED:
+            raise key_conflict(result.outcome, anew="start a new export")
         case SubmitOutcome.QUOTA:
             raise ProblemError(
                 "TOO_MANY_ACTIVE_EXPORTS",
@@ -104,6 +96,19 @@ def _answer(result: SubmitResult, settings: Settings) -> AcceptedSubmission:
             assert_never(result.outcome)
 
 
-def _conflict(code: str, detail: str) -> ProblemError:
+def key_conflict(outcome: SubmitOutcome, *, anew: str) -> ProblemError:
+    """The 409 of a key whose earlier use decides (docs/api.md: Error codes), counted: IDEMPOTENCY_KEY_REUSED for
+    ``REUSED``, IDEMPOTENCY_KEY_EXPIRED for ``EXPIRED``, whose detail tells to use a new key to ``anew``.
+    """
+    if outcome is SubmitOutcome.REUSED:
+        code, detail = (
+            "IDEMPOTENCY_KEY_REUSED",
+            "This Idempotency-Key was already used for a different request; use a new key.",
+        )
+    else:
+        code, detail = (
+            "IDEMPOTENCY_KEY_EXPIRED",
+            f"This Idempotency-Key is past its replay window; use a new key to {anew}.",
+        )
     IDEMPOTENCY_CONFLICTS.labels(code).inc()
     return ProblemError(code, detail)

@@ -1,6 +1,6 @@
 """The API's Prometheus metrics (names follow Prometheus conventions: units in names, ``_total`` counters).
 
-Shared with other parts: ``shared.metrics.AUTHORIZATION_REFUSALS`` (stages submit and download).
+Shared with other parts: ``shared.metrics.AUTHORIZATION_REFUSALS`` (stages submit, schedule and download).
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ HTTP_REQUEST_DURATION = Histogram(
 )
 IDEMPOTENCY_REPLAYS = Counter(
     "chatexport_idempotency_replays_total",
-    "Export submissions answered with the operation an earlier request with the same key created.",
+    "Export submissions and schedule creations answered with what an earlier request with the same key created.",
 )
 IDEMPOTENCY_CONFLICTS = counter_from_zero(
     "chatexport_idempotency_conflicts_total",
-    "Export submissions refused because their Idempotency-Key was used for another request, by code.",
+    "Export submissions and schedule creations refused because their Idempotency-Key was used for another"
+    " request, by code.",
     "code",
     ("IDEMPOTENCY_KEY_REUSED", "IDEMPOTENCY_KEY_EXPIRED"),
 )

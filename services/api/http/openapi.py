@@ -25,7 +25,7 @@ from services.api.http import schemas
 from services.api.http.bodies import JSON_MEDIA_TYPE
 from services.api.http.contract import ANY_ROUTE_PROBLEMS, REF_TEMPLATE, Answer, Endpoint, header, ref, retry_after
 from services.api.http.problems import CODES, PROBLEM_CONTENT_TYPE
-from services.api.views import exports, messages, operations, webhooks
+from services.api.views import exports, messages, operations, schedules, webhooks
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
 from shared.routes import ROUTES, Route
 
@@ -38,7 +38,14 @@ DOCUMENT = Endpoint(
 )
 ENDPOINTS: dict[str, Endpoint] = {
     endpoint.route: endpoint
-    for endpoint in (*messages.ENDPOINTS, *exports.ENDPOINTS, *operations.ENDPOINTS, *webhooks.ENDPOINTS, DOCUMENT)
+    for endpoint in (
+        *messages.ENDPOINTS,
+        *exports.ENDPOINTS,
+        *operations.ENDPOINTS,
+        *webhooks.ENDPOINTS,
+        *schedules.ENDPOINTS,
+        DOCUMENT,
+    )
 }
 
 SchemaMode = Literal["validation", "serialization"]
@@ -125,6 +132,11 @@ PATH_PARAMETERS = {
         {"type": "string", "pattern": f"^{OPERATION_ID_PATTERN}$"},
         "Operation id, as in `Location`. An id that is not the caller's answers the same 404 as a missing one.",
     ),
+    "schedule_id": _path_parameter(
+        "schedule_id",
+        {"type": "string", "pattern": f"^{OPERATION_ID_PATTERN}$"},
+        "Schedule id, as in `Location`. An id that is not the caller's answers the same 404 as a missing one.",
+    ),
     "number": _path_parameter(
         "number", {"type": "string", "pattern": "^[1-9][0-9]*$"}, "A part's `number` from `result.parts` (1-based)."
     ),
@@ -205,7 +217,8 @@ def paths(components: dict[str, Any]) -> dict[str, Any]:
 
 INFO_DESCRIPTION = (
     "Export a chat conversation's history without holding a request open: submit an export (202), poll its "
-    "operation, cancel it, download the file. Every route but this document needs `Authorization: Bearer <JWT>`. "
+    "operation, cancel it, download the file; or schedule exports, each run picking up where the last ended. "
+    "Every route but this document needs `Authorization: Bearer <JWT>`. "
     "Every error is `application/problem+json` with a stable `code`. Unknown routes answer 404; a method a route "
     "does not have answers 405 with `Allow`. A request body is taken only without a content coding (else 415 "
     "`UNSUPPORTED_CONTENT_ENCODING`) and must arrive in full within `CHATEXPORT_REQUEST_BODY_TIMEOUT_SECONDS` "
@@ -224,7 +237,7 @@ def build_document() -> dict[str, Any]:
             "description": INFO_DESCRIPTION,
         },
         "security": [{"bearerAuth": []}],
-        "tags": [{"name": name} for name in ("messages", "exports", "operations", "meta")],
+        "tags": [{"name": name} for name in ("messages", "exports", "operations", "meta", "schedules")],
         "paths": paths(components),
         "components": {
             "schemas": components,

@@ -42,8 +42,8 @@ CODES: dict[str, ProblemCode] = {
     "NOT_FOUND": ProblemCode(
         404,
         "Not found",
-        "an unknown route; on `/v2` and `/v3` a conversation, message or operation that does not"
-        " exist or that the caller may not see (one body for both); on `/admin` an unknown operation",
+        "an unknown route; on `/v2` and `/v3` a conversation, message, operation or schedule that does"
+        " not exist or that the caller may not see (one body for both); on `/admin` an unknown operation",
     ),
     "CONVERSATION_NOT_FOUND": ProblemCode(
         404,
@@ -68,7 +68,7 @@ CODES: dict[str, ProblemCode] = {
     ),
     "EXPECTATION_FAILED": ProblemCode(417, "Expectation failed", "an `Expect` field other than `100-continue`"),
     "IDEMPOTENCY_KEY_MISSING": ProblemCode(
-        400, "Idempotency-Key missing", "an export submit without `Idempotency-Key`"
+        400, "Idempotency-Key missing", "an export submit or a schedule's creation without `Idempotency-Key`"
     ),
     "IDEMPOTENCY_KEY_INVALID": ProblemCode(
         400, "Idempotency-Key invalid", "an `Idempotency-Key` that breaks the 1-255 visible ASCII rule"
@@ -102,19 +102,53 @@ CODES: dict[str, ProblemCode] = {
     "NOTIFY_URL_REFUSED": ProblemCode(
         422,
         "Callback URL refused",
-        "a submit whose `notify.url` may not receive callbacks (not https, user information, a"
-        ' private or local address); `errors` names `["body", "notify", "url"]`',
+        "a submit or a schedule's creation whose `notify.url` may not receive callbacks (not https,"
+        ' user information, a private or local address); `errors` names `["body", "notify", "url"]`',
+    ),
+    "SCHEDULE_OPTION_REFUSED": ProblemCode(
+        422,
+        "Schedule option refused",
+        "a schedule's creation with `before_seq` or `until`, which would leave every run after the first"
+        " empty; `errors` names each",
+    ),
+    "SCHEDULE_INTERVAL_INVALID": ProblemCode(
+        422,
+        "Schedule interval invalid",
+        "a schedule's `every` that is not an ISO 8601 duration of whole units (`P1D`, `PT6H`, `P1M`), is"
+        ' zero or is over a thousand years; `errors` names `["body", "every"]`',
+    ),
+    "SCHEDULE_INTERVAL_TOO_SHORT": ProblemCode(
+        422,
+        "Schedule interval too short",
+        "a schedule's `every` shorter than `CHATEXPORT_SCHEDULE_MIN_INTERVAL_SECONDS` (a month counted"
+        ' as 28 days); `errors` names `["body", "every"]`',
+    ),
+    "SCHEDULE_NEEDS_REPAIR": ProblemCode(
+        422,
+        "Schedule needs repair",
+        "a resume of a schedule one of whose runs is parked in FAILED_REPAIR; an operator's requeue of"
+        " the run resumes it",
     ),
     "DUPLICATE_MESSAGE_ID": ProblemCode(
         409, "Duplicate message id", "a send whose `message_id` the conversation already holds, recalled or not"
     ),
     "IDEMPOTENCY_KEY_REUSED": ProblemCode(
-        409, "Idempotency-Key reused", "a submit whose key was used for a different request"
+        409,
+        "Idempotency-Key reused",
+        "a submit or a schedule's creation whose key was used for a different request (an export's"
+        " key for a schedule, or a schedule's for an export, included)",
     ),
     "IDEMPOTENCY_KEY_EXPIRED": ProblemCode(
         409,
         "Idempotency-Key expired",
-        "a submit repeating a request after the key's replay window, before its record is purged",
+        "a submit or a schedule's creation repeating a request after the key's replay window, before"
+        " its record is purged",
+    ),
+    "TOO_MANY_SCHEDULES": ProblemCode(
+        409,
+        "Too many schedules",
+        "a schedule's creation by a user who already has `CHATEXPORT_MAX_SCHEDULES_PER_USER` schedules;"
+        " delete one first",
     ),
     "ALREADY_TERMINAL": ProblemCode(
         409,
@@ -136,7 +170,9 @@ CODES: dict[str, ProblemCode] = {
         409, "Result in parts", "`GET /v3/exports/{id}/result` of a result split into parts: download `result.parts`"
     ),
     "ACCESS_REVOKED": ProblemCode(
-        403, "Access revoked", "a download by an owner who is no longer a member of the conversation"
+        403,
+        "Access revoked",
+        "a download, or a schedule's resume, by an owner who is no longer a member of the conversation",
     ),
     "RESULT_EXPIRED": ProblemCode(
         410, "Result expired", "a download after the result retention (EXPIRED); with `state`"

@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic.json_schema import JsonDict, SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from shared.export_request import SHOWN_FIELDS, ExportRequest
+from shared.export_request import SCHEDULE_REFUSED_OPTIONS, SHOWN_FIELDS, ExportRequest
 from shared.formats import (
     COMPRESSIONS,
     CONTENT_TYPES,
@@ -37,7 +37,7 @@ from shared.formats import (
 )
 from shared.ids import ID_PATTERN
 from shared.phases import described
-from shared.states import TERMINAL, State
+from shared.states import TERMINAL, PauseReason, ScheduleMode, ScheduleState, State, WaitingReason
 from shared.timefmt import ceil_millisecond, parse_instant, parse_timestamp
 
 # The largest seq Postgres' bigint holds; a bigger after_seq would fail in the driver, not validate.
@@ -146,20 +146,43 @@ else:
     Compression = Literal[COMPRESSIONS]
 
 
-class ExportSubmission(StrictModel):
-    """Body of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: API reference, Submit; Export options)."""
+class ExportOptions(StrictModel):
+    """The export options a submit and a schedule take alike, with their callback (docs/api.md: API reference,
+    Export options; docs/api.md: Export schedules).
+    """
 
     format: FormatName = DEFAULT_FORMAT
     notify: NotifyTarget | SkipJsonSchema[None] = ABSENT
     # Bounded by Postgres' bigint: a bigger value is a 422 here, not a driver error (a 500) at insert.
-    before_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
     after_seq: Annotated[StrictInt, Field(ge=0, le=MAX_SEQ)] = 0
     # null is taken as absent, like before_seq's.
     since: Instant | None = ABSENT_PARAMETER
-    until: Instant | None = ABSENT_PARAMETER
     senders: SenderList | None = ABSENT_PARAMETER
     compression: Compression = DEFAULT_COMPRESSION
     max_part_bytes: Annotated[StrictInt, Field(ge=MIN_PART_BYTES, le=MAX_SEQ)] | None = ABSENT_PARAMETER
+
+    def export_request(self, *, notify_url: str | None) -> ExportRequest:
+        """The canonical request (``shared.export_request``): the fields of the same names (a request field
+        the body has not is None), the checked callback URL, and the senders as a set.
+        """
+        given: dict[str, Any] = {name: getattr(self, name, None) for name in SHOWN_FIELDS}
+        canonical: dict[str, Any] = {
+            **given,
+            # sent_at is kept to the millisecond: the next whole millisecond selects the same messages.
+            **{bound: ceil_millisecond(given[bound]) for bound in ("since", "until") if given[bound] is not None},
+            "senders": None if self.senders is None else tuple(sorted(set(self.senders))),
+        }
+        return ExportRequest(
+            **canonical,
+            notify_url=notify_url,
+        )
+
+
+class ExportSubmission(ExportOptions):
+    """Body of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: API reference, Submit; Export options)."""
+
+    before_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
+    until: Instant | None = ABSENT_PARAMETER
 
     @model_validator(mode="after")
     def _range_not_empty_by_construction(self) -> ExportSubmission:
@@ -177,21 +200,32 @@ class ExportSubmission(StrictModel):
             raise ValueError("must be later than since")
         return until
 
-    def export_request(self, *, notify_url: str | None) -> ExportRequest:
-        """The canonical request (``shared.export_request``): the fields of the same names, the checked
-        callback URL, and the senders as a set.
-        """
-        given = {name: getattr(self, name) for name in SHOWN_FIELDS}
-        return ExportRequest(
-            **{
-                **given,
-                # sent_at is kept to the millisecond: the next whole millisecond selects the same messages.
-                "since": None if self.since is None else ceil_millisecond(self.since),
-                "until": None if self.until is None else ceil_millisecond(self.until),
-                "senders": None if self.senders is None else tuple(sorted(set(self.senders))),
-            },
-            notify_url=notify_url,
-        )
+
+class ExportScheduleSubmission(ExportOptions):
+    """Body of ``POST /v3/conversations/{cid}/export-schedules`` (docs/api.md: Export schedules): the interval,
+    its anchor and the chain's mode, and the submit's options, validated as the submit validates them. The
+    interval's syntax is ``shared.cadence``'s to check.
+    """
+
+    every: Annotated[
+        StrictStr,
+        Field(
+            min_length=1,
+            max_length=64,
+            description="An ISO 8601 duration of whole units: `P1D`, `PT6H`, `P1W`, `P1M`, `P1Y2M10DT2H30M`.",
+        ),
+    ]
+    start_at: Timestamp | None = ABSENT_PARAMETER
+    mode: ScheduleMode = ScheduleMode.INCREMENTAL
+    # ``SCHEDULE_REFUSED_OPTIONS``, read under the submit's names whatever their value only to be refused with
+    # a code of their own (``refused_options``); null is absent, as in a submit. Attributes of other names keep
+    # them out of ``export_request``.
+    refused_before_seq: SkipJsonSchema[Any] = Field(None, alias="before_seq")
+    refused_until: SkipJsonSchema[Any] = Field(None, alias="until")
+
+    def refused_options(self) -> list[str]:
+        """The names of the submit's options given that a schedule refuses (``SCHEDULE_REFUSED_OPTIONS``)."""
+        return [name for name in SCHEDULE_REFUSED_OPTIONS if getattr(self, f"refused_{name}") is not None]
 
 
 class EmptyRequest(StrictModel):
@@ -222,12 +256,26 @@ class ConversationListQuery(StrictModel):
     cursor: str | SkipJsonSchema[None] = ABSENT
 
 
+# A keyset list's page size and cursor: the operations' and the schedules' lists page alike.
+PageLimit = Annotated[int, Field(ge=1, le=MAX_OPERATIONS_PAGE), QUERY_DIGITS]
+PageCursor = str | SkipJsonSchema[None]
+
+
 class OperationListQuery(StrictModel):
     """Query of ``GET /v3/operations?state=&limit=&cursor=`` (docs/api.md: API reference, Operation)."""
 
     state: State | None = ABSENT_PARAMETER
-    limit: Annotated[int, Field(ge=1, le=MAX_OPERATIONS_PAGE), QUERY_DIGITS] = 20
-    cursor: str | SkipJsonSchema[None] = ABSENT
+    limit: PageLimit = 20
+    cursor: PageCursor = ABSENT
+
+
+class SchedulePageQuery(StrictModel):
+    """Query of ``GET /v3/export-schedules`` and of a schedule's runs (docs/api.md: Export schedules):
+    ``cursor`` is a ``next_cursor`` passed back as it is.
+    """
+
+    limit: PageLimit = 20
+    cursor: PageCursor = ABSENT
 
 
 class EmptyQuery(StrictModel):
@@ -292,6 +340,9 @@ TimestampText = Annotated[
     ),
 ]
 Seq = Annotated[int, Field(ge=1, le=MAX_SEQ)]
+# A seq or 0: where a range starts, exclusive.
+SeqFrom = Annotated[int, Field(ge=0, le=MAX_SEQ)]
+PartBytes = Annotated[int, Field(ge=MIN_PART_BYTES)]
 Count = Annotated[int, Field(ge=0)]
 Sha256 = Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
 
@@ -376,12 +427,12 @@ class OperationRequest(StrictModel):
 
     format: FormatName
     before_seq: Seq | None
-    after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
+    after_seq: SeqFrom
     since: TimestampText | None
     until: TimestampText | None
     senders: list[str] | None
     compression: Compression
-    max_part_bytes: Annotated[int, Field(ge=MIN_PART_BYTES)] | None
+    max_part_bytes: PartBytes | None
 
 
 class Estimate(StrictModel):
@@ -437,7 +488,7 @@ class OperationResult(StrictModel):
     sha256: Sha256 | SkipJsonSchema[None] = ABSENT
     message_count: Count
     content_type: Literal[CONTENT_TYPES]  # type: ignore[valid-type]
-    next_after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
+    next_after_seq: SeqFrom
     parts: list[ResultPart] | SkipJsonSchema[None] = ABSENT
 
 
@@ -476,6 +527,11 @@ class Operation(StrictModel):
             "an admin requeue of FAILED_REPAIR makes it false again."
         ),
     ]
+    schedule_id: Annotated[str | None, Field(description="The schedule of a scheduled run; null otherwise.")]
+    due_at: Annotated[
+        TimestampText | None,
+        Field(description="The due time a scheduled run was created for; null for an export submitted by hand."),
+    ]
     next_poll_after_seconds: Annotated[int, Field(ge=1, le=30)] | SkipJsonSchema[None] = ABSENT
 
 
@@ -488,6 +544,70 @@ class WebhookSecret(StrictModel):
 
 class OperationPage(StrictModel):
     """``GET /v3/operations``: newest first; ``next_cursor`` is opaque and null on the last page."""
+
+    operations: list[Operation]
+    next_cursor: str | None
+
+
+class ScheduleOptions(StrictModel):
+    """The export options of every run of a schedule (docs/api.md: Export schedules): the operation's ``request``
+    without ``before_seq`` and ``until``; ``after_seq`` is where the chain began.
+    """
+
+    format: FormatName
+    after_seq: SeqFrom
+    since: TimestampText | None
+    senders: list[str] | None
+    compression: Compression
+    max_part_bytes: PartBytes | None
+
+
+class ScheduleRun(StrictModel):
+    """The run a schedule created last: its operation, the due time it is for, and its state then read."""
+
+    operation_id: str
+    due_at: TimestampText
+    state: State
+
+
+class ScheduleLinks(StrictModel):
+    """The schedule itself and the list of its runs."""
+
+    self_: str = Field(alias="self")
+    runs: str
+
+
+class Schedule(StrictModel):
+    """An export schedule (docs/api.md: Export schedules). ``next_run_at`` is null while PAUSED; ``watermark`` is
+    the seq the chain has reached, where the next incremental run starts.
+    """
+
+    schedule_id: str
+    conversation_id: str
+    every: str
+    start_at: TimestampText
+    mode: ScheduleMode
+    options: ScheduleOptions
+    state: ScheduleState
+    paused_reason: PauseReason | None
+    waiting_reason: WaitingReason | None
+    next_run_at: TimestampText | None
+    watermark: SeqFrom
+    last_run: ScheduleRun | None
+    created_at: TimestampText
+    updated_at: TimestampText
+    links: ScheduleLinks
+
+
+class SchedulePage(StrictModel):
+    """``GET /v3/export-schedules``: newest first; ``next_cursor`` is opaque and null on the last page."""
+
+    schedules: list[Schedule]
+    next_cursor: str | None
+
+
+class ScheduleRunPage(StrictModel):
+    """A schedule's runs, newest due time first; ``next_cursor`` is opaque and null on the last page."""
 
     operations: list[Operation]
     next_cursor: str | None

@@ -150,12 +150,69 @@ async function saveFile(url) {
   setTimeout(() => URL.revokeObjectURL(link.href), 60000);
 }
 
+// The caller's schedules (docs/schedule-exports.md: On the web page), every page of them, newest first.
+async function loadSchedules() {
+  const body = document.querySelector("#schedules tbody");
+  body.replaceChildren();
+  let cursor = null;
+  do {
+    const query = "?limit=100" + (cursor ? "&cursor=" + encodeURIComponent(cursor) : "");
+    const page = await (await call("/v3/export-schedules" + query)).json();
+    for (const schedule of page.schedules) {
+      const row = element("tr", null, { "data-schedule-id": schedule.schedule_id });
+      body.append(row);
+      showSchedule(schedule, row);
+    }
+    cursor = page.next_cursor;
+  } while (cursor);
+}
+
+function scheduleState(schedule) {
+  let text = schedule.state;
+  if (schedule.paused_reason) text += " (" + schedule.paused_reason + ")";
+  if (schedule.waiting_reason) text += ", waiting: " + schedule.waiting_reason;
+  return text;
+}
+
+function showSchedule(schedule, row) {
+  const id = schedule.schedule_id;
+  const actions = element("td");
+  const action = schedule.state === "ACTIVE" ? "pause" : "resume";
+  const change = element("button", action === "pause" ? "Pause" : "Resume", { type: "button", class: action });
+  change.addEventListener("click", () => changeSchedule(id, action, row).catch((e) => say(e.message)));
+  const remove = element("button", "Delete", { type: "button", class: "delete" });
+  remove.addEventListener("click", () => deleteSchedule(id, row).catch((e) => say(e.message)));
+  actions.append(change, remove);
+  const last = schedule.last_run;
+  row.replaceChildren(
+    element("td", id), element("td", schedule.conversation_id), element("td", schedule.every),
+    element("td", scheduleState(schedule), { class: "state" }),
+    element("td", schedule.next_run_at || "none", { class: "next-run" }),
+    element("td", last ? last.state + ", due " + last.due_at : "none yet"), actions);
+}
+
+async function changeSchedule(id, action, row) {
+  const response = await call("/v3/export-schedules/" + encodeURIComponent(id) + "/" + action, {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
+  });
+  showSchedule(await response.json(), row);
+  say("");
+}
+
+// Its runs and their files stay: they are in the exports above until their retention ends.
+async function deleteSchedule(id, row) {
+  await call("/v3/export-schedules/" + encodeURIComponent(id), { method: "DELETE" });
+  row.remove();
+  say("");
+}
+
 document.getElementById("use-token").addEventListener("click", async () => {
   token = document.getElementById("token").value.trim();
   document.getElementById("token").value = "";
   try {
     await loadConversations();
     await loadOperations();
+    await loadSchedules();
     document.getElementById("signed-in").hidden = false;
     say("");
   } catch (error) {

@@ -73,7 +73,7 @@ async def submit_export(request: web.Request) -> web.Response:
     key = parse_idempotency_key(request.headers.get(HEADER))
     body = await read_model(request, ExportSubmission, max_bytes=settings.export_request_max_bytes)
     conversation_id = request.match_info["cid"]
-    notify_url = None if body.notify is None else _notify_url(body.notify.url, settings)
+    notify_url = None if body.notify is None else checked_notify_url(body.notify.url, settings)
     export = body.export_request(notify_url=notify_url)
     async with request.app[POOL].acquire() as conn:
         submitted = await submit(
@@ -97,7 +97,7 @@ _STATE_REFUSALS: dict[str, tuple[str, str]] = {
 }
 
 
-def _notify_url(url: str, settings: Settings) -> str:
+def checked_notify_url(url: str, settings: Settings) -> str:
     """``url`` once it may receive callbacks; else 422 ``NOTIFY_URL_REFUSED`` saying why, never quoting it."""
     try:
         return check_url(url, allow_private=settings.webhook_allow_private).url
@@ -335,6 +335,16 @@ def _download_headers(file: ResultFile, byte_range: ByteRange | None, validators
     return headers
 
 
+IDEMPOTENCY_KEY_PARAMETER = {
+    "name": HEADER,
+    "in": "header",
+    "required": True,
+    "description": "1-255 visible ASCII characters, optionally as an RFC 8941 string in double quotes; scoped to "
+    "the caller, one key space for export submits and schedules. The same key and request within the replay "
+    "window replays the first answer.",
+    "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"},
+}
+
 SUBMIT = Endpoint(
     route="submitExport",
     summary="Submit an export of a conversation",
@@ -342,16 +352,7 @@ SUBMIT = Endpoint(
     description="Checks in this order: token, Idempotency-Key, body, membership, idempotency, quota. The body is at "
     "most `CHATEXPORT_EXPORT_REQUEST_MAX_BYTES` bytes (by default "
     f"{Settings.model_fields['export_request_max_bytes'].default}, which fits the largest valid body).",
-    parameters=(
-        {
-            "name": HEADER,
-            "in": "header",
-            "required": True,
-            "description": "1-255 visible ASCII characters, optionally as an RFC 8941 string in double quotes; "
-            "scoped to the caller. The same key and request within the replay window replays the first answer.",
-            "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"},
-        },
-    ),
+    parameters=(IDEMPOTENCY_KEY_PARAMETER,),
     body=Body(ExportSubmission, "What to export."),
     answers=(
         operation_answer(
