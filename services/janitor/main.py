@@ -1,4 +1,6 @@
-"""The janitor's entry point: one leader at a time runs a pass every ``janitor_interval_seconds``."""
+"""The janitor's entry point: one leader at a time runs a pass every ``janitor_interval_seconds`` and fires the
+due schedules every ``scheduler_interval_seconds``.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import asyncpg
 
 from services.janitor import leadership, metrics
 from services.janitor.janitor import Janitor
-from shared.db import TRANSIENT_DATABASE_ERRORS, connect, create_pool_when_ready
+from services.janitor.scheduler import Scheduler
+from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect, create_pool_when_ready
 from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, database_check, serving, storage_check
@@ -24,11 +27,11 @@ LEADER_IDLE_MIN_SECONDS = 10.0
 
 
 async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
-    """Run passes until ``stop`` is set. Only the holder of the leader lock acts (Postgres advisory lock
-    held by a dedicated connection); a failed pass is logged and the next one tries again.
+    """Run passes and the scheduler until ``stop`` is set. Only the holder of the leader lock acts (Postgres
+    advisory lock held by a dedicated connection); a failed pass or round is logged and the next one tries again.
 
-    Every janitor, leader or standby, serves the system gauges (operations by state, outbox backlog),
-    read from Postgres at each scrape.
+    Every janitor, leader or standby, serves the system gauges (operations by state, outbox backlog, schedules
+    by state), read from Postgres at each scrape.
     """
     monitor = Monitor("janitor", needs=("database", "storage"))
     async with serving(monitor, settings):
@@ -39,40 +42,86 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
 
 
 async def _run(settings: Settings, pool: asyncpg.Pool, monitor: Monitor, *, stop: asyncio.Event) -> None:
-    leader: asyncpg.Connection | None = None
+    session = LeaderSession(settings)
     try:
         async with open_s3_client(settings) as s3:
             monitor.checks["storage"] = storage_check(s3, settings.s3_bucket)
             janitor = Janitor(pool=pool, s3=s3, settings=settings)
-            while not stop.is_set():
-                leader = await _lead(settings, leader)
-                metrics.LEADER.set(1 if leader is not None else 0)
-                if leader is not None:
-                    await _pass(janitor)
-                await sleep_unless_stopped(stop, settings.janitor_interval_seconds)
+            # The passes every janitor_interval_seconds, the scheduler every scheduler_interval_seconds, both
+            # under one leader lock; each finishes what it does (a pass, a fire) when ``stop`` is set.
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_run_passes(janitor, session, settings, stop=stop), name="janitor-passes")
+                scheduler = Scheduler(pool=pool, settings=settings)
+                group.create_task(_run_scheduler(scheduler, session, settings, stop=stop), name="scheduler")
     finally:
-        metrics.LEADER.set(0)
-        if leader is not None and not leader.is_closed():
-            await leader.close()
+        await session.close()
         await pool.close()
+
+
+async def _run_passes(janitor: Janitor, session: LeaderSession, settings: Settings, *, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        if await session.lead():
+            await _pass(janitor)
+        await sleep_unless_stopped(stop, settings.janitor_interval_seconds)
+
+
+async def _run_scheduler(
+    scheduler: Scheduler, session: LeaderSession, settings: Settings, *, stop: asyncio.Event
+) -> None:
+    while not stop.is_set():
+        if await session.confirm():
+            await _round(scheduler, stop=stop)
+        await sleep_unless_stopped(stop, settings.scheduler_interval_seconds)
+
+
+class LeaderSession:
+    """The session holding the janitor's leader lock, shared by the passes and the scheduler, which use it one
+    statement at a time. The passes take the lock when it is free (``lead``); the scheduler only confirms it
+    (``confirm``), so a standby asks for the lock at the passes' pace, not at every round of the scheduler.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._session: asyncpg.Connection | None = None
+        self._turn = asyncio.Lock()
+
+    async def lead(self) -> bool:
+        """Whether this janitor leads, taking the lock if it is free (``_lead``)."""
+        async with self._turn:
+            self._session = await _lead(self._settings, self._session)
+            return self._leading()
+
+    async def confirm(self) -> bool:
+        """Whether this janitor still leads: its session holds the lock on a server that takes writes. A
+        session found gone is dropped, and the passes try to lead again at their next turn.
+        """
+        async with self._turn:
+            if self._session is not None:
+                self._session = await _kept(self._session)
+            return self._leading()
+
+    async def close(self) -> None:
+        """End the session, and the lock with it."""
+        async with self._turn:
+            if self._session is not None:
+                await close_connection(self._session)
+                self._session = None
+            self._leading()
+
+    def _leading(self) -> bool:
+        metrics.LEADER.set(1 if self._session is not None else 0)
+        return self._session is not None
 
 
 async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncpg.Connection | None:
     """Return the connection holding the leader lock, taking it if free; None when another janitor leads.
 
     The lock lasts as long as its session, and the server ends a session idle for ``_leader_idle_ms``: a
-    live leader touches it before every pass, so only a leader that stopped answering (frozen, or its host
-    gone without closing the connection) loses the lock to another janitor.
+    live leader touches it before every pass and every round of the scheduler, so only a leader that stopped
+    answering (frozen, or its host gone without closing the connection) loses the lock to another janitor.
     """
-    if leader is not None:
-        if not leader.is_closed():
-            try:
-                await leadership.still_leading(leader)
-                return leader
-            except TRANSIENT_DATABASE_ERRORS:
-                leader.terminate()
-        # Ended by the server (idle past _leader_idle_ms, a pass that outlasted it) or by the network.
-        log.warning("leader session lost; janitor tries to lead again")
+    if leader is not None and (kept := await _kept(leader)) is not None:
+        return kept
     conn: asyncpg.Connection | None = None
     try:
         conn = await connect(settings, idle_session_timeout=str(_leader_idle_ms(settings)))
@@ -89,6 +138,21 @@ async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncp
     return None
 
 
+async def _kept(leader: asyncpg.Connection) -> asyncpg.Connection | None:
+    """``leader`` while its session still holds the lock on a server that takes writes; else None, the
+    session ended.
+    """
+    if not leader.is_closed():
+        try:
+            await leadership.still_leading(leader)
+            return leader
+        except TRANSIENT_DATABASE_ERRORS:
+            leader.terminate()
+    # Ended by the server (idle past _leader_idle_ms) or by the network, or its server no longer takes writes.
+    log.warning("leader session lost; janitor tries to lead again")
+    return None
+
+
 def _leader_idle_ms(settings: Settings) -> int:
     """How long the leader's session may stay idle: ``LEADER_IDLE_PASSES`` intervals, at least
     ``LEADER_IDLE_MIN_SECONDS``; in milliseconds, as Postgres takes it.
@@ -102,6 +166,13 @@ async def _pass(janitor: Janitor) -> None:
         await janitor.run_pass()
     except TRANSIENT_DATABASE_ERRORS as exc:
         log.warning("janitor pass failed; next pass retries", extra={"error": type(exc).__name__})
+
+
+async def _round(scheduler: Scheduler, *, stop: asyncio.Event) -> None:
+    try:
+        await scheduler.run_round(stop=stop)
+    except TRANSIENT_DATABASE_ERRORS as exc:
+        log.warning("scheduler round failed; next round retries", extra={"error": type(exc).__name__})
 
 
 def main(settings: Settings) -> None:

@@ -1,7 +1,8 @@
-"""The janitor's Prometheus metrics: what its passes do, whether this process leads, and the system gauges
-(operations by state, the outbox backlog) read from Postgres when ``observe_system`` runs.
+"""The janitor's Prometheus metrics: what its passes and its scheduler do, whether this process leads, and the
+system gauges (operations by state, the outbox backlog, schedules by state) read from Postgres when
+``observe_system`` runs.
 
-Counters count what a pass did, each once, when it is done: they move only in the leading janitor.
+Counters count what a pass or a fire did, each once, when it is done: they move only in the leading janitor.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from shared.db import probing_connection
 from shared.metrics import CANCELLATIONS_FINISHED, counter_from_zero
-from shared.repository import chunks, outbox, sweeps
+from shared.repository import chunks, outbox, schedules, sweeps
 from shared.states import LEFT_BEHIND, ChunkState, State
 
 # The states a record left behind by an attempt can be found in (see ``repository.stale_artifacts``).
@@ -88,19 +89,45 @@ CHUNKS = Gauge(
     ["state"],
 )
 
+SCHEDULES = Gauge(
+    "chatexport_schedules",
+    "Export schedules by state (ACTIVE, PAUSED), and WAITING: the ACTIVE ones whose run waits for the owner's"
+    " active-export quota; as Postgres holds them now.",
+    ["state"],
+)
+SCHEDULE_DUE_LAG = Gauge(
+    "chatexport_schedule_due_lag_seconds",
+    "Seconds the longest-overdue schedule that can fire (ACTIVE, no unfinished run) has been due; 0 when none is.",
+)
+SCHEDULE_RUNS_CREATED = Counter(
+    "chatexport_schedule_runs_created_total",
+    "Runs created by the scheduler, at most one per schedule and due time.",
+)
+# A fire the database refused for a reason that is not transient: logged with its schedule, the round goes on.
+FIRE_FAILED = "failed"
+SCHEDULE_FIRES = counter_from_zero(
+    "chatexport_schedule_fires_total",
+    "Fires of due schedules by outcome: created (a run), not_due (fired meanwhile, or a run unfinished),"
+    " waiting_for_quota, access_revoked (paused), duplicate (the run existed already),"
+    " failed (an error, logged).",
+    "outcome",
+    (*(outcome.value for outcome in schedules.FireOutcome), FIRE_FAILED),
+)
+
 
 async def observe_system(pool: asyncpg.Pool) -> None:
-    """Set the system gauges from three short queries read as of one snapshot (``sweeps.state_figures``,
-    ``outbox.backlog`` and ``chunks.chunk_figures``, database clock): every state's operation count (0 when
-    none), the oldest age in each of ``WAITING_STATES``, the outbox backlog with its oldest due row's age,
-    and the chunks of running or parked exports by state. Meant to run before
-    each scrape of the metrics endpoint; raises the driver's errors (``asyncpg.PostgresError``, ``OSError``,
-    timeouts), leaving the gauges as they were.
+    """Set the system gauges from four short queries read as of one snapshot (``sweeps.state_figures``,
+    ``outbox.backlog``, ``chunks.chunk_figures`` and ``schedules.schedule_figures``, database clock): every state's
+    operation count (0 when none), the oldest age in each of ``WAITING_STATES``, the outbox backlog with its
+    oldest due row's age, the chunks of running or parked exports by state, and the schedules by state with
+    the oldest due one's lag. Meant to run before each scrape of the metrics endpoint; raises the driver's
+    errors (``asyncpg.PostgresError``, ``OSError``, timeouts), leaving the gauges as they were.
     """
     async with probing_connection(pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         figures = await sweeps.state_figures(conn)
         backlog, oldest_due = await outbox.backlog(conn)
         chunk_counts = await chunks.chunk_figures(conn)
+        schedule_figures = await schedules.schedule_figures(conn)
     for chunk_state in ChunkState:
         CHUNKS.labels(state=chunk_state).set(chunk_counts.get(chunk_state, 0))
     by_state = {figure.state: figure for figure in figures}
@@ -110,3 +137,6 @@ async def observe_system(pool: asyncpg.Pool) -> None:
         OPERATION_OLDEST_AGE.labels(state=state).set(by_state[state].oldest_age_seconds if state in by_state else 0.0)
     OUTBOX_BACKLOG.set(backlog)
     OUTBOX_OLDEST_AGE.set(oldest_due)
+    for schedule_state, count in schedule_figures.by_state.items():
+        SCHEDULES.labels(state=schedule_state).set(count)
+    SCHEDULE_DUE_LAG.set(schedule_figures.oldest_due_lag_seconds)

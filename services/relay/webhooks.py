@@ -1,4 +1,5 @@
-"""Sending completion callbacks (docs/api.md: API reference, Completion callbacks), at least once, driven from
+"""Sending completion callbacks (docs/api.md: API reference, Completion callbacks), and the ``schedule.paused`` of a
+schedule paused by the system (docs/schedules.md: When a run cannot go on), at least once, driven from
 Postgres like the outbox: due deliveries are claimed with ``SKIP LOCKED``, sent, and every attempt is
 recorded; a failed one is retried with exponential backoff and jitter until ``webhook_retry_seconds`` after
 the event.
@@ -24,6 +25,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -34,9 +36,9 @@ from yarl import URL
 from services.relay import metrics
 from shared import jsontext
 from shared.db import TRANSIENT_DATABASE_ERRORS
-from shared.repository import status_monitor, webhook_deliveries
+from shared.repository import schedules, status_monitor, webhook_deliveries
 from shared.repository.webhook_deliveries import Delivery
-from shared.representation import represent
+from shared.representation import represent, represent_schedule
 from shared.settings import Settings
 from shared.webhooks.signing import signature_header, user_secret
 from shared.webhooks.targets import IPAddress, RefusedTarget, Target, check_addresses, check_url
@@ -137,8 +139,7 @@ class WebhookSender:
         return status_code, int((time.monotonic() - started) * 1000), error
 
     async def _body(self, conn: asyncpg.Connection, delivery: Delivery) -> bytes:
-        row = await status_monitor.read_operation(conn, operation_id=delivery.operation_id, owner_id=None)
-        data = represent(row) if row is not None else {"operation_id": delivery.operation_id}
+        data = await _subject(conn, delivery)
         message = {"type": delivery.event_type, "timestamp": datetime.now(UTC).isoformat(), "data": data}
         return jsontext.dumps(message).encode()
 
@@ -219,6 +220,18 @@ class WebhookSender:
         ceiling = min(self._settings.webhook_first_retry_seconds * 2**delivery.attempts, MAX_RETRY_SECONDS)
         delay = random.uniform(ceiling / 2, ceiling)
         return None if delivery.age_seconds + delay > self._settings.webhook_retry_seconds else delay
+
+
+async def _subject(conn: asyncpg.Connection, delivery: Delivery) -> dict[str, Any]:
+    """What the event reports, as its owner reads it now: the schedule of a ``schedule.paused``
+    (docs/schedules.md: When a run cannot go on), else the operation; only its id once it is gone.
+    """
+    if delivery.schedule_id is not None:
+        schedule = await schedules.read_schedule(conn, schedule_id=delivery.schedule_id, owner_id=delivery.owner_id)
+        return represent_schedule(schedule) if schedule is not None else {"schedule_id": delivery.schedule_id}
+    assert delivery.operation_id is not None  # a delivery names exactly one subject (migration 0013)
+    row = await status_monitor.read_operation(conn, operation_id=delivery.operation_id, owner_id=None)
+    return represent(row) if row is not None else {"operation_id": delivery.operation_id}
 
 
 async def resolve_host(host: str, port: int) -> list[str]:
