@@ -22,6 +22,7 @@ import asyncpg
 import pydantic
 
 from chatexport.client import commands as client
+from chatexport.client import schedule_commands
 from services.api import app as api
 from services.janitor import main as janitor
 from services.relay import main as relay
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_requeue(commands)
     _add_health(commands)
     client.add_commands(commands)
+    schedule_commands.add_commands(commands)
     return parser
 
 

@@ -43,6 +43,17 @@ class Submitted:
     replayed: bool
 
 
+@dataclass(frozen=True)
+class CreatedSchedule:
+    """A schedule's creation: the schedule, and whether it replayed an earlier creation of the same key."""
+
+    schedule: dict[str, Any]
+    replayed: bool
+
+
+# The largest page the API's lists answer (docs/api.md: Export schedules, Lists): a walk through all asks least.
+PAGE_LIMIT = 100
+
 # Files above this many bytes are downloaded by redirect, from the storage itself (docs/api.md: API
 # reference, Download by redirect): below it, one more round trip costs more than the API's streaming.
 REDIRECT_ABOVE_BYTES = 8 * 1024 * 1024
@@ -117,6 +128,61 @@ class Api:
         ) as response:
             return await _json(response)
 
+    async def create_schedule(
+        self, conversation_id: str, request: dict[str, Any], *, idempotency_key: str
+    ) -> CreatedSchedule:
+        """``POST /v3/conversations/{cid}/export-schedules`` with ``idempotency_key`` (docs/api.md: Export
+        schedules); raises ``ApiError``.
+        """
+        headers = {**self._headers, "Idempotency-Key": idempotency_key}
+        async with self.session.post(
+            self.url(f"/v3/conversations/{quote(conversation_id, safe='')}/export-schedules"),
+            json=request,
+            headers=headers,
+        ) as response:
+            schedule = await _json(response)
+            return CreatedSchedule(schedule, replayed=response.headers.get("Idempotent-Replayed") == "true")
+
+    def schedules(self) -> AsyncIterator[dict[str, Any]]:
+        """Every schedule of the caller, newest first, page after page; raises ``ApiError``."""
+        return self._walk("/v3/export-schedules", "schedules")
+
+    async def schedule(self, schedule_id: str) -> dict[str, Any]:
+        """``GET /v3/export-schedules/{id}``; raises ``ApiError`` (404 ``NOT_FOUND`` for anyone but its owner)."""
+        async with self.session.get(self.url(_schedule_path(schedule_id)), headers=self._headers) as response:
+            return await _json(response)
+
+    def schedule_runs(self, schedule_id: str) -> AsyncIterator[dict[str, Any]]:
+        """Every run (an operation representation) of the schedule, newest first; raises ``ApiError``."""
+        return self._walk(_schedule_path(schedule_id) + "/runs", "operations")
+
+    async def change_schedule(self, schedule_id: str, action: str) -> dict[str, Any]:
+        """``POST /v3/export-schedules/{id}/{action}``, ``action`` ``pause`` or ``resume``: the schedule after it;
+        raises ``ApiError`` (for a resume 422 ``SCHEDULE_NEEDS_REPAIR`` and 403 ``ACCESS_REVOKED``, and others).
+        """
+        async with self.session.post(
+            self.url(f"{_schedule_path(schedule_id)}/{action}"), json={}, headers=self._headers
+        ) as response:
+            return await _json(response)
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        """``DELETE /v3/export-schedules/{id}``; its runs and their results stay. Raises ``ApiError``."""
+        async with self.session.delete(self.url(_schedule_path(schedule_id)), headers=self._headers) as response:
+            if response.status != 204:
+                raise await problem_of(response)
+
+    async def _walk(self, path: str, key: str) -> AsyncIterator[dict[str, Any]]:
+        """The items under ``key`` of every page of the list at ``path``, following ``next_cursor``."""
+        params = {"limit": str(PAGE_LIMIT)}
+        while True:
+            async with self.session.get(self.url(path), params=params, headers=self._headers) as response:
+                page = await _json(response)
+            for item in page[key]:
+                yield item
+            if not page.get("next_cursor"):
+                return
+            params["cursor"] = page["next_cursor"]
+
     async def events(self, operation_id: str) -> AsyncIterator[dict[str, Any]]:
         """The operation's representations from ``GET /v3/operations/{id}/events`` until the stream ends;
         raises ``ApiError`` when refused and ``aiohttp.ClientError`` when the stream breaks.
@@ -134,6 +200,10 @@ class Api:
                 elif not line and data:
                     yield json.loads("\n".join(data))
                     data = []
+
+
+def _schedule_path(schedule_id: str) -> str:
+    return f"/v3/export-schedules/{quote(schedule_id, safe='')}"
 
 
 async def _json(response: aiohttp.ClientResponse) -> Any:

@@ -1,7 +1,8 @@
 """The client's subcommands of ``chatexport``: ``export`` and ``operations list|show|cancel|download``
 (docs/command-line.md: Command-line client).
 
-Exit codes: 0 done; 1 the export ended FAILED, CANCELED, FAILED_REPAIR or EXPIRED; 2 usage; 3 the API
+Exit codes: 0 done; 1 the export ended FAILED, CANCELED, FAILED_REPAIR or EXPIRED (for ``schedules fetch``: a
+run's result expired before it was fetched); 2 usage; 3 the API
 refused the request (its problem's ``code`` and ``detail`` are printed); 4 the API could not be reached;
 5 the downloaded file did not match its status (the part file is deleted); 6 a local file could not be
 read or written; 130 interrupted. Never a traceback.
@@ -26,7 +27,7 @@ import aiohttp
 from rich.console import Console
 
 from chatexport.client.api import Api, ApiError
-from chatexport.client.download import NotVerified, StorageRefused, download_result, extension_of
+from chatexport.client.download import Downloaded, NotVerified, StorageRefused, download_result, extension_of
 from chatexport.client.exporting import ExportOutcome, export, export_incrementally
 from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, ProgressDisplay, human_bytes
 from chatexport.client.statefiles import UnusableStateFile
@@ -70,46 +71,18 @@ def add_commands(commands: Subparsers) -> None:
     for action in (show, cancel, download):
         action.add_argument("operation_id", metavar="OPERATION", type=_operation_id)
     for action, handler in ((listing, _list), (show, _show), (cancel, _cancel), (download, _download)):
-        _connection_arguments(action)
-        action.set_defaults(handler=_operations_command(handler))
+        connection_arguments(action)
+        action.set_defaults(handler=api_command(handler))
 
 
 def _add_export(commands: Subparsers) -> None:
     sub = commands.add_parser("export", help="export a conversation into a file, resumably")
-    _connection_arguments(sub)
+    connection_arguments(sub)
     sub.add_argument("conversation_id", metavar="CONVERSATION")
     sub.add_argument(
         "-o", "--output", type=_output, help="the file to write (default: CONVERSATION.FORMAT, .gz with --gzip)"
     )
-    sub.add_argument("--after-seq", type=_seq, help="export messages after this seq")
-    sub.add_argument("--before-seq", type=_seq, help="export messages before this seq")
-    sub.add_argument(
-        "--since", type=_timestamp, metavar="TIME", help="messages sent at or after this RFC 3339 time with offset"
-    )
-    sub.add_argument(
-        "--until", type=_timestamp, metavar="TIME", help="messages sent before this RFC 3339 time with offset"
-    )
-    sub.add_argument(
-        "--sender",
-        action="append",
-        type=_sender,
-        metavar="ID",
-        help=f"only this sender's messages; repeatable (at most {MAX_SENDERS})",
-    )
-    sub.add_argument(
-        "--format",
-        type=_format_name,
-        default="jsonl",
-        metavar="NAME",
-        help="the file's format, as the API names it (default jsonl); an unknown one, the API refuses",
-    )
-    sub.add_argument("--gzip", action="store_true", help="compress the file with gzip")
-    sub.add_argument(
-        "--max-part-bytes",
-        type=_part_bytes,
-        metavar="N",
-        help=f"split the file into parts of at most N bytes (N >= {MIN_PART_BYTES}), written beside the output",
-    )
+    add_export_options(sub, with_end=True)
     sub.add_argument(
         "--incremental",
         action="store_true",
@@ -126,7 +99,47 @@ def _add_export(commands: Subparsers) -> None:
     sub.set_defaults(handler=_cmd_export)
 
 
-def _connection_arguments(parser: argparse.ArgumentParser) -> None:
+def add_export_options(parser: argparse.ArgumentParser, *, with_end: bool) -> None:
+    """Add the submit's options to ``parser`` (docs/api.md: API reference, Export options), ``--before-seq`` and
+    ``--until`` only ``with_end`` (else they are None); ``export_request`` turns them into a request.
+    """
+    parser.add_argument("--after-seq", type=_seq, help="export messages after this seq")
+    if with_end:
+        parser.add_argument("--before-seq", type=_seq, help="export messages before this seq")
+    parser.add_argument(
+        "--since", type=rfc3339_time, metavar="TIME", help="messages sent at or after this RFC 3339 time with offset"
+    )
+    if with_end:
+        parser.add_argument(
+            "--until", type=rfc3339_time, metavar="TIME", help="messages sent before this RFC 3339 time with offset"
+        )
+    parser.add_argument(
+        "--sender",
+        action="append",
+        type=_sender,
+        metavar="ID",
+        help=f"only this sender's messages; repeatable (at most {MAX_SENDERS})",
+    )
+    parser.add_argument(
+        "--format",
+        type=_format_name,
+        default="jsonl",
+        metavar="NAME",
+        help="the file's format, as the API names it (default jsonl); an unknown one, the API refuses",
+    )
+    parser.add_argument("--gzip", action="store_true", help="compress the file with gzip")
+    parser.add_argument(
+        "--max-part-bytes",
+        type=_part_bytes,
+        metavar="N",
+        help=f"split the file into parts of at most N bytes (N >= {MIN_PART_BYTES}), written beside the output",
+    )
+    if not with_end:
+        parser.set_defaults(before_seq=None, until=None)
+
+
+def connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--api`` and ``--token`` to ``parser``, a subcommand that talks to the API."""
     parser.add_argument(
         "--api",
         type=_api_url,
@@ -185,7 +198,10 @@ def _seq(value: str) -> int:
     return int(value)
 
 
-def _timestamp(value: str) -> datetime:
+def rfc3339_time(value: str) -> datetime:
+    """``value``, an RFC 3339 date-time with an offset, in UTC to the millisecond, for argparse; raises
+    ``ArgumentTypeError``.
+    """
     if RFC3339.fullmatch(value):
         # Out of range (a day 30 of February, an instant before year 1 in UTC) is as bad as a wrong syntax.
         with contextlib.suppress(ValueError, OverflowError):
@@ -234,15 +250,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
         )
         return _report(outcome, appended=args.incremental)
 
-    return _run(args, run)
+    return run_on_api(args, run)
 
 
 def _export_usage_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with ``export``'s options taken together, or None."""
     if args.since is not None and args.until is not None and args.until <= args.since:
         return "--until must be later than --since"
-    if len(set(args.sender or ())) > MAX_SENDERS:
-        return f"at most {MAX_SENDERS} different --sender"
+    problem = senders_problem(args)
+    if problem is not None:
+        return problem
     if args.incremental and (args.after_seq is not None or args.before_seq is not None):
         # The watermark is the after_seq; a fixed end would turn the run after the one that reached it into a 422.
         return "--incremental follows the conversation as it grows: it takes no --after-seq or --before-seq"
@@ -252,6 +269,11 @@ def _export_usage_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def senders_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the ``--sender`` options of ``args``, or None."""
+    return f"at most {MAX_SENDERS} different --sender" if len(set(args.sender or ())) > MAX_SENDERS else None
+
+
 def export_request(args: argparse.Namespace) -> dict[str, Any]:
     """The submit body of ``export``'s parsed options: ``format`` and each option given, in the API's canonical
     form (times in UTC, senders sorted without repeats); without options, the body earlier versions stored.
@@ -259,8 +281,8 @@ def export_request(args: argparse.Namespace) -> dict[str, Any]:
     options = {
         "after_seq": args.after_seq,
         "before_seq": args.before_seq,
-        "since": _api_timestamp(args.since),
-        "until": _api_timestamp(args.until),
+        "since": api_timestamp(args.since),
+        "until": api_timestamp(args.until),
         "senders": sorted(set(args.sender)) if args.sender else None,
         "compression": "gzip" if args.gzip else None,
         "max_part_bytes": args.max_part_bytes,
@@ -268,7 +290,8 @@ def export_request(args: argparse.Namespace) -> dict[str, Any]:
     return {"format": args.format, **{name: value for name, value in options.items() if value is not None}}
 
 
-def _api_timestamp(instant: datetime | None) -> str | None:
+def api_timestamp(instant: datetime | None) -> str | None:
+    """``instant`` as the API writes a time (UTC, milliseconds, ``Z``); None stays None."""
     return None if instant is None else instant.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -282,20 +305,27 @@ def _report(outcome: ExportOutcome, *, appended: bool = False) -> int:
         detail = f": {error.get('code')}: {error.get('message')}" if error else ""
         print(f"{operation['operation_id']} ended {operation['state']}{detail}", file=sys.stderr)
         return EXIT_ENDED_BADLY
-    for file in outcome.written:
-        print(
-            f"{file.path}: {'appended ' if appended else ''}{file.message_count} messages, "
-            f"{human_bytes(file.size_bytes)}, sha256 {file.sha256} (verified)"
-        )
+    print_written(outcome.written, appended=appended)
     result = operation["result"]
     if result.get("parts") is not None:
         print(f"{operation['operation_id']}: {result['message_count']} messages in {len(outcome.written)} parts")
     return 0
 
 
-def _operations_command(handler: Callable[[Api, argparse.Namespace], Awaitable[int]]) -> Callable[..., int]:
+def print_written(files: list[Downloaded], *, appended: bool = False) -> None:
+    """Print a line on stdout for each verified file: its path, messages, size and sha256."""
+    for file in files:
+        print(
+            f"{file.path}: {'appended ' if appended else ''}{file.message_count} messages, "
+            f"{human_bytes(file.size_bytes)}, sha256 {file.sha256} (verified)"
+        )
+
+
+def api_command(handler: Callable[[Api, argparse.Namespace], Awaitable[int]]) -> Callable[..., int]:
+    """The ``(args) -> int`` handler that runs ``handler(api, args)`` on a session (``run_on_api``)."""
+
     def command(args: argparse.Namespace) -> int:
-        return _run(args, lambda api: handler(api, args))
+        return run_on_api(args, lambda api: handler(api, args))
 
     return command
 
@@ -330,7 +360,7 @@ async def _download(api: Api, args: argparse.Namespace) -> int:
     return _report(ExportOutcome(operation, await download_result(api, operation, output)))
 
 
-def _run(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) -> int:
+def run_on_api(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) -> int:
     """Run ``work`` on a session with the arguments' API and token; map every failure to its exit code."""
     if not args.token:
         print("chatexport: no token: pass --token or set CHATEXPORT_TOKEN", file=sys.stderr)

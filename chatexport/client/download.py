@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,14 +76,23 @@ async def download_result(api: Api, operation: dict[str, Any], destination: Path
     files in order. Raises ``ApiError`` when the API refuses, ``aiohttp.ClientError`` when the connection
     fails (part files stay for the next run), ``NotVerified``, and ``OSError`` for the local files.
     """
+    extension = extension_of(operation["request"])
+    files = result_files(operation, destination, lambda number: result_part_path(destination, number, extension))
+    return [await download_file(api, file, path) for file, path in files]
+
+
+def result_files(
+    operation: dict[str, Any], destination: Path, part_destination: Callable[[int], Path]
+) -> list[tuple[dict[str, Any], Path]]:
+    """Each file of the SUCCEEDED ``operation``'s result (its ``result`` or one of its ``parts``) with the
+    path it goes to, in order: ``destination`` for one file, ``part_destination(number)`` for each part of a
+    split result.
+    """
     result = operation["result"]
     parts = result.get("parts")
     if parts is None:
-        return [await _download_file(api, result, destination)]
-    extension = extension_of(operation["request"])
-    return [
-        await _download_file(api, part, result_part_path(destination, int(part["number"]), extension)) for part in parts
-    ]
+        return [(result, destination)]
+    return [(part, part_destination(int(part["number"]))) for part in parts]
 
 
 async def fetch_verified(api: Api, file: dict[str, Any], destination: Path) -> Path:
@@ -107,7 +117,10 @@ async def fetch_verified(api: Api, file: dict[str, Any], destination: Path) -> P
     return part
 
 
-async def _download_file(api: Api, file: dict[str, Any], destination: Path) -> Downloaded:
+async def download_file(api: Api, file: dict[str, Any], destination: Path) -> Downloaded:
+    """Download ``file`` (a result or one of its parts) to ``destination`` through its part file
+    (``fetch_verified``) and rename it into place. Raises like ``download_result``.
+    """
     # A rerun after a crash finds the files it had already put in place: they are checked, not fetched again.
     if not _holds(destination, file):
         os.replace(await fetch_verified(api, file, destination), destination)

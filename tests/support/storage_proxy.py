@@ -1,5 +1,5 @@
-"""An HTTP proxy in front of the S3 emulator that records each request it forwards: the emulator checks
-neither signatures nor expiry, so what a client sends to the storage is checked here.
+"""An HTTP proxy that records each request it forwards: in front of the S3 emulator, which checks neither
+signatures nor expiry, so what a client sends to the storage is checked here; or in front of the API.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class StorageProxy:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _forward(self, request: web.Request) -> web.Response:
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         self.requests.append(Recorded(request.method, request.path, dict(request.query), CIMultiDict(request.headers)))
         headers = {name: value for name, value in request.headers.items() if name.lower() not in _NOT_FORWARDED}
@@ -68,4 +68,10 @@ class StorageProxy:
         ) as upstream:
             body = await upstream.read()
             answer = {name: value for name, value in upstream.headers.items() if name.lower() not in _NOT_FORWARDED}
-            return web.Response(status=upstream.status, body=body, headers=answer)
+        return await self._respond(request, upstream.status, body, answer)
+
+    async def _respond(
+        self, request: web.Request, status: int, body: bytes, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        """The answer to ``request``: the upstream's as it came; a subclass may cut it."""
+        return web.Response(status=status, body=body, headers=headers)
