@@ -13,6 +13,7 @@ import csv
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import re
 import time
@@ -25,11 +26,13 @@ from typing import Any
 import asyncpg
 
 from devtools.servers import ServerError
+from shared.cadence import Cadence
 from shared.formats import FileKind
 from shared.storage import artifact_prefix, is_folder, part_key
 from tests.chaos.plan import PARTS
 from tests.chaos.system import ChaosSystem
 from tests.chaos.workload import TERMINAL, Observations
+from tests.support.chains import RUNS_SQL, SELECTED_SQL, chain_findings
 
 POLL_SECONDS = 0.1
 # What a part that died of an uncaught error leaves in its log (the interpreter's report on stderr), and the
@@ -44,17 +47,6 @@ SELECT conversation_id, message_id, md5(row(seq, sender_id, body, sent_at)::text
        recalled_at IS NOT NULL AS recalled
 FROM messages
 """
-# The messages an operation's file may hold: its range, its watermark and its filters, not recalled before it
-# began. Those recalled after it ended must be in it; those recalled between may be either.
-SELECTED_SQL = """
-SELECT m.seq, m.body, (m.recalled_at IS NULL OR m.recalled_at > o.finished_at) AS required
-FROM operations o JOIN messages m ON m.conversation_id = o.conversation_id
-WHERE o.operation_id = $1 AND m.seq > o.after_seq AND m.seq <= o.snapshot_max_seq
-  AND (o.before_seq IS NULL OR m.seq < o.before_seq)
-  AND (o.since IS NULL OR m.sent_at >= o.since) AND (o.until IS NULL OR m.sent_at < o.until)
-  AND (o.senders IS NULL OR m.sender_id = ANY (o.senders))
-  AND (m.recalled_at IS NULL OR m.recalled_at >= o.created_at) AND m.sent_at <= o.finished_at
-"""
 # Messages of the operation's range that were stored a second before its submit, yet above its watermark:
 # the watermark is fixed at the first claim, after the submit (docs/api.md: API reference, The file).
 BELOW_WATERMARK_SQL = """
@@ -62,11 +54,20 @@ SELECT count(*) FROM operations o JOIN messages m ON m.conversation_id = o.conve
 WHERE o.operation_id = $1 AND m.seq > o.after_seq AND (o.before_seq IS NULL OR m.seq < o.before_seq)
   AND m.sent_at <= o.created_at - interval '1 second' AND m.seq > o.snapshot_max_seq
 """
-# The operations of a round: those a caller was told about, those of the round's keys, and any other created
-# since the round began (which should not exist).
+# The operations of a round: those a caller was told about, those of the round's keys (a run: its schedule's
+# key), and any other created since the round began (which should not exist).
 ROUND_OPERATIONS_SQL = """
-SELECT o.*, k.idempotency_key FROM operations o LEFT JOIN idempotency_keys k USING (operation_id)
-WHERE o.operation_id = ANY($1) OR k.idempotency_key LIKE $2 || '%' OR o.created_at >= $3
+SELECT o.*, coalesce(k.idempotency_key, s.idempotency_key) AS idempotency_key FROM operations o
+LEFT JOIN idempotency_keys k ON k.operation_id = o.operation_id
+LEFT JOIN idempotency_keys s ON s.schedule_id = o.schedule_id
+WHERE o.operation_id = ANY($1) OR k.idempotency_key LIKE $2 || '%' OR s.idempotency_key LIKE $2 || '%'
+   OR o.created_at >= $3
+"""
+# A schedule's due times with more than one run: the unique constraint must refuse the second
+# (docs/schedules.md: Runs).
+TWICE_DUE_SQL = """
+SELECT due_at, array_agg(operation_id) AS runs FROM operations WHERE schedule_id = $1
+GROUP BY due_at HAVING count(*) > 1
 """
 # What may stay in the bucket once all is quiet (docs/retention.md: Orphan objects and uploads): the published key of a
 # SUCCEEDED operation; and whatever a parked FAILED_REPAIR operation holds, left for an operator, its chunks'
@@ -167,24 +168,34 @@ class Checker:
         self.healed_at = healed_at
         self.windows = windows
         self.findings: list[str] = []
+        # The seqs each SUCCEEDED operation's files hold, in file order, as ``_result`` read them.
+        self.files: dict[str, list[int]] = {}
+        self.runs = 0
         self.s3 = system.faulty.s3
         self.bucket = system.faulty.settings.s3_bucket
         self.prefix = system.faulty.settings.s3_prefix
 
     async def check(self) -> list[str]:
-        """Every invariant; returns the violations found (each call judges afresh)."""
+        """Every invariant; returns the violations found (each call judges afresh). ``runs`` is then the number
+        of the round's schedules' runs it judged.
+        """
         self.findings = list(self.seen.problems)
+        self.files = {}
         healed_at = self.healed_at if self.healed_at is not None else time.monotonic()
         connection = await asyncpg.connect(self.system.database_url)
         try:
             operations = await self._ended(connection, healed_at + self.deadlines.ended)
             for row in operations:
                 await self._operation(connection, row)
+            self.runs = sum(row["schedule_id"] in self.seen.scheduled for row in operations)
+            for schedule_id in self.seen.scheduled:
+                await self._schedule(connection, schedule_id)
             await self._keys(connection)
             await self._messages(connection)
             await self._outbox(connection, healed_at + self.deadlines.outbox)
             await self._queue(healed_at + self.deadlines.queue)
             await self._callbacks(connection, operations, healed_at + self.deadlines.callbacks)
+            await self._schedule_callbacks(connection, healed_at + self.deadlines.callbacks)
             await self._orphans(connection, healed_at + self.deadlines.orphans)
         finally:
             await connection.close()
@@ -217,6 +228,8 @@ class Checker:
                 self.findings.append(f"{operation_id} was created during the round under no key of it")
             elif operation_id in self.seen.submitted:
                 self._request(row)
+            elif row["schedule_id"] in self.seen.scheduled:
+                self._run_request(row)
         missing = set(self.seen.submitted) - {row["operation_id"] for row in found}
         self.findings += [f"{operation_id} was answered to a caller but is not stored" for operation_id in missing]
         return found
@@ -224,20 +237,46 @@ class Checker:
     def _request(self, row: asyncpg.Record) -> None:
         """The stored request is the one the caller sent, in canonical form."""
         sent = self.seen.submitted[row["operation_id"]].body
-        expected = _canonical(sent)
-        stored = {
-            "format": row["format"],
-            "compression": row["compression"],
-            "after_seq": row["after_seq"],
-            "before_seq": row["before_seq"],
-            "senders": sorted(row["senders"]) if row["senders"] is not None else None,
-            "since": row["since"],
-            "until": row["until"],
-            "max_part_bytes": row["max_part_bytes"],
-            "notify_url": row["notify_url"],
-        }
-        if stored != expected:
-            self.findings.append(f"{row['operation_id']} stored {stored}, but the caller sent {sent}")
+        if _stored_request(row) != _canonical(sent):
+            self.findings.append(f"{row['operation_id']} stored {_stored_request(row)}, but the caller sent {sent}")
+
+    def _run_request(self, row: asyncpg.Record) -> None:
+        """A run's stored request is its schedule's, in canonical form, but for where it starts (the chain's
+        watermark then, which ``_schedule`` judges).
+        """
+        sent = self.seen.scheduled[row["schedule_id"]].body
+        stored = _stored_request(row) | {"after_seq": None}
+        if stored != _canonical(sent) | {"after_seq": None}:
+            self.findings.append(f"run {row['operation_id']} stored {stored}, but its schedule was sent {sent}")
+
+    async def _schedule(self, connection: asyncpg.Connection, schedule_id: str) -> None:
+        """Once its runs have ended: at most one run per due time, each keyed by the latest due time when it
+        was created and created after the one before ended (so never two unfinished at once, never a burst),
+        and the chain's coverage exact (``tests.support.chains.chain_findings``).
+        """
+        for row in await connection.fetch(TWICE_DUE_SQL, schedule_id):
+            self.findings.append(f"{schedule_id} has runs {sorted(row['runs'])} for one due time {row['due_at']}")
+        schedule = await connection.fetchrow(
+            "SELECT every, start_at, watermark, (request->>'after_seq')::bigint AS start FROM export_schedules"
+            " WHERE schedule_id = $1",
+            schedule_id,
+        )
+        if schedule is None:
+            self.findings.append(f"{schedule_id} was answered to a caller but is not stored")
+            return
+        every = Cadence.parse(schedule["every"])
+        runs = await connection.fetch(RUNS_SQL, schedule_id)
+        for run in runs:
+            if every.latest_due(schedule["start_at"], run["created_at"]) != run["due_at"]:
+                self.findings.append(f"run {run['operation_id']} of {schedule_id} is not keyed by its latest due time")
+        for earlier, later in itertools.pairwise(runs):
+            if earlier["finished_at"] is None or later["created_at"] < earlier["finished_at"]:
+                self.findings.append(
+                    f"run {later['operation_id']} of {schedule_id} was created before {earlier['operation_id']} ended"
+                )
+        self.findings += await chain_findings(
+            connection, schedule_id, start=schedule["start"] or 0, watermark=schedule["watermark"], files=self.files
+        )
 
     async def _operation(self, connection: asyncpg.Connection, row: asyncpg.Record) -> None:
         operation_id = row["operation_id"]
@@ -287,6 +326,7 @@ class Checker:
             seqs += found
         if sum(file[3] for file in files) != row["result_message_count"]:
             self.findings.append(f"{operation_id}: the parts' message counts do not add up to the result's")
+        self.files[operation_id] = seqs
         await self._selection(connection, operation_id, seqs, bodies)
 
     def _recorded_files(self, row: asyncpg.Record, kind: FileKind) -> list[tuple[str, int, str, int]]:
@@ -327,10 +367,13 @@ class Checker:
             self.findings.append(f"{operation_id}: its file changed the bodies of {sorted(changed)[:10]}")
 
     async def _keys(self, connection: asyncpg.Connection) -> None:
-        """Each key names one operation, for every caller that used it, and the stored one."""
+        """Each key names one operation (or schedule), for every caller that used it, and the stored one."""
         for (user, key), answered in self.seen.answers.items():
             stored = await connection.fetchval(
-                "SELECT operation_id FROM idempotency_keys WHERE owner_id = $1 AND idempotency_key = $2", user, key
+                "SELECT coalesce(operation_id, schedule_id) FROM idempotency_keys"
+                " WHERE owner_id = $1 AND idempotency_key = $2",
+                user,
+                key,
             )
             if len(answered) != 1 or stored not in answered:
                 self.findings.append(f"key {key} of {user} answered {sorted(answered)}, stored {stored}")
@@ -417,6 +460,30 @@ class Checker:
                 )
             if received - stored:
                 self.findings.append(f"{operation_id}: callbacks arrived with unknown ids {sorted(received - stored)}")
+
+    async def _schedule_callbacks(self, connection: asyncpg.Connection, deadline: float) -> None:
+        """Every callback of the round's schedules (a pause of the system's) delivered, each under its own id."""
+
+        async def deliveries() -> list[asyncpg.Record]:
+            return await connection.fetch(
+                "SELECT schedule_id, webhook_id, delivered_at FROM webhook_deliveries WHERE schedule_id = ANY($1)",
+                list(self.seen.scheduled),
+            )
+
+        async def all_delivered() -> bool:
+            return all(row["delivered_at"] is not None for row in await deliveries())
+
+        await _until(all_delivered, deadline)
+        rows = await deliveries()
+        for schedule_id in self.seen.scheduled:
+            stored = {row["webhook_id"] for row in rows if row["schedule_id"] == schedule_id}
+            delivered = {row["webhook_id"] for row in rows if row["schedule_id"] == schedule_id and row["delivered_at"]}
+            received = self.system.receiver.received.get(schedule_id, set())
+            if delivered != stored or received != stored:
+                self.findings.append(
+                    f"{schedule_id}: callbacks {sorted(stored)}, delivered {sorted(delivered)},"
+                    f" received {sorted(received)}"
+                )
 
     async def _orphans(self, connection: asyncpg.Connection, deadline: float) -> None:
         """By ``deadline`` (the janitor's grace and a few passes), only what may stay is in the bucket."""
@@ -507,6 +574,21 @@ async def _until(predicate: Callable[[], Awaitable[bool]], deadline: float) -> b
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(POLL_SECONDS)  # polling the system's state
+
+
+def _stored_request(row: asyncpg.Record) -> dict[str, Any]:
+    """An operation's stored request, as ``_canonical`` gives a body."""
+    return {
+        "format": row["format"],
+        "compression": row["compression"],
+        "after_seq": row["after_seq"],
+        "before_seq": row["before_seq"],
+        "senders": sorted(row["senders"]) if row["senders"] is not None else None,
+        "since": row["since"],
+        "until": row["until"],
+        "max_part_bytes": row["max_part_bytes"],
+        "notify_url": row["notify_url"],
+    }
 
 
 def _canonical(body: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""What one round of the fault harness does, drawn from its seed: the exports it asks for and the faults it
-injects, with their moments. The same ``(seed, round)`` always gives the same plan, so a failing round can
+"""What one round of the fault harness does, drawn from its seed: the exports and schedules it asks for and the
+faults it injects, with their moments. The same ``(seed, round)`` always gives the same plan, so a failing round can
 be replayed (docs/development.md: Development, The fault harness); what the processes interleave may still differ.
 """
 
@@ -12,6 +12,9 @@ from typing import Any
 
 # Every round's workload and faults start within this many seconds of the round's start.
 ROUND_WINDOW_SECONDS = 4.0
+# A schedule of the round is created in the first half of the round's window, and runs 2.5 s to this long (a
+# few due times) before it is paused for good: about as long as the round's exports take.
+SCHEDULE_RUN_SECONDS = 4.5
 PARTS = ("api", "relay", "worker-1", "worker-2", "janitor")
 WORKERS = ("worker-1", "worker-2")
 # Restarts of the broker or the database cost seconds each: a minority of rounds get one.
@@ -93,14 +96,41 @@ class ExportSpec:
 
 
 @dataclass(frozen=True)
+class ScheduleSpec:
+    """One incremental export schedule of the round's workload, on a conversation of its own
+    (docs/schedules.md: The chain).
+
+    ``every`` is its interval (``PT1S`` or ``PT2S``: the test-only minimum and twice it); ``size`` the messages
+    its conversation starts with; ``options`` the rest of the body (export options, ``notify``); it is created at
+    ``at_seconds`` by ``user`` (sent ``duplicates`` more times with the same key) and paused for good
+    ``runs_for`` seconds later. Meanwhile members send ``live_messages`` messages, evenly spread, and recall
+    ``recalls`` of the conversation's messages (imported or sent); ``pause_at`` seconds after its creation the
+    owner pauses it and resumes it ``pause_for`` seconds later, or never when None.
+    """
+
+    every: str
+    user: str
+    at_seconds: float
+    size: int
+    options: dict[str, Any]
+    duplicates: int
+    runs_for: float
+    live_messages: int
+    recalls: int
+    pause_at: float | None
+    pause_for: float
+
+
+@dataclass(frozen=True)
 class RoundPlan:
-    """A round: its conversations' sizes (messages), its exports and its faults."""
+    """A round: its conversations' sizes (messages), its exports, its schedules and its faults."""
 
     seed: int
     round_number: int
     conversation_sizes: list[int] = field(default_factory=list)
     exports: list[ExportSpec] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    schedules: list[ScheduleSpec] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """The plan as JSON-ready data, for the round's log."""
@@ -121,7 +151,44 @@ def plan_round(seed: int, round_number: int, *, cluster: bool = False) -> RoundP
         faults.append(_cluster_fault(rng))
     elif not cluster and draw < SERVER_RESTART_SHARE:
         faults.append(_server_restart(rng))
-    return RoundPlan(seed, round_number, sizes, exports, sorted(faults, key=lambda f: f.at_seconds))
+    faults.sort(key=lambda fault: fault.at_seconds)
+    return RoundPlan(seed, round_number, sizes, exports, faults, _schedules(seed, round_number))
+
+
+def _schedules(seed: int, round_number: int) -> list[ScheduleSpec]:
+    """Two or three schedules, the first of them paused and resumed while it runs. Drawn from a generator of
+    their own, so that a seed's exports and faults are those it planned before schedules were in the workload.
+    """
+    rng = random.Random(f"chatexport-chaos-schedules:{seed}:{round_number}")
+    return [_schedule(rng, paused=number == 0) for number in range(rng.choice([2, 2, 3]))]
+
+
+def _schedule(rng: random.Random, *, paused: bool) -> ScheduleSpec:
+    options: dict[str, Any] = {"format": rng.choice(["jsonl", "jsonl", "csv", "html"])}
+    if rng.random() < 0.3:
+        options["compression"] = "gzip"
+    if rng.random() < 0.2:
+        options["after_seq"] = rng.randint(0, 5)
+    if rng.random() < 0.3:
+        options["senders"] = [rng.choice(["alice", "bob"])]
+    if rng.random() < 0.15:
+        options["since"] = "2026-01-01T00:00:00+02:00"
+    if rng.random() < 0.4:
+        options["notify"] = {"url": "RECEIVER"}  # the harness puts its receiver's URL here
+    runs_for = round(rng.uniform(2.5, SCHEDULE_RUN_SECONDS), 2)
+    return ScheduleSpec(
+        every=rng.choice(["PT1S", "PT1S", "PT2S"]),
+        user=rng.choice(["alice", "bob"]),
+        at_seconds=round(rng.uniform(0, ROUND_WINDOW_SECONDS / 2), 2),
+        size=rng.choice([0, 7, 30]),
+        options=options,
+        duplicates=rng.choice([0, 0, 1]),
+        runs_for=runs_for,
+        live_messages=rng.choice([2, 5, 8]),
+        recalls=rng.choice([0, 1, 3]),
+        pause_at=round(rng.uniform(0.5, runs_for / 2), 2) if paused else None,
+        pause_for=round(rng.uniform(0.5, 2.0), 2),
+    )
 
 
 def _export(rng: random.Random, conversations: int) -> ExportSpec:

@@ -1,5 +1,5 @@
-"""The fault harness's completion-callback receiver: a local HTTP server that records each callback's
-``webhook-id`` per operation and can be made to refuse connections, answer slowly or answer 500.
+"""The fault harness's callback receiver: a local HTTP server that records each callback's ``webhook-id`` per
+operation (or schedule) and can be made to refuse connections, answer slowly or answer 500.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ SLOW_SECONDS = 2.0
 
 
 class Receiver:
-    """Callbacks as they arrive: ``received[operation_id]`` is the set of ``webhook-id`` values accepted
-    with a 2xx. ``mode`` is ``"up"``, ``"slow"`` or ``"errors"``; ``down()``/``up()`` close and reopen the
-    listening socket on the same port.
+    """Callbacks as they arrive: ``received[operation_id]`` (``received[schedule_id]`` for a schedule's own
+    callback) is the set of ``webhook-id`` values accepted with a 2xx. ``mode`` is ``"up"``, ``"slow"`` or
+    ``"errors"``; ``down()``/``up()`` close and reopen the listening socket on the same port.
     """
 
     def __init__(self) -> None:
@@ -71,6 +71,7 @@ class Receiver:
             await asyncio.sleep(SLOW_SECONDS)  # the fault itself: an answer later than the sender waits
         if self.mode == "errors":
             return web.Response(status=500)
-        operation_id = json.loads(body)["data"]["operation_id"]
-        self.received[operation_id].add(request.headers["webhook-id"])
+        data = json.loads(body)["data"]
+        subject = data["operation_id"] if "operation_id" in data else data["schedule_id"]
+        self.received[subject].add(request.headers["webhook-id"])
         return web.Response(status=204)

@@ -4,12 +4,12 @@
 of a run with seed S (random when absent), or only round K of it, on L systems at once (each takes every
 L-th round); with ``--cluster`` each system runs on a RabbitMQ cluster and a PostgreSQL primary with
 standbys, and the server faults are the clusters' (docs/development.md: The fault harness, Cluster mode).
-Each round prepares its conversations, drives its workload while its faults are injected, repairs everything
-and runs the checker. ``rounds.jsonl`` in the output folder gets one line per round (seed, round, faults,
-operations, findings); a failing round's folder ``round-K`` keeps its plan, its event log, the parts' logs of
-that round and the findings. A SIGTERM or Ctrl-C stops the run between or inside rounds (the unfinished round
-counts nothing) and still writes ``summary.json``, with ``finished`` false. Exit status 1 when any round found
-a violation, else 130 when the run was stopped early.
+Each round prepares its conversations, drives its workload while its faults are injected, repairs everything,
+runs the checker and deletes the round's schedules. ``rounds.jsonl`` in the output folder gets one line per round
+(seed, round, faults, operations, schedules, runs, findings); a failing round's folder ``round-K`` keeps its plan,
+its event log, the parts' logs of that round and the findings. A SIGTERM or Ctrl-C stops the run between or
+inside rounds (the unfinished round counts nothing) and still writes ``summary.json``, with ``finished`` false.
+Exit status 1 when any round found a violation, else 130 when the run was stopped early.
 """
 
 from __future__ import annotations
@@ -37,12 +37,16 @@ from tests.chaos.workload import RequestGivenUp, Workload
 
 @dataclass
 class Summary:
-    """A run's figures: rounds, faults injected by kind, operations checked, violations, wall time (s)."""
+    """A run's figures: rounds, faults injected by kind, operations checked (and of them the schedules' runs),
+    schedules, violations, wall time (s).
+    """
 
     seed: int
     rounds: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     operations: int = 0
+    schedules: int = 0
+    runs: int = 0
     requests: int = 0
     downloads: int = 0
     violations: int = 0
@@ -112,16 +116,25 @@ async def _round(system: ChaosSystem, plan: RoundPlan, out_dir: Path, summary: S
     offsets = _log_sizes(system.log_dir)
     workload = Workload(system, plan, log)
     injector = Injector(system, log)
+    runs = 0
     try:
-        findings = await _play(system, plan, workload, injector, log, offsets)
-    except Exception as error:  # the round could not be judged: a finding of its own, and the run goes on
-        findings = [f"the harness could not finish the round: {error!r}"]
-        await injector.heal()
+        try:
+            findings, runs = await _play(system, plan, workload, injector, log, offsets)
+        except Exception as error:  # the round could not be judged: a finding of its own, and the run goes on
+            findings = [f"the harness could not finish the round: {error!r}"]
+            await injector.heal()
+        # Judged: the next rounds must not see the schedules fire (nor count them against a user's limit).
+        try:
+            await workload.delete_schedules()
+        except RequestGivenUp as error:
+            findings.append(f"the round's schedules could not be deleted: {error}")
     finally:
         await workload.close()
     summary.rounds += 1
     summary.faults.update(injector.injected)
-    summary.operations += len(workload.seen.submitted)
+    summary.operations += len(workload.seen.submitted) + runs
+    summary.schedules += len(workload.seen.scheduled)
+    summary.runs += runs
     summary.requests += workload.seen.requests
     summary.downloads += workload.seen.downloads
     summary.violations += len(findings)
@@ -129,7 +142,9 @@ async def _round(system: ChaosSystem, plan: RoundPlan, out_dir: Path, summary: S
         "seed": plan.seed,
         "round": plan.round_number,
         "faults": [f"{fault.kind}@{fault.at_seconds}:{fault.target or fault.detail}" for fault in plan.faults],
-        "operations": len(workload.seen.submitted),
+        "operations": len(workload.seen.submitted) + runs,
+        "schedules": len(workload.seen.scheduled),
+        "runs": runs,
         "findings": findings,
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -154,8 +169,10 @@ async def _play(
     injector: Injector,
     log: Callable[[str], None],
     log_offsets: dict[Path, int],
-) -> list[str]:
-    """Prepare, run the workload under the plan's faults, repair, give memberships back, then check."""
+) -> tuple[list[str], int]:
+    """Prepare, run the workload under the plan's faults, repair, give memberships back, then check; return the
+    findings and how many runs the round's schedules made.
+    """
     await workload.prepare()
     before = await read_messages(system.database_url)
     started_at = await database_now(system.database_url)
@@ -178,7 +195,8 @@ async def _play(
         windows=injector.windows,
         log_offsets=log_offsets,
     )
-    return findings + await checker.check()
+    findings += await checker.check()
+    return findings, checker.runs
 
 
 async def _scheduled(injector: Injector, fault: Fault) -> None:

@@ -36,6 +36,9 @@ CHAOS_SETTINGS: dict[str, str] = {
     "CHATEXPORT_CHUNK_THRESHOLD_BYTES": str(2 * 1024 * 1024),
     "CHATEXPORT_CHUNK_TARGET_BYTES": str(1024 * 1024),
     "CHATEXPORT_CHUNKS_PER_EXPORT": "3",
+    # Schedules every second or two (the test-only minimum), fired within a fifth of a second.
+    "CHATEXPORT_SCHEDULE_MIN_INTERVAL_SECONDS": "1",
+    "CHATEXPORT_SCHEDULER_INTERVAL_SECONDS": "0.2",
 }
 LEASE_SECONDS = 3.0
 # The janitor hands an expired lease's operation back this long after expiry (FAST's setting), on its

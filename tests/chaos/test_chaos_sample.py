@@ -6,25 +6,28 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.chaos.faults import Injector
 from tests.chaos.invariants import Checker, Deadlines, part_log_findings, read_messages
-from tests.chaos.plan import ExportSpec, Fault, FaultKind, RoundPlan
+from tests.chaos.plan import ExportSpec, Fault, FaultKind, RoundPlan, ScheduleSpec
 from tests.chaos.run import run_rounds
 from tests.chaos.system import ChaosSystem, chaos_system
 from tests.chaos.workload import Workload
+from tests.support.chains import RUNS_SQL
 
 pytestmark = pytest.mark.e2e
 
-# Its three rounds stop both workers past their lease, kill the janitor, put an undecodable message on the
-# queue and take the callback receiver down.
+# Its three rounds kill the janitor and end its lock session, stop the relay and a worker, put an undecodable
+# message on the queue, take the callback receiver down and cut S3 off, while seven schedules fire.
 SAMPLE_SEED = 20261201
 SAMPLE_ROUNDS = range(1, 4)
 # The damage tests judge at once: nothing is left to settle in a system that is already quiet.
@@ -32,6 +35,8 @@ PROMPT = Deadlines(ended=30, outbox=5, queue=5, callbacks=10, orphans=1)
 BAD_WAKEUP = Fault(FaultKind.BAD_WAKEUP, at_seconds=0.0, for_seconds=0.0)
 # Round numbers of the damage tests' own conversations, apart from the sample's.
 QUIET_ROUNDS = itertools.count(1000)
+# A schedule firing every second for three seconds while four messages are sent, their first two alice's.
+QUIET_SCHEDULE = ScheduleSpec("PT1S", "alice", 0.0, 5, {"format": "jsonl"}, 0, 3.0, 4, 0, None, 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +56,22 @@ async def test_a_fixed_seed_sample_of_rounds_passes_every_check(system: ChaosSys
 async def quiet_round(system: ChaosSystem) -> tuple[Workload, Checker]:
     """One export that succeeds without faults, and a checker of it that has passed."""
     export = ExportSpec("0", "alice", 0.0, {"format": "jsonl", "notify": {"url": "RECEIVER"}}, 0, None, 0, False, "")
-    plan = RoundPlan(seed=0, round_number=next(QUIET_ROUNDS), conversation_sizes=[5], exports=[export])
+    return await judged(system, RoundPlan(0, next(QUIET_ROUNDS), conversation_sizes=[5], exports=[export]))
+
+
+async def scheduled_round(system: ChaosSystem) -> tuple[Workload, Checker, str]:
+    """One schedule whose runs succeed without faults while messages are sent, a checker of it that has passed,
+    and the schedule's id.
+    """
+    plan = RoundPlan(0, next(QUIET_ROUNDS), schedules=[QUIET_SCHEDULE])
+    workload, checker = await judged(system, plan)
+    [schedule_id] = workload.seen.scheduled
+    assert checker.runs >= 2
+    return workload, checker, schedule_id
+
+
+async def judged(system: ChaosSystem, plan: RoundPlan) -> tuple[Workload, Checker]:
+    """``plan`` run without faults, and a checker of it that has passed."""
     workload = Workload(system, plan, lambda _: None)
     await workload.prepare()
     before = await read_messages(system.database_url)
@@ -246,6 +266,70 @@ async def test_the_checker_finds_messages_left_on_the_queue(system: ChaosSystem)
 
     assert any("the queue is not drained" in finding for finding in findings), findings
     assert await checker.check() == [], "the workers consumed the undecodable message once running again"
+
+
+async def chain_runs(system: ChaosSystem, schedule_id: str) -> list[Any]:
+    """The schedule's runs that hold a message, by due time."""
+    return await system.faulty.pool.fetch(
+        "SELECT * FROM operations WHERE schedule_id = $1 AND result_message_count > 0 ORDER BY due_at", schedule_id
+    )
+
+
+async def test_the_checker_finds_a_chain_that_misses_a_message_or_ends_elsewhere_than_its_watermark(
+    system: ChaosSystem,
+) -> None:
+    _, checker, schedule_id = await scheduled_round(system)
+    pool = system.faulty.pool
+    run = (await chain_runs(system, schedule_id))[-1]
+    stored = await (await system.faulty.s3.get_object(Bucket=checker.bucket, Key=run["result_key"]))["Body"].read()
+    first, rest = stored.split(b"\n", 1)
+    await system.faulty.s3.put_object(Bucket=checker.bucket, Key=run["result_key"], Body=rest)
+    await pool.execute(
+        "UPDATE operations SET result_size_bytes = $2, result_sha256 = $3, result_message_count = $4"
+        " WHERE operation_id = $1",
+        run["operation_id"],
+        len(rest),
+        hashlib.sha256(rest).hexdigest(),
+        run["result_message_count"] - 1,
+    )
+    await pool.execute("UPDATE export_schedules SET watermark = watermark + 1 WHERE schedule_id = $1", schedule_id)
+    findings = await checker.check()
+
+    missed = json.loads(first)["seq"]
+    assert any(f"{schedule_id}: its chain's files miss messages never recalled: [{missed}]" in f for f in findings)
+    assert any(f"{schedule_id}: its watermark is {run['snapshot_max_seq'] + 1}" in f for f in findings), findings
+
+
+async def test_the_checker_finds_runs_at_once_and_a_run_not_keyed_by_its_latest_due_time(
+    system: ChaosSystem,
+) -> None:
+    _, checker, schedule_id = await scheduled_round(system)
+    first, second = (await system.faulty.pool.fetch(RUNS_SQL, schedule_id))[:2]
+    # The second run now began with the first, at the first's due time.
+    await system.faulty.pool.execute(
+        "UPDATE operations SET created_at = $2 WHERE operation_id = $1", second["operation_id"], first["created_at"]
+    )
+    findings = await checker.check()
+
+    assert f"run {second['operation_id']} of {schedule_id} was created before {first['operation_id']} ended" in findings
+    assert f"run {second['operation_id']} of {schedule_id} is not keyed by its latest due time" in findings
+
+
+async def test_the_checker_finds_two_runs_for_one_due_time(system: ChaosSystem) -> None:
+    _, checker, schedule_id = await scheduled_round(system)
+    first, second = (await system.faulty.pool.fetch(RUNS_SQL, schedule_id))[:2]
+    pool = system.faulty.pool
+    # What the unique constraint refuses, written without it: the checker must not rely on the database's rule.
+    await pool.execute("ALTER TABLE operations DROP CONSTRAINT operations_schedule_due")
+    try:
+        await pool.execute("UPDATE operations SET due_at = $2 WHERE operation_id = $1", second[0], first["due_at"])
+        findings = await checker.check()
+    finally:
+        await pool.execute("UPDATE operations SET due_at = $2 WHERE operation_id = $1", second[0], second["due_at"])
+        await pool.execute("ALTER TABLE operations ADD CONSTRAINT operations_schedule_due UNIQUE (schedule_id, due_at)")
+
+    twice = sorted([first["operation_id"], second["operation_id"]])
+    assert f"{schedule_id} has runs {twice} for one due time {first['due_at']}" in findings, findings
 
 
 def test_the_checker_finds_a_part_that_died_and_an_unhandled_error_in_the_round_s_logs(tmp_path: Path) -> None:

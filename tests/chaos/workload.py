@@ -1,6 +1,8 @@
 """A round's workload, as callers would drive the API while things break (docs/development.md: Development, The fault
 harness): conversations to export, submits with duplicates under one key, cancels at random moments,
-recalls and membership changes during exports, downloads, some aborted.
+recalls and membership changes during exports, downloads, some aborted; and incremental export schedules firing
+every second or two while messages are sent and recalled, one paused and resumed, each paused for good at its end
+while a watcher looks for a schedule with two unfinished runs at once.
 
 Every request is retried, as a careful client would, on a lost connection and on 503 until its deadline;
 every answer is recorded in ``Observations`` so that the checker can judge it.
@@ -9,6 +11,7 @@ every answer is recorded in ``Observations`` so that the checker can judge it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -20,8 +23,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
+import asyncpg
 
-from tests.chaos.plan import ExportSpec, RoundPlan
+from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.states import ACTIVE
+from tests.chaos.plan import ExportSpec, RoundPlan, ScheduleSpec
 from tests.chaos.system import ChaosSystem
 
 REQUEST_TIMEOUT_SECONDS = 5.0
@@ -38,6 +44,14 @@ FIRST_SENT_AT = datetime(2025, 12, 31, 21, 0, tzinfo=UTC)
 # Bodies that exercise CSV's formula guard, HTML escaping and right-to-left text.
 BODY_SAMPLES = ("plain {n}", "=SUM(A1:A{n})", "<script>alert({n})</script>", "שלום {n}", "+{n} @x", "-{n}\ttab")
 TERMINAL = {"SUCCEEDED", "CANCELED", "FAILED", "FAILED_REPAIR", "EXPIRED"}
+# How often the watcher looks for a schedule with more than one unfinished run.
+WATCH_SECONDS = 0.2
+# Schedules of the round with more than one unfinished run, and those runs.
+OVERLAPPING_RUNS_SQL = """
+SELECT schedule_id, array_agg(operation_id ORDER BY due_at) AS runs FROM operations
+WHERE schedule_id = ANY($1) AND state = ANY($2) GROUP BY schedule_id HAVING count(*) > 1
+"""
+_ACTIVE_STATES = sorted(ACTIVE)
 
 
 class RequestGivenUp(Exception):
@@ -56,16 +70,31 @@ class Submitted:
 
 
 @dataclass
+class Scheduled:
+    """One schedule the workload created: who, where, with which key and body (its ``every``, ``mode`` and export
+    options).
+    """
+
+    spec: ScheduleSpec
+    user: str
+    conversation_id: str
+    key: str
+    body: dict[str, Any]
+
+
+@dataclass
 class Observations:
-    """What callers saw: ``answers[(user, key)]`` the operation ids submits with that key were given;
-    ``submitted[operation_id]``; ``key_prefix`` that every key of the round starts with; ``recalls``
-    the ``(cid, message_id)`` callers recalled (or tried to); ``unavailable`` the monotonic times of the
-    503s they got; ``problems``: answers no caller should ever get; ``requests`` sent, ``downloads`` verified.
+    """What callers saw: ``answers[(user, key)]`` the operation (or schedule) ids submits (or schedule creations)
+    with that key were given; ``submitted[operation_id]``; ``scheduled[schedule_id]``; ``key_prefix`` that every
+    key of the round starts with; ``recalls`` the ``(cid, message_id)`` callers recalled (or tried to);
+    ``unavailable`` the monotonic times of the 503s they got; ``problems``: answers no caller should ever get,
+    and schedules seen with two unfinished runs at once; ``requests`` sent, ``downloads`` verified.
     """
 
     key_prefix: str = ""
     answers: defaultdict[tuple[str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
     submitted: dict[str, Submitted] = field(default_factory=dict)
+    scheduled: dict[str, Scheduled] = field(default_factory=dict)
     recalls: set[tuple[str, str]] = field(default_factory=set)
     unavailable: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -94,6 +123,12 @@ class Workload:
             await self._request("PUT", f"/admin/conversations/{cid}/members/{user}", admin=True, accept=(204,))
         self._dropped.clear()
 
+    async def delete_schedules(self) -> None:
+        """Delete the round's schedules, once judged: a user may have only so many."""
+        for schedule_id, scheduled in sorted(self.seen.scheduled.items()):
+            path = f"/v3/export-schedules/{schedule_id}"
+            await self._request("DELETE", path, user=scheduled.user, accept=(204, 404))
+
     async def close(self) -> None:
         """Close the HTTP session."""
         await self._http.close()
@@ -104,6 +139,10 @@ class Workload:
             return BIG
         return f"s{self.plan.seed}-r{self.plan.round_number}-c{conversation}"
 
+    def schedule_conversation_id(self, number: int) -> str:
+        """The id of the conversation of the plan's schedule ``number``."""
+        return f"s{self.plan.seed}-r{self.plan.round_number}-sched{number}"
+
     async def prepare_big(self) -> None:
         """Create the run's large conversation once (enough for several parts of the smallest size)."""
         status, _, _ = await self._request("GET", f"/admin/conversations/{BIG}", admin=True, accept=(200, 404))
@@ -111,13 +150,24 @@ class Workload:
             await self._create(BIG, BIG_MESSAGES, body_bytes=200)
 
     async def prepare(self) -> None:
-        """Create the round's own conversations and their messages."""
+        """Create the round's own conversations and their messages, the schedules' included."""
         for index, size in enumerate(self.plan.conversation_sizes):
             await self._create(self.conversation_id(str(index)), size, body_bytes=0)
+        for number, spec in enumerate(self.plan.schedules):
+            await self._create(self.schedule_conversation_id(number), spec.size, body_bytes=0)
 
     async def run(self) -> None:
-        """Run every export of the plan, each starting at its moment; return when all are done."""
-        await asyncio.gather(*(self._export(number, spec) for number, spec in enumerate(self.plan.exports)))
+        """Run every export and schedule of the plan, each starting at its moment, while the watcher looks at
+        the schedules' runs; return when all are done (every schedule paused).
+        """
+        scheduling = asyncio.gather(*(self._schedule(number, spec) for number, spec in enumerate(self.plan.schedules)))
+        watching = asyncio.create_task(self._watch(scheduling))
+        try:
+            await asyncio.gather(
+                *(self._export(number, spec) for number, spec in enumerate(self.plan.exports)), scheduling
+            )
+        finally:
+            await watching
 
     # --- one export -------------------------------------------------------------------------------------
 
@@ -290,6 +340,118 @@ class Workload:
             if operation["state"] in TERMINAL:
                 return operation
         return None
+
+    # --- one schedule -----------------------------------------------------------------------------------
+
+    async def _schedule(self, number: int, spec: ScheduleSpec) -> None:
+        await asyncio.sleep(spec.at_seconds)  # the plan's moment for this schedule
+        rng = random.Random(f"{self.plan.seed}:{self.plan.round_number}:schedule{number}")
+        cid = self.schedule_conversation_id(number)
+        body = {"every": spec.every, "mode": "incremental", **spec.options}
+        if "notify" in body:
+            body["notify"] = {"url": self.system.receiver.url}
+        scheduled = Scheduled(spec, spec.user, cid, f"{self.seen.key_prefix}sched{number}", body)
+        answers = await asyncio.gather(*(self._create_schedule(scheduled) for _ in range(1 + spec.duplicates)))
+        schedule_id = next((answer for answer in answers if answer), None)
+        if schedule_id is None:
+            return
+        self.seen.scheduled[schedule_id] = scheduled
+        self.log(f"schedule {number} is {schedule_id} in {cid}: {json.dumps(body)}")
+        await asyncio.gather(
+            asyncio.sleep(spec.runs_for),  # the plan's time for the schedule to fire
+            self._pause_and_resume(schedule_id, scheduled),
+            self._chat(rng, cid, number, spec),
+        )
+        await self._schedule_action(schedule_id, scheduled, "pause", accept=(200,))
+
+    async def _create_schedule(self, scheduled: Scheduled) -> str | None:
+        """One creation; the schedule id it answered with, or None when it was refused (a 4xx)."""
+        status, answer, _ = await self._request(
+            "POST",
+            f"/v3/conversations/{scheduled.conversation_id}/export-schedules",
+            user=scheduled.user,
+            json_body=scheduled.body,
+            headers={"Idempotency-Key": scheduled.key},
+            accept=(201,),
+        )
+        if status >= 400:
+            self.log(f"schedule {scheduled.key} refused: {status} {answer!r:.200}")
+            return None
+        schedule_id: str = json.loads(answer)["schedule_id"]
+        self.seen.answers[(scheduled.user, scheduled.key)].add(schedule_id)
+        return schedule_id
+
+    async def _pause_and_resume(self, schedule_id: str, scheduled: Scheduled) -> None:
+        """The owner's pause at the plan's moment, and the resume after it. A resume is refused while a run
+        waits for repair (a fault may leave one parked).
+        """
+        if scheduled.spec.pause_at is None:
+            return
+        await asyncio.sleep(scheduled.spec.pause_at)  # the plan's moment for the pause
+        await self._schedule_action(schedule_id, scheduled, "pause", accept=(200,))
+        await asyncio.sleep(scheduled.spec.pause_for)  # the plan's length of the pause
+        await self._schedule_action(schedule_id, scheduled, "resume", accept=(200, 422))
+
+    async def _schedule_action(
+        self, schedule_id: str, scheduled: Scheduled, action: str, *, accept: tuple[int, ...]
+    ) -> None:
+        path = f"/v3/export-schedules/{schedule_id}/{action}"
+        status, answer, _ = await self._request("POST", path, user=scheduled.user, accept=accept)
+        if status == 422 and b'"SCHEDULE_NEEDS_REPAIR"' not in answer:
+            self.seen.problems.append(f"POST {path} answered 422: {answer[:300]!r}")
+        self.log(f"{action} {schedule_id}: {status}")
+
+    async def _chat(self, rng: random.Random, cid: str, number: int, spec: ScheduleSpec) -> None:
+        """Members send the plan's messages, evenly spread over the schedule's time, and recall some of the
+        conversation's messages, imported or sent, at random moments.
+        """
+        sent = [_message_id(cid, n) for n in range(spec.size)]
+        pace = spec.runs_for / (spec.live_messages + 1)
+        recalls = set(rng.sample(range(spec.live_messages), min(spec.recalls, spec.live_messages)))
+        for live in range(spec.live_messages):
+            await asyncio.sleep(pace)  # the plan's spread of the messages over the schedule's time
+            user = MEMBERS[(spec.size + live) % 2]
+            message_id = f"{self.seen.key_prefix}sched{number}-live{live}"
+            await self._request(
+                "POST",
+                f"/v2/conversations/{cid}/messages",
+                user=user,
+                json_body={"message_id": message_id, "body": "live"},
+                accept=(200, 409),
+            )
+            sent.append(message_id)
+            if live in recalls:
+                await self._recall_one(cid, rng.randrange(len(sent)), sent)
+
+    async def _recall_one(self, cid: str, index: int, sent: list[str]) -> None:
+        """The sender of ``sent[index]`` recalls it (the conversation's senders take turns)."""
+        message_id = sent[index]
+        self.seen.recalls.add((cid, message_id))
+        path = f"/v2/conversations/{cid}/messages/{message_id}"
+        status, _, _ = await self._request("DELETE", path, user=MEMBERS[index % 2], accept=(200,))
+        self.log(f"recall {cid}/{message_id}: {status}")
+
+    async def _watch(self, scheduling: asyncio.Future[Any]) -> None:
+        """Until ``scheduling`` is done, look every ``WATCH_SECONDS`` for a schedule of the round with more than
+        one unfinished run; each one seen is a problem. A database that cannot be reached is looked at again.
+        """
+        connection: asyncpg.Connection | None = None
+        try:
+            while not scheduling.done():
+                with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
+                    if connection is None or connection.is_closed():
+                        connection = await asyncpg.connect(self.system.database_url, timeout=2)
+                    rows = await connection.fetch(
+                        OVERLAPPING_RUNS_SQL, list(self.seen.scheduled), _ACTIVE_STATES, timeout=2
+                    )
+                    for row in rows:
+                        overlapping = f"{row['schedule_id']} had unfinished runs at once: {row['runs']}"
+                        if overlapping not in self.seen.problems:
+                            self.seen.problems.append(overlapping)
+                await asyncio.wait([scheduling], timeout=WATCH_SECONDS)
+        finally:
+            if connection is not None:
+                connection.terminate()
 
     # --- set-up and requests ----------------------------------------------------------------------------
 
