@@ -29,6 +29,17 @@ _SHORTEST_MONTH_SECONDS = 28 * 86400
 _AVERAGE_MONTH_SECONDS = 2_629_746
 
 
+_DATE_DESIGNATORS = (("years", "Y"), ("months", "M"), ("weeks", "W"), ("days", "D"))
+_TIME_DESIGNATORS = (("hours", "H"), ("minutes", "M"), ("seconds", "S"))
+
+
+def _canonical(units: dict[str, int]) -> str:
+    """The duration of ``units`` written without its zero units."""
+    date = "".join(f"{units[name]}{letter}" for name, letter in _DATE_DESIGNATORS if units[name])
+    time = "".join(f"{units[name]}{letter}" for name, letter in _TIME_DESIGNATORS if units[name])
+    return f"P{date}T{time}" if time else f"P{date}"
+
+
 class CadenceError(ValueError):
     """An ``every`` that is not a usable duration; ``code`` is the problem code that answers it."""
 
@@ -38,7 +49,8 @@ class CadenceError(ValueError):
 @dataclass(frozen=True)
 class Cadence:
     """A schedule's interval: ``months`` calendar months and ``seconds`` fixed seconds, not both zero;
-    ``text`` is the duration as given (upper case), which the schedule shows.
+    ``text`` is the duration in its canonical form, which the schedule shows and its key's replay compares: upper
+    case, without zero units or leading zeros (``p0y0m1dt0h`` is ``P1D``).
     """
 
     text: str
@@ -52,9 +64,9 @@ class Cadence:
         Raises ``CadenceError`` for anything else: another syntax, a fraction, a zero duration, or more
         than a thousand years.
         """
-        normalised = text.strip().upper()
-        match = _DURATION.fullmatch(normalised)
-        if match is None or normalised in ("P", "PT"):
+        # ASCII first: str.upper() maps some other letters to ASCII ones (U+017F to "S").
+        match = _DURATION.fullmatch(text.upper()) if text.isascii() else None
+        if match is None or text.upper() in ("P", "PT"):
             raise CadenceError("not an ISO 8601 duration of whole units, such as P1D or PT6H")
         units = {name: int(value) for name, value in match.groupdict(default="0").items()}
         months = 12 * units["years"] + units["months"]
@@ -63,7 +75,7 @@ class Cadence:
             raise CadenceError("the interval must be longer than zero")
         if months > _MAX_MONTHS or seconds > _MAX_SECONDS:
             raise CadenceError("the interval must be at most a thousand years")
-        return cls(normalised, months, seconds)
+        return cls(_canonical(units), months, seconds)
 
     @property
     def min_seconds(self) -> int:

@@ -38,20 +38,28 @@ class Scheduler:
         self._settings = settings
 
     async def run_round(self, *, stop: asyncio.Event) -> Counter[str]:
-        """Fire up to ``janitor_batch_size`` due schedules, oldest due first, until done or ``stop`` is set;
-        return how many fires ended with each outcome (a ``FireOutcome`` value, or ``metrics.FIRE_FAILED``).
+        """Fire every due schedule, oldest due first, read in pages of ``janitor_batch_size``, until done or
+        ``stop`` is set; return how many fires ended with each outcome (a ``FireOutcome`` value, or
+        ``metrics.FIRE_FAILED``). A schedule waiting for its owner's quota is tried once a round, and those due
+        after it are still reached: one user at the quota holds back no one else's.
 
         Raises the database's transient errors (``shared.db.TRANSIENT_DATABASE_ERRORS``): the next round
         tries again. Any other error of one fire is logged with its schedule and counted as failed, so that
         one schedule the database refuses does not stop the others.
         """
-        async with self._pool.acquire() as conn:
-            due = await schedules.due_schedules(conn, limit=self._settings.janitor_batch_size)
         outcomes: Counter[str] = Counter()
-        for schedule_id in due:
-            if stop.is_set():
+        page_size = self._settings.janitor_batch_size
+        after: schedules.DueSchedule | None = None
+        while not stop.is_set():
+            async with self._pool.acquire() as conn:
+                page = await schedules.due_schedules(conn, limit=page_size, after=after)
+            for due in page:
+                if stop.is_set():
+                    break
+                outcomes[await self._fire(due.schedule_id)] += 1
+            if len(page) < page_size:
                 break
-            outcomes[await self._fire(schedule_id)] += 1
+            after = page[-1]
         if outcomes:
             log.debug("scheduler round", extra={"outcomes": dict(outcomes)})
         return outcomes

@@ -10,13 +10,14 @@ Every function runs on the caller's connection.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 
 import asyncpg
 
 from shared.cadence import Cadence
 from shared.export_request import FIELDS, ExportRequest
+from shared.ids import is_valid_id
 from shared.repository import outbox
 from shared.repository.message_store import is_member
 from shared.repository.operation_view import OperationView
@@ -117,8 +118,11 @@ async def create_schedule(
     or the limit of ``max_schedules`` decides otherwise (the server-side ``create_export_schedule``, migration
     0013).
     ``start_at`` None anchors the schedule at its creation (the database's clock); its first run is due at the
-    anchor. ``request.before_seq`` and ``request.until`` must be None (the caller refuses them).
+    anchor. ``request.before_seq`` and ``request.until`` must be None (the caller refuses them). A conversation id
+    that breaks the id syntax is ``NOT_MEMBER`` without a query, as for a submit.
     """
+    if not is_valid_id(conversation_id):
+        return CreateResult(SubmitOutcome.NOT_MEMBER, None)
     row = await conn.fetchrow(
         "SELECT outcome::text, schedule_id FROM create_export_schedule($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         schedule_id,
@@ -191,14 +195,16 @@ async def read_runs(
 
 
 async def pause(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> ScheduleView | None:
-    """ACTIVE -> PAUSED with reason USER; a PAUSED schedule stays as it is, its reason kept (idempotent). None when
-    the schedule does not exist or is not ``owner_id``'s.
+    """ACTIVE -> PAUSED with reason USER, and so does a schedule paused for RUN_NEEDS_REPAIR, so that the repair
+    does not resume it against its owner's wish (docs/schedules.md: When a run cannot go on); one paused for
+    another reason stays as it is (idempotent). None when the schedule does not exist or is not ``owner_id``'s.
     """
     await conn.execute(
         """
         UPDATE export_schedules SET state = 'PAUSED', paused_reason = 'USER', next_run_at = NULL,
             waiting_reason = NULL, version = version + 1, updated_at = now()
-        WHERE schedule_id = $1 AND owner_id = $2 AND state = 'ACTIVE'
+        WHERE schedule_id = $1 AND owner_id = $2
+          AND (state = 'ACTIVE' OR paused_reason = 'RUN_NEEDS_REPAIR')
         """,
         schedule_id,
         owner_id,
@@ -282,10 +288,31 @@ _DUE = """
 """
 
 
-async def due_schedules(conn: asyncpg.Connection, *, limit: int) -> list[str]:
-    """Up to ``limit`` ids of schedules due to fire, the longest overdue first."""
-    rows = await conn.fetch(f"SELECT s.schedule_id {_DUE} ORDER BY s.next_run_at LIMIT $2", _ACTIVE_STATES, limit)
-    return [row["schedule_id"] for row in rows]
+@dataclass(frozen=True)
+class DueSchedule:
+    """A schedule due to fire: its id and since when it is due; also a page's keyset position."""
+
+    schedule_id: str
+    next_run_at: datetime
+
+
+async def due_schedules(conn: asyncpg.Connection, *, limit: int, after: DueSchedule | None = None) -> list[DueSchedule]:
+    """Up to ``limit`` schedules due to fire, the longest overdue first (ties by id), after ``after`` (the last of
+    the page before) when given. A walk over the pages reaches every due schedule, however many wait for their
+    owners' quota at the head of the order.
+    """
+    rows = await conn.fetch(
+        f"""
+        SELECT s.schedule_id, s.next_run_at {_DUE}
+          AND (s.next_run_at, s.schedule_id) > ($3::timestamptz, $4::text)
+        ORDER BY s.next_run_at, s.schedule_id LIMIT $2
+        """,
+        _ACTIVE_STATES,
+        limit,
+        after.next_run_at if after else datetime.min.replace(tzinfo=UTC),
+        after.schedule_id if after else "",
+    )
+    return [DueSchedule(row["schedule_id"], row["next_run_at"]) for row in rows]
 
 
 class FireOutcome(StrEnum):
@@ -418,8 +445,8 @@ async def _insert_run(
 @dataclass(frozen=True)
 class ScheduleFigures:
     """What the scheduler's gauges show: schedules by state (``"ACTIVE"``, ``"PAUSED"``, and ``"WAITING"`` for
-    those whose run waits for the quota) and how long, in seconds, the longest-overdue due schedule has been due
-    (0 when none is).
+    those whose run waits for the quota) and how long, in seconds, the longest-overdue due schedule not waiting
+    for the quota has been due (0 when none is): the firing part's lag, not an owner's.
     """
 
     by_state: dict[str, int]
@@ -433,7 +460,8 @@ async def schedule_figures(conn: asyncpg.Connection) -> ScheduleFigures:
         SELECT (SELECT count(*) FROM export_schedules WHERE state = 'ACTIVE') AS active,
                (SELECT count(*) FROM export_schedules WHERE state = 'PAUSED') AS paused,
                (SELECT count(*) FROM export_schedules WHERE waiting_reason IS NOT NULL) AS waiting,
-               (SELECT coalesce(extract(epoch FROM now() - min(s.next_run_at))::float8, 0) {_DUE}) AS lag
+               (SELECT coalesce(extract(epoch FROM now() - min(s.next_run_at))::float8, 0) {_DUE}
+                  AND s.waiting_reason IS NULL) AS lag
         """,
         _ACTIVE_STATES,
     )

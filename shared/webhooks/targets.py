@@ -111,6 +111,9 @@ def check_url(url: str, *, allow_private: bool) -> Target:
     """
     if len(url) > MAX_URL_LENGTH:
         raise RefusedTarget(f"longer than {MAX_URL_LENGTH} characters")
+    # RFC 3986, section 2: a URI holds no space or control character (urlsplit would drop a tab unseen).
+    if any(char <= " " or char == "\x7f" for char in url):
+        raise RefusedTarget("a URL holds no space or control character")
     try:
         parts = urlsplit(url)
         port = _DEFAULT_PORTS.get(parts.scheme, 0) if parts.port is None else parts.port

@@ -38,6 +38,7 @@ SCHEDULE_SCHEMAS = (
     "PauseReason",
     "Schedule",
     "ScheduleLinks",
+    "ScheduleMode",
     "ScheduleOptions",
     "SchedulePage",
     "SchedulePageQuery",

@@ -53,12 +53,46 @@ def test_before_the_anchor_nothing_is_due_and_the_anchor_comes_next() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "P", "PT", "P0D", "PT0S", "P1.5D", "1D", "P1DT", "PT1H1D", "P-1D", "R5/P1D", "P1000001Y", "P١D"]
+    "text",
+    [
+        "",
+        "P",
+        "PT",
+        "P0D",
+        "PT0S",
+        "P1.5D",
+        "1D",
+        "P1DT",
+        "PT1H1D",
+        "P-1D",
+        "R5/P1D",
+        "P1000001Y",
+        "P١D",
+        " P1D",
+        "P1D\n",
+        "\u00a0P1D",
+        "PT3600\u017f",
+    ],
 )
 def test_anything_but_a_whole_positive_duration_is_refused(text: str) -> None:
     with pytest.raises(CadenceError) as refused:
         Cadence.parse(text)
     assert refused.value.code == "SCHEDULE_INTERVAL_INVALID"
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("P1D", "P1D"),
+        ("p1d", "P1D"),
+        ("P000000001D", "P1D"),
+        ("P0Y0M0DT1H", "PT1H"),
+        ("P1Y0M2W", "P1Y2W"),
+        ("PT0H90M", "PT90M"),
+    ],
+)
+def test_the_interval_is_kept_in_its_canonical_form(text: str, canonical: str) -> None:
+    assert Cadence.parse(text).text == canonical
 
 
 def test_min_seconds_counts_a_month_as_28_days() -> None:

@@ -125,9 +125,10 @@ async def test_the_callback_url_is_kept_but_never_shown(
     assert "s3cr3t" not in await response.text()
     stored = await pool.fetchval("SELECT request->>'notify_url' FROM export_schedules")
     assert stored == url
-    refused = await create(api, auth, {**DAILY, "notify": {"url": "http://127.0.0.1/cb"}}, "k-2")
-    body = await expect_problem(refused, 422, "NOTIFY_URL_REFUSED")
-    assert body["errors"][0]["loc"] == ["body", "notify", "url"]
+    for bad in ("http://127.0.0.1/cb", "https://hooks.example.com/a\x00b"):
+        refused = await create(api, auth, {**DAILY, "notify": {"url": bad}}, "k-2")
+        body = await expect_problem(refused, 422, "NOTIFY_URL_REFUSED", case=bad)
+        assert body["errors"][0]["loc"] == ["body", "notify", "url"]
 
 
 async def test_a_replay_answers_201_with_the_schedule_as_it_is_now(
@@ -188,7 +189,8 @@ async def test_a_user_has_at_most_the_limit_of_schedules(
 async def test_strangers_and_non_members_get_the_same_404(
     api: Client, auth: Auth, pool: asyncpg.Pool, members: None
 ) -> None:
-    for user, cid in (("alice", "c-other"), ("alice", "c-missing"), ("mallory", "c-a")):
+    # A U+0000 in the id cannot be stored: the same answer, without asking the database.
+    for user, cid in (("alice", "c-other"), ("alice", "c-missing"), ("mallory", "c-a"), ("alice", "c-a%00")):
         response = await create(api, auth, DAILY, "k-1", user=user, cid=cid)
         await expect_problem(response, 404, "NOT_FOUND", case=(user, cid))
     assert await pool.fetchval("SELECT count(*) FROM export_schedules") == 0
@@ -337,8 +339,6 @@ async def test_resume_is_refused_while_a_run_needs_repair_or_the_owner_left(
     parked = await current(api, auth, schedule_id)
     assert (parked["state"], parked["paused_reason"]) == ("PAUSED", "RUN_NEEDS_REPAIR")
     await expect_problem(await call(api, auth, "POST", f"{url}/resume"), 422, "SCHEDULE_NEEDS_REPAIR")
-    # The owner's pause keeps the system's reason.
-    assert (await (await call(api, auth, "POST", f"{url}/pause")).json())["paused_reason"] == "RUN_NEEDS_REPAIR"
     # An operator's requeue of the run resumes the schedule.
     requeued = await api.post(f"/admin/operations/{run_id}/requeue", headers=auth("root", admin=True))
     assert requeued.status == 202, await requeued.text()

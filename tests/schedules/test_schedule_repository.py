@@ -142,7 +142,9 @@ async def test_a_run_is_created_once_per_due_time_and_waits_while_one_is_unfinis
     await conn.execute(
         "UPDATE operations SET state = 'FAILED', finished_at = now() WHERE schedule_id = $1", schedule_id
     )
-    assert await schedules.due_schedules(conn, limit=10) == [schedule_id]
+    [due] = await schedules.due_schedules(conn, limit=10)
+    assert due.schedule_id == schedule_id
+    assert await schedules.due_schedules(conn, limit=10, after=due) == [], "the page after the last is empty"
     second = await fire(conn, schedule_id)
     assert second.outcome is FireOutcome.CREATED
     [a, b] = await runs(conn, schedule_id)
@@ -225,6 +227,21 @@ async def test_a_run_in_repair_pauses_the_schedule_until_it_is_requeued(conn: as
     assert view is not None and view.state is ScheduleState.ACTIVE
 
 
+async def test_the_owners_pause_during_a_repair_outlasts_the_repair(conn: asyncpg.Connection) -> None:
+    schedule_id = await create(conn)
+    assert schedule_id is not None
+    fired = await fire(conn, schedule_id)
+    await conn.execute("UPDATE operations SET state = 'FAILED_REPAIR' WHERE operation_id = $1", fired.operation_id)
+    paused = await schedules.pause(conn, schedule_id=schedule_id, owner_id="alice")
+    assert paused is not None and paused.paused_reason is PauseReason.USER
+    await conn.execute("UPDATE operations SET state = 'QUEUED' WHERE operation_id = $1", fired.operation_id)
+    view = await schedules.read_schedule(conn, schedule_id=schedule_id, owner_id="alice")
+    assert view is not None and (view.state, view.paused_reason) == (ScheduleState.PAUSED, PauseReason.USER)
+    assert view.next_run_at is None
+    resumed = await schedules.resume(conn, schedule_id=schedule_id, owner_id="alice")
+    assert resumed.outcome is ResumeOutcome.RESUMED
+
+
 async def test_a_revoked_member_pauses_the_schedule_and_no_run_is_created(conn: asyncpg.Connection) -> None:
     schedule_id = await create(conn)
     assert schedule_id is not None
@@ -233,6 +250,8 @@ async def test_a_revoked_member_pauses_the_schedule_and_no_run_is_created(conn: 
     assert await runs(conn, schedule_id) == []
     view = await schedules.read_schedule(conn, schedule_id=schedule_id, owner_id="alice")
     assert view is not None and view.paused_reason is PauseReason.ACCESS_REVOKED and view.next_run_at is None
+    kept = await schedules.pause(conn, schedule_id=schedule_id, owner_id="alice")
+    assert kept is not None and kept.paused_reason is PauseReason.ACCESS_REVOKED
     assert (await schedules.resume(conn, schedule_id=schedule_id, owner_id="alice")).outcome is ResumeOutcome.NOT_MEMBER
     await put_members(conn, conversation_id="c-a", members=["alice", "bob"])
     resumed = await schedules.resume(conn, schedule_id=schedule_id, owner_id="alice")

@@ -94,13 +94,15 @@ def scheduler(pool: asyncpg.Pool, settings: Settings) -> Scheduler:
     return Scheduler(pool=pool, settings=settings)
 
 
-async def create(pool: asyncpg.Pool, key: str = "k1", *, every: str = STEP, notify_url: str | None = None) -> str:
-    """Alice's incremental schedule of ``c-a``, anchored at its creation."""
+async def create(
+    pool: asyncpg.Pool, key: str = "k1", *, every: str = STEP, notify_url: str | None = None, owner: str = "alice"
+) -> str:
+    """``owner``'s incremental schedule of ``c-a``, anchored at its creation."""
     async with pool.acquire() as conn:
         result = await schedules.create_schedule(
             conn,
             schedule_id=new_schedule_id(),
-            owner_id="alice",
+            owner_id=owner,
             conversation_id=CID,
             idempotency_key=key,
             fingerprint=f"fp-{key}",
@@ -256,6 +258,28 @@ async def test_at_the_quota_the_run_waits_and_is_created_once_a_slot_frees(
     await observe_system(pool)
     assert sample("chatexport_schedules", state="WAITING") == 0
     assert sample("chatexport_schedules", state="ACTIVE") == 1
+
+
+async def test_schedules_waiting_for_a_full_quota_hold_back_no_one_elses(
+    pool: asyncpg.Pool, members: None, settings: Settings
+) -> None:
+    limits = {"max_active_exports": 1, "janitor_batch_size": 2}
+    scheduler = Scheduler(pool=pool, settings=settings.model_copy(update=limits))
+    await insert_operation(pool, "op_busy", "QUEUED", owner_id="alice")
+    alices = [await create(pool, f"k{n}") for n in range(3)]
+    bobs = await create(pool, "k-bob", owner="bob")
+    # Alice's are due the longest: more of them than a page, at the head of the order.
+    await pool.execute(
+        "UPDATE export_schedules SET next_run_at = next_run_at - interval '1 hour' WHERE owner_id = 'alice'"
+    )
+
+    assert await fired(scheduler) == Counter({FireOutcome.WAITING_FOR_QUOTA: 3, FireOutcome.CREATED: 1})
+    assert len(await runs(pool, bobs)) == 1
+    for schedule_id in alices:
+        assert (await view(pool, schedule_id)).waiting_reason is WaitingReason.ACTIVE_EXPORT_QUOTA
+    # An owner's full quota is not the firing part's lag.
+    await observe_system(pool)
+    assert sample("chatexport_schedule_due_lag_seconds") == 0
 
 
 async def test_after_a_resume_the_next_run_is_at_the_next_due_time(

@@ -75,6 +75,12 @@ REFUSED = [
     # What follows a bracketed address can only be a port; port 0 receives nothing.
     "https://[2001:4860:4860::8888]evil.com/",
     "https://example.com:0/",
+    # Characters no URI holds (RFC 3986, section 2): a U+0000 would not even reach the database.
+    "https://example.com/a\x00b",
+    "https://example.com/a b",
+    "https://example.com/\thook",
+    "https://example.com/hook\n",
+    "https://example.com/\x7f",
 ]
 
 

@@ -65,7 +65,7 @@ def checked_interval(body: ExportScheduleSubmission, settings: Settings) -> Cade
     if every.min_seconds < minimum:
         raise _interval_problem(
             "SCHEDULE_INTERVAL_TOO_SHORT",
-            f"A schedule runs at most every {minimum} seconds; every is shorter.",
+            f"every must be at least {minimum} seconds (CHATEXPORT_SCHEDULE_MIN_INTERVAL_SECONDS).",
             f"must be at least {minimum} seconds",
         )
     return every
@@ -161,8 +161,8 @@ def is_id(schedule_id: str) -> bool:
 
 
 async def pause(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> ScheduleView:
-    """Pause the schedule (idempotent: a paused one keeps its reason) and return it as it is then; raises
-    ``ProblemError`` NOT_FOUND.
+    """Pause the schedule (idempotent; a schedule paused for ACCESS_REVOKED keeps its reason) and return it as it
+    is then; raises ``ProblemError`` NOT_FOUND.
     """
     if not is_id(schedule_id):
         raise not_found()

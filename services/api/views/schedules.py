@@ -249,8 +249,9 @@ ENDPOINTS = (
         route="pauseExportSchedule",
         summary="Pause an export schedule",
         tag="schedules",
-        description="Idempotent. No run is created while it is PAUSED; a run in flight finishes. A schedule the "
-        "system paused (`ACCESS_REVOKED`, `RUN_NEEDS_REPAIR`) keeps its reason.",
+        description="Idempotent. No run is created while it is PAUSED; a run in flight finishes. The reason becomes "
+        "`USER`, also over `RUN_NEEDS_REPAIR` (the run's repair then does not resume it); one paused for "
+        "`ACCESS_REVOKED` keeps its reason.",
         body=Body(EmptyRequest, "Empty, or `{}`.", required=False),
         answers=(_schedule_answer(200, "The schedule, PAUSED."),),
         problems=(*JSON_BODY_PROBLEMS, "NOT_FOUND"),
