@@ -8,7 +8,6 @@ fetched, after fetching every other run.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import secrets
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 from chatexport.client.api import Api
 from chatexport.client.commands import (
     EXIT_ENDED_BADLY,
+    EXIT_REFUSED,
     EXIT_USAGE,
     OPERATION_ID,
     Subparsers,
@@ -48,7 +48,12 @@ def add_commands(commands: Subparsers) -> None:
     delete = actions.add_parser("delete", help="delete a schedule; its runs and their files stay")
     fetch = actions.add_parser("fetch", help="download every finished run not yet in a folder, and verify it")
     fetch.add_argument(
-        "-o", "--output", type=_folder, required=True, metavar="DIR", help="the folder (created if missing)"
+        "-o",
+        "--output",
+        type=_folder,
+        required=True,
+        metavar="DIR",
+        help="the folder (created if missing, in an existing one)",
     )
     for action in (show, pause, resume, delete, fetch):
         action.add_argument("schedule_id", metavar="SCHEDULE", type=_schedule_id)
@@ -158,7 +163,6 @@ async def _delete(api: Api, args: argparse.Namespace) -> int:
 
 async def _fetch(api: Api, args: argparse.Namespace) -> int:
     directory: Path = args.output
-    await asyncio.to_thread(directory.mkdir, exist_ok=True)
     fetched = await fetch_runs(api, args.schedule_id, directory)
     print_written(fetched.written)
     for run in fetched.expired:
@@ -166,10 +170,16 @@ async def _fetch(api: Api, args: argparse.Namespace) -> int:
             f"chatexport: {run['operation_id']} (due {run['due_at']}) expired before it was fetched{_lost(run)}",
             file=sys.stderr,
         )
+    for run, refusal in fetched.failed:
+        print(
+            f"chatexport: {run['operation_id']} (due {run['due_at']}) could not be fetched: {refusal}", file=sys.stderr
+        )
     print(
         f"{args.schedule_id}: runs fetched {fetched.runs}, already in {directory} {fetched.present}, "
-        f"expired before they were fetched {len(fetched.expired)}"
+        f"expired before they were fetched {len(fetched.expired)}, refused {len(fetched.failed)}"
     )
+    if fetched.failed:
+        return EXIT_REFUSED
     return EXIT_ENDED_BADLY if fetched.expired else 0
 
 

@@ -10,6 +10,7 @@ expired since.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,22 +26,26 @@ GONE = 410
 @dataclass
 class Fetched:
     """What a fetch found: the files it wrote (oldest run first) and how many runs they hold, how many runs
-    were already in the folder, and the runs whose result expired before they were fetched (oldest first).
+    were already in the folder, the runs whose result expired before they were fetched, and those whose download
+    the API refused otherwise, with its answer (each oldest first).
     """
 
     written: list[Downloaded] = field(default_factory=list)
     runs: int = 0
     present: int = 0
     expired: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[tuple[dict[str, Any], ApiError]] = field(default_factory=list)
 
 
 async def fetch_runs(api: Api, schedule_id: str, directory: Path) -> Fetched:
-    """Download every SUCCEEDED run of ``schedule_id`` that is not yet in ``directory`` (an existing folder),
-    oldest first, and note each EXPIRED one that is not either. Raises ``ApiError`` (404 for a schedule that
-    is not the caller's), ``aiohttp.ClientError`` (part files stay for the next fetch), ``NotVerified`` and
-    ``OSError``.
+    """Download every SUCCEEDED run of ``schedule_id`` that is not yet in ``directory`` (created, in an existing
+    folder, once the schedule is found), oldest first, and note each EXPIRED one that is not either. A run whose
+    download the API refuses is noted and the others are still fetched: one lost file does not hold back every
+    later run. Raises ``ApiError`` (404 for a schedule that is not the caller's), ``aiohttp.ClientError`` (part
+    files stay for the next fetch), ``NotVerified`` and ``OSError``.
     """
     runs = [run async for run in api.schedule_runs(schedule_id)]
+    await asyncio.to_thread(directory.mkdir, exist_ok=True)
     fetched = Fetched()
     for run in reversed(runs):
         if _fetched_before(run, directory):
@@ -74,9 +79,10 @@ async def _fetch_run(api: Api, run: dict[str, Any], directory: Path, fetched: Fe
         for file, path in reversed(files):
             written.append(await download_file(api, file, path))
     except ApiError as exc:
-        if exc.status != GONE:
-            raise
-        fetched.expired.append(run)
+        if exc.status == GONE:
+            fetched.expired.append(run)
+        else:
+            fetched.failed.append((run, exc))
     else:
         fetched.runs += 1
     fetched.written += reversed(written)

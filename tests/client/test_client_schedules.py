@@ -249,6 +249,31 @@ async def test_fetch_resumes_verifies_and_reports_an_expired_run(
     assert not [seen for seen in proxy.requests if "/result" in seen.path]
 
 
+async def test_a_run_whose_file_is_lost_is_reported_and_the_later_runs_are_fetched(
+    api: Client, auth: Headers, pool: asyncpg.Pool, pipeline: None, s3: Any, settings: Settings, tmp_path: Path
+) -> None:
+    await make_conversation(api, auth, CID, ["alice"])
+    await add_messages(api, auth, "first", 3)
+    schedule_id = await create(api, auth)
+    await ended_runs(api, auth, schedule_id, 1)
+    await add_messages(api, auth, "second", 2)
+    await an_hour_passes(pool, schedule_id)
+    first, second = await ended_runs(api, auth, schedule_id, 2)
+    # The first run's file is gone from storage behind the service's back: its download is a 500.
+    key = await pool.fetchval("SELECT result_key FROM operations WHERE operation_id = $1", first["operation_id"])
+    await s3.delete_object(Bucket=settings.s3_bucket, Key=key)
+    folder = tmp_path / "fetched"
+
+    fetched = await chatexport(
+        api_url(api), token_of(auth, "alice"), "schedules", "fetch", schedule_id, "-o", str(folder)
+    )
+
+    assert fetched.code == 3, fetched
+    assert f"{first['operation_id']} (due {first['due_at']}) could not be fetched: INTERNAL" in fetched.stderr
+    assert [path.name for path in folder.iterdir()] == [file_name(second, ".jsonl")]
+    assert f"runs fetched 1, already in {folder} 0, expired before they were fetched 0, refused 1" in fetched.stdout
+
+
 async def runs_in_state(api: Client, auth: Headers, schedule_id: str, state: str) -> bool:
     return any(run["state"] == state for run in await runs(api, auth, schedule_id))
 
