@@ -14,7 +14,17 @@ import pytest
 
 from services.worker.metrics import ATTEMPT_OUTCOMES
 from shared.formats import COMPRESSIONS, FORMAT_NAMES
-from shared.states import ACTIVE, ENDED, ArtifactState, ChunkState, State
+from shared.states import (
+    ACTIVE,
+    ENDED,
+    ArtifactState,
+    ChunkState,
+    PauseReason,
+    ScheduleMode,
+    ScheduleState,
+    State,
+    WaitingReason,
+)
 
 pytestmark = pytest.mark.integration  # the real Postgres, reached without the database fixtures
 
@@ -54,6 +64,10 @@ async def test_the_operation_request_columns_admit_exactly_the_registry(
         ("artifacts", "state", ArtifactState),
         ("export_chunks", "state", ChunkState),
         ("attempts", "outcome", ATTEMPT_OUTCOMES),
+        ("export_schedules", "state", ScheduleState),
+        ("export_schedules", "paused_reason", PauseReason),
+        ("export_schedules", "waiting_reason", WaitingReason),
+        ("export_schedules", "mode", ScheduleMode),
     ],
 )
 async def test_the_state_columns_admit_exactly_the_enumerations(
@@ -83,4 +97,5 @@ async def test_every_state_a_function_names_is_a_state(conn: asyncpg.Connection)
     )
     named = {row["proname"]: set(re.findall(r"'([A-Z][A-Z_]*)'", row["body"])) for row in bodies}
     assert named["operation_is_runnable"] == {State.QUEUED, State.RETRY_AT, State.RUNNING}
-    assert set().union(*named.values()) <= set(State)
+    # A schedule's states and pause reasons, in what a run's end does to its schedule (migration 0013).
+    assert set().union(*named.values()) <= {*State, *ScheduleState, *PauseReason}

@@ -11,14 +11,23 @@ from pathlib import Path
 import pytest
 
 from services.worker.metrics import ATTEMPT_OUTCOMES
-from shared.states import ArtifactState, ChunkState, State
+from shared.states import ArtifactState, ChunkState, PauseReason, ScheduleState, State, WaitingReason
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = sorted((ROOT / "shared" / "repository").glob("*.py"))
 MIGRATIONS = sorted((ROOT / "shared" / "migrations").glob("*.sql"))
 # Upper-case SQL literals that name no state: an error code the janitor writes.
 NOT_STATES = {"WORKER_LOST"}
-KNOWN = {*State, *ArtifactState, *ChunkState, *ATTEMPT_OUTCOMES, *NOT_STATES}
+KNOWN = {
+    *State,
+    *ArtifactState,
+    *ChunkState,
+    *ScheduleState,
+    *PauseReason,
+    *WaitingReason,
+    *ATTEMPT_OUTCOMES,
+    *NOT_STATES,
+}
 LITERAL = re.compile(r"'([A-Z][A-Z_]*)'")
 # A list of literals after IN: a set of states written in the statement.
 LISTED_SET = re.compile(r"\bIN\s*\(\s*'[A-Z][A-Z_]*'\s*,", re.IGNORECASE)
