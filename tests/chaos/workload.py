@@ -226,12 +226,7 @@ class Workload:
         cid = self.conversation_id(conversation)
         size = BIG_MESSAGES if conversation == BIG else self.plan.conversation_sizes[int(conversation)]
         for number in rng.sample(range(size), min(count, size)):
-            message_id = _message_id(cid, number)
-            self.seen.recalls.add((cid, message_id))
-            # Only the sender may recall, member or not (docs/api.md: API reference, Message store).
-            path = f"/v2/conversations/{cid}/messages/{message_id}"
-            status, _, _ = await self._request("DELETE", path, user=MEMBERS[number % 2], accept=(200,))
-            self.log(f"recall {cid}/{message_id}: {status}")
+            await self._recall_message(cid, _message_id(cid, number), MEMBERS[number % 2])
 
     async def _send(self, cid: str, export: int, count: int) -> None:
         """Members send ``count`` messages while the export runs; a retried send may meet its own first try."""
@@ -421,14 +416,16 @@ class Workload:
             )
             sent.append(message_id)
             if live in recalls:
-                await self._recall_one(cid, rng.randrange(len(sent)), sent)
+                index = rng.randrange(len(sent))
+                await self._recall_message(cid, sent[index], MEMBERS[index % 2])  # the senders take turns
 
-    async def _recall_one(self, cid: str, index: int, sent: list[str]) -> None:
-        """The sender of ``sent[index]`` recalls it (the conversation's senders take turns)."""
-        message_id = sent[index]
+    async def _recall_message(self, cid: str, message_id: str, sender: str) -> None:
+        """``sender`` recalls ``message_id``: only the sender may, member or not (docs/api.md: API reference,
+        Message store).
+        """
         self.seen.recalls.add((cid, message_id))
         path = f"/v2/conversations/{cid}/messages/{message_id}"
-        status, _, _ = await self._request("DELETE", path, user=MEMBERS[index % 2], accept=(200,))
+        status, _, _ = await self._request("DELETE", path, user=sender, accept=(200,))
         self.log(f"recall {cid}/{message_id}: {status}")
 
     async def _watch(self, scheduling: asyncio.Future[Any]) -> None:
