@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-from shared import jsontext
+from shared import jsontext, tracing
 from shared.settings import Settings
 
 # Fields every line logged inside a ``log_fields`` block carries, from its task and the tasks started in
@@ -67,6 +67,8 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         entry.update(_BOUND.get())
+        # Inside a span the line names it, so a trace viewer and the logs meet (docs/monitoring.md: Monitoring, Traces).
+        entry.update(tracing.log_ids())
         entry.update({key: value for key, value in vars(record).items() if key not in _STANDARD})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

@@ -25,6 +25,7 @@ from services.api.http.middlewares import auth_middleware, error_middleware, met
 from services.api.http.server import api_runner
 from services.api.http.slots import ConnectionSlots
 from services.api.routes import setup_routes
+from shared import tracing
 from shared.auth import TokenVerifier
 from shared.db import create_pool
 from shared.lifecycle import run_until_signalled
@@ -134,4 +135,5 @@ def main(settings: Settings) -> None:
     """Serve on ``api_host:api_port`` until SIGINT/SIGTERM; in-flight requests get the grace period."""
     configure_logging(settings, service="api")
     log.info("api starting", extra={"host": settings.api_host, "port": settings.api_port})
-    asyncio.run(run_until_signalled(serve, settings))
+    with tracing.traced("api", edge=True):
+        asyncio.run(run_until_signalled(serve, settings))

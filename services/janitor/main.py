@@ -12,6 +12,7 @@ import asyncpg
 from services.janitor import leadership, metrics
 from services.janitor.janitor import Janitor
 from services.janitor.scheduler import Scheduler
+from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect, create_pool_when_ready
 from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
@@ -163,7 +164,10 @@ def _leader_idle_ms(settings: Settings) -> int:
 
 async def _pass(janitor: Janitor) -> None:
     try:
-        await janitor.run_pass()
+        # A trace of its own; the wake-ups it writes carry their operations' stored contexts
+        # (docs/monitoring.md: Monitoring, Traces).
+        with tracing.span("janitor pass", root=True):
+            await janitor.run_pass()
     except TRANSIENT_DATABASE_ERRORS as exc:
         log.warning("janitor pass failed; next pass retries", extra={"error": type(exc).__name__})
 
@@ -178,4 +182,5 @@ async def _round(scheduler: Scheduler, *, stop: asyncio.Event) -> None:
 def main(settings: Settings) -> None:
     """Run the janitor until SIGINT or SIGTERM."""
     configure_logging(settings, service="janitor")
-    asyncio.run(run_until_signalled(serve, settings))
+    with tracing.traced("janitor"):
+        asyncio.run(run_until_signalled(serve, settings))

@@ -16,6 +16,7 @@ from collections import Counter
 import asyncpg
 
 from services.janitor import metrics
+from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import new_operation_id
 from shared.repository import schedules
@@ -56,7 +57,7 @@ class Scheduler:
             for due in page:
                 if stop.is_set():
                     break
-                outcomes[await self._fire(due.schedule_id)] += 1
+                outcomes[await self._fire(due)] += 1
             if len(page) < page_size:
                 break
             after = page[-1]
@@ -64,18 +65,24 @@ class Scheduler:
             log.debug("scheduler round", extra={"outcomes": dict(outcomes)})
         return outcomes
 
-    async def _fire(self, schedule_id: str) -> str:
+    async def _fire(self, due: schedules.DueSchedule) -> str:
         """Fire one schedule (``schedules.fire``: a transaction of its own) with a new operation id for its run;
-        return the outcome as counted.
+        return the outcome as counted. The fire starts a trace, linked to the schedule's creation; a run it
+        creates continues it (docs/monitoring.md: Monitoring, Traces).
         """
+        schedule_id = due.schedule_id
         try:
-            async with self._pool.acquire() as conn:
-                result = await schedules.fire(
-                    conn,
-                    schedule_id=schedule_id,
-                    operation_id=new_operation_id(),
-                    max_active=self._settings.max_active_exports,
-                )
+            with tracing.span(
+                "schedule fire", root=True, links=[due.traceparent], attributes={tracing.SCHEDULE_ID: schedule_id}
+            ):
+                async with self._pool.acquire() as conn:
+                    result = await schedules.fire(
+                        conn,
+                        schedule_id=schedule_id,
+                        operation_id=new_operation_id(),
+                        max_active=self._settings.max_active_exports,
+                        traceparent=tracing.current_traceparent(),
+                    )
         except TRANSIENT_DATABASE_ERRORS:
             raise
         except asyncpg.PostgresError as exc:

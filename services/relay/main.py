@@ -9,7 +9,7 @@ import os
 
 from services.relay.relay import Relay
 from services.relay.webhooks import WebhookSender
-from shared import broker
+from shared import broker, tracing
 from shared.db import create_pool_when_ready
 from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
@@ -48,4 +48,5 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
 def main(settings: Settings) -> None:
     """Run the relay until SIGINT or SIGTERM."""
     configure_logging(settings, service="relay")
-    asyncio.run(run_until_signalled(serve, settings))
+    with tracing.traced("relay"):
+        asyncio.run(run_until_signalled(serve, settings))

@@ -17,6 +17,7 @@ import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractExchange
 
 from services.relay import metrics
+from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
 from shared.repository import outbox
 from shared.settings import Settings
@@ -95,13 +96,18 @@ class Relay:
             message_id=str(row.outbox_id),
         )
         try:
-            # mandatory: an unroutable message comes back as PublishError instead of vanishing.
-            await self._exchange.publish(
-                message,
-                routing_key=row.routing_key,
-                mandatory=True,
-                timeout=self._settings.publish_timeout_seconds,
-            )
+            # In the operation's trace: the broker instrumentation puts this span's context in the message's
+            # headers, and the worker continues from there (docs/monitoring.md: Monitoring, Traces).
+            with tracing.span(
+                "outbox publish", parent=row.traceparent, attributes={tracing.OPERATION_ID: row.operation_id}
+            ):
+                # mandatory: an unroutable message comes back as PublishError instead of vanishing.
+                await self._exchange.publish(
+                    message,
+                    routing_key=row.routing_key,
+                    mandatory=True,
+                    timeout=self._settings.publish_timeout_seconds,
+                )
         except (TimeoutError, aio_pika.exceptions.AMQPError, OSError, RuntimeError) as exc:
             metrics.PUBLISH_FAILURES.labels(_failure_reason(exc)).inc()
             log.warning(

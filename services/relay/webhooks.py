@@ -34,7 +34,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
 from services.relay import metrics
-from shared import jsontext
+from shared import jsontext, tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.repository import schedules, status_monitor, webhook_deliveries
 from shared.repository.webhook_deliveries import Delivery
@@ -147,22 +147,33 @@ class WebhookSender:
         target = check_url(delivery.url, allow_private=self._settings.webhook_allow_private)
         # One deadline for the whole attempt, from resolving the name through the TLS handshake to the last
         # byte read (docs/api.md: API reference, Completion callbacks); aiohttp's own would start after the lookup.
-        async with asyncio.timeout(self._settings.webhook_timeout_seconds):
-            connector = await self._connector(target)
-            async with (
-                aiohttp.ClientSession(connector=connector, trust_env=False) as session,
-                session.post(
-                    target.request_url,
-                    data=body,
-                    headers=self._headers(delivery, body),
-                    allow_redirects=False,
-                    ssl=self._ssl,
-                    proxy=self._proxy,
-                    proxy_headers=self._proxy_headers,
-                ) as response,
-            ):
-                await response.content.read(MAX_ANSWER_BYTES)
-                return response.status
+        # A span of our own, in the trace of what the callback reports: the aiohttp client instrumentation
+        # would record the URL's query, which may hold the receiver's secret (docs/monitoring.md: Monitoring, Traces).
+        with tracing.span(
+            "callback POST",
+            parent=delivery.traceparent,
+            client=True,
+            attributes=_callback_attributes(delivery, target),
+        ):
+            headers = self._headers(delivery, body)
+            tracing.inject(headers)
+            async with asyncio.timeout(self._settings.webhook_timeout_seconds):
+                connector = await self._connector(target)
+                async with (
+                    aiohttp.ClientSession(connector=connector, trust_env=False) as session,
+                    session.post(
+                        target.request_url,
+                        data=body,
+                        headers=headers,
+                        allow_redirects=False,
+                        ssl=self._ssl,
+                        proxy=self._proxy,
+                        proxy_headers=self._proxy_headers,
+                    ) as response,
+                ):
+                    await response.content.read(MAX_ANSWER_BYTES)
+                    tracing.set_attributes(**{"http.response.status_code": response.status})
+                    return response.status
 
     async def _connector(self, target: Target) -> aiohttp.TCPConnector:
         """Through the proxy, a connector that resolves only the proxy's own name; else one pinned to the
@@ -220,6 +231,22 @@ class WebhookSender:
         ceiling = min(self._settings.webhook_first_retry_seconds * 2**delivery.attempts, MAX_RETRY_SECONDS)
         delay = random.uniform(ceiling / 2, ceiling)
         return None if delivery.age_seconds + delay > self._settings.webhook_retry_seconds else delay
+
+
+def _callback_attributes(delivery: Delivery, target: Target) -> dict[str, str | int]:
+    """A callback span's attributes: what it reports, and where it goes without the URL's path or query."""
+    subject = (
+        {tracing.OPERATION_ID: delivery.operation_id}
+        if delivery.operation_id
+        else {tracing.SCHEDULE_ID: delivery.schedule_id or ""}
+    )
+    return {
+        **subject,
+        "http.request.method": "POST",
+        "server.address": target.host,
+        "server.port": target.port,
+        "chatexport.webhook_id": delivery.webhook_id,
+    }
 
 
 async def _subject(conn: asyncpg.Connection, delivery: Delivery) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from services.worker.errors import LeaseLost, PermanentError, classify, error_na
 from services.worker.files import Destination, FileSet, PartFull
 from services.worker.read_source import ReadSource
 from services.worker.reading import RangeReader
+from shared import tracing
 from shared.artifact_removal import remove_object
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
@@ -73,8 +74,16 @@ class ChunkDeliveries:
         return (operation_id, chunk_no) if type(chunk_no) is int and chunk_no >= 1 else None
 
     async def handle(self, message: AbstractIncomingMessage, key: tuple[str, int]) -> None:
-        """Claim the chunk, settle ``message``, and write the chunk when the claim took it."""
+        """Claim the chunk, settle ``message``, and write the chunk when the claim took it; in a span of the
+        export's trace (its outbox row carried the operation's context).
+        """
         operation_id, chunk_no = key
+        with tracing.span(
+            "export chunk", attributes={tracing.OPERATION_ID: operation_id, "chatexport.chunk": chunk_no}
+        ):
+            await self._handle(message, operation_id, chunk_no)
+
+    async def _handle(self, message: AbstractIncomingMessage, operation_id: str, chunk_no: int) -> None:
         settings = self._settings
         try:
             async with self._pool.acquire() as conn:

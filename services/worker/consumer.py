@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from services.worker import metrics
 from services.worker.runner import LeaseRunner
+from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
 from shared.repository import leases, message_store
@@ -186,7 +187,13 @@ class OperationDeliveries:
         return value if isinstance(value, str) and is_operation_id(value) else None
 
     async def handle(self, message: AbstractIncomingMessage, operation_id: str) -> None:
-        """Claim, settle ``message``, and run what the claim gave."""
+        """Claim, settle ``message``, and run what the claim gave, in one span of the operation's trace (the
+        broker instrumentation's receive span, from the message's headers, is its parent).
+        """
+        with tracing.span("export", attributes={tracing.OPERATION_ID: operation_id}):
+            await self._handle(message, operation_id)
+
+    async def _handle(self, message: AbstractIncomingMessage, operation_id: str) -> None:
         try:
             work = await self._claim(operation_id)
         except TRANSIENT_DATABASE_ERRORS:
@@ -198,6 +205,7 @@ class OperationDeliveries:
         if work is None:
             return
         claimed, purpose = work
+        tracing.set_attributes(**claimed.span_attributes(), **{"chatexport.lease_purpose": purpose.value})
         if purpose is LeasePurpose.EXPORT:
             log.info("lease taken", extra=claimed.log_extra(worker=self._worker_id))
             await self._runner.run(claimed)

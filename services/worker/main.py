@@ -16,7 +16,7 @@ from services.worker.consumer import Consumer, OperationDeliveries
 from services.worker.members import watching_queue_members
 from services.worker.read_source import ReadSource
 from services.worker.runner import LeaseRunner
-from shared import broker
+from shared import broker, tracing
 from shared.db import create_pool, create_pool_when_ready
 from shared.lifecycle import drain, keep_trying, run_until_signalled
 from shared.logs import configure_logging
@@ -103,4 +103,5 @@ async def _consuming(consumers: tuple[Consumer[Any], ...]) -> None:
 def main(settings: Settings) -> None:
     """Run the worker until SIGINT or SIGTERM."""
     configure_logging(settings, service="worker")
-    asyncio.run(run_until_signalled(serve, settings))
+    with tracing.traced("worker"):
+        asyncio.run(run_until_signalled(serve, settings))

@@ -26,6 +26,7 @@ from services.worker.errors import (
 )
 from services.worker.export import ExportJob, Written
 from services.worker.read_source import ReadSource
+from shared import tracing
 from shared.artifact_removal import remove_artifacts, remove_chunk_objects
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
@@ -122,11 +123,12 @@ class LeaseRunner:
         """
         commit_sent = False
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
-                await self._publish(conn, claimed, written)
-                # From here the commit's outcome may be unknown (a lost connection): the object must not be
-                # removed here; the janitor removes it if it was not published.
-                commit_sent = True
+            with tracing.span("publish result", attributes=claimed.span_attributes()):
+                async with self._pool.acquire() as conn, conn.transaction():
+                    await self._publish(conn, claimed, written)
+                    # From here the commit's outcome may be unknown (a lost connection): the object must not be
+                    # removed here; the janitor removes it if it was not published.
+                    commit_sent = True
         except BaseException as exc:
             if isinstance(exc, ArtifactGone) and written.adopted:
                 return False

@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 
+from shared import tracing
 from shared.export_request import FIELDS, ExportRequest
 from shared.phases import Phase
 from shared.repository.artifacts import ArtifactFiles
@@ -63,6 +64,14 @@ class ClaimedOperation(Row):
     def log_extra(self, **more: Any) -> dict[str, Any]:
         """The fields every log line about this attempt carries, and ``more``."""
         return {"operation_id": self.operation_id, "generation": self.generation, "attempt": self.attempt, **more}
+
+    def span_attributes(self) -> dict[str, str | int]:
+        """This attempt's attributes on a trace span (docs/monitoring.md: Monitoring, Traces)."""
+        return {
+            tracing.OPERATION_ID: self.operation_id,
+            tracing.GENERATION: self.generation,
+            tracing.ATTEMPT: self.attempt,
+        }
 
 
 # What a claim returns besides the snapshot: the operation and its whole request (``ExportRequest.from_row``).

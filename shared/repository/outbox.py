@@ -49,22 +49,28 @@ async def _enqueue(
 
 @dataclass(frozen=True)
 class OutboxRow(Row):
-    """A wake-up to publish: ``payload`` (JSON text) to ``routing_key`` of the work exchange."""
+    """A wake-up to publish: ``payload`` (JSON text) to ``routing_key`` of the work exchange, in the trace of
+    its operation (``traceparent``, None when the operation was created with tracing off).
+    """
 
     outbox_id: int
     operation_id: str
     routing_key: str
     payload: str
+    traceparent: str | None
 
 
 async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[OutboxRow]:
     """Lock up to ``limit`` due, unpublished rows, oldest first; other relays skip them.
 
-    Must run inside the transaction that later marks them, so the locks hold until then.
+    Must run inside the transaction that later marks them, so the locks hold until then. Each row comes with
+    its operation's stored trace context, whoever wrote the row (docs/monitoring.md: Monitoring, Traces).
     """
+    # A subquery, not a join: FOR UPDATE must lock the outbox rows only, never the operations.
     rows = await conn.fetch(
         """
-        SELECT outbox_id, operation_id, routing_key, payload::text AS payload
+        SELECT outbox_id, operation_id, routing_key, payload::text AS payload,
+               (SELECT o.traceparent FROM operations o WHERE o.operation_id = outbox.operation_id) AS traceparent
         FROM outbox
         WHERE published_at IS NULL AND not_before <= now()
         ORDER BY not_before, outbox_id

@@ -9,6 +9,7 @@ Every function runs on the caller's connection.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -113,31 +114,41 @@ async def create_schedule(
     request: ExportRequest,
     replay_window_seconds: int,
     max_schedules: int,
+    traceparent: str | None = None,
 ) -> CreateResult:
     """Create ``schedule_id`` unless membership, an earlier use of ``idempotency_key`` (the submit's key space)
     or the limit of ``max_schedules`` decides otherwise (the server-side ``create_export_schedule``, migration
     0013).
     ``start_at`` None anchors the schedule at its creation (the database's clock); its first run is due at the
     anchor. ``request.before_seq`` and ``request.until`` must be None (the caller refuses them). A conversation id
-    that breaks the id syntax is ``NOT_MEMBER`` without a query, as for a submit.
+    that breaks the id syntax is ``NOT_MEMBER`` without a query, as for a submit. A created schedule is stored
+    with ``traceparent`` (the creating request's span), in the same transaction.
     """
     if not is_valid_id(conversation_id):
         return CreateResult(SubmitOutcome.NOT_MEMBER, None)
-    row = await conn.fetchrow(
-        "SELECT outcome::text, schedule_id FROM create_export_schedule($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        schedule_id,
-        owner_id,
-        conversation_id,
-        idempotency_key,
-        fingerprint,
-        float(replay_window_seconds),
-        max_schedules,
-        every.text,
-        start_at,
-        mode,
-        request.as_json(),
-    )
-    return CreateResult(SubmitOutcome(row["outcome"]), row["schedule_id"])
+    # The transaction only when there is a context to store: without tracing a create stays one statement.
+    async with conn.transaction() if traceparent else contextlib.nullcontext():
+        row = await conn.fetchrow(
+            "SELECT outcome::text, schedule_id"
+            " FROM create_export_schedule($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            schedule_id,
+            owner_id,
+            conversation_id,
+            idempotency_key,
+            fingerprint,
+            float(replay_window_seconds),
+            max_schedules,
+            every.text,
+            start_at,
+            mode,
+            request.as_json(),
+        )
+        result = CreateResult(SubmitOutcome(row["outcome"]), row["schedule_id"])
+        if result.outcome is SubmitOutcome.CREATED and traceparent:
+            await conn.execute(
+                "UPDATE export_schedules SET traceparent = $2 WHERE schedule_id = $1", schedule_id, traceparent
+            )
+    return result
 
 
 async def read_schedule(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> ScheduleView | None:
@@ -290,10 +301,13 @@ _DUE = """
 
 @dataclass(frozen=True)
 class DueSchedule:
-    """A schedule due to fire: its id and since when it is due; also a page's keyset position."""
+    """A schedule due to fire: its id and since when it is due; also a page's keyset position. ``traceparent``:
+    the trace context of its creation (None when tracing was off), which its fire spans link to.
+    """
 
     schedule_id: str
     next_run_at: datetime
+    traceparent: str | None = None
 
 
 async def due_schedules(conn: asyncpg.Connection, *, limit: int, after: DueSchedule | None = None) -> list[DueSchedule]:
@@ -303,7 +317,7 @@ async def due_schedules(conn: asyncpg.Connection, *, limit: int, after: DueSched
     """
     rows = await conn.fetch(
         f"""
-        SELECT s.schedule_id, s.next_run_at {_DUE}
+        SELECT s.schedule_id, s.next_run_at, s.traceparent {_DUE}
           AND (s.next_run_at, s.schedule_id) > ($3::timestamptz, $4::text)
         ORDER BY s.next_run_at, s.schedule_id LIMIT $2
         """,
@@ -312,7 +326,7 @@ async def due_schedules(conn: asyncpg.Connection, *, limit: int, after: DueSched
         after.next_run_at if after else datetime.min.replace(tzinfo=UTC),
         after.schedule_id if after else "",
     )
-    return [DueSchedule(row["schedule_id"], row["next_run_at"]) for row in rows]
+    return [DueSchedule(row["schedule_id"], row["next_run_at"], row["traceparent"]) for row in rows]
 
 
 class FireOutcome(StrEnum):
@@ -337,14 +351,17 @@ class FireResult:
     operation_id: str | None = None
 
 
-async def fire(conn: asyncpg.Connection, *, schedule_id: str, operation_id: str, max_active: int) -> FireResult:
+async def fire(
+    conn: asyncpg.Connection, *, schedule_id: str, operation_id: str, max_active: int, traceparent: str | None = None
+) -> FireResult:
     """Create the schedule's run as ``operation_id`` if it is due, in one transaction: the schedule row locked,
     then the submit's checks in the submit's order (membership: else the schedule pauses with ACCESS_REVOKED;
     the owner's active exports under the submit's per-user lock: at ``max_active`` the run waits, the schedule
     showing why), then the operation and its outbox row. The run is keyed by the latest due time at or before
     now, every missed one coalesced into it; the next run is due at the first due time after now. Safe to call
     from several processes at once, and after a pause in the middle (a frozen process): the row lock orders
-    them, and the unique (schedule_id, due_at) refuses a second run for one due time.
+    them, and the unique (schedule_id, due_at) refuses a second run for one due time. The run is stored with
+    ``traceparent`` (the fire's span; docs/monitoring.md: Monitoring, Traces).
     """
     async with conn.transaction():
         # The clock as this statement runs, after its snapshot, not the transaction's start: a run's created_at
@@ -367,7 +384,9 @@ async def fire(conn: asyncpg.Connection, *, schedule_id: str, operation_id: str,
         if await _at_quota(conn, owner_id=owner_id, max_active=max_active):
             await _set_waiting(conn, schedule_id, WaitingReason.ACTIVE_EXPORT_QUOTA)
             return FireResult(FireOutcome.WAITING_FOR_QUOTA, due_at)
-        created = await _insert_run(conn, schedule_id=schedule_id, operation_id=operation_id, due_at=due_at, now=now)
+        created = await _insert_run(
+            conn, schedule_id=schedule_id, operation_id=operation_id, due_at=due_at, now=now, traceparent=traceparent
+        )
         await conn.execute(
             """
             UPDATE export_schedules SET next_run_at = $2, waiting_reason = NULL,
@@ -413,10 +432,10 @@ async def _set_waiting(conn: asyncpg.Connection, schedule_id: str, reason: Waiti
 # request's fields, so a new field of the request reaches runs without a change here.
 _INSERT_RUN = f"""
     INSERT INTO operations (
-        operation_id, owner_id, conversation_id, state, schedule_id, due_at, created_at, updated_at, {
+        operation_id, owner_id, conversation_id, state, schedule_id, due_at, created_at, updated_at, traceparent, {
     ", ".join(FIELDS)
 })
-    SELECT $2, s.owner_id, s.conversation_id, 'QUEUED', s.schedule_id, $3, $4, $4, {
+    SELECT $2, s.owner_id, s.conversation_id, 'QUEUED', s.schedule_id, $3, $4, $4, $5, {
     ", ".join(
         "CASE s.mode WHEN 'incremental' THEN s.watermark ELSE r.after_seq END" if name == "after_seq" else f"r.{name}"
         for name in FIELDS
@@ -430,12 +449,18 @@ _INSERT_RUN = f"""
 
 
 async def _insert_run(
-    conn: asyncpg.Connection, *, schedule_id: str, operation_id: str, due_at: datetime, now: datetime
+    conn: asyncpg.Connection,
+    *,
+    schedule_id: str,
+    operation_id: str,
+    due_at: datetime,
+    now: datetime,
+    traceparent: str | None,
 ) -> bool:
     """Insert the run, created at ``now``, and the outbox row that wakes a worker for it; False when a run for
     ``due_at`` exists.
     """
-    inserted = await conn.fetchval(_INSERT_RUN, schedule_id, operation_id, due_at, now)
+    inserted = await conn.fetchval(_INSERT_RUN, schedule_id, operation_id, due_at, now, traceparent)
     if inserted is None:
         return False
     await outbox.enqueue_run(conn, operation_id=operation_id)

@@ -32,6 +32,16 @@ async def read_operation(conn: asyncpg.Connection, *, operation_id: str, owner_i
     return None if row is None else OperationView.from_row(row)
 
 
+async def stored_traceparent(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> str | None:
+    """The trace context stored with ``owner_id``'s operation by its submit (docs/monitoring.md: Monitoring, Traces);
+    None when there is none, or no such operation of theirs.
+    """
+    value: str | None = await conn.fetchval(
+        "SELECT traceparent FROM operations WHERE operation_id = $1 AND owner_id = $2", operation_id, owner_id
+    )
+    return value
+
+
 async def read_operations(
     conn: asyncpg.Connection,
     *,

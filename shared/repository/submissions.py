@@ -10,6 +10,7 @@ could answer (docs/benchmark.md: Benchmark).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -57,6 +58,7 @@ async def submit_export(
     request: ExportRequest,
     replay_window_seconds: int,
     max_active: int,
+    traceparent: str | None = None,
 ) -> SubmitResult:
     """Create ``operation_id`` for ``request`` unless an earlier use of ``idempotency_key`` by ``owner_id``,
     the quota of ``max_active`` active operations, or the caller's membership decides otherwise; commits
@@ -64,20 +66,29 @@ async def submit_export(
 
     A conversation id that breaks the id syntax (``shared.ids``) cannot be stored, so it is ``NOT_MEMBER``
     without a query, as in ``message_store.is_member``: a U+0000 never reaches Postgres.
+
+    A created operation is stored with ``traceparent`` (the submit's span; docs/monitoring.md: Monitoring,
+    Traces) in the same transaction; without one, the submit stays one statement.
     """
     if not is_valid_id(conversation_id):
         return SubmitResult(SubmitOutcome.NOT_MEMBER, None)
-    row = await conn.fetchrow(
-        "SELECT outcome::text, operation_id FROM submit_export_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)",
-        operation_id,
-        owner_id,
-        conversation_id,
-        idempotency_key,
-        fingerprint,
-        float(replay_window_seconds),
-        max_active,
-        _ACTIVE_STATES,
-        EXPORT_ROUTING_KEY,
-        request.as_json(),
-    )
-    return SubmitResult(SubmitOutcome(row["outcome"]), row["operation_id"])
+    async with conn.transaction() if traceparent else contextlib.nullcontext():
+        row = await conn.fetchrow(
+            "SELECT outcome::text, operation_id FROM submit_export_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)",
+            operation_id,
+            owner_id,
+            conversation_id,
+            idempotency_key,
+            fingerprint,
+            float(replay_window_seconds),
+            max_active,
+            _ACTIVE_STATES,
+            EXPORT_ROUTING_KEY,
+            request.as_json(),
+        )
+        result = SubmitResult(SubmitOutcome(row["outcome"]), row["operation_id"])
+        if result.outcome is SubmitOutcome.CREATED and traceparent:
+            await conn.execute(
+                "UPDATE operations SET traceparent = $2 WHERE operation_id = $1", operation_id, traceparent
+            )
+    return result

@@ -19,7 +19,8 @@ from shared.repository.rows import Row
 class Delivery(Row):
     """A callback to send: its stable ``webhook_id`` (the same on every retry), what it reports (an
     operation, or for ``schedule.paused`` a schedule: exactly one of ``operation_id`` and ``schedule_id``),
-    the event type, the URL, how many attempts were made, and its age in seconds.
+    the event type, the URL, how many attempts were made, and its age in seconds; ``traceparent``: the trace
+    context stored with what it reports (None when it was created with tracing off).
     """
 
     delivery_id: int
@@ -32,18 +33,23 @@ class Delivery(Row):
     attempts: int
     age_seconds: float
     created_at_epoch: int
+    traceparent: str | None
 
 
 async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[Delivery]:
     """Lock up to ``limit`` due deliveries, oldest first; run it in the transaction that records their
-    attempts, so the locks hold until then.
+    attempts, so the locks hold until then. Subqueries, not joins, read the trace context: only the
+    deliveries are locked.
     """
     rows = await conn.fetch(
         """
         SELECT delivery_id, webhook_id, operation_id, schedule_id, owner_id, event_type, url, attempts,
                extract(epoch FROM now() - created_at)::float8 AS age_seconds,
-               extract(epoch FROM created_at)::bigint AS created_at_epoch
-        FROM webhook_deliveries
+               extract(epoch FROM created_at)::bigint AS created_at_epoch,
+               coalesce((SELECT o.traceparent FROM operations o WHERE o.operation_id = d.operation_id),
+                        (SELECT s.traceparent FROM export_schedules s WHERE s.schedule_id = d.schedule_id))
+                   AS traceparent
+        FROM webhook_deliveries d
         WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()
         ORDER BY next_attempt_at, delivery_id
         LIMIT $1

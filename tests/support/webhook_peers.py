@@ -41,6 +41,13 @@ async def listening(receiver: Receiver, *, ssl_context: ssl.SSLContext | None = 
 
     app = web.Application()
     app.router.add_post("/hook", hook)
+    async with serving(app, ssl_context=ssl_context) as port:
+        yield port
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, *, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[int]:
+    """Serve ``app`` on a free port of 127.0.0.1 (over TLS with ``ssl_context``) for the block; yield the port."""
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context).start()

@@ -15,6 +15,7 @@ from services.api.exporting.submission import key_conflict
 from services.api.http.metrics import IDEMPOTENCY_REPLAYS
 from services.api.http.problems import ProblemError, not_found
 from services.api.http.schemas import ExportScheduleSubmission
+from shared import tracing
 from shared.cadence import Cadence, CadenceError
 from shared.db import await_replication
 from shared.export_request import ExportRequest
@@ -94,9 +95,11 @@ async def create(
     the API's pool, which refuses a commit the synchronous standbys may lack when it is released (docs/deploy.md:
     A primary with standbys).
     """
+    schedule_id = new_schedule_id()
+    tracing.set_attributes(**{tracing.SCHEDULE_ID: schedule_id})
     result = await schedules.create_schedule(
         conn,
-        schedule_id=new_schedule_id(),
+        schedule_id=schedule_id,
         owner_id=owner_id,
         conversation_id=conversation_id,
         idempotency_key=idempotency_key,
@@ -113,6 +116,7 @@ async def create(
         mode=body.mode,
         request=request,
         replay_window_seconds=settings.idempotency_replay_window_seconds,
+        traceparent=tracing.current_traceparent(),
         max_schedules=settings.max_schedules_per_user,
     )
     match result.outcome:

@@ -12,6 +12,7 @@ import asyncpg
 
 from services.api.http.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
 from services.api.http.problems import ProblemError, not_found
+from shared import tracing
 from shared.db import await_replication
 from shared.export_request import ExportRequest
 from shared.fingerprint import fingerprint
@@ -52,9 +53,11 @@ async def submit(
     refuses a commit that the synchronous standbys may lack (``shared.db.UnreplicatedCommit``, a 503) when
     it is released (docs/deploy.md: A primary with standbys).
     """
+    operation_id = new_operation_id()
+    tracing.set_attributes(**{tracing.OPERATION_ID: operation_id})
     result = await submit_export(
         conn,
-        operation_id=new_operation_id(),
+        operation_id=operation_id,
         owner_id=owner_id,
         conversation_id=conversation_id,
         idempotency_key=idempotency_key,
@@ -62,6 +65,7 @@ async def submit(
         request=request,
         replay_window_seconds=settings.idempotency_replay_window_seconds,
         max_active=settings.max_active_exports,
+        traceparent=tracing.current_traceparent(),
     )
     if result.outcome is SubmitOutcome.CREATED:
         log.info("export submitted", extra={"operation_id": result.operation_id, "conversation_id": conversation_id})

@@ -31,6 +31,7 @@ from services.api.http.schemas import (
     OperationPage,
     OperationQuery,
 )
+from shared import tracing
 from shared.db import await_replication
 from shared.ids import is_operation_id
 from shared.repository import status_monitor
@@ -135,18 +136,28 @@ async def cancel_operation(request: web.Request) -> web.Response:
     if not is_operation_id(operation_id):
         raise not_found()
     owner_id = request[PRINCIPAL].user_id
-    async with request.app[POOL].acquire() as conn, conn.transaction():
-        if await status_monitor.request_cancel(conn, operation_id=operation_id, owner_id=owner_id):
-            # A wake-up in the same transaction: a worker finishes a cancellation that no live worker
-            # holds at once, instead of a janitor pass later (docs/states.md: States and failure model, Cancel).
-            await enqueue_run(conn, operation_id=operation_id)
-        else:
-            # A repeated cancel changes nothing, so its commit would not wait for the synchronous standbys,
-            # and the first one's may hold on the primary only (it answered 503): acknowledge neither before
-            # they hold it (docs/deploy.md: A primary with standbys).
-            await await_replication(conn)
-        # Read in the transaction: a request that moved it sees its own CANCEL_REQUESTED.
-        row = await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=owner_id)
+    async with request.app[POOL].acquire() as conn:
+        # The cancel's span links to the export's trace; its wake-up carries that trace (docs/monitoring.md: Monitoring,
+        # Traces). The lookup only with tracing on.
+        export_trace = (
+            await status_monitor.stored_traceparent(conn, operation_id=operation_id, owner_id=owner_id)
+            if tracing.enabled()
+            else None
+        )
+        with tracing.span("cancel operation", links=[export_trace], attributes={tracing.OPERATION_ID: operation_id}):
+            async with conn.transaction():
+                if await status_monitor.request_cancel(conn, operation_id=operation_id, owner_id=owner_id):
+                    # A wake-up in the same transaction: a worker finishes a cancellation that no live worker
+                    # holds at once, instead of a janitor pass later (docs/states.md: States and failure model,
+                    # Cancel).
+                    await enqueue_run(conn, operation_id=operation_id)
+                else:
+                    # A repeated cancel changes nothing, so its commit would not wait for the synchronous
+                    # standbys, and the first one's may hold on the primary only (it answered 503): acknowledge
+                    # neither before they hold it (docs/deploy.md: A primary with standbys).
+                    await await_replication(conn)
+                # Read in the transaction: a request that moved it sees its own CANCEL_REQUESTED.
+                row = await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=owner_id)
     if row is None:
         raise not_found()
     if row.state == State.CANCEL_REQUESTED:
