@@ -31,6 +31,7 @@ from devtools.compose import (
     settings_from_environment,
 )
 from devtools.localsystem import local_command, replica_names
+from shared import tracing
 from shared.settings import Settings
 
 SECRET = "a-test-secret-of-forty-eight-bytes-0123456789ab"
@@ -41,8 +42,10 @@ DOCKERFILE = COMPOSE_FILE.parent / "Dockerfile"
 
 
 def unknown_settings(environment: Mapping[str, str]) -> set[str]:
-    """The names in ``environment`` that are not exactly ``CHATEXPORT_<FIELD>`` for a field of ``Settings``."""
-    known = {f"{SETTINGS_PREFIX}{field.upper()}" for field in Settings.model_fields}
+    """The names in ``environment`` that are neither exactly ``CHATEXPORT_<FIELD>`` for a field of ``Settings``
+    nor the standard OpenTelemetry variable that turns tracing on (docs/monitoring.md: Monitoring, Traces).
+    """
+    known = {f"{SETTINGS_PREFIX}{field.upper()}" for field in Settings.model_fields} | set(tracing.ENDPOINT_VARIABLES)
     return set(environment) - known
 
 
@@ -204,3 +207,25 @@ def test_the_image_carries_the_runtime_packages_and_no_demo_extra() -> None:
     project = tomllib.loads((COMPOSE_FILE.parent.parent / "pyproject.toml").read_text())["project"]
     assert not any(dependency.lower().startswith(("chatterbot", "pyyaml")) for dependency in project["dependencies"])
     assert {"chatterbot-corpus==1.3.3", "PyYAML>=6.0,<7"} <= set(project["optional-dependencies"]["demo"])
+
+
+def test_the_tracing_profile_adds_a_trace_backend_the_parts_can_send_to() -> None:
+    everything = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))["services"]
+    backends = {name: spec for name, spec in everything.items() if "tracing" in spec.get("profiles", [])}
+    assert list(backends) == ["jaeger"]
+    (backend,) = backends.values()
+    # Pinned, receiving OTLP over HTTP on this network, its UI on the host's loopback only.
+    assert re.fullmatch(r"jaegertracing/jaeger:\d+\.\d+\.\d+", backend["image"])
+    assert "4318" in backend["expose"] and backend["ports"] == ["127.0.0.1:16686:16686"]
+    # Every other service runs without the profile, and every part passes the endpoint on, empty (off) by default.
+    assert all("profiles" not in spec for name, spec in everything.items() if name != "jaeger")
+    for name in PARTS:
+        assert SERVICES[name].environment["OTEL_EXPORTER_OTLP_ENDPOINT"] == ""
+    traced = load_compose(
+        variables={
+            "CHATEXPORT_JWT_SECRET": SECRET,
+            "CHATEXPORT_WEBHOOK_SIGNING_KEY": SECRET,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318",
+        }
+    )
+    assert {traced[name].environment["OTEL_EXPORTER_OTLP_ENDPOINT"] for name in PARTS} == {"http://jaeger:4318"}
