@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import threading
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -39,7 +40,9 @@ ALWAYS_SANITIZED_HEADERS = ("authorization", "proxy-authorization", "cookie", "s
 SANITIZE_VARIABLE = "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS"
 # Probes and scrapes every few seconds would bury the exports' traces.
 EXCLUDED_URLS_VARIABLE = "OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS"
-DEFAULT_EXCLUDED_URLS = "/health,/metrics"
+DEFAULT_EXCLUDED_URLS = "/healthz,/readyz,/metrics"
+# How long a stopping part waits for its last spans to be sent (``SdkBackend.shutdown``).
+SHUTDOWN_SECONDS = 3.0
 
 
 class TraceparentOnly(TraceContextTextMapPropagator):
@@ -188,8 +191,13 @@ class SdkBackend:
         return {"trace_id": trace.format_trace_id(ids.trace_id), "span_id": trace.format_span_id(ids.span_id)}
 
     def shutdown(self) -> None:
-        """Export what is buffered and stop (the provider's shutdown waits for the exporter)."""
-        self._provider.shutdown()
+        """Export what is buffered and stop, waiting at most ``SHUTDOWN_SECONDS``: with the collector down
+        or silent, the exporter would retry for its whole timeout (10 s), and a part's stop must stay within
+        its grace period. Spans not sent by then are lost.
+        """
+        stopping = threading.Thread(target=self._provider.shutdown, name="tracing-shutdown", daemon=True)
+        stopping.start()
+        stopping.join(SHUTDOWN_SECONDS)
 
     def _context(self, traceparent: str) -> Context:
         return self._propagator.extract({"traceparent": traceparent}, Context())
@@ -204,7 +212,10 @@ def install(service: str, *, edge: bool, environ: MutableMapping[str, str] = os.
     """
     sanitize_headers(environ)
     environ.setdefault(EXCLUDED_URLS_VARIABLE, DEFAULT_EXCLUDED_URLS)
-    provider = TracerProvider(resource=resource(service, environ), sampler=part_sampler(environ, edge=edge))
+    # Not shut down at exit by the SDK: ``SdkBackend.shutdown`` does it, with a bound.
+    provider = TracerProvider(
+        resource=resource(service, environ), sampler=part_sampler(environ, edge=edge), shutdown_on_exit=False
+    )
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     propagate.set_global_textmap(TraceparentOnly())

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
@@ -184,3 +187,19 @@ def test_a_log_line_inside_a_span_names_it(backend: InMemorySpanExporter) -> Non
     (span,) = backend.get_finished_spans()
     assert span.context is not None
     assert (line["trace_id"], line["span_id"]) == (f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}")
+
+
+def test_a_silent_collector_does_not_hold_up_a_stop() -> None:
+    # A collector that accepts connections and never answers: the exporter would wait its whole timeout.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}/v1/traces"
+        provider = TracerProvider(shutdown_on_exit=False)
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=60)))
+        backend = sdk.SdkBackend(provider)
+        with backend.span("export", parent=None, links=[], root=True, client=False, attributes={}):
+            pass
+        started = time.monotonic()
+        backend.shutdown()
+        assert time.monotonic() - started < sdk.SHUTDOWN_SECONDS + 5
