@@ -16,6 +16,7 @@ import pytest
 from yarl import URL
 
 from devtools.localsystem import LocalSystem
+from devtools.ports import free_port
 from shared import tracing
 from tests.support import cloned_database, unique, wait_for
 from tests.support.api_calls import import_lines, make_conversation, wait_terminal
@@ -143,7 +144,8 @@ async def test_one_trace_from_the_submit_to_the_callback(traced: Traced) -> None
     def complete() -> list[ReceivedSpan] | None:
         spans = receiver.trace(client_trace)
         names = {span.name for span in spans}
-        done = {"publish result", "callback POST"} <= names and receiver.named("cancel operation")
+        # The last span each part ends in this trace (each part sends its spans in order, on its own schedule).
+        done = {"export", "callback POST"} <= names and receiver.named("cancel operation")
         return spans if done else None
 
     spans = await wait_for(complete, timeout=30)
@@ -235,8 +237,11 @@ async def test_a_scheduled_run_starts_its_trace_at_the_fire(traced: Traced) -> N
             s for s in receiver.spans if s.kind == "SERVER" and s.attributes.get(tracing.SCHEDULE_ID) == schedule_id
         ]
         fired = [s for s in receiver.named("schedule fire") if s.attributes.get(tracing.SCHEDULE_ID) == schedule_id]
-        exports = [s for s in receiver.named("export") if fired and s.trace_id == fired[0].trace_id]
-        return (created[0], fired[0], exports[0]) if created and fired and exports else None
+        run_trace = receiver.trace(fired[0].trace_id) if fired else []
+        exports = [s for s in run_trace if s.name == "export"]
+        # Each part sends its spans on its own schedule: wait for the relay's too.
+        published = [s for s in run_trace if s.name == "outbox publish"]
+        return (created[0], fired[0], exports[0]) if created and exports and published else None
 
     created, fired, export = await wait_for(traces, timeout=60)
     assert fired.parent_span_id == "" and fired.trace_id != created.trace_id
@@ -265,3 +270,22 @@ async def test_no_span_and_no_log_line_holds_a_secret(traced: Traced) -> None:
     ]
     authorization = [value for _, key, value in captured if key.endswith(".authorization")]
     assert authorization and all(value == ["[REDACTED]"] for value in authorization), authorization
+
+
+async def test_a_client_cannot_force_sampling(traced: Traced) -> None:
+    # A second api that samples no trace; its stop flushes whatever it would export, so once it has
+    # exited, every span it was going to send has arrived.
+    system, port = traced.system, free_port()
+    system.start_part(
+        "api", name="api-unsampled", extra_env={"OTEL_TRACES_SAMPLER_ARG": "0", "CHATEXPORT_API_PORT": str(port)}
+    )
+    system.wait_ready(["api-unsampled"])
+    forced_trace, user = secrets.token_hex(16), unique("trace-user")
+    async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as api:
+        response = await api.get(
+            "/v3/operations",
+            headers={**traced.auth(user), "traceparent": f"00-{forced_trace}-{secrets.token_hex(8)}-01"},
+        )
+        assert response.status == 200, await response.text()
+    assert system.group.stop("api-unsampled") in (0, -15)
+    assert traced.receiver.trace(forced_trace) == []
