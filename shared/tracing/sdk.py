@@ -11,6 +11,8 @@ instrumentation would record the callback URL's query.
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import os
 import random
 import threading
@@ -23,60 +25,97 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.instrumentation.aio_pika import AioPikaInstrumentor
 from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
 from opentelemetry.instrumentation.botocore import AiobotocoreInstrumentor
+from opentelemetry.propagators.textmap import Getter, default_getter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceState
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import Attributes
 
 from shared.tracing.attributes import ROOT_MARKER
 from shared.tracing.attributes import Attributes as SpanAttributes
 
-# Whatever the environment asks to capture, these headers' values never reach a span: credentials, and
-# a download's Location, whose query is a presigned URL's signature.
-ALWAYS_SANITIZED_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie", "location")
+log = logging.getLogger(__name__)
+
+# Whatever the environment asks to capture, these headers' values never reach a span: credentials, a
+# download's Location, whose query is a presigned URL's signature, and what a client may not send onwards.
+ALWAYS_SANITIZED_HEADERS = (
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "location",
+    # A client's own text, which goes no further than the edge.
+    "tracestate",
+    "baggage",
+)
 SANITIZE_VARIABLE = "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS"
-# Probes and scrapes every few seconds would bury the exports' traces.
-EXCLUDED_URLS_VARIABLE = "OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS"
-DEFAULT_EXCLUDED_URLS = "/healthz,/readyz,/metrics"
+# Probes and scrapes every few seconds would bury the exports' traces. Regular expressions searched in the
+# path: anchored, or a conversation id holding "metrics" would go untraced.
+EXCLUDED_URLS_VARIABLES = ("OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS", "OTEL_PYTHON_EXCLUDED_URLS")
+DEFAULT_EXCLUDED_URLS = "^/healthz$,^/readyz$,^/metrics$"
+# The values of OTEL_TRACES_SAMPLER the SDK knows (the OpenTelemetry SDK environment variables
+# specification); anything else would silently become parentbased_always_on.
+STANDARD_SAMPLERS = frozenset(
+    {
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    }
+)
 # How long a stopping part waits for its last spans to be sent (``SdkBackend.shutdown``).
 SHUTDOWN_SECONDS = 3.0
 
 
 class TraceparentOnly(TraceContextTextMapPropagator):
-    """W3C trace context, minus ``tracestate``: a client's vendor state is dropped at the edge, and what we
-    store and forward is the ``traceparent`` alone. Baggage is not propagated at all.
+    """W3C trace context, minus ``tracestate``: a client's vendor state is never read (nor logged when
+    malformed), and what we store and forward is the ``traceparent`` alone. Baggage is not propagated at all.
     """
 
     def extract(self, carrier: Any, context: Context | None = None, getter: Any = None) -> Context:
         """The context of the carrier's valid ``traceparent``, with an empty ``tracestate``; ``context`` (or
         an empty one) when there is none or it is malformed (a new trace starts, never an error).
         """
-        kwargs = {} if getter is None else {"getter": getter}
-        extracted = super().extract(carrier, context, **kwargs)
-        remote = trace.get_current_span(extracted).get_span_context()
-        if not remote.is_valid:
-            return extracted
-        bare = SpanContext(remote.trace_id, remote.span_id, is_remote=True, trace_flags=remote.trace_flags)
-        return trace.set_span_in_context(NonRecordingSpan(bare), context)
+        return super().extract(carrier, context, getter=_WithoutTracestate(getter or default_getter))
+
+
+class _WithoutTracestate(Getter[Any]):
+    """A carrier getter that finds no ``tracestate``."""
+
+    def __init__(self, getter: Any) -> None:
+        self._getter = getter
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        """The values of header ``key``; none for ``tracestate``."""
+        return None if key.lower() == "tracestate" else self._getter.get(carrier, key)
+
+    def keys(self, carrier: Any) -> list[str]:
+        """The carrier's keys."""
+        return list(self._getter.keys(carrier))
 
 
 class PartSampler(Sampler):
-    """The default sampler of a part (docs/monitoring.md: Monitoring, Traces), when ``OTEL_TRACES_SAMPLER`` is unset.
+    """A part's sampler (docs/monitoring.md: Monitoring, Traces).
 
-    A span under one of our own spans follows its parent's decision. A trace starts only at an explicit
-    root (``shared.tracing.span(root=True)``: a janitor pass, a schedule's fire) or at a request the api
-    serves, and is sampled with probability ``ratio`` by a random draw here; a driver's span outside any
-    trace (the relay's and janitor's polling queries) is dropped. On the ``edge`` (the api) a client's
-    ``traceparent`` is continued but its sampled flag and trace id decide nothing: a client cannot force
-    sampling. Elsewhere a remote parent is our own (a stored context, a message's headers) and is followed.
+    Whatever else decides, a span with no parent starts a trace only at an explicit root
+    (``shared.tracing.span(root=True)``: a janitor pass, a schedule's fire) or at a request the api serves:
+    a driver's span outside any trace (the relay's and janitor's polling queries) is dropped. The rest is
+    ``configured``'s decision when the operator named a sampler (``OTEL_TRACES_SAMPLER``); else a span under
+    one of our own spans follows its parent's decision, and a new trace is sampled with probability
+    ``ratio`` by a random draw here. On the ``edge`` (the api) that draw also decides for a client's
+    ``traceparent``, which is continued but whose sampled flag and trace id decide nothing: a client cannot
+    force sampling. Elsewhere a remote parent is our own (a stored context, a message's headers).
     """
 
-    def __init__(self, ratio: float, *, edge: bool) -> None:
+    def __init__(self, ratio: float, *, edge: bool, configured: Sampler | None = None) -> None:
         self._ratio = ratio
         self._edge = edge
+        self._configured = configured
 
     def should_sample(
         self,
@@ -89,38 +128,60 @@ class PartSampler(Sampler):
         trace_state: TraceState | None = None,
     ) -> SamplingResult:
         """The decision for a new span (the SDK's ``Sampler`` interface); the root marker is not kept."""
-        kept = {key: value for key, value in (attributes or {}).items() if key != ROOT_MARKER}
+        given = attributes or {}
+        kept = {key: value for key, value in given.items() if key != ROOT_MARKER}
         parent = trace.get_current_span(parent_context).get_span_context()
+        if not parent.is_valid and kind is not SpanKind.SERVER and ROOT_MARKER not in given:
+            return SamplingResult(Decision.DROP)
+        if self._configured is not None:
+            return self._configured.should_sample(parent_context, trace_id, name, kind, kept, links, trace_state)
         if parent.is_valid and not (parent.is_remote and self._edge):
             sampled = parent.trace_flags.sampled
-        elif parent.is_valid or kind is SpanKind.SERVER or ROOT_MARKER in (attributes or {}):
-            sampled = random.random() < self._ratio
         else:
-            sampled = False
+            sampled = random.random() < self._ratio
         return SamplingResult(Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP, kept if sampled else None)
 
     def get_description(self) -> str:
         """The sampler's name, as the SDK reports it."""
-        return f"PartSampler{{{self._ratio},edge={self._edge}}}"
+        inner = self._configured.get_description() if self._configured else f"{self._ratio},edge={self._edge}"
+        return f"PartSampler{{{inner}}}"
 
 
-def part_sampler(environ: Mapping[str, str], *, edge: bool) -> Sampler | None:
-    """None (the SDK reads ``OTEL_TRACES_SAMPLER`` and its argument) when that variable is set, else a
-    ``PartSampler`` at ``OTEL_TRACES_SAMPLER_ARG`` (default 1.0, clamped to [0, 1]).
+def part_sampler(environ: Mapping[str, str], *, edge: bool) -> PartSampler:
+    """The part's ``PartSampler``: around the SDK's sampler for ``OTEL_TRACES_SAMPLER`` (and its argument)
+    when the variable names one of the standard samplers, else at the ratio ``OTEL_TRACES_SAMPLER_ARG``
+    (default 1.0). An unknown sampler name, or a ratio that is not a number in [0, 1], is logged and the
+    default taken instead.
     """
-    if environ.get("OTEL_TRACES_SAMPLER", "").strip():
-        return None
+    name = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if name in STANDARD_SAMPLERS:
+        # The SDK's own reading of the two variables (what TracerProvider() does without a sampler).
+        return PartSampler(1.0, edge=edge, configured=sampling._get_from_env_or_default())
+    if name:
+        log.warning("OTEL_TRACES_SAMPLER names no standard sampler; the default one applies", extra={"sampler": name})
+    text = environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
     try:
-        ratio = float(environ.get("OTEL_TRACES_SAMPLER_ARG", "") or 1.0)
+        ratio = float(text) if text else 1.0
     except ValueError:
+        ratio = math.nan
+    if not 0.0 <= ratio <= 1.0:
+        log.warning("OTEL_TRACES_SAMPLER_ARG is not a number in [0, 1]; every trace is sampled")
         ratio = 1.0
-    return PartSampler(min(max(ratio, 0.0), 1.0), edge=edge)
+    return PartSampler(ratio, edge=edge)
 
 
 def sanitize_headers(environ: MutableMapping[str, str]) -> None:
     """Add ``ALWAYS_SANITIZED_HEADERS`` to the header capture's sanitized fields in ``environ``."""
     asked = [field.strip() for field in environ.get(SANITIZE_VARIABLE, "").split(",") if field.strip()]
     environ[SANITIZE_VARIABLE] = ",".join([*asked, *ALWAYS_SANITIZED_HEADERS])
+
+
+def exclude_probes(environ: MutableMapping[str, str]) -> None:
+    """Keep ``/healthz``, ``/readyz`` and ``/metrics`` out of server spans, unless ``environ`` names the
+    excluded URLs itself (``OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS`` or ``OTEL_PYTHON_EXCLUDED_URLS``).
+    """
+    if not any(environ.get(name, "").strip() for name in EXCLUDED_URLS_VARIABLES):
+        environ[EXCLUDED_URLS_VARIABLES[0]] = DEFAULT_EXCLUDED_URLS
 
 
 def resource(service: str, environ: Mapping[str, str]) -> Resource:
@@ -158,14 +219,23 @@ class SdkBackend:
             attributes = {**attributes, ROOT_MARKER: True}
         span_links = [Link(self._span_context(link)) for link in links]
         kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
+        # An exception's text can quote a URL with its query (aiohttp's do) or a peer's bytes: a failed
+        # span records the error's type alone.
         with self._tracer.start_as_current_span(
             name,
             context=context,
             links=[link for link in span_links if link.context.is_valid],
             kind=kind,
             attributes=dict(attributes),
-        ):
-            yield
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as current:
+            try:
+                yield
+            except BaseException as exc:
+                current.set_status(Status(StatusCode.ERROR))
+                current.set_attribute("error.type", type(exc).__qualname__)
+                raise
 
     def set_attributes(self, attributes: SpanAttributes) -> None:
         """See ``shared.tracing.set_attributes``."""
@@ -211,7 +281,7 @@ def install(service: str, *, edge: bool, environ: MutableMapping[str, str] = os.
     calls. ``edge``: the api, which continues clients' trace contexts (``PartSampler``) and serves HTTP.
     """
     sanitize_headers(environ)
-    environ.setdefault(EXCLUDED_URLS_VARIABLE, DEFAULT_EXCLUDED_URLS)
+    exclude_probes(environ)
     # Not shut down at exit by the SDK: ``SdkBackend.shutdown`` does it, with a bound.
     provider = TracerProvider(
         resource=resource(service, environ), sampler=part_sampler(environ, edge=edge), shutdown_on_exit=False

@@ -17,11 +17,12 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Decision
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
+from opentelemetry.util.http import ExcludeList
 
 from shared import tracing
 from shared.logs import JsonFormatter
@@ -99,13 +100,31 @@ def test_behind_the_edge_our_own_contexts_decide() -> None:
         ({}, "PartSampler{1.0,edge=True}"),
         ({"OTEL_TRACES_SAMPLER_ARG": "0.25"}, "PartSampler{0.25,edge=True}"),
         ({"OTEL_TRACES_SAMPLER_ARG": "7"}, "PartSampler{1.0,edge=True}"),
-        ({"OTEL_TRACES_SAMPLER_ARG": "lots"}, "PartSampler{1.0,edge=True}"),
-        ({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}, None),
+        ({"OTEL_TRACES_SAMPLER_ARG": "10%"}, "PartSampler{1.0,edge=True}"),
+        ({"OTEL_TRACES_SAMPLER_ARG": "nan"}, "PartSampler{1.0,edge=True}"),
+        ({"OTEL_TRACES_SAMPLER": "bogus", "OTEL_TRACES_SAMPLER_ARG": "0"}, "PartSampler{0.0,edge=True}"),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, "PartSampler{AlwaysOffSampler}"),
+        (
+            {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"},
+            "PartSampler{ParentBased{root:TraceIdRatioBased{0.5},remoteParentSampled:AlwaysOnSampler,"
+            "remoteParentNotSampled:AlwaysOffSampler,localParentSampled:AlwaysOnSampler,"
+            "localParentNotSampled:AlwaysOffSampler}}",
+        ),
     ],
 )
-def test_the_sampler_follows_the_standard_variables(environ: dict[str, str], expected: str | None) -> None:
-    sampler = sdk.part_sampler(environ, edge=True)
-    assert (sampler and sampler.get_description()) == expected
+def test_the_sampler_follows_the_standard_variables(
+    environ: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK reads its own sampler's variables from the process's environment.
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert sdk.part_sampler(environ, edge=True).get_description() == expected
+
+
+def test_a_named_sampler_still_starts_no_trace_at_a_polling_query() -> None:
+    configured = sdk.PartSampler(1.0, edge=False, configured=sampling.ALWAYS_ON)
+    assert not decide(configured, None, kind=SpanKind.CLIENT)
+    assert decide(configured, None, kind=SpanKind.SERVER) and decide(configured, remote(sampled=False))
 
 
 @pytest.mark.parametrize(
@@ -133,7 +152,27 @@ def test_credentials_are_sanitised_whatever_the_environment_says() -> None:
     environ = {sdk.SANITIZE_VARIABLE: "x-session"}
     sdk.sanitize_headers(environ)
     fields = environ[sdk.SANITIZE_VARIABLE].split(",")
-    assert {"x-session", "authorization", "cookie", "location"} <= set(fields)
+    assert {"x-session", "authorization", "cookie", "location", "tracestate", "baggage"} <= set(fields)
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, sdk.DEFAULT_EXCLUDED_URLS),
+        ({"OTEL_PYTHON_EXCLUDED_URLS": "/ping"}, None),
+        ({"OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS": "/ping"}, "/ping"),
+    ],
+)
+def test_probes_are_not_traced_unless_the_environment_says_otherwise(
+    environ: dict[str, str], expected: str | None
+) -> None:
+    sdk.exclude_probes(environ)
+    assert environ.get("OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS") == expected
+    if expected == sdk.DEFAULT_EXCLUDED_URLS:
+        excluded = ExcludeList(expected.split(","))
+        assert excluded.url_disabled("/readyz") and excluded.url_disabled("/metrics")
+        assert not excluded.url_disabled("/v3/conversations/metrics-team/exports")
+        assert not excluded.url_disabled("/v3/conversations/healthz/exports")
 
 
 @pytest.mark.parametrize(
@@ -176,6 +215,14 @@ def test_spans_continue_a_stored_context_and_link_to_others(backend: InMemorySpa
     assert inner == f"00-{TRACE_ID:032x}-{publish.context.span_id:016x}-01"
     assert dict(publish.attributes or {}) == {tracing.OPERATION_ID: "op-1"}
     assert cancel.parent is None and [link.context.trace_id for link in cancel.links] == [int("1" * 32, 16)]
+
+
+def test_a_failed_span_records_the_error_type_and_not_its_text(backend: InMemorySpanExporter) -> None:
+    with pytest.raises(ValueError), tracing.span("callback POST", root=True):
+        raise ValueError("400, url='http://receiver/hook?token=secret'")
+    (span,) = backend.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR and span.status.description is None
+    assert dict(span.attributes or {}) == {"error.type": "ValueError"} and not span.events
 
 
 def test_a_log_line_inside_a_span_names_it(backend: InMemorySpanExporter) -> None:

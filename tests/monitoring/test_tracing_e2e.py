@@ -23,12 +23,14 @@ from tests.support.api_calls import import_lines, make_conversation, wait_termin
 from tests.support.e2e import headers_for, local_system
 from tests.support.otlp import ReceivedSpan, otlp_receiver
 from tests.support.otlp import Receiver as SpanReceiver
-from tests.support.webhook_peers import Receiver, listening
+from tests.support.webhook_peers import Receiver, garbling, listening
 
 pytestmark = pytest.mark.e2e
 
 BODY_SECRET = "body-" + secrets.token_hex(8)
 QUERY_SECRET = "query-" + secrets.token_hex(8)
+TRACESTATE_SECRET = "state" + secrets.token_hex(8)
+BAGGAGE_SECRET = "baggage" + secrets.token_hex(8)
 
 
 class Traced:
@@ -118,8 +120,8 @@ async def test_one_trace_from_the_submit_to_the_callback(traced: Traced) -> None
                 **traced.auth(user),
                 "Idempotency-Key": unique("key"),
                 "traceparent": f"00-{client_trace}-{client_span}-00",
-                "tracestate": "vendor=secret-state",
-                "baggage": "user=someone",
+                "tracestate": f"vendor={TRACESTATE_SECRET}",
+                "baggage": f"user={BAGGAGE_SECRET}",
             },
         )
         assert response.status == 202, await response.text()
@@ -195,6 +197,31 @@ async def test_one_trace_from_the_submit_to_the_callback(traced: Traced) -> None
     assert all(line["span_id"] in span_ids for line in lines if line["msg"] in ("export submitted", "export succeeded"))
 
 
+async def test_a_failed_callback_span_holds_the_error_type_not_the_url(traced: Traced) -> None:
+    # aiohttp's error for a malformed answer quotes the request's URL, query included.
+    user, cid = unique("trace-user"), unique("trace-conversation")
+    async with garbling() as port, aiohttp.ClientSession(base_url=traced.system.base_url) as api:
+        await make_conversation(api, traced.auth, cid, [user])
+        body = {"format": "jsonl", "notify": {"url": f"http://127.0.0.1:{port}/hook?token={QUERY_SECRET}"}}
+        response = await api.post(
+            f"/v3/conversations/{cid}/exports", json=body, headers={**traced.auth(user), "Idempotency-Key": unique("k")}
+        )
+        assert response.status == 202, await response.text()
+        operation_id = (await response.json())["operation_id"]
+
+        def failed_callback() -> ReceivedSpan | None:
+            spans = [
+                s
+                for s in traced.receiver.named("callback POST")
+                if s.attributes.get(tracing.OPERATION_ID) == operation_id
+            ]
+            return spans[0] if spans else None
+
+        span = await wait_for(failed_callback, timeout=60)
+    assert span.attributes["error.type"] == "ClientResponseError"
+    # The search for secrets (the last test) covers this span's every attribute and event.
+
+
 async def test_a_malformed_traceparent_starts_a_new_trace(traced: Traced) -> None:
     user, cid = unique("trace-user"), unique("trace-conversation")
     async with aiohttp.ClientSession(base_url=traced.system.base_url) as api:
@@ -255,7 +282,15 @@ async def test_a_scheduled_run_starts_its_trace_at_the_fire(traced: Traced) -> N
 async def test_no_span_and_no_log_line_holds_a_secret(traced: Traced) -> None:
     # Runs after the others in this module: their exports, callbacks and schedules are what is searched.
     assert traced.hooks.received and traced.tokens and traced.signatures and traced.receiver.spans
-    forbidden = [BODY_SECRET, QUERY_SECRET, "Bearer ", *traced.tokens, *traced.signatures]
+    forbidden = [
+        BODY_SECRET,
+        QUERY_SECRET,
+        TRACESTATE_SECRET,
+        BAGGAGE_SECRET,
+        "Bearer ",
+        *traced.tokens,
+        *traced.signatures,
+    ]
     exported = b"".join(traced.receiver.raw)
     logged = "\n".join(path.read_text(encoding="utf-8") for path in traced.logs.glob("*.log"))
     assert BODY_SECRET not in logged and exported

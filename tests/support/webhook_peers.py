@@ -58,6 +58,27 @@ async def serving(app: web.Application, *, ssl_context: ssl.SSLContext | None = 
 
 
 @contextlib.asynccontextmanager
+async def garbling() -> AsyncIterator[int]:
+    """A receiver on a free port of 127.0.0.1 that answers every request's head with bytes that are not
+    HTTP, then closes; yields the port.
+    """
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"THIS IS NOT HTTP\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
 async def trickling() -> AsyncIterator[int]:
     """A receiver on a free port of 127.0.0.1 that, once it has a request's head, answers one byte every
     50 ms and never ends its headers (nor a TLS handshake, which never sends such a head); yields the port.
