@@ -283,9 +283,8 @@ def install(service: str, *, edge: bool, environ: MutableMapping[str, str] = os.
     sanitize_headers(environ)
     exclude_probes(environ)
     # Not shut down at exit by the SDK: ``SdkBackend.shutdown`` does it, with a bound.
-    provider = TracerProvider(
-        resource=resource(service, environ), sampler=part_sampler(environ, edge=edge), shutdown_on_exit=False
-    )
+    sampler = part_sampler(environ, edge=edge)
+    provider = TracerProvider(resource=resource(service, environ), sampler=sampler, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     propagate.set_global_textmap(TraceparentOnly())
@@ -296,4 +295,8 @@ def install(service: str, *, edge: bool, environ: MutableMapping[str, str] = os.
         from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
 
         AioHttpServerInstrumentor().instrument(tracer_provider=provider)
+    log.info(
+        "tracing on",
+        extra={"service_name": provider.resource.attributes.get(SERVICE_NAME), "sampler": sampler.get_description()},
+    )
     return SdkBackend(provider)
