@@ -160,14 +160,23 @@ async def _until_up(url: str) -> None:
             await asyncio.sleep(0.1)
 
 
-def measure(system: LocalSystem, prepared: list[tuple[str, str, str]], seconds: int) -> list[Figure]:
-    """The poll and submit rows, each against the bare server in the same run."""
-    polls = [(f"/v3/operations/{op}", {"Authorization": f"Bearer {token}"}) for token, _, op in prepared]
-    bare_polls: Requests = [(f"/ops/{op}", {}) for _, _, op in prepared]
-    submits = [
+def poll_requests(prepared: list[tuple[str, str, str]]) -> Requests:
+    """``GET /v3/operations/{id}`` of every prepared user's operation, with its token."""
+    return [(f"/v3/operations/{op}", {"Authorization": f"Bearer {token}"}) for token, _, op in prepared]
+
+
+def submit_requests(prepared: list[tuple[str, str, str]]) -> Requests:
+    """``POST .../exports`` of every prepared user's conversation, with its token (the key is wrk's to add)."""
+    return [
         (f"/v3/conversations/{cid}/exports", {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
         for token, cid, _ in prepared
     ]
+
+
+def measure(system: LocalSystem, prepared: list[tuple[str, str, str]], seconds: int) -> list[Figure]:
+    """The poll and submit rows, each against the bare server in the same run."""
+    polls, submits = poll_requests(prepared), submit_requests(prepared)
+    bare_polls: Requests = [(f"/ops/{op}", {}) for _, _, op in prepared]
     bare_submits = [
         (f"/submit/{cid}", {"X-User": f"user-{n}", "Content-Type": "application/json"})
         for n, (_, cid, _) in enumerate(prepared)

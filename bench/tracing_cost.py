@@ -29,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.http_load import SETTINGS, Requests, lua_requests, prepare, wrk
+from bench.http_load import SETTINGS, lua_requests, poll_requests, prepare, submit_requests, wrk
 from bench.running import running_system
 from bench.table import Figure, print_table
 from devtools.localsystem import LocalSystem
@@ -91,11 +91,7 @@ def measure(
     system: LocalSystem, urls: dict[str, str], prepared: list[tuple[str, str, str]], seconds: int
 ) -> dict[tuple[str, str], float]:
     """The best requests per second of each (mode, "poll" | "submit") over ``ROUNDS`` alternating rounds."""
-    polls: Requests = [(f"/v3/operations/{op}", {"Authorization": f"Bearer {token}"}) for token, _, op in prepared]
-    submits: Requests = [
-        (f"/v3/conversations/{cid}/exports", {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-        for token, cid, _ in prepared
-    ]
+    polls, submits = poll_requests(prepared), submit_requests(prepared)
     names = {"off": "api", "not imported": "api-not-imported", "on": "api-on"}
     scripts = {"poll": lua_requests("GET", polls), "submit": lua_requests("POST", submits, "{}", unique_key=True)}
     best: dict[tuple[str, str], float] = {}

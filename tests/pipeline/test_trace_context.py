@@ -48,6 +48,25 @@ async def submit(conn: asyncpg.Connection, key: str, traceparent: str | None) ->
     return result.operation_id
 
 
+async def create_schedule(conn: asyncpg.Connection, key: str, *, mode: str) -> schedules.CreateResult:
+    """alice's hourly schedule of ``c-a``, created in the trace ``CREATE``."""
+    return await schedules.create_schedule(
+        conn,
+        schedule_id=new_schedule_id(),
+        owner_id="alice",
+        conversation_id="c-a",
+        idempotency_key=key,
+        fingerprint=f"fp-{key}",
+        every=Cadence.parse("PT1H"),
+        start_at=None,
+        mode=mode,
+        request=ExportRequest(),
+        replay_window_seconds=3600,
+        max_schedules=5,
+        traceparent=CREATE,
+    )
+
+
 async def claimed(conn: asyncpg.Connection) -> dict[str, set[str | None]]:
     """Every due outbox row's operation and trace context, claimed (and marked, so each is seen once)."""
     seen: dict[str, set[str | None]] = {}
@@ -72,21 +91,7 @@ async def test_every_wake_up_of_an_operation_carries_its_submits_context(conn: a
 
 async def test_a_callback_carries_the_context_of_what_it_reports(conn: asyncpg.Connection) -> None:
     operation_id = await submit(conn, "k3", SUBMIT)
-    schedule = await schedules.create_schedule(
-        conn,
-        schedule_id=new_schedule_id(),
-        owner_id="alice",
-        conversation_id="c-a",
-        idempotency_key="k4",
-        fingerprint="fp-k4",
-        every=Cadence.parse("PT1H"),
-        start_at=None,
-        mode="incremental",
-        request=ExportRequest(),
-        replay_window_seconds=3600,
-        max_schedules=5,
-        traceparent=CREATE,
-    )
+    schedule = await create_schedule(conn, "k4", mode="incremental")
     await conn.executemany(
         "INSERT INTO webhook_deliveries (webhook_id, operation_id, schedule_id, owner_id, event_type, url)"
         " VALUES ($1, $2, $3, 'alice', $4, 'https://hooks.example/cb')",
@@ -101,21 +106,7 @@ async def test_a_scheduled_run_carries_its_fires_context_and_the_fire_sees_the_c
     conn: asyncpg.Connection,
 ) -> None:
     await claimed(conn)  # what earlier tests left
-    schedule = await schedules.create_schedule(
-        conn,
-        schedule_id=new_schedule_id(),
-        owner_id="alice",
-        conversation_id="c-a",
-        idempotency_key="k5",
-        fingerprint="fp-k5",
-        every=Cadence.parse("PT1H"),
-        start_at=None,
-        mode="full",
-        request=ExportRequest(),
-        replay_window_seconds=3600,
-        max_schedules=5,
-        traceparent=CREATE,
-    )
+    schedule = await create_schedule(conn, "k5", mode="full")
     assert schedule.schedule_id is not None
     due = [each for each in await schedules.due_schedules(conn, limit=10) if each.schedule_id == schedule.schedule_id]
     assert [each.traceparent for each in due] == [CREATE]
