@@ -69,6 +69,9 @@ class Api:
         self._headers = {"Authorization": f"Bearer {token}"}
         self.redirect_above_bytes = redirect_above_bytes
         self._session: aiohttp.ClientSession | None = None
+        # The newest representation read of each operation, by id, with its ETag: sent back as If-None-Match,
+        # so that a poll of an unchanged operation costs a 304 (docs/api.md: API reference, Conditional polls).
+        self._held: dict[str, tuple[str, dict[str, Any]]] = {}
 
     async def __aenter__(self) -> Api:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=READ_TIMEOUT_SECONDS, sock_read=READ_TIMEOUT_SECONDS)
@@ -106,12 +109,22 @@ class Api:
             return Submitted(operation, replayed=response.headers.get("Idempotent-Replayed") == "true")
 
     async def operation(self, operation_id: str, *, wait_seconds: int | None = None) -> dict[str, Any]:
-        """``GET /v3/operations/{id}``, a long poll of ``wait_seconds`` when given; raises ``ApiError``."""
+        """``GET /v3/operations/{id}``, a long poll of ``wait_seconds`` when given, conditional on the
+        representation this session last read of it: a ``304`` returns that one again, its
+        ``next_poll_after_seconds`` the answer's ``Retry-After``. Raises ``ApiError``.
+        """
         params = {"wait": str(wait_seconds)} if wait_seconds else None
+        held = self._held.get(operation_id)
+        headers = self._headers if held is None else {**self._headers, "If-None-Match": held[0]}
         async with self.session.get(
-            self.url(f"/v3/operations/{quote(operation_id, safe='')}"), params=params, headers=self._headers
+            self.url(f"/v3/operations/{quote(operation_id, safe='')}"), params=params, headers=headers
         ) as response:
-            return await _json(response)
+            if response.status == 304 and held is not None:
+                return _still_current(held[1], response.headers.get("Retry-After", ""))
+            operation: dict[str, Any] = await _json(response)
+            if etag := response.headers.get("ETag"):
+                self._held[operation_id] = (etag, operation)
+            return operation
 
     async def operations(self, *, state: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The caller's newest ``limit`` operations (one page), in ``state`` when given."""
@@ -200,6 +213,13 @@ class Api:
                 elif not line and data:
                     yield json.loads("\n".join(data))
                     data = []
+
+
+def _still_current(operation: dict[str, Any], retry_after: str) -> dict[str, Any]:
+    """A copy of ``operation`` that a ``304`` confirmed, with its ``Retry-After`` as ``next_poll_after_seconds``."""
+    if retry_after.isdigit() and "next_poll_after_seconds" in operation:
+        return {**operation, "next_poll_after_seconds": int(retry_after)}
+    return dict(operation)
 
 
 def _schedule_path(schedule_id: str) -> str:

@@ -158,6 +158,7 @@ def test_submit_documents_its_headers() -> None:
     assert set(submit["responses"]["202"]["headers"]) == {
         "Location",
         "Cache-Control",
+        "ETag",
         "Retry-After",
         "Idempotent-Replayed",
     }

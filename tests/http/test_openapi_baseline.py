@@ -61,6 +61,18 @@ _RUN_OF = {
 }
 
 
+OPERATION = "/v3/operations/{operation_id}"
+_OPERATION_ETAG = {"required": True, "schema": {"type": "string", "pattern": '^W/"[0-9]+"$'}}
+_IF_NONE_MATCH = {"name": "If-None-Match", "in": "header", "required": False, "schema": {"type": "string"}}
+_NOT_MODIFIED = {
+    "headers": {
+        "Cache-Control": {"required": True, "schema": {"const": "no-store"}},
+        "ETag": _OPERATION_ETAG,
+        "Retry-After": {"required": False, "schema": {"type": "integer", "minimum": 1}},
+    }
+}
+
+
 class Prepended(list[Any]):
     """An addition that goes before a list's items rather than after them."""
 
@@ -109,6 +121,20 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
     (("tags",), [{"name": "schedules"}]),
     *((("paths", path), _DOCUMENT["paths"][path]) for path in SCHEDULE_PATHS),
     *((("components", "schemas", name), _DOCUMENT["components"]["schemas"][name]) for name in SCHEDULE_SCHEMAS),
+    # Conditional polls (docs/api.md: API reference, Conditional polls): the ETag of every operation answer,
+    # If-None-Match and the 304 of the status monitor.
+    *(
+        (("paths", path, method, "responses", status, "headers", "ETag"), _OPERATION_ETAG)
+        for path, method, status in (
+            (OPERATION, "get", "200"),
+            (OPERATION, "head", "200"),
+            ("/v3/operations/{operation_id}/cancel", "post", "200"),
+            ("/v3/operations/{operation_id}/cancel", "post", "202"),
+            ("/v3/conversations/{cid}/exports", "post", "202"),
+        )
+    ),
+    *((("paths", OPERATION, method, "parameters"), [_IF_NONE_MATCH]) for method in ("get", "head")),
+    *((("paths", OPERATION, method, "responses", "304"), _NOT_MODIFIED) for method in ("get", "head")),
 ]
 
 

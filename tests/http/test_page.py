@@ -43,6 +43,21 @@ def operation_state(driver: WebDriver, operation_id: str) -> str:
     return cells[0].text if cells else ""
 
 
+async def insert_queued(conn: asyncpg.Connection, user: str, cid: str) -> str:
+    """A QUEUED export of ``user``'s without its wake-up: nobody runs it before the janitor's requeue, long
+    after the test. Returns its id.
+    """
+    operation_id = f"op_{uuid.uuid4().hex[:24]}"
+    await conn.execute(
+        "INSERT INTO operations (operation_id, owner_id, conversation_id, format, state)"
+        " VALUES ($1, $2, $3, 'jsonl', 'QUEUED')",
+        operation_id,
+        user,
+        cid,
+    )
+    return operation_id
+
+
 async def test_the_page_is_served_with_a_strict_policy(live_api: aiohttp.ClientSession) -> None:
     for path in ("/ui/", "/ui/page.js", "/ui/page.css"):
         response = await live_api.get(path)
@@ -86,17 +101,9 @@ async def test_cancel_in_the_browser(
 ) -> None:
     user, cid = unique("page-user"), unique("page-conversation")
     await make_conversation(live_api, live_auth, cid, [user])
-    # A QUEUED export without its wake-up: nobody runs it before the janitor's requeue, long after the test.
-    operation_id = f"op_{uuid.uuid4().hex[:24]}"
     conn = await asyncpg.connect(system.settings().database_url)
     try:
-        await conn.execute(
-            "INSERT INTO operations (operation_id, owner_id, conversation_id, format, state)"
-            " VALUES ($1, $2, $3, 'jsonl', 'QUEUED')",
-            operation_id,
-            user,
-            cid,
-        )
+        operation_id = await insert_queued(conn, user, cid)
     finally:
         await conn.close()
 
@@ -106,3 +113,42 @@ async def test_cancel_in_the_browser(
     assert operation_state(driver, operation_id) == "QUEUED"
     row.find_element(By.CSS_SELECTOR, "button.cancel").click()
     settle(driver).until(lambda found: operation_state(found, operation_id) in ("CANCEL_REQUESTED", "CANCELED"))
+
+
+# Refuses the page's event streams, so that it falls back to polling, and records every poll's
+# If-None-Match and status.
+_NO_STREAM = """
+const original = window.fetch;
+window.polls = [];
+window.fetch = async (path, init) => {
+  if (String(path).endsWith("/events")) throw new TypeError("no stream");
+  const response = await original(path, init);
+  if (String(path).startsWith("/v3/operations/op_")) {
+    window.polls.push([(init.headers || {})["If-None-Match"] || null, response.status]);
+  }
+  return response;
+};
+"""
+
+
+async def test_without_a_stream_the_page_polls_with_the_version_it_shows(
+    browser: Browser, system: LocalSystem, live_api: aiohttp.ClientSession, live_auth: Headers
+) -> None:
+    user, cid = unique("page-user"), unique("page-conversation")
+    await make_conversation(live_api, live_auth, cid, [user])
+    conn = await asyncpg.connect(system.settings().database_url)
+    try:
+        operation_id = await insert_queued(conn, user, cid)
+        driver = browser.driver
+        driver.get(f"{system.base_url}/ui/")
+        driver.execute_script(_NO_STREAM)
+        driver.find_element(By.ID, "token").send_keys(live_auth(user)["Authorization"].removeprefix("Bearer "))
+        driver.find_element(By.ID, "use-token").click()
+        settle(driver).until(lambda found: [None, 200] in found.execute_script("return window.polls"))
+        settle(driver).until(
+            lambda found: any(sent and status == 304 for sent, status in found.execute_script("return window.polls"))
+        )
+        await conn.execute("UPDATE operations SET state = 'RUNNING' WHERE operation_id = $1", operation_id)
+        settle(driver).until(lambda found: operation_state(found, operation_id) == "RUNNING")
+    finally:
+        await conn.close()

@@ -53,13 +53,17 @@ async def watching(
         yield await read_or_404(read), subscription
 
 
-async def wait_for_state_change(request: web.Request, read: Reader, *, wait_seconds: int) -> OperationView:
+async def wait_for_state_change(
+    request: web.Request, read: Reader, *, wait_seconds: int, known: Callable[[OperationView], bool] | None = None
+) -> OperationView:
     """The operation ``read`` returns, once its state differs from the one it had on arrival, at once when
-    that is terminal, else after ``wait_seconds``; progress alone does not end the wait. Raises what
-    ``watching`` raises.
+    that is terminal, else after ``wait_seconds``; progress alone does not end the wait. A conditional poll
+    passes ``known``, which tells whether the caller holds a row's version (its ``If-None-Match``): one that
+    does not hold the version on arrival is answered at once (docs/api.md: API reference, Conditional
+    polls). Raises what ``watching`` raises.
     """
     row = await read_or_404(read)
-    if is_terminal(row):
+    if is_terminal(row) or (known is not None and not known(row)):
         return row
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds

@@ -50,6 +50,11 @@ def retry_after(description: str, *, required: bool) -> dict[str, Any]:
 
 
 NO_STORE_HEADER = header("Operation state changes: never cache.", {"const": "no-store"}, required=True)
+OPERATION_ETAG_HEADER = header(
+    "The operation's version as a weak entity-tag, for `If-None-Match`.",
+    {"type": "string", "pattern": '^W/"[0-9]+"$'},
+    required=True,
+)
 LOCATION_HEADER = header(
     "The operation's status monitor.",
     {"type": "string", "pattern": f"^{path('getOperation', operation_id=OPERATION_ID_PATTERN)}$"},

@@ -1,5 +1,6 @@
-"""Conditional requests on a download (RFC 9110 section 13): the preconditions of a GET or HEAD of a result,
-evaluated in the order of section 13.2.2, and whether ``If-Range`` lets a ``Range`` apply.
+"""Conditional requests (RFC 9110 section 13): the preconditions of a GET or HEAD of a result, evaluated in the
+order of section 13.2.2, whether ``If-Range`` lets a ``Range`` apply, and the entity-tag list comparison that
+the status monitor's ``If-None-Match`` shares.
 
 A result never changes once published (its key, size and sha256 are fixed with SUCCEEDED), so its ETag
 (the quoted sha256) and its ``Last-Modified`` (the second it was published) are both strong validators
@@ -93,22 +94,27 @@ class Validators:
         return http_date(value) == self._seconds
 
     def _matches(self, field: str, *, weak: bool) -> bool:
-        """Whether the list ``field`` (``*`` or entity-tags; empty elements are allowed, RFC 9110 section
-        5.6.1) names this representation, comparing strongly (``If-Match``) or weakly (``If-None-Match``).
-        A list that does not parse matches nothing.
-        """
-        if field.strip(" \t") == "*":
+        return tag_list_matches(field, self.etag, weak=weak)
+
+
+def tag_list_matches(field: str, tag: str, *, weak: bool) -> bool:
+    """Whether the list ``field`` (``*`` or entity-tags; empty elements are allowed, RFC 9110 section 5.6.1)
+    names the representation whose opaque tag (without quotes) is ``tag``, comparing strongly (``If-Match``)
+    or weakly (``If-None-Match``, RFC 9110 section 8.8.3.2). A list that does not parse matches nothing.
+    """
+    text = field.strip(" \t")
+    if text == "*":
+        return True
+    position = 0
+    while position < len(text):
+        found = _LIST_ELEMENT.match(text, position)
+        if found is None:
+            return False
+        is_weak, element = found.groups()
+        if element == tag and (weak or not is_weak):
             return True
-        position, text = 0, field.strip(" \t")
-        while position < len(text):
-            found = _LIST_ELEMENT.match(text, position)
-            if found is None:
-                return False
-            is_weak, tag = found.groups()
-            if tag == self.etag and (weak or not is_weak):
-                return True
-            position = found.end()
-        return False
+        position = found.end()
+    return False
 
 
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")

@@ -9,11 +9,11 @@ from typing import Any
 
 from aiohttp import web
 
-from services.api.http.contract import NO_STORE_HEADER, Answer
+from services.api.http.contract import NO_STORE_HEADER, OPERATION_ETAG_HEADER, Answer
 from services.api.http.schemas import Operation
 from shared import jsontext
 from shared.repository.operation_view import OperationView
-from shared.representation import is_terminal, represent
+from shared.representation import is_terminal, next_poll_after_seconds, represent
 
 
 def dumps(body: Any) -> str:
@@ -24,25 +24,48 @@ def dumps(body: Any) -> str:
 NO_STORE = {"Cache-Control": "no-store"}
 
 
+def operation_etag(row: OperationView) -> str:
+    """The operation's weak ``ETag``, ``W/"<version>"`` (docs/api.md: API reference, Conditional polls): every
+    field of the representation bumps the version, but ``next_poll_after_seconds`` grows with age at one
+    version, so the tag is weak (RFC 9110 section 8.8.1).
+    """
+    return f'W/"{row.version}"'
+
+
 def operation_response(
     row: OperationView, *, status: int = 200, poll_after_seconds: int | None = None, **headers: str
 ) -> web.Response:
-    """The operation as JSON with the status monitor's headers: no-store, and while it is not terminal
-    ``Retry-After``, ``poll_after_seconds`` or else the representation's ``next_poll_after_seconds``.
+    """The operation as JSON with the status monitor's headers (``_monitor_headers``); ``poll_after_seconds``
+    replaces the representation's ``next_poll_after_seconds`` as ``Retry-After``.
     """
     body = represent(row)
-    all_headers = {**NO_STORE, **headers}
-    if not is_terminal(row):
-        poll_after = body["next_poll_after_seconds"] if poll_after_seconds is None else poll_after_seconds
-        all_headers["Retry-After"] = str(poll_after)
-    return json_response(body, status=status, headers=all_headers)
+    poll_after = body.get("next_poll_after_seconds") if poll_after_seconds is None else poll_after_seconds
+    return json_response(body, status=status, headers={**_monitor_headers(row, poll_after), **headers})
+
+
+def operation_not_modified(row: OperationView) -> web.Response:
+    """``304 Not Modified`` for the operation: no body, the headers its 200 would carry (RFC 9110 section 15.4.5)."""
+    return web.Response(status=304, headers=_monitor_headers(row, next_poll_after_seconds(row.age_seconds)))
+
+
+def _monitor_headers(row: OperationView, poll_after_seconds: int | None) -> dict[str, str]:
+    """no-store, the weak ``ETag``, and while the operation is not terminal ``Retry-After``."""
+    headers = {**NO_STORE, "ETag": operation_etag(row)}
+    if not is_terminal(row) and poll_after_seconds is not None:
+        headers["Retry-After"] = str(poll_after_seconds)
+    return headers
 
 
 def operation_answer(status: int, description: str, headers: Mapping[str, Any] | None = None) -> Answer:
-    """The contract of an ``operation_response`` of ``status``: an ``Operation`` with ``no-store`` and ``headers``
-    (``services.api.http.contract.header`` objects by name).
+    """The contract of an ``operation_response`` of ``status``: an ``Operation`` with ``no-store``, its ``ETag``
+    and ``headers`` (``services.api.http.contract.header`` objects by name).
     """
-    return Answer(status, description, Operation, headers={"Cache-Control": NO_STORE_HEADER, **(headers or {})})
+    return Answer(
+        status,
+        description,
+        Operation,
+        headers={"Cache-Control": NO_STORE_HEADER, "ETag": OPERATION_ETAG_HEADER, **(headers or {})},
+    )
 
 
 def json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:

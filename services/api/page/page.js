@@ -22,7 +22,8 @@ async function call(path, options) {
   const init = Object.assign({}, options || {});
   init.headers = Object.assign({ Authorization: "Bearer " + token }, init.headers || {});
   const response = await fetch(path, init);
-  if (!response.ok) {
+  // A 304 answers only a request that sent If-None-Match, and the caller keeps what it showed.
+  if (!response.ok && response.status !== 304) {
     let problem = { code: "HTTP_" + response.status, detail: response.statusText };
     try { problem = await response.json(); } catch (ignored) { /* not a problem body */ }
     throw new Error(problem.code + ": " + (problem.detail || ""));
@@ -115,12 +116,22 @@ async function watch(id) {
       }
     }
   } catch (error) {
-    // The stream is a hint: when it cannot be had, poll the status monitor as it asks.
+    // The stream is a hint: when it cannot be had, poll the status monitor as it asks, sending the version
+    // shown, so that an unchanged operation answers 304 with no body
+    // (docs/api.md: API reference, Conditional polls).
+    let operation = null;
+    let etag = null;
     for (;;) {
-      const operation = await (await call("/v3/operations/" + encodeURIComponent(id))).json();
-      show(operation);
+      const headers = etag ? { "If-None-Match": etag } : {};
+      const response = await call("/v3/operations/" + encodeURIComponent(id), { headers });
+      if (response.status !== 304) {
+        operation = await response.json();
+        etag = response.headers.get("ETag");
+        show(operation);
+      }
       if (operation.done) return;
-      await new Promise((resolve) => setTimeout(resolve, 1000 * (operation.next_poll_after_seconds || 1)));
+      const seconds = Number(response.headers.get("Retry-After")) || operation.next_poll_after_seconds || 1;
+      await new Promise((resolve) => setTimeout(resolve, 1000 * seconds));
     }
   }
 }

@@ -3,6 +3,7 @@ Operation; docs/api.md: API reference, Waiting for a change; docs/states.md: Sta
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -12,6 +13,7 @@ from services.api.http.bodies import JSON_BODY_PROBLEMS, JSON_MEDIA_TYPE, read_m
 from services.api.http.contract import (
     LOCATION_HEADER,
     NO_STORE_HEADER,
+    OPERATION_ETAG_HEADER,
     Answer,
     Body,
     Endpoint,
@@ -19,10 +21,19 @@ from services.api.http.contract import (
     ref,
     retry_after,
 )
+from services.api.http.fields import field_list
 from services.api.http.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.http.pagination import decode_cursor, page_endpoint, split_page
+from services.api.http.preconditions import tag_list_matches
 from services.api.http.problems import ProblemError, not_found
-from services.api.http.responses import NO_STORE, dumps, json_response, operation_answer, operation_response
+from services.api.http.responses import (
+    NO_STORE,
+    dumps,
+    json_response,
+    operation_answer,
+    operation_not_modified,
+    operation_response,
+)
 from services.api.http.schemas import (
     EmptyQuery,
     EmptyRequest,
@@ -44,15 +55,24 @@ from shared.states import State
 
 async def get_operation(request: web.Request) -> web.Response:
     """``GET /v3/operations/{id}[?wait=N]``: the owner's view; anyone else the same 404 as for a missing id.
-    With ``wait``, answered once the state changes or after ``wait`` seconds (``waiting``).
+    With ``wait``, answered once the state changes or after ``wait`` seconds (``waiting``). An
+    ``If-None-Match`` naming the current version gets ``304``; with ``wait`` too, the wait starts only when
+    it does (docs/api.md: API reference, Conditional polls).
     """
     query = validate_query(OperationQuery, request)
     read = _reader(request)
+    if_none_match = field_list(request.headers, "If-None-Match")
+    known = None if if_none_match is None else partial(_names_version, if_none_match)
     if query.wait is None:
         row = await read_or_404(read)
     else:
-        row = await wait_for_state_change(request, read, wait_seconds=query.wait)
-    return operation_response(row)
+        row = await wait_for_state_change(request, read, wait_seconds=query.wait, known=known)
+    return operation_not_modified(row) if known is not None and known(row) else operation_response(row)
+
+
+def _names_version(if_none_match: str, row: OperationView) -> bool:
+    """Whether the ``If-None-Match`` list names ``row``'s version (weak comparison, RFC 9110 section 13.1.2)."""
+    return tag_list_matches(if_none_match, str(row.version), weak=True)
 
 
 async def stream_operation_events(request: web.Request) -> web.StreamResponse:
@@ -187,6 +207,7 @@ _EVENT_SCHEMA = {
     },
     "required": ["event", "id", "data"],
 }
+_RETRY_AFTER = {"Retry-After": retry_after("Seconds before polling again, while not terminal.", required=False)}
 _WAITING_PROBLEMS = ("NOT_FOUND", "VALIDATION_FAILED", "TOO_MANY_WAITERS")
 
 ENDPOINTS = (
@@ -203,13 +224,22 @@ ENDPOINTS = (
         tag="operations",
         description="With `wait` (1-60 seconds) a long poll: answered as soon as the state differs from the one "
         "it had when the request arrived, at once when it is terminal, else after `wait` seconds; progress alone "
-        "does not end it. The caller's waiting requests are capped: 429 `TOO_MANY_WAITERS` beyond.",
+        "does not end it. The caller's waiting requests are capped: 429 `TOO_MANY_WAITERS` beyond. With "
+        "`If-None-Match` naming the current version: 304; with `wait` too, the wait starts only if it names the "
+        "version on arrival, and ends in 304 unless the version moved meanwhile.",
         query=OperationQuery,
+        parameters=(
+            header_parameter(
+                "If-None-Match",
+                "Entity-tags from earlier answers (or `*`): 304 while one names the current version (weakly).",
+            ),
+        ),
         answers=(
-            operation_answer(
-                200,
-                "The operation's current representation.",
-                {"Retry-After": retry_after("Seconds before polling again, while not terminal.", required=False)},
+            operation_answer(200, "The operation's current representation.", _RETRY_AFTER),
+            Answer(
+                304,
+                "`If-None-Match` names the current version: the representation held is current.",
+                headers={"Cache-Control": NO_STORE_HEADER, "ETag": OPERATION_ETAG_HEADER, **_RETRY_AFTER},
             ),
         ),
         problems=_WAITING_PROBLEMS,
