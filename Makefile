@@ -95,6 +95,9 @@ bench-tracing: install
 bench-redirect: install
 	$(BIN)/python bench/redirect.py
 
+bench-callbacks: install
+	$(BIN)/python bench/callbacks.py
+
 # The long run of the fault harness; a short fixed-seed sample of it is part of `make test`.
 ROUNDS ?= 1000
 SEED   ?=

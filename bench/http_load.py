@@ -173,8 +173,22 @@ def submit_requests(prepared: list[tuple[str, str, str]]) -> Requests:
     ]
 
 
-def measure(system: LocalSystem, prepared: list[tuple[str, str, str]], seconds: int) -> list[Figure]:
-    """The poll and submit rows, each against the bare server in the same run."""
+async def conditional_poll_requests(system: LocalSystem, prepared: list[tuple[str, str, str]]) -> Requests:
+    """``poll_requests`` with each operation's current ETag as ``If-None-Match``: every answer a 304
+    (docs/api.md: API reference, Conditional polls).
+    """
+    requests = poll_requests(prepared)
+    async with aiohttp.ClientSession(base_url=system.base_url) as api:
+        for path, headers in requests:
+            async with api.get(path, headers=headers) as response:
+                headers["If-None-Match"] = response.headers["ETag"]
+    return requests
+
+
+def measure(
+    system: LocalSystem, prepared: list[tuple[str, str, str]], conditional: Requests, seconds: int
+) -> list[Figure]:
+    """The poll, conditional poll and submit rows, each against the bare server in the same run."""
     polls, submits = poll_requests(prepared), submit_requests(prepared)
     bare_polls: Requests = [(f"/ops/{op}", {}) for _, _, op in prepared]
     bare_submits = [
@@ -185,6 +199,7 @@ def measure(system: LocalSystem, prepared: list[tuple[str, str, str]], seconds: 
         loads = {
             "poll": wrk(system.base_url, lua_requests("GET", polls), seconds),
             "bare poll": wrk(bare, lua_requests("GET", bare_polls), seconds),
+            "304 poll": wrk(system.base_url, lua_requests("GET", conditional), seconds),
             "submit": wrk(system.base_url, lua_requests("POST", submits, "{}", unique_key=True), seconds),
             "bare submit": wrk(bare, lua_requests("POST", bare_submits, "{}", unique_key=True), seconds),
         }
@@ -194,6 +209,8 @@ def measure(system: LocalSystem, prepared: list[tuple[str, str, str]], seconds: 
     return [
         Figure("GET /v3/operations/{id}, wrk -t1 -c32", loads["poll"].requests_per_second, "req/s",
                loads["bare poll"].requests_per_second, "bare server", ">= 0.8"),
+        Figure("GET /v3/operations/{id} answered 304, wrk -t1 -c32", loads["304 poll"].requests_per_second,
+               "req/s", loads["bare poll"].requests_per_second, "bare server (200)", "reported"),
         Figure("POST .../exports, wrk -t1 -c32", loads["submit"].requests_per_second, "req/s",
                loads["bare submit"].requests_per_second, "bare server", ">= 0.8"),
     ]  # fmt: skip
@@ -205,7 +222,8 @@ async def figures(seconds: int) -> list[Figure]:
         raise SystemExit("wrk is not installed: apt-get install wrk")
     async with running_system(workers=2, overrides=SETTINGS) as system:
         prepared = await prepare(system)
-        return await asyncio.to_thread(measure, system, prepared, seconds)
+        conditional = await conditional_poll_requests(system, prepared)
+        return await asyncio.to_thread(measure, system, prepared, conditional, seconds)
 
 
 def main() -> None:

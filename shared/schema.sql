@@ -474,6 +474,7 @@ CREATE TABLE public.webhook_deliveries (
     delivered_at timestamp with time zone,
     gave_up_at timestamp with time zone,
     schedule_id text,
+    generation bigint DEFAULT 0 NOT NULL,
     CONSTRAINT webhook_deliveries_event_type_check CHECK ((event_type = ANY (ARRAY['export.succeeded'::text, 'export.failed'::text, 'export.canceled'::text, 'export.needs_repair'::text, 'schedule.paused'::text]))),
     CONSTRAINT webhook_deliveries_one_subject CHECK ((num_nonnulls(operation_id, schedule_id) = 1))
 );

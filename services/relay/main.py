@@ -39,10 +39,11 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         monitor.checks["broker"] = broker_check(session.connection)
         log.info("relay started", extra={"exchange": settings.amqp_exchange})
         # Completion callbacks are what the outbox holds too: the relay sends both (docs/architecture.md: How it works).
+        webhooks = await resources.enter_async_context(WebhookSender(pool=pool, settings=settings))
         async with asyncio.TaskGroup() as group:
             relay = Relay(pool=pool, channel=session.channel, exchange=session.exchange, settings=settings)
             group.create_task(relay.run(stop=stop))
-            group.create_task(WebhookSender(pool=pool, settings=settings).run(stop=stop))
+            group.create_task(webhooks.run(stop=stop))
 
 
 def main(settings: Settings) -> None:

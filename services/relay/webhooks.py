@@ -1,8 +1,9 @@
 """Sending completion callbacks (docs/api.md: API reference, Completion callbacks), and the ``schedule.paused`` of a
 schedule paused by the system (docs/schedules.md: When a run cannot go on), at least once, driven from
-Postgres like the outbox: due deliveries are claimed with ``SKIP LOCKED``, sent, and every attempt is
-recorded; a failed one is retried with exponential backoff and jitter until ``webhook_retry_seconds`` after
-the event.
+Postgres like the outbox: due deliveries are claimed with ``SKIP LOCKED`` and a lease longer than one
+attempt's deadline, sent with no database connection or row lock held, and every attempt is recorded under
+the claim's fencing generation; a failed one is retried with exponential backoff and jitter until
+``webhook_retry_seconds`` after the event, and one whose relay died is sent again once its lease ends.
 
 Each URL is checked again right before it is sent, with the very rules of the submit
 (``shared.webhooks.targets``). Without a proxy, a name is resolved again, every address it resolves to must
@@ -23,6 +24,7 @@ import random
 import socket
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +39,7 @@ from services.relay import metrics
 from shared import jsontext, tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.repository import schedules, status_monitor, webhook_deliveries
-from shared.repository.webhook_deliveries import Delivery
+from shared.repository.webhook_deliveries import Attempt, Delivery
 from shared.representation import represent, represent_schedule
 from shared.settings import Settings
 from shared.webhooks.signing import signature_header, user_secret
@@ -48,6 +50,13 @@ log = logging.getLogger(__name__)
 BATCH = 16
 MAX_ANSWER_BYTES = 4096
 MAX_RETRY_SECONDS = 3600.0
+# HTTP sessions kept for reuse, one per receiver address (docs/api.md: API reference, Completion callbacks).
+MAX_SESSIONS = 64
+# An idle connection is closed before the shortest keep-alive common servers allow (Node's 5 s), so that a
+# callback is not sent on a connection the receiver is closing.
+KEEPALIVE_SECONDS = 4.0
+# A claim's lease is one attempt's deadline plus this, which covers reading the bodies and recording.
+LEASE_MARGIN_SECONDS = 30.0
 
 # (host, port) -> the addresses the name resolves to, as text.
 Resolve = Callable[[str, int], Awaitable[list[str]]]
@@ -74,7 +83,8 @@ class _Pinned(AbstractResolver):
 
 
 class WebhookSender:
-    """Sends due deliveries until ``run`` is stopped; ``send_due`` sends one batch.
+    """Sends due deliveries until ``run`` is stopped; ``send_due`` sends one batch. Use it as an async
+    context manager, which closes its HTTP sessions.
 
     ``resolve`` names a callback's host (``resolve_host``, the system's resolver, unless a test brings its
     own); ``ssl_context`` holds the certificate authorities receivers are checked against (the system's
@@ -97,6 +107,20 @@ class WebhookSender:
         self._ssl: ssl.SSLContext | bool = ssl_context or True
         proxy = settings.webhook_proxy_url
         self._proxy, self._proxy_headers = _proxy_parts(None if proxy is None else proxy.get_secret_value())
+        # By the checked address a session's connections are pinned to; None for the proxy's.
+        self._sessions: OrderedDict[IPAddress | None, aiohttp.ClientSession] = OrderedDict()
+
+    async def __aenter__(self) -> WebhookSender:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the kept sessions and their connections."""
+        sessions, self._sessions = list(self._sessions.values()), OrderedDict()
+        for session in sessions:
+            await session.close()
 
     async def run(self, *, stop: asyncio.Event) -> None:
         """Send due deliveries every ``relay_poll_seconds`` until ``stop`` is set. The database's transient
@@ -112,31 +136,38 @@ class WebhookSender:
                 await asyncio.wait_for(stop.wait(), self._settings.relay_poll_seconds)
 
     async def send_due(self) -> int:
-        """Claim and send one batch of due deliveries, recording each attempt; return how many were sent."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            due = await webhook_deliveries.claim_due(conn, limit=BATCH)
+        """Claim one batch of due deliveries with a lease, send them with no database connection held, then
+        record every attempt; return how many were claimed.
+        """
+        lease_seconds = self._settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS
+        async with self._pool.acquire() as conn:
+            due = await webhook_deliveries.claim_due(conn, limit=BATCH, lease_seconds=lease_seconds)
             # The bodies one by one (one connection runs one statement at a time), then the requests at once.
             bodies = [await self._body(conn, delivery) for delivery in due]
-            attempts = await asyncio.gather(
-                *(self._attempt(delivery, body) for delivery, body in zip(due, bodies, strict=True))
-            )
-            for delivery, (status_code, duration_ms, error) in zip(due, attempts, strict=True):
-                await self._record(conn, delivery, status_code, duration_ms, error)
+        attempts = await asyncio.gather(
+            *(self._attempt(delivery, body) for delivery, body in zip(due, bodies, strict=True))
+        )
+        async with self._pool.acquire() as conn:
+            recorded = set(await webhook_deliveries.record_attempts(conn, attempts) if attempts else ())
             metrics.WEBHOOK_OLDEST_UNDELIVERED_AGE.set(await webhook_deliveries.oldest_undelivered_age(conn))
+        for attempt in attempts:
+            _report(attempt, recorded=attempt.delivery.delivery_id in recorded)
         return len(due)
 
-    async def _attempt(self, delivery: Delivery, body: bytes) -> tuple[int | None, int, str | None]:
+    async def _attempt(self, delivery: Delivery, body: bytes) -> Attempt:
         started = time.monotonic()
         try:
-            status_code = await self._post(delivery, body)
-            error = None if 200 <= status_code < 300 else f"HTTP {status_code}"
+            status_code: int | None = await self._post(delivery, body)
+            error = None if 200 <= (status_code or 0) < 300 else f"HTTP {status_code}"
         except RefusedTarget as refusal:
             status_code, error = None, f"refused: {refusal}"
         except aiohttp.ClientHttpProxyError as refusal:
             status_code, error = None, f"the proxy answered {refusal.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             status_code, error = None, type(exc).__name__
-        return status_code, int((time.monotonic() - started) * 1000), error
+        duration_ms = int((time.monotonic() - started) * 1000)
+        retry = None if error is None else self._retry_seconds(delivery)
+        return Attempt(delivery, status_code, duration_ms, error, retry)
 
     async def _body(self, conn: asyncpg.Connection, delivery: Delivery) -> bytes:
         data = await _subject(conn, delivery)
@@ -158,34 +189,44 @@ class WebhookSender:
             headers = self._headers(delivery, body)
             tracing.inject(headers)
             async with asyncio.timeout(self._settings.webhook_timeout_seconds):
-                connector = await self._connector(target)
-                async with (
-                    aiohttp.ClientSession(connector=connector, trust_env=False) as session,
-                    session.post(
-                        target.request_url,
-                        data=body,
-                        headers=headers,
-                        allow_redirects=False,
-                        ssl=self._ssl,
-                        proxy=self._proxy,
-                        proxy_headers=self._proxy_headers,
-                    ) as response,
-                ):
+                session = await self._session(target)
+                async with session.post(
+                    target.request_url,
+                    data=body,
+                    headers=headers,
+                    allow_redirects=False,
+                    ssl=self._ssl,
+                    proxy=self._proxy,
+                    proxy_headers=self._proxy_headers,
+                ) as response:
                     await response.content.read(MAX_ANSWER_BYTES)
                     tracing.set_attributes(**{"http.response.status_code": response.status})
                     return response.status
 
-    async def _connector(self, target: Target) -> aiohttp.TCPConnector:
-        """Through the proxy, a connector that resolves only the proxy's own name; else one pinned to the
-        target's checked address, resolved here for a name.
+    async def _session(self, target: Target) -> aiohttp.ClientSession:
+        """The session for ``target``: through the proxy, the one whose connector resolves only the proxy's
+        own name; else the one pinned to the target's checked address, resolved here for a name. Sessions
+        are kept (at most ``MAX_SESSIONS``, the least recently used closed first), so a receiver's
+        connection is reused where it allows keep-alive.
         """
-        if self._proxy is not None:
-            return aiohttp.TCPConnector(use_dns_cache=False)
-        address = target.address
-        if address is None:
-            addresses = await self._resolve(target.host, target.port)
-            address = check_addresses(addresses, allow_private=self._settings.webhook_allow_private)
-        return aiohttp.TCPConnector(resolver=_Pinned(address), use_dns_cache=False)
+        address = None
+        if self._proxy is None:
+            address = target.address
+            if address is None:
+                addresses = await self._resolve(target.host, target.port)
+                address = check_addresses(addresses, allow_private=self._settings.webhook_allow_private)
+        session = self._sessions.pop(address, None)
+        if session is None:
+            resolver = None if address is None else _Pinned(address)
+            connector = aiohttp.TCPConnector(
+                resolver=resolver, use_dns_cache=False, keepalive_timeout=KEEPALIVE_SECONDS
+            )
+            session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        self._sessions[address] = session
+        if len(self._sessions) > MAX_SESSIONS:
+            _, oldest = self._sessions.popitem(last=False)
+            await oldest.close()
+        return session
 
     def _headers(self, delivery: Delivery, body: bytes) -> dict[str, str]:
         timestamp = int(time.time())
@@ -199,38 +240,30 @@ class WebhookSender:
             ),
         }
 
-    async def _record(
-        self, conn: asyncpg.Connection, delivery: Delivery, status_code: int | None, duration_ms: int, error: str | None
-    ) -> None:
-        delivered = status_code is not None and 200 <= status_code < 300
-        retry = None if delivered else self._retry_seconds(delivery)
-        outcome = "delivered" if delivered else "retried" if retry is not None else "gave_up"
-        await webhook_deliveries.record_attempt(
-            conn,
-            delivery_id=delivery.delivery_id,
-            status_code=status_code,
-            duration_ms=duration_ms,
-            error=error,
-            retry_seconds=retry,
-        )
-        metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
-        host = urlsplit(delivery.url).hostname
-        log.info(
-            "webhook attempt",
-            extra={
-                "webhook_id": delivery.webhook_id,
-                "host": host,
-                "status": status_code,
-                "outcome": outcome,
-                "error": error,
-            },
-        )
-
     def _retry_seconds(self, delivery: Delivery) -> float | None:
         """Exponential backoff with full jitter; None once the next try would fall after the retry time."""
         ceiling = min(self._settings.webhook_first_retry_seconds * 2**delivery.attempts, MAX_RETRY_SECONDS)
         delay = random.uniform(ceiling / 2, ceiling)
         return None if delivery.age_seconds + delay > self._settings.webhook_retry_seconds else delay
+
+
+def _report(attempt: Attempt, *, recorded: bool) -> None:
+    """Count and log one attempt; one whose delivery was claimed again meanwhile was not recorded."""
+    if not recorded:
+        log.warning("webhook attempt not recorded: claimed again", extra={"webhook_id": attempt.delivery.webhook_id})
+        return
+    outcome = "delivered" if attempt.delivered else "retried" if attempt.retry_seconds is not None else "gave_up"
+    metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
+    log.info(
+        "webhook attempt",
+        extra={
+            "webhook_id": attempt.delivery.webhook_id,
+            "host": urlsplit(attempt.delivery.url).hostname,
+            "status": attempt.status_code,
+            "outcome": outcome,
+            "error": attempt.error,
+        },
+    )
 
 
 def _callback_attributes(delivery: Delivery, target: Target) -> dict[str, str | int]:

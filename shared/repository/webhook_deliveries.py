@@ -2,8 +2,9 @@
 and every attempt to send one (docs/api.md: API reference, Completion callbacks). Rows are written by the
 trigger of migration 0006 in the transaction that ends the operation, and by migration 0013's
 ``pause_export_schedule`` in the transaction that pauses a schedule for a reason of the system's (a
-``schedule.paused`` row names the schedule instead of an operation); the relay claims due ones with
-``SKIP LOCKED``, so several relays share the work.
+``schedule.paused`` row names the schedule instead of an operation). The relay claims due ones with a lease
+(``SKIP LOCKED``, so several relays share the work), sends them with no transaction open, and records the
+attempts under the fencing generation of its claim (migration 0016).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class Delivery(Row):
     """A callback to send: its stable ``webhook_id`` (the same on every retry), what it reports (an
     operation, or for ``schedule.paused`` a schedule: exactly one of ``operation_id`` and ``schedule_id``),
     the event type, the URL, how many attempts were made, and its age in seconds; ``traceparent``: the trace
-    context stored with what it reports (None when it was created with tracing off).
+    context stored with what it reports (None when it was created with tracing off); ``generation``: the
+    fencing generation of this claim.
     """
 
     delivery_id: int
@@ -34,71 +36,97 @@ class Delivery(Row):
     age_seconds: float
     created_at_epoch: int
     traceparent: str | None
+    generation: int
 
 
-async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[Delivery]:
-    """Lock up to ``limit`` due deliveries, oldest first; run it in the transaction that records their
-    attempts, so the locks hold until then. Subqueries, not joins, read the trace context: only the
-    deliveries are locked.
+async def claim_due(conn: asyncpg.Connection, *, limit: int, lease_seconds: float) -> list[Delivery]:
+    """Claim up to ``limit`` due deliveries, oldest first, in one statement: each is leased for
+    ``lease_seconds`` (it is due again after that unless its attempt is recorded) and its fencing generation
+    bumped. Subqueries, not joins, read the trace context: only the deliveries are locked, and only until the
+    statement commits.
     """
     rows = await conn.fetch(
         """
-        SELECT delivery_id, webhook_id, operation_id, schedule_id, owner_id, event_type, url, attempts,
-               extract(epoch FROM now() - created_at)::float8 AS age_seconds,
-               extract(epoch FROM created_at)::bigint AS created_at_epoch,
+        WITH due AS (
+            SELECT delivery_id FROM webhook_deliveries
+            WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()
+            ORDER BY next_attempt_at, delivery_id
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE webhook_deliveries d
+        SET next_attempt_at = now() + make_interval(secs => $2), generation = d.generation + 1
+        FROM due WHERE d.delivery_id = due.delivery_id
+        RETURNING d.delivery_id, d.webhook_id, d.operation_id, d.schedule_id, d.owner_id, d.event_type, d.url,
+               d.attempts, extract(epoch FROM now() - d.created_at)::float8 AS age_seconds,
+               extract(epoch FROM d.created_at)::bigint AS created_at_epoch,
                coalesce((SELECT o.traceparent FROM operations o WHERE o.operation_id = d.operation_id),
                         (SELECT s.traceparent FROM export_schedules s WHERE s.schedule_id = d.schedule_id))
-                   AS traceparent
-        FROM webhook_deliveries d
-        WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()
-        ORDER BY next_attempt_at, delivery_id
-        LIMIT $1
-        FOR UPDATE SKIP LOCKED
+                   AS traceparent,
+               d.generation
         """,
         limit,
+        lease_seconds,
     )
-    return [Delivery.from_row(row) for row in rows]
+    deliveries = [Delivery.from_row(row) for row in rows]
+    return sorted(deliveries, key=lambda delivery: delivery.delivery_id)
 
 
-async def record_attempt(
-    conn: asyncpg.Connection,
-    *,
-    delivery_id: int,
-    status_code: int | None,
-    duration_ms: int,
-    error: str | None,
-    retry_seconds: float | None,
-) -> None:
-    """Record one attempt: delivered when ``status_code`` is 2xx; else retried after ``retry_seconds``,
-    or given up when that is None.
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt to send ``delivery``: ``status_code`` None when no answer came, ``duration_ms`` from the
+    lookup to the last byte read, ``error`` a short text without the URL, and ``retry_seconds`` until the next
+    attempt, None for none (delivered, or given up).
     """
-    delivered = status_code is not None and 200 <= status_code < 300
-    async with conn.transaction():
-        attempt = await conn.fetchval(
-            """
-            UPDATE webhook_deliveries SET attempts = attempts + 1,
-                delivered_at = CASE WHEN $2 THEN now() END,
-                gave_up_at = CASE WHEN NOT $2 AND $3::float8 IS NULL THEN now() END,
-                next_attempt_at = CASE WHEN $3::float8 IS NULL THEN next_attempt_at
-                                       ELSE now() + make_interval(secs => $3) END
-            WHERE delivery_id = $1
-            RETURNING attempts
-            """,
-            delivery_id,
-            delivered,
-            retry_seconds,
+
+    delivery: Delivery
+    status_code: int | None
+    duration_ms: int
+    error: str | None
+    retry_seconds: float | None
+
+    @property
+    def delivered(self) -> bool:
+        """A 2xx answer."""
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+async def record_attempts(conn: asyncpg.Connection, attempts: list[Attempt]) -> list[int]:
+    """Record ``attempts`` in one statement: each delivery delivered on a 2xx, else due again after its
+    ``retry_seconds`` or given up when that is None, and one ``webhook_attempts`` row each. An attempt whose
+    delivery was claimed again since (its lease ran out: another generation) changes nothing. Returns the
+    delivery ids recorded.
+    """
+    rows = await conn.fetch(
+        """
+        WITH outcome AS (
+            SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::boolean[], $4::integer[], $5::integer[],
+                                 $6::text[], $7::float8[])
+                AS o(delivery_id, generation, delivered, status_code, duration_ms, error, retry_seconds)
+        ), recorded AS (
+            UPDATE webhook_deliveries d SET attempts = d.attempts + 1,
+                delivered_at = CASE WHEN o.delivered THEN now() END,
+                gave_up_at = CASE WHEN NOT o.delivered AND o.retry_seconds IS NULL THEN now() END,
+                next_attempt_at = CASE WHEN o.retry_seconds IS NULL THEN d.next_attempt_at
+                                       ELSE now() + make_interval(secs => o.retry_seconds) END
+            FROM outcome o
+            WHERE d.delivery_id = o.delivery_id AND d.generation = o.generation
+            RETURNING d.delivery_id, d.attempts
         )
-        await conn.execute(
-            """
-            INSERT INTO webhook_attempts (delivery_id, attempt, status_code, duration_ms, error)
-            VALUES ($1, $2, $3, $4, $5)
-            """,
-            delivery_id,
-            attempt,
-            status_code,
-            duration_ms,
-            error,
-        )
+        INSERT INTO webhook_attempts (delivery_id, attempt, status_code, duration_ms, error)
+        SELECT r.delivery_id, r.attempts, o.status_code, o.duration_ms, o.error
+        FROM recorded r JOIN outcome o USING (delivery_id)
+        RETURNING delivery_id
+        """,
+        [attempt.delivery.delivery_id for attempt in attempts],
+        [attempt.delivery.generation for attempt in attempts],
+        [attempt.delivered for attempt in attempts],
+        [attempt.status_code for attempt in attempts],
+        [attempt.duration_ms for attempt in attempts],
+        [attempt.error for attempt in attempts],
+        [attempt.retry_seconds for attempt in attempts],
+    )
+    return [row["delivery_id"] for row in rows]
 
 
 async def oldest_undelivered_age(conn: asyncpg.Connection) -> float:

@@ -97,8 +97,7 @@ async def test_a_callback_carries_the_context_of_what_it_reports(conn: asyncpg.C
         " VALUES ($1, $2, $3, 'alice', $4, 'https://hooks.example/cb')",
         [("w-op", operation_id, None, "export.succeeded"), ("w-sc", None, schedule.schedule_id, "schedule.paused")],
     )
-    async with conn.transaction():
-        due = await webhook_deliveries.claim_due(conn, limit=10)
+    due = await webhook_deliveries.claim_due(conn, limit=10, lease_seconds=60)
     assert {delivery.webhook_id: delivery.traceparent for delivery in due} == {"w-op": SUBMIT, "w-sc": CREATE}
 
 

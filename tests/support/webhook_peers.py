@@ -7,26 +7,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
+import asyncpg
 from aiohttp import encode_basic_auth, web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+
+from services.relay.webhooks import WebhookSender
+from shared.settings import Settings
 
 
 @dataclass
 class Receiver:
-    """A local callback receiver: what it got, and the status it answers with."""
+    """A local callback receiver: what it got, and the status it answers with; with ``release``, each answer
+    waits until that event is set.
+    """
 
     url: str = ""
     status: int = 200
     received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    release: asyncio.Event | None = None
+    # The client's (address, port) of each request, in order: one port for requests on one connection.
+    peers: list[tuple[str, int]] = field(default_factory=list)
+
+
+async def send_due(pool: asyncpg.Pool, settings: Settings, **options: Any) -> int:
+    """One batch of a new ``WebhookSender`` (``options`` its keyword arguments), closed afterwards; returns
+    how many deliveries it claimed.
+    """
+    async with WebhookSender(pool=pool, settings=settings, **options) as sender:
+        return await sender.send_due()
 
 
 @contextlib.asynccontextmanager
@@ -37,6 +49,10 @@ async def listening(receiver: Receiver, *, ssl_context: ssl.SSLContext | None = 
 
     async def hook(request: web.Request) -> web.Response:
         receiver.received.append((dict(request.headers), await request.read()))
+        assert request.transport is not None
+        receiver.peers.append(request.transport.get_extra_info("peername")[:2])
+        if receiver.release is not None:
+            await receiver.release.wait()
         return web.Response(status=receiver.status)
 
     app = web.Application()
@@ -111,35 +127,6 @@ async def trickling() -> AsyncIterator[int]:
             handler.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
         await server.wait_closed()
-
-
-def certificate_for(name: str, folder: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A server context holding a new self-signed certificate for ``name`` (files written to ``folder``),
-    and a client context that trusts that certificate alone.
-    """
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    pem = certificate.public_bytes(serialization.Encoding.PEM)
-    (folder / "cert.pem").write_bytes(pem)
-    (folder / "key.pem").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(folder / "cert.pem", folder / "key.pem")
-    return server, ssl.create_default_context(cadata=pem.decode())
 
 
 class ConnectProxy:

@@ -1,7 +1,9 @@
 """Completion callbacks end to end on the real API, relay, worker and janitor (docs/api.md: API reference,
 Completion callbacks): a signed message at a local receiver when the export ends, delivered again after
 the receiver was down, every attempt shown to operators; the URL rules at delivery, whatever the spelling;
-the egress proxy that decides instead of the relay, whose password no log line shows; each user's secret.
+the egress proxy that decides instead of the relay, whose password no log line shows; each user's secret;
+the claim's lease, with nothing held in the database while a request is in flight, its fencing generation,
+and the receiver's connection kept for the next callback.
 Private addresses are allowed here by the setting meant for tests, so that the receiver can be local,
 except in the tests of the address rules.
 """
@@ -20,15 +22,18 @@ import pytest
 from pydantic import SecretStr
 
 from devtools.broker import delete_broker_objects
+from devtools.certificates import certificate_for
 from devtools.moto import MotoServer
-from services.relay.webhooks import WebhookSender
+from services.relay.webhooks import LEASE_MARGIN_SECONDS, WebhookSender
 from shared.logs import JsonFormatter
+from shared.repository import webhook_deliveries
+from shared.repository.webhook_deliveries import Attempt
 from shared.settings import Settings
 from tests.support import make_settings, wait_for
 from tests.support.api_calls import expect_problem, import_lines, make_conversation, submit, verified_callback
 from tests.support.messages import Auth, Client
 from tests.support.rows import insert_operation
-from tests.support.webhook_peers import ConnectProxy, Receiver, certificate_for, listening, trickling
+from tests.support.webhook_peers import ConnectProxy, Receiver, listening, send_due, trickling
 
 
 @pytest.fixture
@@ -136,7 +141,7 @@ async def test_a_batch_of_due_callbacks_is_sent_together(
     for operation_id in ("op_hook_1", "op_hook_2"):
         await ended_with_callback(pool, operation_id, receiver.url)
 
-    assert await WebhookSender(pool=pool, settings=settings).send_due() == 2
+    assert await send_due(pool, settings) == 2
 
     types = sorted(json.loads(body)["type"] for _, body in receiver.received)
     assert types == ["export.failed", "export.failed"]
@@ -183,7 +188,7 @@ async def test_the_relay_refuses_an_internal_address_in_any_spelling(pool: async
         await ended_with_callback(pool, f"op_internal_{number}", url)
     strict = settings.model_copy(update={"webhook_allow_private": False})
 
-    assert await WebhookSender(pool=pool, settings=strict, resolve=resolve).send_due() == len(urls)
+    assert await send_due(pool, strict, resolve=resolve) == len(urls)
 
     errors = await attempt_errors(pool)
     assert {url: errors[url].split(":")[0] for url in urls} == dict.fromkeys(urls, "refused")
@@ -214,9 +219,7 @@ async def test_through_the_proxy_the_relay_asks_for_the_name_and_the_proxy_decid
             proxied = settings.model_copy(
                 update={"webhook_allow_private": False, "webhook_proxy_url": SecretStr(proxy.url)}
             )
-            sender = WebhookSender(pool=pool, settings=proxied, resolve=unresolvable, ssl_context=client_tls)
-
-            assert await sender.send_due() == 3
+            assert await send_due(pool, proxied, resolve=unresolvable, ssl_context=client_tls) == 3
 
     errors = await attempt_errors(pool)
     assert (errors[allowed], errors[blocked]) == (None, "the proxy answered 403")
@@ -239,7 +242,7 @@ async def test_no_log_line_and_no_attempt_shows_the_proxy_password(
         proxied = settings.model_copy(update={"webhook_proxy_url": SecretStr(proxy_url)})
         assert "pr0xy-s3cret" not in repr(proxied)
         with caplog.at_level(logging.DEBUG):
-            assert await WebhookSender(pool=pool, settings=proxied, resolve=unresolvable).send_due() == 1
+            assert await send_due(pool, proxied, resolve=unresolvable) == 1
         await pool.execute("UPDATE webhook_deliveries SET next_attempt_at = now()")
 
     async with ConnectProxy({}, user="relay", password="right-one") as proxy:
@@ -263,8 +266,67 @@ async def test_one_deadline_covers_the_whole_attempt(pool: asyncpg.Pool, setting
     async with trickling() as port:
         # Over http the headers trickle in; over https the handshake never completes.
         await ended_with_callback(pool, "op_slow", f"{scheme}://slow.hooks.test:{port}/hook")
-        assert await WebhookSender(pool=pool, settings=timed, resolve=slow_resolve).send_due() == 1
+        assert await send_due(pool, timed, resolve=slow_resolve) == 1
 
     attempt = await pool.fetchrow("SELECT error, duration_ms FROM webhook_attempts")
     assert attempt["error"] == "TimeoutError"
     assert 1000 <= attempt["duration_ms"] <= 1300
+
+
+async def test_nothing_is_held_in_the_database_while_a_callback_is_in_flight(
+    pool: asyncpg.Pool, receiver: Receiver, settings: Settings
+) -> None:
+    receiver.release = asyncio.Event()
+    await ended_with_callback(pool, "op_lease_held", receiver.url)
+    sending = asyncio.create_task(send_due(pool, settings))
+    await wait_for(lambda: receiver.received)
+
+    # The request is in flight: its row is not locked, no transaction is open, and the lease is taken.
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(
+            "SELECT generation, extract(epoch FROM next_attempt_at - now()) AS leased_for"
+            " FROM webhook_deliveries WHERE operation_id = 'op_lease_held' FOR UPDATE NOWAIT"
+        )
+    assert row["generation"] == 1
+    assert row["leased_for"] > settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS - 5
+    open_transactions = await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'"
+    )
+    assert open_transactions == 0
+
+    receiver.release.set()
+    assert await asyncio.wait_for(sending, 20) == 1
+    delivered = await pool.fetchval("SELECT delivered_at IS NOT NULL FROM webhook_deliveries")
+    assert delivered
+
+
+async def test_a_lease_that_ran_out_is_claimed_again_and_the_late_record_changes_nothing(
+    pool: asyncpg.Pool, receiver: Receiver, settings: Settings
+) -> None:
+    await ended_with_callback(pool, "op_lease_lost", receiver.url)
+    async with pool.acquire() as conn:
+        # A relay claims the delivery, then stalls or dies before it records anything.
+        [stalled] = await webhook_deliveries.claim_due(conn, limit=10, lease_seconds=60)
+        assert await webhook_deliveries.claim_due(conn, limit=10, lease_seconds=60) == []
+        await conn.execute("UPDATE webhook_deliveries SET next_attempt_at = now()")  # the lease has run out
+
+        assert await send_due(pool, settings) == 1
+        assert len(receiver.received) == 1
+
+        late = Attempt(stalled, 503, 10, "HTTP 503", 5.0)
+        assert await webhook_deliveries.record_attempts(conn, [late]) == []
+        row = await conn.fetchrow("SELECT generation, attempts, delivered_at FROM webhook_deliveries")
+    assert (row["generation"], row["attempts"]) == (2, 1)
+    assert row["delivered_at"] is not None
+    assert await pool.fetchval("SELECT count(*) FROM webhook_attempts") == 1
+
+
+async def test_one_sender_reuses_the_receivers_connection(
+    pool: asyncpg.Pool, receiver: Receiver, settings: Settings
+) -> None:
+    async with WebhookSender(pool=pool, settings=settings) as sender:
+        for operation_id in ("op_reuse_1", "op_reuse_2"):
+            await ended_with_callback(pool, operation_id, receiver.url)
+            assert await sender.send_due() == 1
+    assert len(receiver.peers) == 2
+    assert receiver.peers[0] == receiver.peers[1]

@@ -16,12 +16,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from devtools.certificates import certificate_for
 from devtools.localsystem import LocalSystem
 from devtools.ports import free_port
 from tests.support import cloned_database, unique, wait_for
 from tests.support.api_calls import import_lines, make_conversation, submit, verified_callback, wait_terminal
 from tests.support.e2e import headers_for, local_system
-from tests.support.webhook_peers import ConnectProxy, Receiver, certificate_for, listening
+from tests.support.webhook_peers import ConnectProxy, Receiver, listening
 
 pytestmark = pytest.mark.e2e
 
