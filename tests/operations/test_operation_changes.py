@@ -1,9 +1,11 @@
 """The API's listener for operation changes (docs/api.md: API reference, Waiting for a change) outlives a database
-that refuses its connections for a while, whatever the refusal, and listens again once it is allowed.
+that refuses its connections for a while, whatever the refusal, and listens again once it is allowed; waiters
+woken together share one read of their operation.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import asyncpg
@@ -43,3 +45,49 @@ async def test_the_listener_listens_again_after_the_database_refused_connections
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         await admin.close()
         await changes.close()
+
+
+class CountedRead:
+    """A read that counts its calls and returns the call's number once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def __call__(self) -> int:
+        self.calls += 1
+        number = self.calls
+        await self.release.wait()
+        return number
+
+
+async def test_waiters_woken_together_share_one_read(settings: Settings) -> None:
+    changes, read = OperationChanges(settings), CountedRead()
+    readers = [asyncio.create_task(changes.read("op", read, after=0)) for _ in range(1000)]
+    await wait_for(lambda: read.calls == 1)
+    read.release.set()
+    assert await asyncio.gather(*readers) == [1] * 1000
+    assert read.calls == 1
+
+
+async def test_a_read_that_began_before_a_wake_up_is_not_handed_to_its_waiter(settings: Settings) -> None:
+    changes, read = OperationChanges(settings), CountedRead()
+    with changes.subscribe("op") as subscription:
+        early = asyncio.create_task(changes.read("op", read, after=subscription.woken_at))
+        await wait_for(lambda: read.calls == 1)
+        # The change committed after the early read began: that read may not show it.
+        changes._on_notification(None, 0, CHANNEL, "op 2 RUNNING")
+        late = asyncio.create_task(changes.read("op", read, after=subscription.woken_at))
+        await wait_for(lambda: read.calls == 2)
+        read.release.set()
+        assert (await early, await late) == (1, 2)
+
+
+async def test_a_waiter_that_goes_does_not_cancel_the_read_the_others_share(settings: Settings) -> None:
+    changes, read = OperationChanges(settings), CountedRead()
+    leaving = asyncio.create_task(changes.read("op", read, after=0))
+    staying = asyncio.create_task(changes.read("op", read, after=0))
+    await wait_for(lambda: read.calls == 1)
+    leaving.cancel()
+    read.release.set()
+    assert await staying == 1

@@ -18,6 +18,7 @@ from multidict import CIMultiDict
 
 from devtools.moto import MotoServer
 from services.api.http.keys import CHANGES, WAIT_SLOTS
+from shared.repository import status_monitor
 from shared.settings import Settings
 from tests.support import wait_for
 from tests.support.api_calls import expect_problem
@@ -322,3 +323,29 @@ async def test_an_id_at_the_current_version_gets_only_newer_changes(
     event_id, operation = await next_operation(response)
     assert (event_id, operation["state"]) == (2, "RUNNING")
     response.close()
+
+
+async def test_a_change_is_read_once_for_all_the_long_polls_it_ends(
+    settings: Settings, moto: MotoServer, auth: Auth, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await insert_operation(pool, OPERATION, "QUEUED")
+    reads = 0
+    read_operation = status_monitor.read_operation
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await read_operation(*args, **kwargs)
+
+    monkeypatch.setattr(status_monitor, "read_operation", counted)
+    async with configured_api(settings, moto, wait_per_user_concurrency=50) as api:
+        await wait_for(lambda: api.app[CHANGES].listening)
+        polls = [asyncio.create_task(api.get(f"{URL}?wait=60", headers=auth("alice"))) for _ in range(40)]
+        await wait_for(lambda: waiters(api) == 40)
+        before = reads
+
+        await set_state(pool, "RUNNING")
+
+        answers = await asyncio.wait_for(asyncio.gather(*polls), 20)
+        assert [(await answer.json())["state"] for answer in answers] == ["RUNNING"] * 40
+    assert reads - before == 1

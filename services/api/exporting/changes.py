@@ -7,6 +7,10 @@ The trigger of migration 0005 announces every change a client can see as ``<oper
 queues, so a slow reader cannot make memory grow. While the connection is down nothing is announced:
 every subscription is woken as ``missed`` (its waiter reads the operation again) and the connection is
 opened again after ``RECONNECT_SECONDS``. Changes are hints; the database stays the source of truth.
+
+Waiters woken together read together: ``OperationChanges.read`` hands one read of an operation to every
+waiter that asks for it while it is in flight, provided it began after the wake-up each of them saw, so a
+change (or a reconnect) costs one read per distinct operation, not one per waiter.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -29,6 +33,8 @@ log = logging.getLogger(__name__)
 CHANNEL = "chatexport_operation_changes"
 # Between attempts to open the LISTEN connection again after it was lost.
 RECONNECT_SECONDS = 1.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,8 +53,11 @@ class Subscription:
         self.latest: Change | None = None
         self.missed = False
         self.closed = False
+        # The listener's sequence number of the last wake-up delivered (``OperationChanges.read``).
+        self.woken_at = 0
 
-    def _deliver(self, change: Change | None) -> None:
+    def _deliver(self, change: Change | None, sequence: int) -> None:
+        self.woken_at = sequence
         if change is None:
             self.missed = True
         elif self.latest is None or change.version > self.latest.version:
@@ -84,6 +93,36 @@ class OperationChanges:
         self._keeper: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
         self._closed = False
+        self._sequence = 0
+        # Reads in flight by key: the sequence number when each began, and its task.
+        self._reads: dict[Hashable, tuple[int, asyncio.Task[Any]]] = {}
+
+    @property
+    def sequence(self) -> int:
+        """How many wake-ups (changes and missed stretches) this listener has delivered so far."""
+        return self._sequence
+
+    async def read(self, key: Hashable, read: Callable[[], Awaitable[T]], *, after: int) -> T:
+        """What ``read()`` returns, from a read of ``key`` (one operation as one caller may see it) that
+        began at or after sequence number ``after`` (a subscription's ``woken_at``, or ``sequence`` for a read
+        from now on): one already in flight is joined, else one is started. Raises what ``read`` raises.
+        """
+        in_flight = self._reads.get(key)
+        if in_flight is None or in_flight[0] < after:
+            task = asyncio.ensure_future(read())
+            in_flight = (self._sequence, task)
+            self._reads[key] = in_flight
+            task.add_done_callback(lambda _task: self._forget(key, in_flight))
+        # Shielded: a waiter whose client went away must not cancel the read the others wait for.
+        result: T = await asyncio.shield(in_flight[1])
+        return result
+
+    def _forget(self, key: Hashable, in_flight: tuple[int, asyncio.Task[Any]]) -> None:
+        if self._reads.get(key) is in_flight:
+            del self._reads[key]
+        task = in_flight[1]
+        if not task.cancelled():
+            task.exception()  # retrieved here: every waiter may have gone, and each one that stayed got it
 
     @property
     def listening(self) -> bool:
@@ -159,9 +198,10 @@ class OperationChanges:
         self._connection = connection
 
     def _wake_all_missed(self) -> None:
+        self._sequence += 1
         for subscriptions in self._subscriptions.values():
             for subscription in subscriptions:
-                subscription._deliver(None)
+                subscription._deliver(None, self._sequence)
 
     def _on_notification(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:
         try:
@@ -170,5 +210,6 @@ class OperationChanges:
         except ValueError:
             log.warning("malformed operation change ignored")
             return
+        self._sequence += 1
         for subscription in self._subscriptions.get(operation_id, ()):
-            subscription._deliver(change)
+            subscription._deliver(change, self._sequence)

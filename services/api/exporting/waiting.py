@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
+import asyncpg
 from aiohttp import web
 
 from services.api.exporting.changes import Subscription
@@ -23,6 +25,8 @@ from services.api.http.metrics import WAITING_REQUESTS, WaitKind
 from services.api.http.middlewares import client_gone
 from services.api.http.problems import not_found
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.ids import is_operation_id
+from shared.repository import status_monitor
 from shared.repository.operation_view import OperationView
 from shared.representation import is_terminal
 
@@ -32,7 +36,28 @@ CONNECTION_CHECK_SECONDS = 1.0
 # Progress alone is streamed at most this often; a change of state goes out at once.
 PROGRESS_INTERVAL_SECONDS = 0.5
 
-Reader = Callable[[], Awaitable[OperationView | None]]
+
+@dataclass(frozen=True)
+class Reader:
+    """Reads one operation as ``owner_id`` may see it: None when it is missing or someone else's (the status
+    monitor's authorization, docs/api.md: API reference, Operation). ``key`` names what it reads, so that
+    waiters woken together share one read (``OperationChanges.read``).
+    """
+
+    pool: asyncpg.Pool
+    operation_id: str
+    owner_id: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(operation id, owner id)."""
+        return self.operation_id, self.owner_id
+
+    async def __call__(self) -> OperationView | None:
+        if not is_operation_id(self.operation_id):
+            return None
+        async with self.pool.acquire() as conn:
+            return await status_monitor.read_operation(conn, operation_id=self.operation_id, owner_id=self.owner_id)
 
 
 @contextlib.asynccontextmanager
@@ -77,8 +102,21 @@ async def wait_for_state_change(
                 subscription, arrived_in
             ):
                 subscription.missed = False
-                row = await read_or_404(read)
-    return await read_or_404(read)
+                row = await _read_shared(request, read, after=subscription.woken_at)
+        if row.state == arrived_in:
+            # The answer at the deadline shows the progress made meanwhile.
+            row = await _read_shared(request, read, after=request.app[CHANGES].sequence)
+    return row
+
+
+async def _read_shared(request: web.Request, read: Reader, *, after: int) -> OperationView:
+    """The operation, from a read that began at or after the listener's wake-up ``after`` and that the other
+    waiters woken with it share; raises ``ProblemError`` 404 when it is gone.
+    """
+    row = await request.app[CHANGES].read(read.key, read, after=after)
+    if row is None:
+        raise not_found()
+    return row
 
 
 def _may_have_moved(subscription: Subscription, state: str) -> bool:
@@ -115,7 +153,7 @@ async def operation_events(
             await asyncio.sleep(max(0.0, sent_at + PROGRESS_INTERVAL_SECONDS - loop.time()))
         subscription.missed = False
         try:
-            fresh = await read()
+            fresh = await request.app[CHANGES].read(read.key, read, after=subscription.woken_at)
         except TRANSIENT_DATABASE_ERRORS as exc:
             # The answer has begun: the stream goes on with heartbeats and reads again at the next check.
             log.warning("operation unreadable; the event stream reads again", extra={"error": type(exc).__name__})

@@ -103,16 +103,7 @@ async def stream_operation_events(request: web.Request) -> web.StreamResponse:
 
 
 def _reader(request: web.Request) -> Reader:
-    operation_id = request.match_info["operation_id"]
-    owner_id = request[PRINCIPAL].user_id
-
-    async def read() -> OperationView | None:
-        if not is_operation_id(operation_id):
-            return None
-        async with request.app[POOL].acquire() as conn:
-            return await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=owner_id)
-
-    return read
+    return Reader(request.app[POOL], request.match_info["operation_id"], request[PRINCIPAL].user_id)
 
 
 def _last_event_id(request: web.Request) -> int | None:
