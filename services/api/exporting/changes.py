@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 CHANNEL = "chatexport_operation_changes"
 # Between attempts to open the LISTEN connection again after it was lost.
 RECONNECT_SECONDS = 1.0
+# Between two looks at every waiter's connection: a waiter whose client went away gives its slot back
+# within this.
+GONE_CHECK_SECONDS = 1.0
 
 T = TypeVar("T")
 
@@ -46,9 +49,12 @@ class Change:
 
 
 class Subscription:
-    """The changes of one operation as one waiter sees them: the newest only."""
+    """The changes of one operation as one waiter sees them: the newest only. ``gone`` tells whether the
+    waiter's client went away; the listener's sweep wakes it then.
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, gone: Callable[[], bool] = lambda: False) -> None:
+        self.gone = gone
         self._woken = asyncio.Event()
         self.latest: Change | None = None
         self.missed = False
@@ -68,13 +74,17 @@ class Subscription:
         self.closed = True
         self._woken.set()
 
+    def _wake(self) -> None:
+        self._woken.set()
+
     async def wait(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` for a change, a missed stretch or the close; True when woken.
-        The caller reads ``latest``, ``missed`` and ``closed``, and resets ``missed`` once it has read the
-        operation again.
+        """Wait up to ``seconds`` for a change, a missed stretch, the close or the client's going; True when
+        woken. The caller reads ``latest``, ``missed`` and ``closed`` (and whether its client is gone), and
+        resets ``missed`` once it has read the operation again.
         """
         try:
-            await asyncio.wait_for(self._woken.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._woken.wait()
         except TimeoutError:
             return False
         self._woken.clear()
@@ -91,6 +101,7 @@ class OperationChanges:
         self._subscriptions: defaultdict[str, set[Subscription]] = defaultdict(set)
         self._connection: asyncpg.Connection | None = None
         self._keeper: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
         self._closed = False
         self._sequence = 0
@@ -137,6 +148,7 @@ class OperationChanges:
     async def start(self) -> None:
         """Open the LISTEN connection in the background and keep it open until ``close``."""
         self._keeper = asyncio.create_task(self._keep_listening(), name="operation-changes")
+        self._sweeper = asyncio.create_task(self._sweep(), name="operation-waiters-sweep")
 
     async def close(self) -> None:
         """Stop listening and wake every subscription as ``closed``."""
@@ -144,17 +156,20 @@ class OperationChanges:
         for subscriptions in self._subscriptions.values():
             for subscription in subscriptions:
                 subscription._close()
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+        for task in (self._keeper, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._connection is not None:
             await close_connection(self._connection)
 
     @contextlib.contextmanager
-    def subscribe(self, operation_id: str) -> Iterator[Subscription]:
-        """A subscription to the changes of ``operation_id`` for the block; closed at once after ``close``."""
-        subscription = Subscription()
+    def subscribe(self, operation_id: str, *, gone: Callable[[], bool] = lambda: False) -> Iterator[Subscription]:
+        """A subscription to the changes of ``operation_id`` for the block, whose waiter's client has gone when
+        ``gone()`` says so; closed at once after ``close``.
+        """
+        subscription = Subscription(gone)
         if self._closed:
             subscription._close()
         self._subscriptions[operation_id].add(subscription)
@@ -164,6 +179,17 @@ class OperationChanges:
             self._subscriptions[operation_id].discard(subscription)
             if not self._subscriptions[operation_id]:
                 del self._subscriptions[operation_id]
+
+    async def _sweep(self) -> None:
+        """Every ``GONE_CHECK_SECONDS``, wake the subscriptions whose client went away: aiohttp does not cancel
+        their handlers, and one sweep of the process costs less than a timer per waiter.
+        """
+        while True:
+            await asyncio.sleep(GONE_CHECK_SECONDS)
+            for subscriptions in self._subscriptions.values():
+                for subscription in subscriptions:
+                    if subscription.gone():
+                        subscription._wake()
 
     async def _keep_listening(self) -> None:
         while True:

@@ -4,8 +4,9 @@ and the event stream of ``GET /v3/operations/{id}/events`` (docs/api.md: API ref
 Both subscribe to the process's ``OperationChanges`` before they read the operation, so no change can slip
 between the read and the wait, and both hold one of the caller's wait slots and are counted in
 ``WAITING_REQUESTS`` meanwhile (docs/monitoring.md: Monitoring). aiohttp does not cancel a
-handler whose client went away, so a waiter looks at its connection every ``CONNECTION_CHECK_SECONDS`` and
-gives its slot back once the connection is closing.
+handler whose client went away: the listener's sweep (``OperationChanges``) wakes a waiter whose connection
+is closing, which then gives its slot back. Between wake-ups a waiter sleeps until its deadline or its next
+heartbeat, so waiters that nothing wakes cost no CPU.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from shared.representation import is_terminal
 
 log = logging.getLogger(__name__)
 
-CONNECTION_CHECK_SECONDS = 1.0
+# An event stream whose read of the operation failed reads again after this.
+READ_RETRY_SECONDS = 1.0
 # Progress alone is streamed at most this often; a change of state goes out at once.
 PROGRESS_INTERVAL_SECONDS = 0.5
 
@@ -73,7 +75,7 @@ async def watching(
     with (
         request.app[WAIT_SLOTS].take(request[PRINCIPAL].user_id),
         WAITING_REQUESTS.labels(kind).track_inprogress(),
-        request.app[CHANGES].subscribe(row.operation_id) as subscription,
+        request.app[CHANGES].subscribe(row.operation_id, gone=lambda: client_gone(request)) as subscription,
     ):
         yield await read_or_404(read), subscription
 
@@ -98,12 +100,10 @@ async def wait_for_state_change(
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            if await subscription.wait(min(remaining, CONNECTION_CHECK_SECONDS)) and _may_have_moved(
-                subscription, arrived_in
-            ):
+            if await subscription.wait(remaining) and _may_have_moved(subscription, arrived_in):
                 subscription.missed = False
                 row = await _read_shared(request, read, after=subscription.woken_at)
-        if row.state == arrived_in:
+        if row.state == arrived_in and not client_gone(request):
             # The answer at the deadline shows the progress made meanwhile.
             row = await _read_shared(request, read, after=request.app[CHANGES].sequence)
     return row
@@ -132,7 +132,7 @@ async def operation_events(
     left without the state), then the operation ``read`` returns whenever its version grows, progress alone
     at most every ``PROGRESS_INTERVAL_SECONDS``; it ends after a terminal state, on shutdown or when the
     client goes. A None between them asks for a heartbeat, every ``event_heartbeat_seconds``. A read the
-    database cannot answer is tried again every ``CONNECTION_CHECK_SECONDS`` meanwhile. The rule: docs/api.md:
+    database cannot answer is tried again every ``READ_RETRY_SECONDS`` meanwhile. The rule: docs/api.md:
     API reference, Waiting for a change.
     """
     heartbeat = request.app[SETTINGS].event_heartbeat_seconds
@@ -141,7 +141,10 @@ async def operation_events(
         yield row
     heartbeat_at, sent_at = loop.time() + heartbeat, loop.time()
     while not is_terminal(row) and not subscription.closed and not client_gone(request):
-        woken = await subscription.wait(min(max(heartbeat_at - loop.time(), 0.0), CONNECTION_CHECK_SECONDS))
+        until_heartbeat = max(heartbeat_at - loop.time(), 0.0)
+        woken = await subscription.wait(
+            min(until_heartbeat, READ_RETRY_SECONDS) if subscription.missed else until_heartbeat
+        )
         if loop.time() >= heartbeat_at:
             heartbeat_at = loop.time() + heartbeat
             yield None
