@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-clusters pytest lint fmt typecheck docs bench bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters chaos clusters clean
+.PHONY: help install run test test-clusters pytest lint fmt typecheck docs bench bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -24,8 +24,8 @@ help:
 	@echo "make docs       build the documentation site into site/, every warning an error"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make bench      the benchmarks: polls, submits, the drain, latency, the 1M-message export, recovery,"
-	@echo "                downloads by redirect, chunked exports, tracing's cost, callbacks, waiters (make bench-redirect,"
-	@echo "                make bench-chunks, make bench-tracing, make bench-callbacks, make bench-waiters run one)"
+	@echo "                downloads by redirect, chunked exports, tracing's cost, callbacks, waiters, counts per export"
+	@echo "                (make bench-redirect, -chunks, -tracing, -callbacks, -waiters, -counts run one)"
 	@echo "make chaos      the fault harness: ROUNDS=1000 rounds of random faults, SEED=S (default random),"
 	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once, CLUSTER=1 on a"
 	@echo "                RabbitMQ cluster and a PostgreSQL primary with standbys (node kills, failovers)"
@@ -85,6 +85,7 @@ bench: install
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/redirect.py
 	$(BIN)/python bench/chunks.py
+	$(BIN)/python bench/counts.py
 
 bench-chunks: install
 	$(BIN)/python bench/chunks.py
@@ -100,6 +101,9 @@ bench-callbacks: install
 
 bench-waiters: install
 	$(BIN)/python bench/waiters.py
+
+bench-counts: install
+	$(BIN)/python bench/counts.py
 
 # The long run of the fault harness; a short fixed-seed sample of it is part of `make test`.
 ROUNDS ?= 1000

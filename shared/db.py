@@ -342,6 +342,14 @@ async def migrate(database_url: str, *, connect_timeout_seconds: float = DATABAS
         await conn.close()
 
 
+def atomic(conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[Any]:
+    """A transaction on ``conn`` for a repository function's statements, or, when the caller has one open,
+    nothing: they join it. A savepoint would cost two round trips and guard nothing, since no caller goes on
+    with its transaction after a repository function raised (docs/benchmark.md: Benchmark, Counts).
+    """
+    return contextlib.nullcontext() if conn.is_in_transaction() else conn.transaction()
+
+
 async def _apply_pending(conn: asyncpg.Connection) -> list[str]:
     await conn.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations"

@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 
 from shared import tracing
+from shared.db import atomic
 from shared.export_request import FIELDS, ExportRequest
 from shared.phases import Phase
 from shared.repository.artifacts import ArtifactFiles
@@ -93,7 +94,7 @@ async def claim(
     generation's attempt, held by ``worker_id``, and closes an older one still open
     (``attempts.supersede_attempts``); ``took_over`` tells whether it closed one.
     """
-    async with conn.transaction():
+    async with atomic(conn):
         claimed = await _take_lease(
             conn,
             """
@@ -134,7 +135,7 @@ async def claim_cancellation(
     generation is closed as LEASE_LOST, as a takeover closes it (``took_over`` then). ``snapshot_max_seq``
     is ``after_seq`` when it was never fixed.
     """
-    async with conn.transaction():
+    async with atomic(conn):
         return await _take_lease(
             conn,
             """
@@ -220,7 +221,7 @@ async def succeed(
     its parts' (docs/api.md: API reference, Export options).
     """
     single = files.single
-    async with conn.transaction():
+    async with atomic(conn):
         status = await conn.execute(
             """
             UPDATE operations SET state = 'SUCCEEDED', result_key = $3, result_size_bytes = $4,
@@ -258,7 +259,7 @@ async def end_attempt(
     """RUNNING -> FAILED, FAILED_REPAIR or RETRY_AT (with ``retry_delay_seconds``) and a readable error; the
     attempt is closed with that state as its outcome and ``error_code``.
     """
-    async with conn.transaction():
+    async with atomic(conn):
         status = await conn.execute(
             """
             UPDATE operations SET state = $3, error_code = $4, error_message = $5,
@@ -285,7 +286,7 @@ async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: 
     The interrupted attempt does not count against the retry budget: the next claim runs it again. The
     attempt is closed as HANDED_BACK.
     """
-    async with conn.transaction():
+    async with atomic(conn):
         status = await conn.execute(
             """
             UPDATE operations SET lease_expires_at = now() - interval '1 millisecond',
@@ -306,7 +307,7 @@ async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_att
     taking it over again would only risk the next one (docs/states.md: States and failure model: the budget is spent).
     The last attempt is closed as LEASE_LOST with ``WORKER_LOST``.
     """
-    async with conn.transaction():
+    async with atomic(conn):
         generation = await conn.fetchval(
             """
             UPDATE operations SET state = 'FAILED_REPAIR', error_code = 'WORKER_LOST', error_message = $3,
@@ -334,7 +335,7 @@ async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generati
     worker that took one finishes it itself) and an attempt still open, whose worker was lost, is closed as
     LEASE_LOST.
     """
-    async with conn.transaction():
+    async with atomic(conn):
         status = await conn.execute(
             """
             UPDATE operations SET state = 'CANCELED', progress_phase = 'canceled', lease_owner = NULL,
