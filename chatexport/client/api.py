@@ -106,6 +106,7 @@ class Api:
             self.url(f"/v3/conversations/{quote(conversation_id, safe='')}/exports"), json=request, headers=headers
         ) as response:
             operation = await _json(response)
+            self._hold(operation, response)
             return Submitted(operation, replayed=response.headers.get("Idempotent-Replayed") == "true")
 
     async def operation(self, operation_id: str, *, wait_seconds: int | None = None) -> dict[str, Any]:
@@ -122,9 +123,13 @@ class Api:
             if response.status == 304 and held is not None:
                 return _still_current(held[1], response.headers.get("Retry-After", ""))
             operation: dict[str, Any] = await _json(response)
-            if etag := response.headers.get("ETag"):
-                self._held[operation_id] = (etag, operation)
+            self._hold(operation, response)
             return operation
+
+    def _hold(self, operation: dict[str, Any], response: aiohttp.ClientResponse) -> None:
+        """Keep ``operation`` with the answer's ETag for the next conditional poll (``operation``)."""
+        if etag := response.headers.get("ETag"):
+            self._held[operation["operation_id"]] = (etag, operation)
 
     async def operations(self, *, state: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The caller's newest ``limit`` operations (one page), in ``state`` when given."""

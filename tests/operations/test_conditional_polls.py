@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -16,8 +17,10 @@ from prometheus_client import REGISTRY
 from chatexport.client.api import Api
 from devtools.moto import MotoServer
 from services.api.http.keys import CHANGES
+from services.api.http.preconditions import tag_list_matches
 from shared.settings import Settings
 from tests.support import wait_for
+from tests.support.api_calls import make_conversation
 from tests.support.messages import Auth, Client, configured_api
 from tests.support.rows import insert_operation
 
@@ -214,3 +217,33 @@ async def test_the_client_sends_the_tag_it_holds_and_keeps_its_copy_on_a_304(
         moved = await client.operation(OPERATION)
     assert moved["progress"]["messages_written"] == 9
     assert not_modified() == before + 1
+
+
+async def test_a_list_that_does_not_parse_names_nothing(api: Client, auth: Auth, pool: asyncpg.Pool) -> None:
+    await insert_operation(pool, OPERATION, "RUNNING")
+    etag = await etag_of(api, auth)
+    for sent in (f"{etag}, garbage", f"garbage, {etag}", f'{etag} "x"'):
+        response = await api.get(URL, headers={**auth("alice"), "If-None-Match": sent})
+        assert response.status == 200, sent
+
+
+def test_a_long_run_of_spaces_is_parsed_in_linear_time() -> None:
+    """A guard against a pattern that backtracks: the largest header aiohttp takes, 20 times, in well under
+    the 20 s a quadratic parse took (a fault that stalls the api for every user, not a speed target).
+    """
+    hostile = '"a",' + " " * 8_000 + "x"
+    started = time.perf_counter()
+    assert not any(tag_list_matches(hostile, "a", weak=True) for _ in range(20))
+    assert time.perf_counter() - started < 5
+
+
+async def test_the_client_holds_the_submits_answer(api: Client, auth: Auth) -> None:
+    await make_conversation(api, auth, "c-held", ["alice"])
+    before = not_modified()
+    token = auth("alice")["Authorization"].removeprefix("Bearer ")
+    async with Api(str(api.make_url("")), token) as client:
+        submitted = await client.submit("c-held", {"format": "jsonl"}, idempotency_key="k-held")
+        # Nothing runs the export here: the first poll finds the version the 202 showed.
+        polled = await client.operation(submitted.operation["operation_id"])
+    assert not_modified() == before + 1
+    assert polled["state"] == submitted.operation["state"] == "QUEUED"

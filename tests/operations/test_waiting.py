@@ -349,3 +349,34 @@ async def test_a_change_is_read_once_for_all_the_long_polls_it_ends(
         answers = await asyncio.wait_for(asyncio.gather(*polls), 20)
         assert [(await answer.json())["state"] for answer in answers] == ["RUNNING"] * 40
     assert reads - before == 1
+
+
+@pytest.mark.parametrize("conditional", [False, True])
+async def test_a_change_while_a_long_poll_subscribes_is_answered_at_once(
+    settings: Settings,
+    moto: MotoServer,
+    auth: Auth,
+    pool: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+    conditional: bool,
+) -> None:
+    await insert_operation(pool, OPERATION, "QUEUED")
+    read_operation = status_monitor.read_operation
+    reads = 0
+
+    async def changed_after_the_first_read(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        if reads == 2:  # the poll's first read is done; it has not subscribed yet
+            await set_state(pool, "RUNNING")
+        return await read_operation(*args, **kwargs)
+
+    async with configured_api(settings, moto) as api:
+        await wait_for(lambda: api.app[CHANGES].listening)
+        etag = (await api.get(URL, headers=auth("alice"))).headers["ETag"]
+        headers = {**auth("alice"), **({"If-None-Match": etag} if conditional else {})}
+        reads = 0
+        monkeypatch.setattr(status_monitor, "read_operation", changed_after_the_first_read)
+        response = await asyncio.wait_for(api.get(f"{URL}?wait=60", headers=headers), 20)
+        assert response.status == 200
+        assert (await response.json())["state"] == "RUNNING"

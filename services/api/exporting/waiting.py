@@ -90,12 +90,15 @@ async def wait_for_state_change(
     polls). Raises what ``watching`` raises.
     """
     row = await read_or_404(read)
-    if is_terminal(row) or (known is not None and not known(row)):
+    if _answer_at_once(row, known):
         return row
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
+    arrived_in = row.state
     async with watching(request, read, kind="long_poll") as (row, subscription):
-        arrived_in = row.state
+        # Read again once subscribed: what changed since the first read is answered now, not at the deadline.
+        if _answer_at_once(row, known):
+            return row
         while row.state == arrived_in and not subscription.closed and not client_gone(request):
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -107,6 +110,11 @@ async def wait_for_state_change(
             # The answer at the deadline shows the progress made meanwhile.
             row = await _read_shared(request, read, after=request.app[CHANGES].sequence)
     return row
+
+
+def _answer_at_once(row: OperationView, known: Callable[[OperationView], bool] | None) -> bool:
+    """A terminal operation, or one whose version a conditional poll's caller does not hold."""
+    return is_terminal(row) or (known is not None and not known(row))
 
 
 async def _read_shared(request: web.Request, read: Reader, *, after: int) -> OperationView:

@@ -19,9 +19,11 @@ from multidict import CIMultiDictProxy
 
 from services.api.http.fields import field_list, sole_field
 
-# One element of a list of entity-tags (RFC 9110 section 8.8.3): an optional weakness prefix and a quoted
-# opaque tag, or nothing (an empty element), then a comma or the end.
-_LIST_ELEMENT = re.compile(r'[ \t]*(?:(W/)?"([\x21\x23-\x7e\x80-\xff]*)")?[ \t]*(?:,|\Z)')
+# One element of a list of entity-tags (RFC 9110 section 8.8.3): optional whitespace, then an optional
+# weakness prefix and quoted opaque tag with its trailing whitespace, or nothing (an empty element), then a
+# comma or the end. The whitespace after a tag sits inside the tag's group: two adjacent runs of it would
+# backtrack in time quadratic in a long run of spaces.
+_LIST_ELEMENT = re.compile(r'[ \t]*(?:(W/)?"([\x21\x23-\x7e\x80-\xff]*)"[ \t]*)?(?:,|\Z)')
 
 
 class PreconditionOutcome(Enum):
@@ -100,21 +102,28 @@ class Validators:
 def tag_list_matches(field: str, tag: str, *, weak: bool) -> bool:
     """Whether the list ``field`` (``*`` or entity-tags; empty elements are allowed, RFC 9110 section 5.6.1)
     names the representation whose opaque tag (without quotes) is ``tag``, comparing strongly (``If-Match``)
-    or weakly (``If-None-Match``, RFC 9110 section 8.8.3.2). A list that does not parse matches nothing.
+    or weakly (``If-None-Match``, RFC 9110 section 8.8.3.2). A list that does not parse, wherever the fault,
+    matches nothing.
     """
     text = field.strip(" \t")
     if text == "*":
         return True
-    position = 0
+    elements = _elements(text)
+    return elements is not None and any(element == tag and (weak or not is_weak) for is_weak, element in elements)
+
+
+def _elements(text: str) -> list[tuple[bool, str]] | None:
+    """The (weak, opaque tag) elements of a list of entity-tags, empty ones left out; None when it does not parse."""
+    elements, position = [], 0
     while position < len(text):
         found = _LIST_ELEMENT.match(text, position)
-        if found is None:
-            return False
+        if found is None or found.end() == position:
+            return None
         is_weak, element = found.groups()
-        if element == tag and (weak or not is_weak):
-            return True
+        if element is not None:
+            elements.append((is_weak is not None, element))
         position = found.end()
-    return False
+    return elements
 
 
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
