@@ -190,18 +190,27 @@ class WebhookSender:
             tracing.inject(headers)
             async with asyncio.timeout(self._settings.webhook_timeout_seconds):
                 session = await self._session(target)
-                async with session.post(
-                    target.request_url,
-                    data=body,
-                    headers=headers,
-                    allow_redirects=False,
-                    ssl=self._ssl,
-                    proxy=self._proxy,
-                    proxy_headers=self._proxy_headers,
-                ) as response:
-                    await response.content.read(MAX_ANSWER_BYTES)
-                    tracing.set_attributes(**{"http.response.status_code": response.status})
-                    return response.status
+                try:
+                    return await self._send(session, target, body, headers)
+                except aiohttp.ServerDisconnectedError:
+                    # A kept connection the receiver closed as the request went out, before any answer:
+                    # aiohttp does not send a POST again. Once more, within the same deadline.
+                    return await self._send(session, target, body, headers)
+
+    async def _send(self, session: aiohttp.ClientSession, target: Target, body: bytes, headers: dict[str, str]) -> int:
+        """POST ``body`` once; the answer's status, its first ``MAX_ANSWER_BYTES`` read and dropped."""
+        async with session.post(
+            target.request_url,
+            data=body,
+            headers=headers,
+            allow_redirects=False,
+            ssl=self._ssl,
+            proxy=self._proxy,
+            proxy_headers=self._proxy_headers,
+        ) as response:
+            await response.content.read(MAX_ANSWER_BYTES)
+            tracing.set_attributes(**{"http.response.status_code": response.status})
+            return response.status
 
     async def _session(self, target: Target) -> aiohttp.ClientSession:
         """The session for ``target``: through the proxy, the one whose connector resolves only the proxy's

@@ -63,6 +63,7 @@ _RUN_OF = {
 
 OPERATION = "/v3/operations/{operation_id}"
 _OPERATION_ETAG = {"required": True, "schema": {"type": "string", "pattern": '^W/"[0-9]+"$'}}
+_RETRY_AFTER_REQUIRED = {"required": True, "schema": {"type": "integer", "minimum": 1}}
 _IF_NONE_MATCH = {"name": "If-None-Match", "in": "header", "required": False, "schema": {"type": "string"}}
 _NOT_MODIFIED = {
     "headers": {
@@ -135,6 +136,11 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
     ),
     *((("paths", OPERATION, method, "parameters"), [_IF_NONE_MATCH]) for method in ("get", "head")),
     *((("paths", OPERATION, method, "responses", "304"), _NOT_MODIFIED) for method in ("get", "head")),
+    # A 429 TOO_MANY_WAITERS carries its Retry-After, as every 429 does (docs/api.md: API reference).
+    *(
+        (("paths", path, method, "responses", "429", "headers"), {"Retry-After": _RETRY_AFTER_REQUIRED})
+        for path, method in ((OPERATION, "get"), (OPERATION, "head"), (f"{OPERATION}/events", "get"))
+    ),
 ]
 
 

@@ -11,6 +11,7 @@ except in the tests of the address rules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -330,3 +331,35 @@ async def test_one_sender_reuses_the_receivers_connection(
             assert await sender.send_due() == 1
     assert len(receiver.peers) == 2
     assert receiver.peers[0] == receiver.peers[1]
+
+
+async def test_a_kept_connection_the_receiver_closes_is_not_a_failed_attempt(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """The receiver answers one request per connection and closes the next one unanswered, as a receiver
+    whose keep-alive ends while the callback is on its way does: the callback goes again on a new connection.
+    """
+
+    async def one_answer_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(one_answer_per_connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with WebhookSender(pool=pool, settings=settings) as sender:
+            for operation_id in ("op_kept_1", "op_kept_2"):
+                await ended_with_callback(pool, operation_id, f"http://127.0.0.1:{port}/hook")
+                assert await sender.send_due() == 1
+    finally:
+        server.close()
+    attempts = await pool.fetch("SELECT status_code, error FROM webhook_attempts ORDER BY delivery_id")
+    assert [(row["status_code"], row["error"]) for row in attempts] == [(200, None), (200, None)]

@@ -83,6 +83,7 @@ PROBLEM_HEADERS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "TOO_MANY_ACTIVE_EXPORTS": {"Retry-After": retry_after("Seconds before trying again.", required=True)},
     "TOO_MANY_DOWNLOADS": {"Retry-After": retry_after("Seconds before trying again.", required=True)},
+    "TOO_MANY_WAITERS": {"Retry-After": retry_after("Seconds before trying again.", required=True)},
     "SERVICE_UNAVAILABLE": {"Retry-After": retry_after("Seconds before trying again.", required=True)},
     "RANGE_NOT_SATISFIABLE": {
         "Content-Range": header("The file's size.", {"type": "string", "pattern": "^bytes \\*/[0-9]+$"}, required=True)
