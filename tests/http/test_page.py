@@ -31,8 +31,11 @@ def settle(driver: WebDriver) -> WebDriverWait[WebDriver]:
     return WebDriverWait(driver, WAIT_SECONDS, ignored_exceptions=(StaleElementReferenceException,))
 
 
-def sign_in(driver: WebDriver, system: LocalSystem, live_auth: Headers, user: str) -> None:
+def sign_in(driver: WebDriver, system: LocalSystem, live_auth: Headers, user: str, *, script: str = "") -> None:
+    """Open the page, run ``script`` in it first when given, and sign in as ``user``."""
     driver.get(f"{system.base_url}/ui/")
+    if script:
+        driver.execute_script(script)
     driver.find_element(By.ID, "token").send_keys(live_auth(user)["Authorization"].removeprefix("Bearer "))
     driver.find_element(By.ID, "use-token").click()
     settle(driver).until(lambda found: found.find_element(By.ID, "signed-in").is_displayed())
@@ -140,10 +143,7 @@ async def test_without_a_stream_the_page_polls_with_the_version_it_shows(
     try:
         operation_id = await insert_queued(conn, user, cid)
         driver = browser.driver
-        driver.get(f"{system.base_url}/ui/")
-        driver.execute_script(_NO_STREAM)
-        driver.find_element(By.ID, "token").send_keys(live_auth(user)["Authorization"].removeprefix("Bearer "))
-        driver.find_element(By.ID, "use-token").click()
+        sign_in(driver, system, live_auth, user, script=_NO_STREAM)
         settle(driver).until(lambda found: [None, 200] in found.execute_script("return window.polls"))
         settle(driver).until(
             lambda found: any(sent and status == 304 for sent, status in found.execute_script("return window.polls"))
