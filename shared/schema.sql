@@ -9,6 +9,99 @@ CREATE TYPE public.submit_outcome AS ENUM (
     'created'
 );
 
+CREATE TABLE public.operations (
+    operation_id text NOT NULL,
+    kind text DEFAULT 'conversation_export'::text NOT NULL,
+    owner_id text NOT NULL,
+    conversation_id text NOT NULL,
+    format text NOT NULL,
+    before_seq bigint,
+    after_seq bigint DEFAULT 0 NOT NULL,
+    state text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    generation bigint DEFAULT 0 NOT NULL,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    snapshot_max_seq bigint,
+    progress_phase text,
+    messages_written bigint DEFAULT 0 NOT NULL,
+    bytes_written bigint DEFAULT 0 NOT NULL,
+    retry_at timestamp with time zone,
+    error_code text,
+    error_message text,
+    result_key text,
+    result_size_bytes bigint,
+    result_sha256 text,
+    result_message_count bigint,
+    result_expires_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    version bigint DEFAULT 1 NOT NULL,
+    notify_url text,
+    since timestamp with time zone,
+    until timestamp with time zone,
+    senders text[],
+    compression text DEFAULT 'none'::text NOT NULL,
+    max_part_bytes bigint,
+    result_parts jsonb,
+    schedule_id text,
+    due_at timestamp with time zone,
+    traceparent text,
+    CONSTRAINT operations_compression_check CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
+    CONSTRAINT operations_format CHECK ((format = ANY (ARRAY['jsonl'::text, 'csv'::text, 'html'::text, 'txt'::text]))),
+    CONSTRAINT operations_run_has_due CHECK (((schedule_id IS NULL) = (due_at IS NULL))),
+    CONSTRAINT operations_state_check CHECK ((state = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRY_AT'::text, 'CANCEL_REQUESTED'::text, 'SUCCEEDED'::text, 'CANCELED'::text, 'FAILED'::text, 'FAILED_REPAIR'::text, 'EXPIRED'::text])))
+);
+
+CREATE FUNCTION public.claim_export(p_operation_id text, p_worker_id text, p_lease_seconds double precision, p_max_attempts integer, p_lost_message text, OUT parked boolean, OUT took_over boolean, OUT member boolean, OUT claimed public.operations) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    lease record;
+BEGIN
+    parked := park_abandoned(p_operation_id, p_max_attempts, p_lost_message);
+    IF parked THEN
+        RETURN;
+    END IF;
+    SELECT * INTO lease FROM claim_lease(p_operation_id, p_worker_id, p_lease_seconds);
+    took_over := lease.took_over;
+    claimed := lease.claimed;
+    IF claimed.operation_id IS NOT NULL THEN
+        member := member_locked(claimed.conversation_id, claimed.owner_id);
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION public.claim_lease(p_operation_id text, p_worker_id text, p_lease_seconds double precision, OUT took_over boolean, OUT claimed public.operations) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE operations o SET
+        state = 'RUNNING', generation = o.generation + 1, attempt = o.attempt + 1,
+        lease_owner = p_worker_id, lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+        snapshot_max_seq = coalesce(o.snapshot_max_seq, greatest(o.after_seq, least(
+            (SELECT c.last_seq FROM conversations c WHERE c.conversation_id = o.conversation_id),
+            o.before_seq - 1))),
+        progress_phase = 'starting', messages_written = 0, bytes_written = 0,
+        retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
+    WHERE o.operation_id = p_operation_id AND operation_is_runnable(o.state, o.retry_at, o.lease_expires_at)
+    RETURNING o.* INTO claimed;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    took_over := supersede_attempts(p_operation_id, claimed.generation);
+    PERFORM open_attempt(p_operation_id, claimed.generation, claimed.attempt, p_worker_id);
+END;
+$$;
+
+CREATE FUNCTION public.close_attempt(p_operation_id text, p_generation bigint, p_outcome text, p_error_code text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    UPDATE attempts SET ended_at = now(), outcome = p_outcome, error_code = p_error_code
+    WHERE operation_id = p_operation_id AND generation = p_generation AND ended_at IS NULL
+$$;
+
 CREATE FUNCTION public.create_export_schedule(p_schedule_id text, p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_schedules integer, p_every text, p_start_at timestamp with time zone, p_mode text, p_request jsonb, OUT outcome public.submit_outcome, OUT schedule_id text) RETURNS record
     LANGUAGE plpgsql
     AS $$
@@ -44,6 +137,23 @@ BEGIN
     schedule_id := p_schedule_id;
     outcome := 'created';
 END;
+$$;
+
+CREATE FUNCTION public.member_locked(p_conversation_id text, p_user_id text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM 1 FROM conversation_members
+     WHERE conversation_id = p_conversation_id AND user_id = p_user_id FOR SHARE;
+    RETURN FOUND;
+END;
+$$;
+
+CREATE FUNCTION public.open_attempt(p_operation_id text, p_generation bigint, p_attempt integer, p_worker_id text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO attempts (operation_id, generation, attempt, worker_id)
+    VALUES (p_operation_id, p_generation, p_attempt, p_worker_id)
 $$;
 
 CREATE FUNCTION public.operation_changed() RETURNS trigger
@@ -108,6 +218,26 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.park_abandoned(p_operation_id text, p_max_attempts integer, p_message text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_generation bigint;
+BEGIN
+    UPDATE operations SET state = 'FAILED_REPAIR', error_code = 'WORKER_LOST', error_message = p_message,
+        progress_phase = 'failed_repair', lease_owner = NULL, lease_expires_at = NULL,
+        finished_at = now(), updated_at = now()
+    WHERE operation_id = p_operation_id AND state = 'RUNNING' AND lease_expires_at < now()
+      AND attempt >= p_max_attempts
+    RETURNING generation INTO v_generation;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM close_attempt(p_operation_id, v_generation, 'LEASE_LOST', 'WORKER_LOST');
+    RETURN true;
+END;
+$$;
+
 CREATE FUNCTION public.pause_export_schedule(p_schedule_id text, p_reason text) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -127,6 +257,16 @@ BEGIN
                 'schedule.paused', paused.request->>'notify_url');
     END IF;
     RETURN true;
+END;
+$$;
+
+CREATE FUNCTION public.publish_artifact(p_operation_id text, p_generation bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE artifacts SET state = 'PUBLISHED', updated_at = now()
+    WHERE operation_id = p_operation_id AND generation = p_generation AND state = 'COMPLETE';
+    RETURN FOUND;
 END;
 $$;
 
@@ -206,6 +346,53 @@ BEGIN
     VALUES (p_operation_id, p_routing_key, jsonb_build_object('operation_id', p_operation_id));
     operation_id := p_operation_id;
     outcome := 'created';
+END;
+$$;
+
+CREATE FUNCTION public.succeed_export(p_conversation_id text, p_owner_id text, p_artifact_generation bigint, p_operation_id text, p_generation bigint, p_key text, p_size_bytes bigint, p_sha256 text, p_message_count bigint, p_parts jsonb, p_ttl_seconds double precision, p_bytes_written bigint) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT member_locked(p_conversation_id, p_owner_id) THEN
+        RETURN 'not_member';
+    END IF;
+    IF NOT succeed_lease(p_operation_id, p_generation, p_key, p_size_bytes, p_sha256, p_message_count, p_parts,
+                         p_ttl_seconds, p_bytes_written) THEN
+        RETURN 'lease_lost';
+    END IF;
+    IF NOT publish_artifact(p_operation_id, p_artifact_generation) THEN
+        RAISE EXCEPTION 'the artifact of % generation % is gone', p_operation_id, p_artifact_generation
+              USING ERRCODE = 'CX001';
+    END IF;
+    RETURN 'succeeded';
+END;
+$$;
+
+CREATE FUNCTION public.succeed_lease(p_operation_id text, p_generation bigint, p_key text, p_size_bytes bigint, p_sha256 text, p_message_count bigint, p_parts jsonb, p_ttl_seconds double precision, p_bytes_written bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE operations SET state = 'SUCCEEDED', result_key = p_key, result_size_bytes = p_size_bytes,
+        result_sha256 = p_sha256, result_message_count = p_message_count, result_parts = p_parts,
+        result_expires_at = now() + make_interval(secs => p_ttl_seconds),
+        progress_phase = 'done', messages_written = p_message_count, bytes_written = p_bytes_written,
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now()
+    WHERE operation_id = p_operation_id AND generation = p_generation AND state = 'RUNNING';
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM close_attempt(p_operation_id, p_generation, 'SUCCEEDED', NULL);
+    RETURN true;
+END;
+$$;
+
+CREATE FUNCTION public.supersede_attempts(p_operation_id text, p_generation bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE attempts SET ended_at = now(), outcome = 'LEASE_LOST'
+    WHERE operation_id = p_operation_id AND generation < p_generation AND ended_at IS NULL;
+    RETURN FOUND;
 END;
 $$;
 
@@ -340,51 +527,6 @@ CREATE TABLE public.messages (
     body text NOT NULL,
     sent_at timestamp with time zone NOT NULL,
     recalled_at timestamp with time zone
-);
-
-CREATE TABLE public.operations (
-    operation_id text NOT NULL,
-    kind text DEFAULT 'conversation_export'::text NOT NULL,
-    owner_id text NOT NULL,
-    conversation_id text NOT NULL,
-    format text NOT NULL,
-    before_seq bigint,
-    after_seq bigint DEFAULT 0 NOT NULL,
-    state text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    generation bigint DEFAULT 0 NOT NULL,
-    lease_owner text,
-    lease_expires_at timestamp with time zone,
-    snapshot_max_seq bigint,
-    progress_phase text,
-    messages_written bigint DEFAULT 0 NOT NULL,
-    bytes_written bigint DEFAULT 0 NOT NULL,
-    retry_at timestamp with time zone,
-    error_code text,
-    error_message text,
-    result_key text,
-    result_size_bytes bigint,
-    result_sha256 text,
-    result_message_count bigint,
-    result_expires_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    version bigint DEFAULT 1 NOT NULL,
-    notify_url text,
-    since timestamp with time zone,
-    until timestamp with time zone,
-    senders text[],
-    compression text DEFAULT 'none'::text NOT NULL,
-    max_part_bytes bigint,
-    result_parts jsonb,
-    schedule_id text,
-    due_at timestamp with time zone,
-    traceparent text,
-    CONSTRAINT operations_compression_check CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
-    CONSTRAINT operations_format CHECK ((format = ANY (ARRAY['jsonl'::text, 'csv'::text, 'html'::text, 'txt'::text]))),
-    CONSTRAINT operations_run_has_due CHECK (((schedule_id IS NULL) = (due_at IS NULL))),
-    CONSTRAINT operations_state_check CHECK ((state = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRY_AT'::text, 'CANCEL_REQUESTED'::text, 'SUCCEEDED'::text, 'CANCELED'::text, 'FAILED'::text, 'FAILED_REPAIR'::text, 'EXPIRED'::text])))
 );
 
 CREATE VIEW public.operation_representations AS

@@ -23,7 +23,7 @@ from services.worker.runner import LeaseRunner
 from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
-from shared.repository import leases, message_store
+from shared.repository import leases
 from shared.repository.leases import ClaimedOperation, current_state
 from shared.settings import Settings
 
@@ -215,30 +215,31 @@ class OperationDeliveries:
             await self._runner.finish_cancellation(claimed)
 
     async def _claim(self, operation_id: str) -> tuple[ClaimedOperation, LeasePurpose] | None:
-        """Claim the lease and check membership in one transaction; return the claimed operation with what to
-        do with it, or None when there is nothing to do (docs/states.md: States and failure model, Operation).
+        """Claim the lease and check membership in one call (``leases.claim_export``); return the claimed
+        operation with what to do with it, or None when there is nothing to do (docs/states.md: States and
+        failure model, Operation).
 
         An operation whose every attempt lost its worker is parked in FAILED_REPAIR instead of taken over; a
         cancellation nobody holds is taken to be finished here (docs/states.md: States and failure model, Cancel).
         """
-        lease_seconds = self._settings.lease_seconds
-        async with self._pool.acquire() as conn, conn.transaction():
-            if await leases.park_abandoned(
-                conn, operation_id=operation_id, max_attempts=self._settings.max_attempts, message=WORKER_LOST_MESSAGE
-            ):
+        async with self._pool.acquire() as conn:
+            claim = await leases.claim_export(
+                conn,
+                operation_id=operation_id,
+                worker_id=self._worker_id,
+                lease_seconds=self._settings.lease_seconds,
+                max_attempts=self._settings.max_attempts,
+                message=WORKER_LOST_MESSAGE,
+            )
+            if claim.parked:
                 log.warning("export parked: every attempt lost its worker", extra={"operation_id": operation_id})
                 return None
-            claimed = await leases.claim(
-                conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=lease_seconds
-            )
+            claimed = claim.claimed
             if claimed is None:
                 return await self._claim_cancellation(conn, operation_id)
-            member = await message_store.is_member(
-                conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id, lock=True
-            )
         if claimed.took_over:  # counted once the claim has committed
             metrics.LEASE_TAKEOVERS.inc()
-        return claimed, LeasePurpose.EXPORT if member else LeasePurpose.REFUSE
+        return claimed, LeasePurpose.EXPORT if claim.member else LeasePurpose.REFUSE
 
     async def _claim_cancellation(
         self, conn: asyncpg.Connection, operation_id: str

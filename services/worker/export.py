@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # The least time between two progress writes of an attempt after its first (docs/api.md: API reference, Operation).
 PROGRESS_INTERVAL_SECONDS = 1.0
+# The fencing generation of an operation's first claim (every claim adds one to the column's 0).
+FIRST_GENERATION = 1
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ class ExportJob:
             reads=reads,
         )
         self._recorded_upload_id: str | None = None
-        self._progress_written_at: float | None = None
+        # The claim wrote ``starting``: an export that ends within the interval writes no progress at all.
+        self._progress_written_at = time.monotonic()
         self.chunked = False  # whether ``write`` wrote the file from chunks
 
     async def write(self) -> Written:
@@ -134,6 +137,8 @@ class ExportJob:
         (docs/states.md: States and failure model, Unknown outcomes).
         """
         claimed = self._claimed
+        if claimed.generation == FIRST_GENERATION:
+            return None  # no generation came before it: nothing to look up
         async with self._pool.acquire() as conn:
             earlier = await artifacts.unremoved_artifacts(
                 conn, operation_id=claimed.operation_id, below_generation=claimed.generation
@@ -190,13 +195,13 @@ class ExportJob:
 
     async def _progress(self, phase: Phase, counts: tuple[int, int] | None = None) -> None:
         """Show ``phase`` and the counts so far (messages, bytes: the files', or ``counts``) in the operation,
-        at most every ``PROGRESS_INTERVAL_SECONDS`` after the first ``writing``: a small export then writes
-        its progress once, not three times. The lease does not depend on it (the heartbeat keeps it), and
-        every write that ends the attempt is fenced on its own. Raises ``LeaseLost``.
+        at most every ``PROGRESS_INTERVAL_SECONDS`` from the job's start: a small export then writes no
+        progress-only row (docs/api.md: API reference, Operation). The lease does not depend on it (the
+        heartbeat keeps it), and every write that ends the attempt is fenced on its own. Raises ``LeaseLost``.
         """
         update_log_fields(phase=phase)
         now = time.monotonic()
-        if self._progress_written_at is not None and now - self._progress_written_at < PROGRESS_INTERVAL_SECONDS:
+        if now - self._progress_written_at < PROGRESS_INTERVAL_SECONDS:
             return
         self._progress_written_at = now
         claimed = self._claimed

@@ -22,7 +22,6 @@ from services.worker.errors import (
     classify,
     error_name,
     is_missing_bucket,
-    require_member,
 )
 from services.worker.export import ExportJob, Written
 from services.worker.read_source import ReadSource
@@ -32,8 +31,8 @@ from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.phases import Phase
-from shared.repository import artifacts, leases
-from shared.repository.leases import ClaimedOperation, CurrentState, current_state, finish_cancel
+from shared.repository import leases
+from shared.repository.leases import ClaimedOperation, CurrentState, SucceedOutcome, current_state, finish_cancel
 from shared.repository.outbox import enqueue_run
 from shared.settings import Settings
 from shared.states import State
@@ -124,11 +123,11 @@ class LeaseRunner:
         commit_sent = False
         try:
             with tracing.span("publish result", attributes=claimed.span_attributes()):
-                async with self._pool.acquire() as conn, conn.transaction():
-                    await self._publish(conn, claimed, written)
-                    # From here the commit's outcome may be unknown (a lost connection): the object must not be
-                    # removed here; the janitor removes it if it was not published.
+                async with self._pool.acquire() as conn:
+                    # One statement: once it is sent, its outcome may be unknown (a lost connection), so the
+                    # object must not be removed here; the janitor removes it if it was not published.
                     commit_sent = True
+                    await self._publish(conn, claimed, written)
         except BaseException as exc:
             if isinstance(exc, ArtifactGone) and written.adopted:
                 return False
@@ -139,19 +138,21 @@ class LeaseRunner:
         return True
 
     async def _publish(self, conn: asyncpg.Connection, claimed: ClaimedOperation, written: Written) -> None:
-        """The statements of the SUCCEEDED transaction on ``conn``; raises ``PermanentError`` (access revoked),
-        ``LeaseLost``, or ``ArtifactGone`` when the object of ``written`` was removed meanwhile.
+        """The SUCCEEDED commit on ``conn`` (``leases.succeed_export``); raises ``PermanentError`` (access
+        revoked), ``LeaseLost``, or ``ArtifactGone`` when the object of ``written`` was removed meanwhile.
         """
-        await require_member(conn, conversation_id=claimed.conversation_id, user_id=claimed.owner_id)
-        if not await leases.succeed(
+        outcome = await leases.succeed_export(
             conn,
-            operation_id=claimed.operation_id,
-            generation=claimed.generation,
+            claimed=claimed,
             files=written.files,
+            artifact_generation=written.generation,
             result_ttl_seconds=self._settings.result_ttl_seconds,
-        ):
+        )
+        if outcome is SucceedOutcome.NOT_MEMBER:
+            raise access_revoked()
+        if outcome is SucceedOutcome.LEASE_LOST:
             raise LeaseLost("result")
-        if not await artifacts.publish_artifact(conn, operation_id=claimed.operation_id, generation=written.generation):
+        if outcome is SucceedOutcome.ARTIFACT_GONE:
             raise ArtifactGone(written.files.key)
 
     async def refuse(self, claimed: ClaimedOperation) -> None:

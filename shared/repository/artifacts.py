@@ -129,17 +129,11 @@ async def complete_artifact(
 async def publish_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
     """COMPLETE -> PUBLISHED, in the SUCCEEDED transaction; False when the artifact was removed meanwhile.
 
-    The row lock this takes orders it against ``shared.artifact_removal.remove_artifact``.
+    The row lock this takes orders it against ``shared.artifact_removal.remove_artifact``. The SQL function
+    ``publish_artifact`` (migration 0017), which ``succeed_export`` calls too.
     """
-    status = await conn.execute(
-        """
-        UPDATE artifacts SET state = 'PUBLISHED', updated_at = now()
-        WHERE operation_id = $1 AND generation = $2 AND state = 'COMPLETE'
-        """,
-        operation_id,
-        generation,
-    )
-    return status == "UPDATE 1"
+    published: bool = await conn.fetchval("SELECT publish_artifact($1, $2)", operation_id, generation)
+    return published
 
 
 async def start_removal(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> str | None:

@@ -1,5 +1,6 @@
 """The ``attempts`` table: one row per claim of an operation, opened in the claim's transaction and closed
-in the transaction of the write that ended it (docs/states.md: Attempts).
+in the transaction of the write that ended it (docs/states.md: Attempts). Its writes are the SQL functions
+of the same names (migration 0017), which the claim's and the SUCCEEDED commit's functions call too.
 """
 
 from __future__ import annotations
@@ -12,15 +13,8 @@ async def supersede_attempts(conn: asyncpg.Connection, *, operation_id: str, gen
     longer end it, every write of its generation being fenced off. Returns True when it closed one (the
     claim that moved to ``generation`` was a takeover). Run it in that claim's transaction.
     """
-    status = await conn.execute(
-        """
-        UPDATE attempts SET ended_at = now(), outcome = 'LEASE_LOST'
-        WHERE operation_id = $1 AND generation < $2 AND ended_at IS NULL
-        """,
-        operation_id,
-        generation,
-    )
-    return status != "UPDATE 0"
+    closed: bool = await conn.fetchval("SELECT supersede_attempts($1, $2)", operation_id, generation)
+    return closed
 
 
 async def open_attempt(
@@ -30,7 +24,7 @@ async def open_attempt(
     transaction (docs/states.md: Attempts).
     """
     await conn.execute(
-        "INSERT INTO attempts (operation_id, generation, attempt, worker_id) VALUES ($1, $2, $3, $4)",
+        "SELECT open_attempt($1, $2, $3, $4)",
         operation_id,
         generation,
         attempt,
@@ -46,10 +40,7 @@ async def close_attempt(
     transaction of the write that ended the attempt, so that the history ends with it (docs/states.md: Attempts).
     """
     await conn.execute(
-        """
-        UPDATE attempts SET ended_at = now(), outcome = $3, error_code = $4
-        WHERE operation_id = $1 AND generation = $2 AND ended_at IS NULL
-        """,
+        "SELECT close_attempt($1, $2, $3, $4)",
         operation_id,
         generation,
         outcome,

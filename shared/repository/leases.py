@@ -11,6 +11,7 @@ connection, in the caller's transaction if any.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import asyncpg
@@ -20,7 +21,7 @@ from shared.db import atomic
 from shared.export_request import FIELDS, ExportRequest
 from shared.phases import Phase
 from shared.repository.artifacts import ArtifactFiles
-from shared.repository.attempts import close_attempt, close_attempt_if_matched, open_attempt, supersede_attempts
+from shared.repository.attempts import close_attempt_if_matched, supersede_attempts
 from shared.repository.rows import Row
 from shared.states import LEASE_HELD, State, values
 
@@ -92,35 +93,57 @@ async def claim(
     last seq, capped at ``before_seq - 1``, and ``after_seq`` when that leaves the range empty, so that an
     export of what came next starts there (docs/api.md: API reference). The same transaction opens the new
     generation's attempt, held by ``worker_id``, and closes an older one still open
-    (``attempts.supersede_attempts``); ``took_over`` tells whether it closed one.
+    (``attempts.supersede_attempts``); ``took_over`` tells whether it closed one. One call of the SQL function
+    ``claim_lease`` (migration 0017).
     """
-    async with atomic(conn):
-        claimed = await _take_lease(
-            conn,
-            """
-            UPDATE operations o SET
-                state = 'RUNNING', generation = o.generation + 1, attempt = o.attempt + 1,
-                lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
-                snapshot_max_seq = coalesce(o.snapshot_max_seq, greatest(o.after_seq, least(
-                    (SELECT c.last_seq FROM conversations c WHERE c.conversation_id = o.conversation_id),
-                    o.before_seq - 1))),
-                progress_phase = 'starting', messages_written = 0, bytes_written = 0,
-                retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
-            WHERE o.operation_id = $1 AND operation_is_runnable(o.state, o.retry_at, o.lease_expires_at)
-            RETURNING o.snapshot_max_seq, """,
-            operation_id=operation_id,
-            worker_id=worker_id,
-            lease_seconds=lease_seconds,
-        )
-        if claimed is not None:
-            await open_attempt(
-                conn,
-                operation_id=operation_id,
-                generation=claimed.generation,
-                attempt=claimed.attempt,
-                worker_id=worker_id,
-            )
-    return claimed
+    row = await conn.fetchrow(
+        "SELECT took_over, claimed FROM claim_lease($1, $2, $3)", operation_id, worker_id, lease_seconds
+    )
+    return _claimed(row)
+
+
+@dataclass(frozen=True)
+class ExportClaim:
+    """What ``claim_export`` did: ``parked`` the operation, or ``claimed`` it (None: nothing to run) and found
+    its owner a ``member`` of the conversation or not.
+    """
+
+    parked: bool
+    claimed: ClaimedOperation | None
+    member: bool
+
+
+async def claim_export(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    worker_id: str,
+    lease_seconds: float,
+    max_attempts: int,
+    message: str,
+) -> ExportClaim:
+    """A wake-up's claim in one call of the SQL function ``claim_export`` (migration 0017), atomic on its own:
+    ``park_abandoned`` (``max_attempts``, ``message``), else ``claim`` and, when it claimed, the owner's
+    membership with its row share-locked until the call's transaction ends, so that "still a member" and the
+    lease are one decision (docs/states.md: States and failure model). ``lease_seconds`` in seconds.
+    """
+    row = await conn.fetchrow(
+        "SELECT parked, took_over, member, claimed FROM claim_export($1, $2, $3, $4, $5)",
+        operation_id,
+        worker_id,
+        lease_seconds,
+        max_attempts,
+        message,
+    )
+    return ExportClaim(parked=row["parked"], claimed=_claimed(row), member=bool(row["member"]))
+
+
+def _claimed(row: asyncpg.Record) -> ClaimedOperation | None:
+    """The claimed operation of a claim function's ``took_over, claimed`` row; None when it claimed nothing."""
+    # PL/pgSQL returns an unset composite as a row of NULLs, not as NULL.
+    if row["claimed"] is None or row["claimed"]["operation_id"] is None:
+        return None
+    return ClaimedOperation.from_claim(row["claimed"], took_over=row["took_over"])
 
 
 async def claim_cancellation(
@@ -218,32 +241,76 @@ async def succeed(
 
     A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (docs/states.md: States and
     failure model, Cancel). Closes the attempt as SUCCEEDED. A split result has no size or sha256 of its own, only
-    its parts' (docs/api.md: API reference, Export options).
+    its parts' (docs/api.md: API reference, Export options). One call of the SQL function ``succeed_lease``
+    (migration 0017).
+    """
+    succeeded: bool = await conn.fetchval(
+        "SELECT succeed_lease($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
+        operation_id,
+        generation,
+        *_result(files, result_ttl_seconds),
+    )
+    return succeeded
+
+
+class SucceedOutcome(StrEnum):
+    """What ``succeed_export`` did, as the SQL function of that name answers it (migration 0017)."""
+
+    SUCCEEDED = "succeeded"
+    NOT_MEMBER = "not_member"
+    LEASE_LOST = "lease_lost"
+    ARTIFACT_GONE = "artifact_gone"
+
+
+# What the SQL function raises, rolling its writes back, when the artifact to publish was removed meanwhile.
+ARTIFACT_GONE_SQLSTATE = "CX001"
+
+
+async def succeed_export(
+    conn: asyncpg.Connection,
+    *,
+    claimed: ClaimedOperation,
+    files: ArtifactFiles,
+    artifact_generation: int,
+    result_ttl_seconds: int,
+) -> SucceedOutcome:
+    """The SUCCEEDED commit in one call of the SQL function ``succeed_export`` (migration 0017), atomic on its
+    own: the owner's membership re-checked with its row share-locked, then ``succeed``, then
+    ``artifacts.publish_artifact`` of ``artifact_generation`` (an adopted artifact's is older than the
+    lease's); nothing is written unless all three pass (docs/states.md: States and failure model). Raises
+    what asyncpg raises for a lost connection, when the outcome is unknown.
+    """
+    try:
+        outcome: str = await conn.fetchval(
+            "SELECT succeed_export($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12)",
+            claimed.conversation_id,
+            claimed.owner_id,
+            artifact_generation,
+            claimed.operation_id,
+            claimed.generation,
+            *_result(files, result_ttl_seconds),
+        )
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != ARTIFACT_GONE_SQLSTATE:
+            raise
+        return SucceedOutcome.ARTIFACT_GONE
+    return SucceedOutcome(outcome)
+
+
+def _result(files: ArtifactFiles, result_ttl_seconds: int) -> tuple[Any, ...]:
+    """The result's arguments of ``succeed_lease`` after the operation and generation: key, size (bytes),
+    sha256, message count, parts (JSON), time to live (seconds) and bytes written.
     """
     single = files.single
-    async with atomic(conn):
-        status = await conn.execute(
-            """
-            UPDATE operations SET state = 'SUCCEEDED', result_key = $3, result_size_bytes = $4,
-                result_sha256 = $5, result_message_count = $6, result_parts = $7::jsonb,
-                result_expires_at = now() + make_interval(secs => $8),
-                progress_phase = 'done', messages_written = $6, bytes_written = $9,
-                lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now()
-            WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
-            """,
-            operation_id,
-            generation,
-            files.key,
-            None if single is None else single.size_bytes,
-            None if single is None else single.sha256,
-            files.message_count,
-            files.parts_json(),
-            float(result_ttl_seconds),
-            files.size_bytes,
-        )
-        return await close_attempt_if_matched(
-            status, conn, operation_id=operation_id, generation=generation, outcome="SUCCEEDED"
-        )
+    return (
+        files.key,
+        None if single is None else single.size_bytes,
+        None if single is None else single.sha256,
+        files.message_count,
+        files.parts_json(),
+        float(result_ttl_seconds),
+        files.size_bytes,
+    )
 
 
 async def end_attempt(
@@ -305,27 +372,11 @@ async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: 
 async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_attempts: int, message: str) -> bool:
     """RUNNING -> FAILED_REPAIR when its lease expired after ``max_attempts`` attempts: each of them lost its worker, so
     taking it over again would only risk the next one (docs/states.md: States and failure model: the budget is spent).
-    The last attempt is closed as LEASE_LOST with ``WORKER_LOST``.
+    The last attempt is closed as LEASE_LOST with ``WORKER_LOST``. One call of the SQL function ``park_abandoned``
+    (migration 0017).
     """
-    async with atomic(conn):
-        generation = await conn.fetchval(
-            """
-            UPDATE operations SET state = 'FAILED_REPAIR', error_code = 'WORKER_LOST', error_message = $3,
-                progress_phase = 'failed_repair', lease_owner = NULL, lease_expires_at = NULL,
-                finished_at = now(), updated_at = now()
-            WHERE operation_id = $1 AND state = 'RUNNING' AND lease_expires_at < now() AND attempt >= $2
-            RETURNING generation
-            """,
-            operation_id,
-            max_attempts,
-            message,
-        )
-        if generation is None:
-            return False
-        await close_attempt(
-            conn, operation_id=operation_id, generation=generation, outcome="LEASE_LOST", error_code="WORKER_LOST"
-        )
-    return True
+    parked: bool = await conn.fetchval("SELECT park_abandoned($1, $2, $3)", operation_id, max_attempts, message)
+    return parked
 
 
 async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int, abandoned: bool) -> bool:

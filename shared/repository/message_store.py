@@ -53,7 +53,8 @@ class ImportResult(NamedTuple):
 
 
 _MEMBER_SQL = "SELECT 1 FROM conversation_members WHERE conversation_id = $1 AND user_id = $2"
-_MEMBER_LOCKED_SQL = "SELECT 1 FROM conversation_members WHERE conversation_id = $1 AND user_id = $2 FOR SHARE"
+# The SQL function (migration 0017) that the claim's and the SUCCEEDED commit's functions call too.
+_MEMBER_LOCKED_SQL = "SELECT 1 WHERE member_locked($1, $2)"
 
 
 async def is_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: str, lock: bool = False) -> bool:

@@ -25,6 +25,7 @@ from shared.states import (
     State,
     WaitingReason,
 )
+from tests.schema.test_sql_states import KNOWN
 
 pytestmark = pytest.mark.integration  # the real Postgres, reached without the database fixtures
 
@@ -97,5 +98,6 @@ async def test_every_state_a_function_names_is_a_state(conn: asyncpg.Connection)
     )
     named = {row["proname"]: set(re.findall(r"'([A-Z][A-Z_]*)'", row["body"])) for row in bodies}
     assert named["operation_is_runnable"] == {State.QUEUED, State.RETRY_AT, State.RUNNING}
-    # A schedule's states and pause reasons, in what a run's end does to its schedule (migration 0013).
-    assert set().union(*named.values()) <= {*State, *ScheduleState, *PauseReason}
+    # A schedule's states and pause reasons, in what a run's end does to its schedule (migration 0013); an
+    # artifact's states and an attempt's outcomes, in the claim and the SUCCEEDED commit (migration 0017).
+    assert set().union(*named.values()) <= KNOWN

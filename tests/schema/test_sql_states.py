@@ -16,7 +16,7 @@ from shared.states import ArtifactState, ChunkState, PauseReason, ScheduleState,
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = sorted((ROOT / "shared" / "repository").glob("*.py"))
 MIGRATIONS = sorted((ROOT / "shared" / "migrations").glob("*.sql"))
-# Upper-case SQL literals that name no state: an error code the janitor writes.
+# Upper-case SQL literals that name no state: the error code of an operation parked after its workers were lost.
 NOT_STATES = {"WORKER_LOST"}
 KNOWN = {
     *State,

@@ -4,6 +4,7 @@ every write of a holder whose generation was superseded changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -150,3 +151,69 @@ async def test_an_operation_that_lost_its_worker_on_every_attempt_is_parked(conn
     parked = await row(conn)
     assert (parked["state"], parked["error_code"], parked["lease_expires_at"]) == ("FAILED_REPAIR", "WORKER_LOST", None)
     assert await leases.claim(conn, operation_id="op_1", worker_id="w", lease_seconds=LEASE) is None
+
+
+async def claim_export(conn: asyncpg.Connection, worker_id: str, *, max_attempts: int = 3) -> leases.ExportClaim:
+    return await leases.claim_export(
+        conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE, max_attempts=max_attempts, message="lost"
+    )
+
+
+async def test_the_claim_call_parks_claims_and_reads_the_membership_in_one_round_trip(
+    conn: asyncpg.Connection,
+) -> None:
+    await conn.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
+    first = await claim_export(conn, "w1")
+    assert first.claimed is not None and not first.parked and first.member
+    assert (first.claimed.generation, first.claimed.snapshot_max_seq, first.claimed.took_over) == (1, 7, False)
+    assert (await claim_export(conn, "w2")) == leases.ExportClaim(parked=False, claimed=None, member=False)
+
+    await conn.execute("DELETE FROM conversation_members")
+    await expire_lease(conn)
+    second = await claim_export(conn, "w2")
+    assert second.claimed is not None and second.claimed.took_over and not second.member
+    assert await conn.fetch("SELECT generation, outcome FROM attempts ORDER BY generation") == [
+        (1, "LEASE_LOST"),
+        (2, None),
+    ]
+
+    await expire_lease(conn)
+    parked = await claim_export(conn, "w3", max_attempts=2)
+    assert parked == leases.ExportClaim(parked=True, claimed=None, member=False)
+    assert ((await row(conn))["state"], (await row(conn))["error_code"]) == ("FAILED_REPAIR", "WORKER_LOST")
+
+
+async def succeed_export(conn: asyncpg.Connection, claimed: ClaimedOperation) -> leases.SucceedOutcome:
+    return await leases.succeed_export(
+        conn,
+        claimed=claimed,
+        files=ArtifactFiles.one_file("exports/op_1/g1.jsonl", size_bytes=1, sha256="s", message_count=1),
+        artifact_generation=claimed.generation,
+        result_ttl_seconds=60,
+    )
+
+
+async def test_the_succeeded_call_writes_nothing_unless_member_lease_and_artifact_all_hold(
+    conn: asyncpg.Connection,
+) -> None:
+    claimed = await claim(conn, "w1")
+    files = ArtifactFiles.one_file("exports/op_1/g1.jsonl", size_bytes=1, sha256="s", message_count=1)
+    assert await artifacts.record_artifact(conn, operation_id="op_1", generation=1, object_key=files.key)
+    assert await artifacts.complete_artifact(conn, operation_id="op_1", generation=1, files=files)
+    before = await row(conn)
+
+    assert await succeed_export(conn, claimed) is leases.SucceedOutcome.NOT_MEMBER
+    await conn.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
+    stale = dataclasses.replace(claimed, generation=0)
+    assert await succeed_export(conn, stale) is leases.SucceedOutcome.LEASE_LOST
+    await conn.execute("UPDATE artifacts SET state = 'REMOVING'")
+    assert await succeed_export(conn, claimed) is leases.SucceedOutcome.ARTIFACT_GONE
+    # The SUCCEEDED write that came before the missing artifact was rolled back with the call.
+    assert await row(conn) == before
+    assert await conn.fetchval("SELECT outcome FROM attempts") is None
+
+    await conn.execute("UPDATE artifacts SET state = 'COMPLETE'")
+    assert await succeed_export(conn, claimed) is leases.SucceedOutcome.SUCCEEDED
+    assert (await row(conn))["state"] == "SUCCEEDED"
+    assert await conn.fetchval("SELECT state FROM artifacts") == "PUBLISHED"
+    assert await conn.fetchval("SELECT outcome FROM attempts") == "SUCCEEDED"
