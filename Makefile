@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-clusters pytest lint fmt typecheck docs bench bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters clean
+.PHONY: help install run test test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -23,9 +23,10 @@ help:
 	@echo "make lint       ruff check + ruff format --check + mypy"
 	@echo "make docs       build the documentation site into site/, every warning an error"
 	@echo "make fmt        ruff format + ruff check --fix"
-	@echo "make bench      the benchmarks: polls, submits, the drain, latency, the 1M-message export, recovery,"
-	@echo "                downloads by redirect, chunked exports, tracing's cost, callbacks, waiters, counts per export"
-	@echo "                (make bench-redirect, -chunks, -tracing, -callbacks, -waiters, -counts run one)"
+	@echo "make bench      the benchmarks: polls, submits, the drain and latency beside a bare pipeline, the"
+	@echo "                1M-message export, recovery, downloads by redirect, chunked exports, tracing's cost,"
+	@echo "                callbacks, waiters, counts per export (make bench-http, -drain, -export, -redirect,"
+	@echo "                -chunks, -tracing, -callbacks, -waiters, -counts run one)"
 	@echo "make chaos      the fault harness: ROUNDS=1000 rounds of random faults, SEED=S (default random),"
 	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once, CLUSTER=1 on a"
 	@echo "                RabbitMQ cluster and a PostgreSQL primary with standbys (node kills, failovers)"
@@ -86,6 +87,17 @@ bench: install
 	$(BIN)/python bench/redirect.py
 	$(BIN)/python bench/chunks.py
 	$(BIN)/python bench/counts.py
+
+# One row of the table each: the polls and submits, the drain beside the bare pipeline, the 1M export.
+bench-http: install
+	@command -v wrk >/dev/null || apt-get install -y wrk || sudo apt-get install -y wrk
+	$(BIN)/python bench/http_load.py
+
+bench-drain: install
+	$(BIN)/python bench/drain.py
+
+bench-export: install
+	$(BIN)/python bench/export_1m.py
 
 bench-chunks: install
 	$(BIN)/python bench/chunks.py

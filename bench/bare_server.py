@@ -15,6 +15,8 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from bench.bare_pipeline import no_reset
+
 POOL = web.AppKey("pool", asyncpg.Pool)
 
 
@@ -58,17 +60,13 @@ async def submit(request: web.Request) -> web.Response:
     return web.json_response({"operation_id": operation_id}, status=202)
 
 
-async def _no_reset(conn: asyncpg.Connection) -> None:
-    """Nothing: this server holds no session state."""
-
-
 def _plain(value: Any) -> Any:
     return value if value is None or isinstance(value, (int, float, str, bool)) else str(value)
 
 
 async def _pool(app: web.Application, database_url: str) -> Any:
     # As lean as the product's pool: no reset round trip on release (``shared.db.create_pool``).
-    app[POOL] = await asyncpg.create_pool(database_url, min_size=4, max_size=10, reset=_no_reset)
+    app[POOL] = await asyncpg.create_pool(database_url, min_size=4, max_size=10, reset=no_reset)
     yield
     await app[POOL].close()
 

@@ -31,6 +31,7 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.proc import process_figures
 from bench.running import running_system
 from bench.table import Figure, percentile, print_table
 from devtools.localsystem import LocalSystem
@@ -98,14 +99,6 @@ async def operations(conn: asyncpg.Connection, prefix: str, count: int) -> list[
     return ids
 
 
-def api_figures(pid: int) -> tuple[float, float]:
-    """The api's resident memory (MB) and CPU time so far (s), from ``/proc``."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return rss_kb / 1024, (int(fields[11]) + int(fields[12])) / 100
-
-
 async def change_latency(conn: asyncpg.Connection, waiters: Waiters, operation_id: str, expected: int) -> float:
     """Move ``operation_id`` to RUNNING; seconds from the commit to the last of its ``expected`` answers."""
     all_answered = waiters.expect(operation_id, expected)
@@ -153,7 +146,7 @@ async def measure(system: LocalSystem, long_polls: int, streams: int) -> list[Fi
             spread = await operations(conn, "spread", OPERATIONS)
             single = await operations(conn, "single", 1)
             waiters = Waiters(api, token)
-            idle_rss, _ = api_figures(pid)
+            idle_rss, _ = process_figures(pid)
             metrics_url = f"http://127.0.0.1:{system.metrics_ports['api']}/metrics"
             kinds = [waiters.long_poll] * long_polls + [waiters.stream] * streams
             opened = time.perf_counter()
@@ -161,9 +154,9 @@ async def measure(system: LocalSystem, long_polls: int, streams: int) -> list[Fi
                 api, metrics_url, [partial(kind, spread[n % OPERATIONS]) for n, kind in enumerate(kinds)]
             )
             opened = time.perf_counter() - opened
-            rss, cpu = api_figures(pid)
+            rss, cpu = process_figures(pid)
             await asyncio.sleep(IDLE_SECONDS)  # the measurement itself: CPU over a stretch where nothing changes
-            idle_cpu = (api_figures(pid)[1] - cpu) / IDLE_SECONDS
+            idle_cpu = (process_figures(pid)[1] - cpu) / IDLE_SECONDS
             per_operation = (long_polls + streams) // OPERATIONS
             latencies = [await change_latency(conn, waiters, spread[n], per_operation) for n in range(CHANGES)]
             # The first waiters go (their long polls would reach their deadline meanwhile).
