@@ -356,14 +356,17 @@ BEGIN
     IF NOT member_locked(p_conversation_id, p_owner_id) THEN
         RETURN 'not_member';
     END IF;
-    IF NOT succeed_lease(p_operation_id, p_generation, p_key, p_size_bytes, p_sha256, p_message_count, p_parts,
-                         p_ttl_seconds, p_bytes_written) THEN
-        RETURN 'lease_lost';
-    END IF;
-    IF NOT publish_artifact(p_operation_id, p_artifact_generation) THEN
-        RAISE EXCEPTION 'the artifact of % generation % is gone', p_operation_id, p_artifact_generation
-              USING ERRCODE = 'CX001';
-    END IF;
+    BEGIN
+        IF NOT succeed_lease(p_operation_id, p_generation, p_key, p_size_bytes, p_sha256, p_message_count,
+                             p_parts, p_ttl_seconds, p_bytes_written) THEN
+            RETURN 'lease_lost';
+        END IF;
+        IF NOT publish_artifact(p_operation_id, p_artifact_generation) THEN
+            RAISE EXCEPTION USING ERRCODE = 'CX001';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'CX001' THEN
+        RETURN 'artifact_gone';
+    END;
     RETURN 'succeeded';
 END;
 $$;

@@ -57,7 +57,9 @@ END;
 $$;
 
 -- The operation's whole row comes back, so a column added later reaches the worker with no new version of
--- this function; claimed is NULL when nothing was runnable.
+-- this function; claimed is a row of NULLs when nothing was runnable. Callers select (claimed).*: a
+-- composite value's layout is cached per connection by the driver, which fails to decode it, after the
+-- statement ran, once a migration added a column; plain columns make Postgres refuse the cached plan first.
 CREATE FUNCTION claim_lease(p_operation_id text, p_worker_id text, p_lease_seconds float8,
                             OUT took_over boolean, OUT claimed operations)
 LANGUAGE plpgsql AS $$
@@ -131,8 +133,8 @@ BEGIN
 END;
 $$;
 
--- The membership re-check, succeed_lease and publish_artifact. An artifact removed meanwhile raises
--- SQLSTATE CX001, so that the call's own transaction rolls the SUCCEEDED write back.
+-- The membership re-check, succeed_lease and publish_artifact. An artifact removed meanwhile rolls the
+-- SUCCEEDED write back with the block (a subtransaction), and nothing else of the caller's transaction.
 CREATE FUNCTION succeed_export(p_conversation_id text, p_owner_id text, p_artifact_generation bigint,
                                p_operation_id text, p_generation bigint, p_key text, p_size_bytes bigint,
                                p_sha256 text, p_message_count bigint, p_parts jsonb, p_ttl_seconds float8,
@@ -142,14 +144,17 @@ BEGIN
     IF NOT member_locked(p_conversation_id, p_owner_id) THEN
         RETURN 'not_member';
     END IF;
-    IF NOT succeed_lease(p_operation_id, p_generation, p_key, p_size_bytes, p_sha256, p_message_count, p_parts,
-                         p_ttl_seconds, p_bytes_written) THEN
-        RETURN 'lease_lost';
-    END IF;
-    IF NOT publish_artifact(p_operation_id, p_artifact_generation) THEN
-        RAISE EXCEPTION 'the artifact of % generation % is gone', p_operation_id, p_artifact_generation
-              USING ERRCODE = 'CX001';
-    END IF;
+    BEGIN
+        IF NOT succeed_lease(p_operation_id, p_generation, p_key, p_size_bytes, p_sha256, p_message_count,
+                             p_parts, p_ttl_seconds, p_bytes_written) THEN
+            RETURN 'lease_lost';
+        END IF;
+        IF NOT publish_artifact(p_operation_id, p_artifact_generation) THEN
+            RAISE EXCEPTION USING ERRCODE = 'CX001';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'CX001' THEN
+        RETURN 'artifact_gone';
+    END;
     RETURN 'succeeded';
 END;
 $$;

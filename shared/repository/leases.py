@@ -97,7 +97,7 @@ async def claim(
     ``claim_lease`` (migration 0017).
     """
     row = await conn.fetchrow(
-        "SELECT took_over, claimed FROM claim_lease($1, $2, $3)", operation_id, worker_id, lease_seconds
+        "SELECT took_over, (claimed).* FROM claim_lease($1, $2, $3)", operation_id, worker_id, lease_seconds
     )
     return _claimed(row)
 
@@ -128,7 +128,7 @@ async def claim_export(
     lease are one decision (docs/states.md: States and failure model). ``lease_seconds`` in seconds.
     """
     row = await conn.fetchrow(
-        "SELECT parked, took_over, member, claimed FROM claim_export($1, $2, $3, $4, $5)",
+        "SELECT parked, took_over, member, (claimed).* FROM claim_export($1, $2, $3, $4, $5)",
         operation_id,
         worker_id,
         lease_seconds,
@@ -139,11 +139,12 @@ async def claim_export(
 
 
 def _claimed(row: asyncpg.Record) -> ClaimedOperation | None:
-    """The claimed operation of a claim function's ``took_over, claimed`` row; None when it claimed nothing."""
-    # PL/pgSQL returns an unset composite as a row of NULLs, not as NULL.
-    if row["claimed"] is None or row["claimed"]["operation_id"] is None:
+    """The claimed operation of a claim function's ``took_over, (claimed).*`` row; None when it claimed nothing
+    (PL/pgSQL returns an unset composite as a row of NULLs).
+    """
+    if row["operation_id"] is None:
         return None
-    return ClaimedOperation.from_claim(row["claimed"], took_over=row["took_over"])
+    return ClaimedOperation.from_claim(row, took_over=row["took_over"])
 
 
 async def claim_cancellation(
@@ -262,10 +263,6 @@ class SucceedOutcome(StrEnum):
     ARTIFACT_GONE = "artifact_gone"
 
 
-# What the SQL function raises, rolling its writes back, when the artifact to publish was removed meanwhile.
-ARTIFACT_GONE_SQLSTATE = "CX001"
-
-
 async def succeed_export(
     conn: asyncpg.Connection,
     *,
@@ -277,23 +274,19 @@ async def succeed_export(
     """The SUCCEEDED commit in one call of the SQL function ``succeed_export`` (migration 0017), atomic on its
     own: the owner's membership re-checked with its row share-locked, then ``succeed``, then
     ``artifacts.publish_artifact`` of ``artifact_generation`` (an adopted artifact's is older than the
-    lease's); nothing is written unless all three pass (docs/states.md: States and failure model). Raises
-    what asyncpg raises for a lost connection, when the outcome is unknown.
+    lease's); nothing is written unless all three pass, and an outcome other than SUCCEEDED leaves the
+    caller's transaction, if any, usable (docs/states.md: States and failure model). Raises what asyncpg
+    raises for a lost connection, when the outcome is unknown.
     """
-    try:
-        outcome: str = await conn.fetchval(
-            "SELECT succeed_export($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12)",
-            claimed.conversation_id,
-            claimed.owner_id,
-            artifact_generation,
-            claimed.operation_id,
-            claimed.generation,
-            *_result(files, result_ttl_seconds),
-        )
-    except asyncpg.PostgresError as exc:
-        if exc.sqlstate != ARTIFACT_GONE_SQLSTATE:
-            raise
-        return SucceedOutcome.ARTIFACT_GONE
+    outcome: str = await conn.fetchval(
+        "SELECT succeed_export($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12)",
+        claimed.conversation_id,
+        claimed.owner_id,
+        artifact_generation,
+        claimed.operation_id,
+        claimed.generation,
+        *_result(files, result_ttl_seconds),
+    )
     return SucceedOutcome(outcome)
 
 

@@ -1,5 +1,6 @@
-"""Progress phases are one enumeration (docs/api.md: API reference, Operation): the phases the repository writes
-in SQL, the ones the API reference lists and the API's schema all name members of ``shared.phases.Phase``.
+"""Progress phases are one enumeration (docs/api.md: API reference, Operation): the phases the repository and
+the migrations' functions write in SQL, the ones the API reference lists and the API's schema all name members
+of ``shared.phases.Phase``.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from shared.states import State
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY_SQL = "".join(path.read_text(encoding="utf-8") for path in (ROOT / "shared" / "repository").glob("*.py"))
+MIGRATIONS_SQL = "".join(path.read_text(encoding="utf-8") for path in (ROOT / "shared" / "migrations").glob("*.sql"))
 API_PAGE = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
 
 
 def test_every_phase_the_repository_writes_is_a_phase() -> None:
-    written = set(re.findall(r"progress_phase = '([^']*)'", REPOSITORY_SQL))
+    written = set(re.findall(r"progress_phase = '([^']*)'", REPOSITORY_SQL + MIGRATIONS_SQL))
     assert written, "the pattern no longer finds the phases written in SQL"
     assert written <= set(Phase)
 

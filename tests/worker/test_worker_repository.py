@@ -207,7 +207,9 @@ async def test_the_succeeded_call_writes_nothing_unless_member_lease_and_artifac
     stale = dataclasses.replace(claimed, generation=0)
     assert await succeed_export(conn, stale) is leases.SucceedOutcome.LEASE_LOST
     await conn.execute("UPDATE artifacts SET state = 'REMOVING'")
-    assert await succeed_export(conn, claimed) is leases.SucceedOutcome.ARTIFACT_GONE
+    async with conn.transaction():
+        assert await succeed_export(conn, claimed) is leases.SucceedOutcome.ARTIFACT_GONE
+        assert await conn.fetchval("SELECT 1") == 1  # the caller's transaction goes on
     # The SUCCEEDED write that came before the missing artifact was rolled back with the call.
     assert await row(conn) == before
     assert await conn.fetchval("SELECT outcome FROM attempts") is None
@@ -217,3 +219,13 @@ async def test_the_succeeded_call_writes_nothing_unless_member_lease_and_artifac
     assert (await row(conn))["state"] == "SUCCEEDED"
     assert await conn.fetchval("SELECT state FROM artifacts") == "PUBLISHED"
     assert await conn.fetchval("SELECT outcome FROM attempts") == "SUCCEEDED"
+
+
+async def test_a_column_added_while_workers_run_leaves_their_claims_working(conn: asyncpg.Connection) -> None:
+    # A rolling deploy migrates while the previous release still claims (docs/deploy.md: Rolling deploys).
+    assert (await claim_export(conn, "w1")).claimed is not None  # the claim's statement is now cached
+    await conn.execute("ALTER TABLE operations ADD COLUMN added_later text")
+    await expire_lease(conn)
+    again = await claim_export(conn, "w2")
+    assert again.claimed is not None and again.claimed.generation == 2
+    assert await conn.fetchval("SELECT lease_owner FROM operations") == "w2"
