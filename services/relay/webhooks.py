@@ -158,7 +158,7 @@ class WebhookSender:
         started = time.monotonic()
         try:
             status_code: int | None = await self._post(delivery, body)
-            error = None if 200 <= (status_code or 0) < 300 else f"HTTP {status_code}"
+            error = None if webhook_deliveries.is_delivered(status_code) else f"HTTP {status_code}"
         except RefusedTarget as refusal:
             status_code, error = None, f"refused: {refusal}"
         except aiohttp.ClientHttpProxyError as refusal:

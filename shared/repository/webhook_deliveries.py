@@ -88,7 +88,14 @@ class Attempt:
     @property
     def delivered(self) -> bool:
         """A 2xx answer."""
-        return self.status_code is not None and 200 <= self.status_code < 300
+        return is_delivered(self.status_code)
+
+
+def is_delivered(status_code: int | None) -> bool:
+    """Whether a receiver's answer ``status_code`` (None: no answer) delivers a callback: any 2xx
+    (docs/api.md: API reference, Completion callbacks).
+    """
+    return status_code is not None and 200 <= status_code < 300
 
 
 async def record_attempts(conn: asyncpg.Connection, attempts: list[Attempt]) -> list[int]:
