@@ -82,26 +82,6 @@ _CLAIMED_COLUMNS = "o.operation_id, o.owner_id, o.conversation_id, o.generation,
 )
 
 
-async def claim(
-    conn: asyncpg.Connection, *, operation_id: str, worker_id: str, lease_seconds: float
-) -> ClaimedOperation | None:
-    """Take the lease of a runnable operation with generation + 1; None when there is nothing to run.
-
-    Runnable (the SQL function ``operation_is_runnable``, migration 0004): QUEUED, RETRY_AT whose time has
-    come, or RUNNING whose lease expired (a takeover). Times are the database's. ``snapshot_max_seq``, the
-    highest seq the file may hold, is fixed on the first claim and kept by every retry: the conversation's
-    last seq, capped at ``before_seq - 1``, and ``after_seq`` when that leaves the range empty, so that an
-    export of what came next starts there (docs/api.md: API reference). The same transaction opens the new
-    generation's attempt, held by ``worker_id``, and closes an older one still open
-    (``attempts.supersede_attempts``); ``took_over`` tells whether it closed one. One call of the SQL function
-    ``claim_lease`` (migration 0017).
-    """
-    row = await conn.fetchrow(
-        "SELECT took_over, (claimed).* FROM claim_lease($1, $2, $3)", operation_id, worker_id, lease_seconds
-    )
-    return _claimed(row)
-
-
 @dataclass(frozen=True)
 class ExportClaim:
     """What ``claim_export`` did: ``parked`` the operation, or ``claimed`` it (None: nothing to run) and found
@@ -122,10 +102,23 @@ async def claim_export(
     max_attempts: int,
     message: str,
 ) -> ExportClaim:
-    """A wake-up's claim in one call of the SQL function ``claim_export`` (migration 0017), atomic on its own:
-    ``park_abandoned`` (``max_attempts``, ``message``), else ``claim`` and, when it claimed, the owner's
-    membership with its row share-locked until the call's transaction ends, so that "still a member" and the
-    lease are one decision (docs/states.md: States and failure model). ``lease_seconds`` in seconds.
+    """A wake-up's claim in one call of the SQL function ``claim_export`` (migration 0017), atomic on its own
+    (docs/states.md: States and failure model). ``lease_seconds`` in seconds; times are the database's.
+
+    First it parks: a RUNNING operation whose lease expired after ``max_attempts`` attempts goes to
+    FAILED_REPAIR with the error ``WORKER_LOST`` and ``message`` instead of being taken over, since every attempt
+    lost its worker and another takeover would only risk the next one (the budget is spent); its last attempt is
+    closed as LEASE_LOST with that code, and ``parked`` says so.
+
+    Otherwise it takes the lease of a runnable operation with generation + 1 (``claimed``; None when there is
+    nothing to run). Runnable (the SQL function ``operation_is_runnable``, migration 0004): QUEUED, RETRY_AT
+    whose time has come, or RUNNING whose lease expired (a takeover). ``snapshot_max_seq``, the highest seq the
+    file may hold, is fixed on the first claim and kept by every retry: the conversation's last seq, capped at
+    ``before_seq - 1``, and ``after_seq`` when that leaves the range empty, so that an export of what came next
+    starts there (docs/api.md: API reference). The same transaction opens the new generation's attempt, held by
+    ``worker_id``, and closes an older one still open (``attempts.supersede_attempts``); ``took_over`` tells
+    whether it closed one. When it claimed, ``member`` is the owner's membership, its row share-locked until
+    the call's transaction ends, so that "still a member" and the lease are one decision.
     """
     row = await conn.fetchrow(
         "SELECT parked, took_over, member, (claimed).* FROM claim_export($1, $2, $3, $4, $5)",
@@ -235,25 +228,6 @@ async def record_progress(
     return status == "UPDATE 1"
 
 
-async def succeed(
-    conn: asyncpg.Connection, *, operation_id: str, generation: int, files: ArtifactFiles, result_ttl_seconds: int
-) -> bool:
-    """RUNNING -> SUCCEEDED with the published ``files``; False when the lease or the state moved on.
-
-    A committed CANCEL_REQUESTED makes this match nothing, so SUCCEEDED can never follow it (docs/states.md: States and
-    failure model, Cancel). Closes the attempt as SUCCEEDED. A split result has no size or sha256 of its own, only
-    its parts' (docs/api.md: API reference, Export options). One call of the SQL function ``succeed_lease``
-    (migration 0017).
-    """
-    succeeded: bool = await conn.fetchval(
-        "SELECT succeed_lease($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
-        operation_id,
-        generation,
-        *_result(files, result_ttl_seconds),
-    )
-    return succeeded
-
-
 class SucceedOutcome(StrEnum):
     """What ``succeed_export`` did, as the SQL function of that name answers it (migration 0017)."""
 
@@ -271,12 +245,19 @@ async def succeed_export(
     artifact_generation: int,
     result_ttl_seconds: int,
 ) -> SucceedOutcome:
-    """The SUCCEEDED commit in one call of the SQL function ``succeed_export`` (migration 0017), atomic on its
-    own: the owner's membership re-checked with its row share-locked, then ``succeed``, then
-    ``artifacts.publish_artifact`` of ``artifact_generation`` (an adopted artifact's is older than the
-    lease's); nothing is written unless all three pass, and an outcome other than SUCCEEDED leaves the
-    caller's transaction, if any, usable (docs/states.md: States and failure model). Raises what asyncpg
-    raises for a lost connection, when the outcome is unknown.
+    """RUNNING -> SUCCEEDED with the published ``files``, in one call of the SQL function ``succeed_export``
+    (migration 0017), atomic on its own (docs/states.md: States and failure model). Three checks, in order: the
+    owner's membership, re-checked with its row share-locked (else NOT_MEMBER); the lease, the operation RUNNING
+    under ``claimed``'s generation (else LEASE_LOST: the lease or the state moved on; a committed
+    CANCEL_REQUESTED matches nothing either, so SUCCEEDED can never follow it, docs/states.md: States and failure
+    model, Cancel); and the artifact of ``artifact_generation`` (an adopted artifact's is older than the
+    lease's) going COMPLETE -> PUBLISHED, as ``artifacts.publish_artifact`` does (else ARTIFACT_GONE: it was
+    removed meanwhile).
+
+    Nothing is written unless all three pass; then the attempt is closed as SUCCEEDED. An outcome other than
+    SUCCEEDED leaves the caller's transaction, if any, usable. A split result has no size or sha256 of its own,
+    only its parts' (docs/api.md: API reference, Export options). Raises what asyncpg raises for a lost
+    connection, when the outcome is unknown.
     """
     outcome: str = await conn.fetchval(
         "SELECT succeed_export($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12)",
@@ -291,8 +272,8 @@ async def succeed_export(
 
 
 def _result(files: ArtifactFiles, result_ttl_seconds: int) -> tuple[Any, ...]:
-    """The result's arguments of ``succeed_lease`` after the operation and generation: key, size (bytes),
-    sha256, message count, parts (JSON), time to live (seconds) and bytes written.
+    """The result's arguments of the SQL function ``succeed_export`` after the operation and generation: key,
+    size (bytes), sha256, message count, parts (JSON), time to live (seconds) and bytes written.
     """
     single = files.single
     return (
@@ -360,16 +341,6 @@ async def hand_back(conn: asyncpg.Connection, *, operation_id: str, generation: 
         return await close_attempt_if_matched(
             status, conn, operation_id=operation_id, generation=generation, outcome="HANDED_BACK"
         )
-
-
-async def park_abandoned(conn: asyncpg.Connection, *, operation_id: str, max_attempts: int, message: str) -> bool:
-    """RUNNING -> FAILED_REPAIR when its lease expired after ``max_attempts`` attempts: each of them lost its worker, so
-    taking it over again would only risk the next one (docs/states.md: States and failure model: the budget is spent).
-    The last attempt is closed as LEASE_LOST with ``WORKER_LOST``. One call of the SQL function ``park_abandoned``
-    (migration 0017).
-    """
-    parked: bool = await conn.fetchval("SELECT park_abandoned($1, $2, $3)", operation_id, max_attempts, message)
-    return parked
 
 
 async def finish_cancel(conn: asyncpg.Connection, *, operation_id: str, generation: int, abandoned: bool) -> bool:

@@ -23,8 +23,10 @@ from services.worker.runner import LeaseRunner
 from shared.repair import requeue
 from shared.repository import leases
 from shared.repository.artifacts import ArtifactFiles
+from shared.repository.leases import ClaimedOperation, SucceedOutcome
 from shared.settings import Settings
 from shared.storage import artifact_key
+from tests.support import claims
 from tests.support.api_calls import (
     expect_problem,
     import_lines,
@@ -136,8 +138,7 @@ async def test_a_takeover_shows_the_lost_generation_and_its_holder_cannot_rewrit
     operation_id = await submitted(api, auth, "c-take")
     # A worker claims generation 1, then freezes until its lease has expired.
     async with pool.acquire() as conn:
-        frozen = await leases.claim(conn, operation_id=operation_id, worker_id="w-frozen", lease_seconds=LEASE)
-        assert frozen is not None
+        frozen = await claims.claim(conn, operation_id, "w-frozen", lease_seconds=LEASE)
         await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
     running = await admin_view(api, auth, operation_id)
     assert (running["state"], running["lease_owner"], running["generation"]) == ("RUNNING", "w-frozen", 1)
@@ -239,15 +240,15 @@ async def test_the_admin_view_needs_the_admin_scope_and_a_known_well_formed_id(
     assert queued["progress"]["phase"] == "waiting"
 
 
-Ending = Callable[[asyncpg.Connection, int], Awaitable[bool]]
+Ending = Callable[[asyncpg.Connection, ClaimedOperation], Awaitable[bool]]
 
 
 def _end_attempt(state: str, code: str, delay: float | None = None) -> Ending:
-    def end(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
+    def end(conn: asyncpg.Connection, claimed: ClaimedOperation) -> Awaitable[bool]:
         return leases.end_attempt(
             conn,
             operation_id="op_1",
-            generation=generation,
+            generation=claimed.generation,
             state=state,
             error_code=code,
             error_message="m",
@@ -257,31 +258,45 @@ def _end_attempt(state: str, code: str, delay: float | None = None) -> Ending:
     return end
 
 
-def _succeed(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
+def files_of(generation: int) -> ArtifactFiles:
     digest = hashlib.sha256(b"").hexdigest()
-    return leases.succeed(
+    return ArtifactFiles.one_file(f"exports/op_1/g{generation}.jsonl", size_bytes=0, sha256=digest, message_count=0)
+
+
+async def _succeed(conn: asyncpg.Connection, claimed: ClaimedOperation) -> bool:
+    outcome = await leases.succeed_export(
         conn,
-        operation_id="op_1",
-        generation=generation,
-        files=ArtifactFiles.one_file("k", size_bytes=0, sha256=digest, message_count=0),
+        claimed=claimed,
+        files=files_of(claimed.generation),
+        artifact_generation=claimed.generation,
         result_ttl_seconds=60,
     )
+    # Like every other ending, refused only because the lease or the state moved on: the owner is a member and
+    # the file verified (``holding``).
+    assert outcome in {SucceedOutcome.SUCCEEDED, SucceedOutcome.LEASE_LOST}, outcome
+    return outcome is SucceedOutcome.SUCCEEDED
 
 
-def _hand_back(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return leases.hand_back(conn, operation_id="op_1", generation=generation)
+def _hand_back(conn: asyncpg.Connection, claimed: ClaimedOperation) -> Awaitable[bool]:
+    return leases.hand_back(conn, operation_id="op_1", generation=claimed.generation)
 
 
-def _finish_cancel(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return leases.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=False)
+def _finish_cancel(conn: asyncpg.Connection, claimed: ClaimedOperation) -> Awaitable[bool]:
+    return leases.finish_cancel(conn, operation_id="op_1", generation=claimed.generation, abandoned=False)
 
 
-def _park(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return leases.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
+async def parked(conn: asyncpg.Connection) -> bool:
+    """Whether a wake-up's claim, with one attempt for the whole budget, parked op_1."""
+    claim = await claims.claim_export(conn, "op_1", "w-next", lease_seconds=LEASE, max_attempts=1)
+    return claim.parked
 
 
-def _janitor_cancel(conn: asyncpg.Connection, generation: int) -> Awaitable[bool]:
-    return leases.finish_cancel(conn, operation_id="op_1", generation=generation, abandoned=True)
+def _park(conn: asyncpg.Connection, claimed: ClaimedOperation) -> Awaitable[bool]:
+    return parked(conn)
+
+
+def _janitor_cancel(conn: asyncpg.Connection, claimed: ClaimedOperation) -> Awaitable[bool]:
+    return leases.finish_cancel(conn, operation_id="op_1", generation=claimed.generation, abandoned=True)
 
 
 EXPIRED_LEASE = "UPDATE operations SET lease_expires_at = now() - interval '1 second'"
@@ -310,28 +325,42 @@ async def attempt_rows(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in rows]
 
 
-async def claimed(conn: asyncpg.Connection, worker_id: str) -> int:
-    row = await leases.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
-    assert row is not None
-    return row.generation
+async def claimed(conn: asyncpg.Connection, worker_id: str) -> ClaimedOperation:
+    return await claims.claim(conn, "op_1", worker_id, lease_seconds=LEASE)
+
+
+async def queued_for_a_member(pool: asyncpg.Pool) -> None:
+    """op_1 queued, its owner alice a member of its conversation c-a."""
+    await pool.execute("INSERT INTO conversations (conversation_id) VALUES ('c-a')")
+    await pool.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
+    await insert_operation(pool, "op_1", "QUEUED")
+
+
+async def holding(conn: asyncpg.Connection, worker_id: str) -> ClaimedOperation:
+    """op_1 claimed by ``worker_id``, whose file is written and verified: whether a SUCCEEDED may follow then
+    turns on the lease and the state alone.
+    """
+    claim = await claimed(conn, worker_id)
+    await claims.verified_artifact(conn, claim, files_of(claim.generation))
+    return claim
 
 
 @pytest.mark.parametrize("name", list(ENDINGS))
 async def test_the_write_that_ends_an_attempt_closes_its_row_once(pool: asyncpg.Pool, name: str) -> None:
     meanwhile, ending, outcome, error_code = ENDINGS[name]
-    await insert_operation(pool, "op_1", "QUEUED")
+    await queued_for_a_member(pool)
     async with pool.acquire() as conn:
-        generation = await claimed(conn, "w1")
+        claim = await holding(conn, "w1")
         assert await attempt_rows(conn) == [(1, 1, "w1", None, None, False)]
         if meanwhile is not None:
             await conn.execute(meanwhile)
 
-        assert await ending(conn, generation)
+        assert await ending(conn, claim)
         closed = await attempt_rows(conn)
         assert closed == [(1, 1, "w1", outcome, error_code, True)]
         ended_at = await conn.fetchval(ENDED_AT)
         # Written again (a hand back of an expired lease still matches), the closed row stays as it is.
-        await ending(conn, generation)
+        await ending(conn, claim)
         assert await attempt_rows(conn) == closed
         assert await conn.fetchval(ENDED_AT) == ended_at
 
@@ -339,9 +368,9 @@ async def test_the_write_that_ends_an_attempt_closes_its_row_once(pool: asyncpg.
 @pytest.mark.parametrize("name", [name for name in ENDINGS if name != "parked: worker lost"])
 async def test_a_superseded_generation_cannot_close_the_attempt_of_the_next(pool: asyncpg.Pool, name: str) -> None:
     meanwhile, ending, _, _ = ENDINGS[name]
-    await insert_operation(pool, "op_1", "QUEUED")
+    await queued_for_a_member(pool)
     async with pool.acquire() as conn:
-        old = await claimed(conn, "w1")
+        old = await holding(conn, "w1")
         await conn.execute(EXPIRED_LEASE)
         await claimed(conn, "w2")
         expected = [(1, 1, "w1", "LEASE_LOST", None, True), (2, 2, "w2", None, None, False)]
@@ -357,14 +386,14 @@ async def test_a_requeued_or_handed_back_operation_gets_a_new_attempt_row(pool: 
     await insert_operation(pool, "op_1", "QUEUED")
     async with pool.acquire() as conn:
         first = await claimed(conn, "w1")
-        assert await leases.hand_back(conn, operation_id="op_1", generation=first)
+        assert await leases.hand_back(conn, operation_id="op_1", generation=first.generation)
         # A handed back attempt is not counted: the next claim has the same attempt number.
         await claimed(conn, "w2")
         await conn.execute(EXPIRED_LEASE)
-        assert await leases.park_abandoned(conn, operation_id="op_1", max_attempts=1, message="lost")
+        assert await parked(conn)
         assert (await requeue(conn, operation_id="op_1")).requeued
         # The requeue took generation 3 from any late holder; the next claim is generation 4.
-        assert await claimed(conn, "w3") == 4
+        assert (await claimed(conn, "w3")).generation == 4
         assert await attempt_rows(conn) == [
             (1, 1, "w1", "HANDED_BACK", None, True),
             (2, 1, "w2", "LEASE_LOST", "WORKER_LOST", True),

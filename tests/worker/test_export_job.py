@@ -11,11 +11,11 @@ from typing import Any
 import asyncpg
 
 from services.worker.export import ExportJob
-from shared.repository import leases
 from shared.repository.artifacts import StoredPart
 from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 from shared.storage import artifact_key
+from tests.support import claims
 from tests.support.rows import insert_operation
 
 MIB = 1024 * 1024
@@ -40,9 +40,7 @@ async def claimed(pool: asyncpg.Pool, settings: Settings, **columns: Any) -> Cla
     """op_1 (alice's export of c-a, with ``columns``) queued, then claimed as generation 1."""
     await insert_operation(pool, "op_1", "QUEUED", **columns)
     async with pool.acquire() as conn:
-        claim = await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=settings.lease_seconds)
-    assert claim is not None
-    return claim
+        return await claims.claim(conn, "op_1", "w1", lease_seconds=settings.lease_seconds)
 
 
 async def stored(s3: Any, settings: Settings, key: str) -> bytes:

@@ -16,12 +16,12 @@ from prometheus_client import REGISTRY
 
 from services.worker.runner import LeaseRunner
 from shared.artifact_removal import remove_artifact
-from shared.repository import artifacts, leases
+from shared.repository import artifacts
 from shared.repository.artifacts import ArtifactFiles, StoredPart
 from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings
 from shared.storage import artifact_key
-from tests.support import wait_for
+from tests.support import claims, wait_for
 from tests.support.bucket import keys, open_uploads
 from tests.support.rows import insert_artifact, insert_operation
 
@@ -67,8 +67,7 @@ async def abandoned_at_generation_one(pool: asyncpg.Pool) -> None:
 async def take_over(pool: asyncpg.Pool, s3: Any, settings: Settings, *, then: str | None = None) -> ClaimedOperation:
     """Claim op_1 as generation 2, run ``then`` (SQL) as if another party acted meanwhile, then run it."""
     async with pool.acquire() as conn:
-        claimed = await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
-    assert claimed is not None
+        claimed = await claims.claim(conn, "op_1", "w2", lease_seconds=settings.lease_seconds)
     assert claimed.generation == 2
     if then is not None:
         await pool.execute(then)
@@ -215,11 +214,9 @@ async def test_a_superseded_holders_writes_are_rejected_and_counted(
 ) -> None:
     await insert_operation(pool, "op_1", "QUEUED")
     async with pool.acquire() as conn:
-        first = await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=settings.lease_seconds)
-        assert first is not None
+        first = await claims.claim(conn, "op_1", "w1", lease_seconds=settings.lease_seconds)
         await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
-        second = await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
-        assert second is not None
+        await claims.claim(conn, "op_1", "w2", lease_seconds=settings.lease_seconds)
     sample = "chatexport_worker_stale_generation_writes_total"
     before = REGISTRY.get_sample_value(sample, {"write": "artifact"}) or 0.0
 
@@ -290,8 +287,7 @@ async def test_a_takeover_refused_at_start_removes_what_earlier_generations_left
     await complete_generation_one(pool, s3, settings)
     await pool.execute("DELETE FROM conversation_members WHERE user_id = 'alice'")
     async with pool.acquire() as conn:
-        row = await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=settings.lease_seconds)
-    assert row is not None
+        row = await claims.claim(conn, "op_1", "w2", lease_seconds=settings.lease_seconds)
 
     await LeaseRunner(pool=pool, s3=s3, settings=settings).refuse(row)
 

@@ -15,8 +15,10 @@ from shared.phases import Phase
 from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.leases import ClaimedOperation, finish_cancel
+from tests.support import claims
 
 LEASE = 30.0
+NOTHING_TO_RUN = leases.ExportClaim(parked=False, claimed=None, member=False)
 
 
 @pytest.fixture
@@ -30,10 +32,33 @@ async def conn(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
         yield connection
 
 
+async def claim_export(
+    conn: asyncpg.Connection, worker_id: str, *, max_attempts: int = claims.NEVER_PARKED
+) -> leases.ExportClaim:
+    return await claims.claim_export(conn, "op_1", worker_id, lease_seconds=LEASE, max_attempts=max_attempts)
+
+
 async def claim(conn: asyncpg.Connection, worker_id: str) -> ClaimedOperation:
-    claimed = await leases.claim(conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE)
-    assert claimed is not None
-    return claimed
+    return await claims.claim(conn, "op_1", worker_id, lease_seconds=LEASE)
+
+
+async def add_member(conn: asyncpg.Connection) -> None:
+    """alice, op_1's owner, joins c-a."""
+    await conn.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
+
+
+def files_of(generation: int) -> ArtifactFiles:
+    return ArtifactFiles.one_file(f"exports/op_1/g{generation}.jsonl", size_bytes=1, sha256="s", message_count=1)
+
+
+async def succeed_export(conn: asyncpg.Connection, claimed: ClaimedOperation) -> leases.SucceedOutcome:
+    return await leases.succeed_export(
+        conn,
+        claimed=claimed,
+        files=files_of(claimed.generation),
+        artifact_generation=claimed.generation,
+        result_ttl_seconds=60,
+    )
 
 
 async def expire_lease(conn: asyncpg.Connection) -> None:
@@ -50,7 +75,7 @@ async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(c
     first = await claim(conn, "w1")
     assert (first.generation, first.attempt, first.snapshot_max_seq) == (1, 1, 7)
     assert first.took_over is False
-    assert await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
+    assert await claim_export(conn, "w2") == NOTHING_TO_RUN
 
     await conn.execute("UPDATE conversations SET last_seq = 9")
     await expire_lease(conn)
@@ -61,9 +86,11 @@ async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(c
 
 
 async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyncpg.Connection) -> None:
-    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    # A member, so that only the lease can refuse the old holder's SUCCEEDED.
+    await add_member(conn)
+    first = await claim(conn, "w1")
     await expire_lease(conn)
-    await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE)
+    second = await claim(conn, "w2")
     before = await row(conn)
 
     old: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
@@ -72,38 +99,28 @@ async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyn
         conn, **old, phase=Phase.WRITING, messages_written=5, bytes_written=50, lease_seconds=LEASE
     )
     assert not await artifacts.record_artifact(conn, **old, object_key="exports/op_1/g1.jsonl")
-    assert not await leases.succeed(
-        conn, **old, files=ArtifactFiles.one_file("k", size_bytes=1, sha256="s", message_count=1), result_ttl_seconds=60
-    )
+    assert await succeed_export(conn, first) is leases.SucceedOutcome.LEASE_LOST
     assert not await leases.end_attempt(conn, **old, state="FAILED", error_code="X", error_message="x")
     assert not await leases.hand_back(conn, **old)
     assert await row(conn) == before
     assert await conn.fetchval("SELECT count(*) FROM artifacts") == 0
 
-    current: dict[str, Any] = {"operation_id": "op_1", "generation": 2}
-    assert await artifacts.record_artifact(conn, **current, object_key="exports/op_1/g2.jsonl")
-    assert await leases.succeed(
-        conn,
-        **current,
-        files=ArtifactFiles.one_file("exports/op_1/g2.jsonl", size_bytes=1, sha256="s", message_count=1),
-        result_ttl_seconds=60,
-    )
+    await claims.verified_artifact(conn, second, files_of(2))
+    assert await succeed_export(conn, second) is leases.SucceedOutcome.SUCCEEDED
     assert (await row(conn))["state"] == "SUCCEEDED"
 
 
 async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps_its_lease(
     conn: asyncpg.Connection,
 ) -> None:
-    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    # A member with its file verified, so that only the cancel request can refuse the SUCCEEDED.
+    await add_member(conn)
+    claimed = await claim(conn, "w1")
+    await claims.verified_artifact(conn, claimed, files_of(1))
     await conn.execute("UPDATE operations SET state = 'CANCEL_REQUESTED'")
     held: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
 
-    assert not await leases.succeed(
-        conn,
-        **held,
-        files=ArtifactFiles.one_file("k", size_bytes=1, sha256="s", message_count=1),
-        result_ttl_seconds=60,
-    )
+    assert await succeed_export(conn, claimed) is leases.SucceedOutcome.LEASE_LOST
     assert not await leases.record_progress(
         conn, **held, phase=Phase.WRITING, messages_written=1, bytes_written=1, lease_seconds=LEASE
     )
@@ -116,14 +133,14 @@ async def test_after_a_cancel_request_success_is_impossible_but_the_holder_keeps
 async def test_a_handed_back_lease_is_taken_over_at_once_without_spending_an_attempt(
     conn: asyncpg.Connection,
 ) -> None:
-    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    await claim(conn, "w1")
     assert await leases.hand_back(conn, operation_id="op_1", generation=1)
     taken = await claim(conn, "w2")
     assert (taken.generation, taken.attempt, taken.took_over) == (2, 1, False)  # given, not taken
 
 
 async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Connection) -> None:
-    await leases.claim(conn, operation_id="op_1", worker_id="w1", lease_seconds=LEASE)
+    await claim(conn, "w1")
     assert await leases.end_attempt(
         conn,
         operation_id="op_1",
@@ -133,7 +150,7 @@ async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Co
         error_message="t",
         retry_delay_seconds=60,
     )
-    assert await leases.claim(conn, operation_id="op_1", worker_id="w2", lease_seconds=LEASE) is None
+    assert await claim_export(conn, "w2") == NOTHING_TO_RUN
     await conn.execute("UPDATE operations SET retry_at = now() - interval '1 second'")
     retried = await claim(conn, "w2")
     assert retried.generation == 2
@@ -143,30 +160,24 @@ async def test_a_retry_is_claimable_only_once_its_time_has_come(conn: asyncpg.Co
 async def test_an_operation_that_lost_its_worker_on_every_attempt_is_parked(conn: asyncpg.Connection) -> None:
     for _ in range(3):
         await expire_lease(conn)
-        assert not await leases.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
-        await claim(conn, "w")
-    assert not await leases.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")  # lease live
+        taken = await claim_export(conn, "w", max_attempts=3)
+        assert not taken.parked and taken.claimed is not None
+    assert await claim_export(conn, "w", max_attempts=3) == NOTHING_TO_RUN  # lease live
     await expire_lease(conn)
-    assert await leases.park_abandoned(conn, operation_id="op_1", max_attempts=3, message="lost")
+    assert (await claim_export(conn, "w", max_attempts=3)).parked
     parked = await row(conn)
     assert (parked["state"], parked["error_code"], parked["lease_expires_at"]) == ("FAILED_REPAIR", "WORKER_LOST", None)
-    assert await leases.claim(conn, operation_id="op_1", worker_id="w", lease_seconds=LEASE) is None
-
-
-async def claim_export(conn: asyncpg.Connection, worker_id: str, *, max_attempts: int = 3) -> leases.ExportClaim:
-    return await leases.claim_export(
-        conn, operation_id="op_1", worker_id=worker_id, lease_seconds=LEASE, max_attempts=max_attempts, message="lost"
-    )
+    assert await claim_export(conn, "w") == NOTHING_TO_RUN
 
 
 async def test_the_claim_call_parks_claims_and_reads_the_membership_in_one_round_trip(
     conn: asyncpg.Connection,
 ) -> None:
-    await conn.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
+    await add_member(conn)
     first = await claim_export(conn, "w1")
     assert first.claimed is not None and not first.parked and first.member
     assert (first.claimed.generation, first.claimed.snapshot_max_seq, first.claimed.took_over) == (1, 7, False)
-    assert (await claim_export(conn, "w2")) == leases.ExportClaim(parked=False, claimed=None, member=False)
+    assert (await claim_export(conn, "w2")) == NOTHING_TO_RUN
 
     await conn.execute("DELETE FROM conversation_members")
     await expire_lease(conn)
@@ -183,27 +194,15 @@ async def test_the_claim_call_parks_claims_and_reads_the_membership_in_one_round
     assert ((await row(conn))["state"], (await row(conn))["error_code"]) == ("FAILED_REPAIR", "WORKER_LOST")
 
 
-async def succeed_export(conn: asyncpg.Connection, claimed: ClaimedOperation) -> leases.SucceedOutcome:
-    return await leases.succeed_export(
-        conn,
-        claimed=claimed,
-        files=ArtifactFiles.one_file("exports/op_1/g1.jsonl", size_bytes=1, sha256="s", message_count=1),
-        artifact_generation=claimed.generation,
-        result_ttl_seconds=60,
-    )
-
-
 async def test_the_succeeded_call_writes_nothing_unless_member_lease_and_artifact_all_hold(
     conn: asyncpg.Connection,
 ) -> None:
     claimed = await claim(conn, "w1")
-    files = ArtifactFiles.one_file("exports/op_1/g1.jsonl", size_bytes=1, sha256="s", message_count=1)
-    assert await artifacts.record_artifact(conn, operation_id="op_1", generation=1, object_key=files.key)
-    assert await artifacts.complete_artifact(conn, operation_id="op_1", generation=1, files=files)
+    await claims.verified_artifact(conn, claimed, files_of(1))
     before = await row(conn)
 
     assert await succeed_export(conn, claimed) is leases.SucceedOutcome.NOT_MEMBER
-    await conn.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
+    await add_member(conn)
     stale = dataclasses.replace(claimed, generation=0)
     assert await succeed_export(conn, stale) is leases.SucceedOutcome.LEASE_LOST
     await conn.execute("UPDATE artifacts SET state = 'REMOVING'")
