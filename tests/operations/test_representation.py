@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 from pydantic import BaseModel
 
+from services.api.http.responses import rendered_operation
 from services.api.http.schemas import Operation
 from shared.repository import status_monitor
 from shared.representation import represent
@@ -115,3 +116,21 @@ async def test_every_state_is_represented_as_the_model_declares(pool: asyncpg.Po
 async def test_the_model_declares_nothing_that_no_representation_shows(pool: asyncpg.Pool) -> None:
     shown = set().union(*[shown_members(await represented(pool, case)) for case in CASES])
     assert declared_members(Operation) == shown
+
+
+async def test_a_row_is_rendered_once_and_each_read_as_it_stands(pool: asyncpg.Pool) -> None:
+    """Waiters woken together share one row object (``OperationChanges.read``) and so one JSON text; a later
+    read of the same operation is its own row, rendered anew.
+    """
+    await insert_operation(pool, "op_running", State.RUNNING)
+    async with pool.acquire() as conn:
+        row = await status_monitor.read_operation(conn, operation_id="op_running", owner_id=None)
+        assert row is not None
+        text = rendered_operation(row)
+        assert json.loads(text) == represent(row)
+        assert rendered_operation(row) is text
+        await conn.execute("UPDATE operations SET state = 'SUCCEEDED' WHERE operation_id = 'op_running'")
+        later = await status_monitor.read_operation(conn, operation_id="op_running", owner_id=None)
+    assert later is not None
+    assert json.loads(rendered_operation(later))["state"] == "SUCCEEDED"
+    assert rendered_operation(row) is text

@@ -54,6 +54,8 @@ def test_format_timestamp_is_utc_milliseconds_with_z() -> None:
 
     assert format_timestamp(datetime(2026, 11, 30, 10, 0, 0, 123999, tzinfo=plus_two)) == "2026-11-30T08:00:00.123Z"
     assert format_timestamp(datetime(2026, 11, 30, 8, 0, tzinfo=UTC)) == "2026-11-30T08:00:00.000Z"
+    assert format_timestamp(datetime(999, 1, 2, 3, 4, 5, 6789, tzinfo=UTC)) == "0999-01-02T03:04:05.006Z"
+    assert format_timestamp(datetime(1, 1, 1, tzinfo=UTC)) == "0001-01-01T00:00:00.000Z"
     assert format_timestamp(None) is None
 
 

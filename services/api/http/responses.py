@@ -4,6 +4,7 @@ body exactly as the export file does, and the status monitor's headers.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,26 @@ def dumps(body: Any) -> str:
 
 NO_STORE = {"Cache-Control": "no-store"}
 
+# How many of the last rendered rows keep their JSON text: enough for every operation changing at once.
+_RENDERINGS_KEPT = 256
+_renderings: OrderedDict[int, tuple[OperationView, str]] = OrderedDict()
+
+
+def rendered_operation(row: OperationView) -> str:
+    """``row``'s representation as JSON text, built once per row object: the waiters woken by one change share
+    one read, so one row (``OperationChanges.read``), and a row is immutable, its age included, so its text
+    never changes. The last ``_RENDERINGS_KEPT`` rows are kept, each with its row so that its id cannot be
+    reused meanwhile.
+    """
+    kept = _renderings.get(id(row))
+    if kept is not None and kept[0] is row:
+        return kept[1]
+    text = dumps(represent(row))
+    _renderings[id(row)] = (row, text)
+    if len(_renderings) > _RENDERINGS_KEPT:
+        _renderings.popitem(last=False)
+    return text
+
 
 def operation_etag(row: OperationView) -> str:
     """The operation's weak ``ETag``, ``W/"<version>"`` (docs/api.md: API reference, Conditional polls): every
@@ -38,9 +59,13 @@ def operation_response(
     """The operation as JSON with the status monitor's headers (``_monitor_headers``); ``poll_after_seconds``
     replaces the representation's ``next_poll_after_seconds`` as ``Retry-After``.
     """
-    body = represent(row)
-    poll_after = body.get("next_poll_after_seconds") if poll_after_seconds is None else poll_after_seconds
-    return json_response(body, status=status, headers={**_monitor_headers(row, poll_after), **headers})
+    poll_after = next_poll_after_seconds(row.age_seconds) if poll_after_seconds is None else poll_after_seconds
+    return web.Response(
+        text=rendered_operation(row),
+        status=status,
+        content_type="application/json",
+        headers={**_monitor_headers(row, poll_after), **headers},
+    )
 
 
 def operation_not_modified(row: OperationView) -> web.Response:

@@ -28,11 +28,11 @@ from services.api.http.preconditions import tag_list_matches
 from services.api.http.problems import ProblemError, not_found
 from services.api.http.responses import (
     NO_STORE,
-    dumps,
     json_response,
     operation_answer,
     operation_not_modified,
     operation_response,
+    rendered_operation,
 )
 from services.api.http.schemas import (
     EmptyQuery,
@@ -120,7 +120,7 @@ def _event(row: OperationView | None) -> bytes:
     """One event of the stream: the representation as an ``operation`` event, or a heartbeat comment."""
     if row is None:
         return b": heartbeat\n\n"
-    return f"id: {row.version}\nevent: operation\ndata: {dumps(represent(row))}\n\n".encode()
+    return f"id: {row.version}\nevent: operation\ndata: {rendered_operation(row)}\n\n".encode()
 
 
 async def list_operations(request: web.Request) -> web.Response:
