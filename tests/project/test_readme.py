@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from shared.tracing import attributes
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -58,3 +60,10 @@ def test_every_link_of_the_readme_leads_to_a_file(target: str) -> None:
 def test_every_old_section_has_a_page(heading: str, page: str) -> None:
     text = (ROOT / page).read_text(encoding="utf-8")
     assert re.search(rf"^#+ {re.escape(heading)}$", text, flags=re.MULTILINE)
+
+
+def test_the_readme_names_every_span_attribute_of_ours() -> None:
+    # Dashboards query these names, so the front page states them (docs/monitoring.md: Monitoring, Traces).
+    names = {value for name, value in vars(attributes).items() if name.isupper() and isinstance(value, str)}
+    shown = set(re.findall(r"`(chatexport\.[a-z_]+)`", README))
+    assert names - {attributes.ROOT_MARKER} == shown
