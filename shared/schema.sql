@@ -306,6 +306,63 @@ CREATE FUNCTION public.submit_export(p_operation_id text, p_owner_id text, p_con
                                                'compression', p_compression, 'max_part_bytes', p_max_part_bytes)) s
 $$;
 
+CREATE VIEW public.operation_representations AS
+ SELECT operations.operation_id,
+    operations.kind,
+    operations.owner_id,
+    operations.conversation_id,
+    operations.format,
+    operations.before_seq,
+    operations.after_seq,
+    operations.state,
+    operations.created_at,
+    operations.updated_at,
+    operations.attempt,
+    operations.generation,
+    operations.progress_phase,
+    operations.messages_written,
+    operations.bytes_written,
+    operations.snapshot_max_seq,
+    operations.retry_at,
+    operations.error_code,
+    operations.error_message,
+    operations.result_key,
+    operations.result_size_bytes,
+    operations.result_sha256,
+    operations.result_message_count,
+    operations.result_expires_at,
+    operations.finished_at,
+    operations.lease_owner,
+    operations.lease_expires_at,
+    (EXTRACT(epoch FROM (now() - operations.created_at)))::double precision AS age_seconds,
+    operations.version,
+    operations.since,
+    operations.until,
+    operations.senders,
+    operations.compression,
+    operations.max_part_bytes,
+    operations.result_parts,
+    operations.schedule_id,
+    operations.due_at
+   FROM public.operations;
+
+CREATE FUNCTION public.submit_export_answered(p_operation_id text, p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_active integer, p_active_states text[], p_routing_key text, p_request jsonb, p_traceparent text, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    SELECT s.outcome, s.operation_id INTO outcome, operation_id
+      FROM submit_export_v2(p_operation_id, p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
+                            p_replay_window_seconds, p_max_active, p_active_states, p_routing_key, p_request) s;
+    IF outcome = 'created' AND p_traceparent IS NOT NULL THEN
+        UPDATE operations o SET traceparent = p_traceparent WHERE o.operation_id = p_operation_id;
+    END IF;
+    IF outcome IN ('created', 'replayed') THEN
+        SELECT r.* INTO accepted FROM operation_representations r
+         WHERE r.operation_id = submit_export_answered.operation_id;
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION public.submit_export_v2(p_operation_id text, p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_active integer, p_active_states text[], p_routing_key text, p_request jsonb, OUT outcome public.submit_outcome, OUT operation_id text) RETURNS record
     LANGUAGE plpgsql
     AS $$
@@ -531,46 +588,6 @@ CREATE TABLE public.messages (
     sent_at timestamp with time zone NOT NULL,
     recalled_at timestamp with time zone
 );
-
-CREATE VIEW public.operation_representations AS
- SELECT operations.operation_id,
-    operations.kind,
-    operations.owner_id,
-    operations.conversation_id,
-    operations.format,
-    operations.before_seq,
-    operations.after_seq,
-    operations.state,
-    operations.created_at,
-    operations.updated_at,
-    operations.attempt,
-    operations.generation,
-    operations.progress_phase,
-    operations.messages_written,
-    operations.bytes_written,
-    operations.snapshot_max_seq,
-    operations.retry_at,
-    operations.error_code,
-    operations.error_message,
-    operations.result_key,
-    operations.result_size_bytes,
-    operations.result_sha256,
-    operations.result_message_count,
-    operations.result_expires_at,
-    operations.finished_at,
-    operations.lease_owner,
-    operations.lease_expires_at,
-    (EXTRACT(epoch FROM (now() - operations.created_at)))::double precision AS age_seconds,
-    operations.version,
-    operations.since,
-    operations.until,
-    operations.senders,
-    operations.compression,
-    operations.max_part_bytes,
-    operations.result_parts,
-    operations.schedule_id,
-    operations.due_at
-   FROM public.operations;
 
 CREATE TABLE public.outbox (
     outbox_id bigint NOT NULL,

@@ -1,6 +1,8 @@
 """The submit's transaction (docs/api.md: API reference, Submit): the server-side function ``submit_export_v2``
 (migration 0009) checks membership, takes the per-user lock, looks the Idempotency-Key up, applies the quota
-and writes the operation, its idempotency record and its outbox row, in one round trip.
+and writes the operation, its idempotency record and its outbox row, in one round trip; called through
+``submit_export_answered`` (migration 0018), which adds the accepted operation as the status monitor shows
+it, so that the 202 needs no second round trip.
 
 It is the only code that writes ``idempotency_keys`` (a user's keys, going with their operation by ``ON
 DELETE CASCADE``), and writes the first row of an operation and its first outbox row, which ``operations``
@@ -10,7 +12,6 @@ could answer (docs/benchmark.md: Benchmark).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -19,6 +20,7 @@ import asyncpg
 from shared.broker import EXPORT_ROUTING_KEY
 from shared.export_request import ExportRequest
 from shared.ids import is_valid_id
+from shared.repository.operation_view import OperationView
 from shared.states import ACTIVE
 
 _ACTIVE_STATES = sorted(state.value for state in ACTIVE)
@@ -45,6 +47,8 @@ class SubmitResult:
 
     outcome: SubmitOutcome
     operation_id: str | None
+    # The operation as the status monitor shows it, read after the submit's writes; when CREATED or REPLAYED.
+    accepted: OperationView | None = None
 
 
 async def submit_export(
@@ -68,27 +72,24 @@ async def submit_export(
     without a query, as in ``message_store.is_member``: a U+0000 never reaches Postgres.
 
     A created operation is stored with ``traceparent`` (the submit's span; docs/monitoring.md: Monitoring,
-    Traces) in the same transaction; without one, the submit stays one statement.
+    Traces). One statement, traced or not.
     """
     if not is_valid_id(conversation_id):
         return SubmitResult(SubmitOutcome.NOT_MEMBER, None)
-    async with conn.transaction() if traceparent else contextlib.nullcontext():
-        row = await conn.fetchrow(
-            "SELECT outcome::text, operation_id FROM submit_export_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)",
-            operation_id,
-            owner_id,
-            conversation_id,
-            idempotency_key,
-            fingerprint,
-            float(replay_window_seconds),
-            max_active,
-            _ACTIVE_STATES,
-            EXPORT_ROUTING_KEY,
-            request.as_json(),
-        )
-        result = SubmitResult(SubmitOutcome(row["outcome"]), row["operation_id"])
-        if result.outcome is SubmitOutcome.CREATED and traceparent:
-            await conn.execute(
-                "UPDATE operations SET traceparent = $2 WHERE operation_id = $1", operation_id, traceparent
-            )
-    return result
+    row = await conn.fetchrow(
+        "SELECT outcome::text, operation_id AS submitted_id, (accepted).*"
+        " FROM submit_export_answered($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11)",
+        operation_id,
+        owner_id,
+        conversation_id,
+        idempotency_key,
+        fingerprint,
+        float(replay_window_seconds),
+        max_active,
+        _ACTIVE_STATES,
+        EXPORT_ROUTING_KEY,
+        request.as_json(),
+        traceparent,
+    )
+    accepted = None if row["operation_id"] is None else OperationView.from_row(row)
+    return SubmitResult(SubmitOutcome(row["outcome"]), row["submitted_id"], accepted)

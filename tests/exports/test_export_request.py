@@ -5,6 +5,7 @@ of the previous release, which still works beside the new one.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import asyncpg
@@ -14,7 +15,10 @@ from services.api.http.schemas import ExportSubmission, OperationRequest
 from shared.broker import EXPORT_ROUTING_KEY
 from shared.export_request import FIELDS, SHOWN_FIELDS, ExportRequest
 from shared.fingerprint import fingerprint
+from shared.repository import status_monitor
+from shared.repository.operation_view import OperationView
 from shared.repository.submissions import SubmitOutcome, SubmitResult, submit_export
+from tests.support import cloned_database
 from tests.support.api_calls import make_conversation
 from tests.support.exports import Auth, Client
 
@@ -74,7 +78,9 @@ async def test_every_field_is_stored_in_its_column(pool: asyncpg.Pool, member: N
     async with pool.acquire() as conn:
         result = await submit(conn, "op-every", "k-1", EVERY_OPTION)
         row = await conn.fetchrow("SELECT * FROM operations WHERE operation_id = 'op-every'")
-    assert result == SubmitResult(SubmitOutcome.CREATED, "op-every")
+        shown = await status_monitor.read_operation(conn, operation_id="op-every", owner_id="alice")
+    # The operation is answered as the status monitor shows it after the submit's writes.
+    assert result == SubmitResult(SubmitOutcome.CREATED, "op-every", aged_as(shown, result))
     assert ExportRequest.from_row(row) == EVERY_OPTION
     assert (row["owner_id"], row["conversation_id"], row["state"]) == ("alice", "c-a", "QUEUED")
 
@@ -122,6 +128,36 @@ async def test_an_api_of_the_previous_release_still_submits_and_the_new_one_repl
         )
         row = await conn.fetchrow("SELECT * FROM operations WHERE operation_id = 'op-old'")
         replay = await submit(conn, "op-new", "k-1", request)
+        shown = await status_monitor.read_operation(conn, operation_id="op-old", owner_id="alice")
     assert (old["outcome"], old["operation_id"]) == ("created", "op-old")
     assert ExportRequest.from_row(row) == request
-    assert replay == SubmitResult(SubmitOutcome.REPLAYED, "op-old")
+    assert replay == SubmitResult(SubmitOutcome.REPLAYED, "op-old", aged_as(shown, replay))
+
+
+def aged_as(shown: OperationView | None, result: SubmitResult) -> OperationView:
+    """``shown`` with the age ``result``'s operation had when the submit read it: the one column of the view
+    that moves with the clock.
+    """
+    assert shown is not None and result.accepted is not None
+    return dataclasses.replace(shown, age_seconds=result.accepted.age_seconds)
+
+
+async def test_a_column_added_to_the_view_while_apis_run_leaves_their_submits_working(template_db: str) -> None:
+    # A rolling deploy migrates while the previous release still submits (docs/deploy.md: Rolling deploys). A
+    # database of its own: the view it changes outlives the test.
+    async with cloned_database(template_db, "chatexport_t") as url:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO conversations (conversation_id) VALUES ('c-a')")
+            await conn.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
+            assert (await submit(conn, "op-1", "k-1", ExportRequest())).accepted is not None  # its statement cached
+            definition = await conn.fetchval("SELECT pg_get_viewdef('operation_representations')")
+            head, _, tail = definition.rstrip().rstrip(";").rpartition("FROM ")
+            await conn.execute(
+                f"CREATE OR REPLACE VIEW operation_representations AS {head}, 1 AS added_later FROM {tail}"
+            )
+            again = await submit(conn, "op-2", "k-2", ExportRequest())
+        finally:
+            await conn.close()
+    assert again.outcome is SubmitOutcome.CREATED and again.accepted is not None
+    assert again.accepted.operation_id == "op-2"

@@ -18,6 +18,7 @@ from shared.export_request import ExportRequest
 from shared.fingerprint import fingerprint
 from shared.ids import new_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
+from shared.repository.operation_view import OperationView
 from shared.repository.submissions import SubmitOutcome, SubmitResult, submit_export
 from shared.settings import Settings
 
@@ -30,9 +31,11 @@ FIRST_POLL_AFTER_SECONDS = 1
 
 @dataclass(frozen=True)
 class AcceptedSubmission:
-    """The operation a submission is answered with (202), and whether it was a replay of an earlier one."""
+    """The operation a submission is answered with (202), as the status monitor shows it after the submit's
+    writes, and whether it was a replay of an earlier one.
+    """
 
-    operation_id: str
+    operation: OperationView
     replayed: bool
 
 
@@ -80,11 +83,11 @@ def _answer(result: SubmitResult, settings: Settings) -> AcceptedSubmission:
     """Every outcome's answer and count, in one place (docs/api.md: API reference, Submit; docs/api.md: Error codes)."""
     match result.outcome:
         case SubmitOutcome.CREATED | SubmitOutcome.REPLAYED:
-            assert result.operation_id is not None
+            assert result.accepted is not None
             replayed = result.outcome is SubmitOutcome.REPLAYED
             if replayed:
                 IDEMPOTENCY_REPLAYS.inc()
-            return AcceptedSubmission(result.operation_id, replayed=replayed)
+            return AcceptedSubmission(result.accepted, replayed=replayed)
         case SubmitOutcome.NOT_MEMBER:
             AUTHORIZATION_REFUSALS.labels("submit").inc()
             raise not_found()

@@ -79,10 +79,8 @@ async def submit_export(request: web.Request) -> web.Response:
         submitted = await submit(
             conn, settings, owner_id=owner_id, conversation_id=conversation_id, idempotency_key=key, request=export
         )
-        # Read after COMMIT: a replay shows the operation's current state.
-        row = await status_monitor.read_operation(conn, operation_id=submitted.operation_id, owner_id=owner_id)
-    assert row is not None
-    headers = {"Location": path("getOperation", operation_id=submitted.operation_id)}
+    row = submitted.operation
+    headers = {"Location": path("getOperation", operation_id=row.operation_id)}
     if submitted.replayed:
         headers["Idempotent-Replayed"] = "true"
     return operation_response(row, status=202, poll_after_seconds=FIRST_POLL_AFTER_SECONDS, **headers)
