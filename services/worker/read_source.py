@@ -110,12 +110,10 @@ class ExportReads:
                 if not caught_up:
                     self._give_up("lag")
                 result = await read(conn)
-        except RECOVERY_CONFLICTS as exc:
-            self._give_up("conflict", exc)
         except _GaveUp:
             raise
         except Exception as exc:  # a read changes nothing: whatever failed here, the primary serves it
-            self._give_up("unavailable", exc)
+            self._give_up("conflict" if recovery_conflict(exc) else "unavailable", exc)
         self._servers.add("standby")
         return result
 
@@ -140,6 +138,19 @@ class ExportReads:
             extra={"reason": reason, "error": None if exc is None else type(exc).__name__},
         )
         raise _GaveUp(reason)
+
+
+def recovery_conflict(exc: BaseException) -> bool:
+    """True when ``exc``, or an error it was raised while handling, is one of ``RECOVERY_CONFLICTS``: the pool
+    resets a connection as it takes it back, and when the standby ends the session for the conflict, that reset
+    fails with an error of its own that replaces the conflict's.
+    """
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, RECOVERY_CONFLICTS):
+            return True
+        cause = cause.__context__
+    return False
 
 
 class _GaveUp(Exception):

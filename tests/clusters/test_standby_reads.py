@@ -107,10 +107,45 @@ async def test_a_read_cancelled_by_a_recovery_conflict_runs_again_on_the_primary
             await conn.execute("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
         assert await asyncio.wait_for(reading, 60) is False  # the last run was on the primary
         assert servers == [True, False]
-        assert conflicts() == conflicts_before + 1
+        assert conflicts() == conflicts_before + 1, fallbacks()
         # The rest of this attempt's reads stay on the primary.
         assert await reads.run(read) is False
         assert servers == [True, False, False]
+
+
+async def test_a_conflict_whose_session_ends_in_the_pool_s_reset_still_counts_as_a_conflict(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    """A standby that ends the session for a conflict can do so while the pool resets the connection after the
+    cancelled read: the reset's error replaces the conflict's, and the fallback is still counted a conflict.
+    """
+    database_url = await migrated(postgres_cluster, "ended")
+    standby = postgres_cluster.standbys[0]
+    await wait_for(lambda: replayed(postgres_cluster, standby), timeout=30)
+
+    async def session_ends(conn: asyncpg.Connection) -> None:
+        await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    async with (
+        asyncpg.create_pool(database_url, min_size=1, max_size=2) as primary,
+        asyncpg.create_pool(
+            postgres_cluster.server_url(standby, "ended"), min_size=1, max_size=2, reset=session_ends
+        ) as standby_pool,
+    ):
+        reads = await ReadSource(primary=primary, standby=standby_pool, wait_seconds=30).begin()
+        conflicts_before = conflicts()
+        servers: list[bool] = []
+
+        async def read(conn: asyncpg.Connection) -> bool:
+            in_recovery: bool = await conn.fetchval("SELECT pg_is_in_recovery()")
+            servers.append(in_recovery)
+            if in_recovery:  # the error a standby raises when it cancels a statement for a conflict
+                await conn.execute("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'serialization_failure'; END $$")
+            return in_recovery
+
+        assert await reads.run(read) is False
+        assert servers == [True, False]
+        assert conflicts() == conflicts_before + 1, fallbacks()
 
 
 async def replayed(cluster: PostgresCluster, standby: PrivatePostgres) -> bool:
@@ -130,6 +165,17 @@ async def _fetchval(url: str, sql: str) -> Any:
 
 def conflicts() -> float:
     return REGISTRY.get_sample_value("chatexport_worker_standby_fallbacks_total", {"reason": "conflict"}) or 0.0
+
+
+def fallbacks() -> dict[str, float]:
+    """Every ``chatexport_worker_standby_fallbacks_total`` sample by reason, for a failed assertion's message."""
+    return {
+        sample.labels["reason"]: sample.value
+        for metric in REGISTRY.collect()
+        if metric.name == "chatexport_worker_standby_fallbacks"
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    }
 
 
 MILLION = 1_000_000
