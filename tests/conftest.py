@@ -28,6 +28,7 @@ from shared.settings import Settings
 from shared.storage import ensure_bucket, open_s3_client
 from tests.support import PG_SERVER, admin_execute, cloned_database, emptied, make_settings
 from tests.support.api_calls import make_conversation, running_pipeline
+from tests.support.apps import forget_built_apps
 from tests.support.e2e import Browser, headers_for, local_system
 
 # A test's cost follows from the fixtures it uses (docs/development.md: Development): the markers are derived, never
@@ -42,6 +43,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture, marker in _COST_MARKERS.items():
             if fixture in fixtures:
                 item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True)
+def _apps_collectable() -> Iterator[None]:
+    """After every test, let go of the aiohttp applications it built (``tests.support.apps``)."""
+    yield
+    forget_built_apps()
 
 
 @pytest.fixture(scope="session")
