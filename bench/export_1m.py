@@ -173,7 +173,7 @@ async def figures(total: int, batch: int) -> list[Figure]:
     print(f"COPY into one multipart upload {to_s3_seconds:>10.2f} s")
     name = f"{total:,}-message export, 202 -> SUCCEEDED"
     return [
-        Figure(name, export_seconds, "s", to_s3_seconds, "COPY into one multipart upload", "<= 1.0"),
+        Figure(name, export_seconds, "s", to_s3_seconds, "COPY into one multipart upload", "<= 1.05"),
         Figure(name, export_seconds, "s", copy_seconds, "COPY to nowhere"),
         Figure(f"worker peak RSS during the export (before it: {idle_rss:.0f} MB)", rss, "MB", target="<= 100 MB"),
     ]
