@@ -164,11 +164,11 @@ async def _fetchval(url: str, sql: str) -> Any:
 
 
 def conflicts() -> float:
-    return REGISTRY.get_sample_value("chatexport_worker_standby_fallbacks_total", {"reason": "conflict"}) or 0.0
+    return fallbacks().get("conflict", 0.0)
 
 
 def fallbacks() -> dict[str, float]:
-    """Every ``chatexport_worker_standby_fallbacks_total`` sample by reason, for a failed assertion's message."""
+    """Every ``chatexport_worker_standby_fallbacks_total`` sample by reason."""
     return {
         sample.labels["reason"]: sample.value
         for metric in REGISTRY.collect()
