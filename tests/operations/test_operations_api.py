@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import base64
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
+from services.api.http.bodies import EMPTY_BODY_MAX_BYTES
 from services.janitor.janitor import Janitor
 from shared.settings import Settings
 from tests.support.api_calls import expect_problem, import_lines, make_conversation, read_all, submit
@@ -302,9 +304,15 @@ async def test_cancel_of_a_queued_operation_is_202_and_idempotent(
     await expect_problem(refused, 422, "VALIDATION_FAILED")
     refused = await api.post(cancel_url, data=b"{}", headers={**auth("alice"), "Content-Type": "text/plain"})
     await expect_problem(refused, 415, "UNSUPPORTED_MEDIA_TYPE")
+    json_headers = {**auth("alice"), "Content-Type": "application/json"}
+    padded = b"{}" + b" " * (EMPTY_BODY_MAX_BYTES - 1)
+    await expect_problem(await api.post(cancel_url, data=padded, headers=json_headers), 413, "PAYLOAD_TOO_LARGE")
+    refused = await api.post(cancel_url, params={"x": "1"}, headers=auth("alice"))
+    problem = await expect_problem(refused, 422, "VALIDATION_FAILED")
+    assert [error["loc"] for error in problem["errors"]] == [["query", "x"]]
     assert await operation_state(pool, operation_id) == "QUEUED"
 
-    for attempt, body in enumerate([None, b"{}"]):
+    for attempt, body in enumerate([None, b"{}" + b" " * (EMPTY_BODY_MAX_BYTES - 2)]):
         headers = auth("alice") if body is None else {**auth("alice"), "Content-Type": "application/json"}
         response = await api.post(cancel_url, data=body, headers=headers)
         assert response.status == 202, (attempt, await response.text())
@@ -373,3 +381,8 @@ async def test_a_wrong_method_is_405_with_allow(api: Client, auth: Auth, members
     response = await api.delete(f"/v3/operations/{operation_id}", headers=auth("alice"))
     await expect_problem(response, 405, "METHOD_NOT_ALLOWED")
     assert "GET" in response.headers["Allow"]
+
+
+def test_the_documented_cancel_body_limit_is_the_enforced_one() -> None:
+    api_reference = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    assert f"`{{}}` as `application/json` (at most {EMPTY_BODY_MAX_BYTES // 1024} KiB, else `413`)" in api_reference

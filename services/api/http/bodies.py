@@ -17,10 +17,14 @@ from pydantic import BaseModel, ValidationError
 
 from services.api.http.keys import SETTINGS
 from services.api.http.problems import ProblemError, validation_failed
+from services.api.http.schemas import EmptyQuery, EmptyRequest
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 JSON_MEDIA_TYPE = "application/json"
+# The most an action that takes no input reads of a body, which may only be ``{}`` (docs/api.md: API reference,
+# Cancel): 1 KiB leaves room for whitespace and nothing else.
+EMPTY_BODY_MAX_BYTES = 1024
 # What ``read_model`` can answer, in the order it checks.
 JSON_BODY_PROBLEMS = (
     "UNSUPPORTED_MEDIA_TYPE",
@@ -141,6 +145,16 @@ async def read_model(request: web.Request, model: type[ModelT], *, max_bytes: in
             raise ProblemError("MALFORMED_JSON", "A JSON body is required.")
         return validate(model, {})
     return validate(model, parse_json(raw))
+
+
+async def read_empty_input(request: web.Request) -> None:
+    """Check the input of an action that takes none (a cancel, a requeue, a schedule's pause and resume): a
+    body, if sent, must be ``{}`` as JSON of at most ``EMPTY_BODY_MAX_BYTES``, and the query string must be
+    empty (docs/api.md: API reference, Cancel). Raises ``ProblemError`` as ``read_model`` does, then 422 for
+    any query parameter, so that the body's checks keep their documented order.
+    """
+    await read_model(request, EmptyRequest, max_bytes=EMPTY_BODY_MAX_BYTES, allow_empty=True)
+    validate_query(EmptyQuery, request)
 
 
 def validate(model: type[ModelT], data: Any) -> ModelT:

@@ -16,12 +16,19 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from pydantic import ValidationError
 
-from services.api.http.bodies import check_body_bytes, read_limited, read_model, validate_query, validation_errors
+from services.api.http.bodies import (
+    check_body_bytes,
+    read_empty_input,
+    read_limited,
+    read_model,
+    validate_query,
+    validation_errors,
+)
 from services.api.http.keys import POOL, SETTINGS
 from services.api.http.pagination import decode_cursor, split_page
 from services.api.http.problems import ProblemError, not_found, validation_failed
 from services.api.http.responses import NO_STORE, json_response
-from services.api.http.schemas import AdminOperationListQuery, EmptyRequest, ImportedMessage, MemberSet
+from services.api.http.schemas import AdminOperationListQuery, ImportedMessage, MemberSet
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
 from shared.repository import (
@@ -159,7 +166,7 @@ async def requeue_operation(request: web.Request) -> web.Response:
     (else 415, 400 or 422 as for cancel). 404 when unknown; 409 ``NOT_REQUEUEABLE`` with ``state`` from any other state,
     which is left alone.
     """
-    await read_model(request, EmptyRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
+    await read_empty_input(request)
     operation_id = _operation_path_id(request)
     async with request.app[POOL].acquire() as conn:
         outcome = await requeue(conn, operation_id=operation_id)

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from services.api.exporting.waiting import Reader, operation_events, read_or_404, wait_for_state_change, watching
-from services.api.http.bodies import JSON_BODY_PROBLEMS, JSON_MEDIA_TYPE, read_model, validate_query
+from services.api.http.bodies import JSON_BODY_PROBLEMS, JSON_MEDIA_TYPE, read_empty_input, validate_query
 from services.api.http.contract import (
     LOCATION_HEADER,
     NO_STORE_HEADER,
@@ -22,7 +22,7 @@ from services.api.http.contract import (
     retry_after,
 )
 from services.api.http.fields import field_list
-from services.api.http.keys import POOL, PRINCIPAL, SETTINGS
+from services.api.http.keys import POOL, PRINCIPAL
 from services.api.http.pagination import decode_cursor, page_endpoint, split_page
 from services.api.http.preconditions import tag_list_matches
 from services.api.http.problems import ProblemError, not_found
@@ -142,7 +142,7 @@ async def list_operations(request: web.Request) -> web.Response:
 
 async def cancel_operation(request: web.Request) -> web.Response:
     """``POST /v3/operations/{id}/cancel`` with the documented outcomes (docs/api.md: API reference, Cancel)."""
-    await read_model(request, EmptyRequest, max_bytes=request.app[SETTINGS].export_request_max_bytes, allow_empty=True)
+    await read_empty_input(request)
     operation_id = request.match_info["operation_id"]
     if not is_operation_id(operation_id):
         raise not_found()

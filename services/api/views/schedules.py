@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from services.api.exporting import scheduling
-from services.api.http.bodies import JSON_BODY_PROBLEMS, read_model, validate_query
+from services.api.http.bodies import JSON_BODY_PROBLEMS, read_empty_input, read_model, validate_query
 from services.api.http.contract import NO_STORE_HEADER, Answer, Body, Endpoint, header
 from services.api.http.idempotency import HEADER, parse_idempotency_key
 from services.api.http.keys import POOL, PRINCIPAL, SETTINGS
@@ -34,7 +34,6 @@ from shared.repository.operation_view import OperationView
 from shared.repository.schedules import ScheduleView
 from shared.representation import represent, represent_schedule
 from shared.routes import path
-from shared.settings import Settings
 
 
 async def create_export_schedule(request: web.Request) -> web.Response:
@@ -128,7 +127,7 @@ async def resume_export_schedule(request: web.Request) -> web.Response:
 
 async def _change_state(request: web.Request, change: Callable[..., Awaitable[ScheduleView]]) -> web.Response:
     """A pause or a resume: an empty body, the caller's own schedule, its representation after ``change``."""
-    await _read_empty_body(request)
+    await read_empty_input(request)
     schedule_id, owner_id = _target(request)
     async with request.app[POOL].acquire() as conn:
         view = await change(conn, schedule_id=schedule_id, owner_id=owner_id)
@@ -152,12 +151,6 @@ async def delete_export_schedule(request: web.Request) -> web.Response:
 def _target(request: web.Request) -> tuple[str, str]:
     """(the schedule id the path names, the caller's user id)."""
     return request.match_info["schedule_id"], request[PRINCIPAL].user_id
-
-
-async def _read_empty_body(request: web.Request) -> None:
-    """A body, if any, must be ``{}`` as a cancel's (docs/states.md: States and failure model, Cancel)."""
-    settings: Settings = request.app[SETTINGS]
-    await read_model(request, EmptyRequest, max_bytes=settings.export_request_max_bytes, allow_empty=True)
 
 
 def _schedule_response(view: ScheduleView, *, status: int = 200, **headers: str) -> web.Response:
