@@ -24,9 +24,12 @@ import random
 import socket
 import ssl
 import time
+from asyncio import FIRST_COMPLETED
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,6 +51,8 @@ from shared.webhooks.targets import IPAddress, RefusedTarget, Target, check_addr
 log = logging.getLogger(__name__)
 
 BATCH = 16
+# Batches ``run`` keeps in flight at once: up to this many times ``BATCH`` requests.
+MAX_BATCHES_IN_FLIGHT = 8
 MAX_ANSWER_BYTES = 4096
 MAX_RETRY_SECONDS = 3600.0
 # HTTP sessions kept for reuse, one per receiver address (docs/api.md: API reference, Completion callbacks).
@@ -80,6 +85,26 @@ class _Pinned(AbstractResolver):
 
     async def close(self) -> None:
         """Nothing to release."""
+
+
+@dataclass
+class _Connection:
+    """What a request learnt of its connection: ``reused`` when it was kept from an earlier request."""
+
+    reused: bool = False
+
+
+def _reuse_trace() -> aiohttp.TraceConfig:
+    """A session's trace that marks the ``_Connection`` a request carries as its ``trace_request_ctx`` when
+    the request goes on a kept connection (aiohttp's ``on_connection_reuseconn``).
+    """
+
+    async def reused(_session: aiohttp.ClientSession, context: SimpleNamespace, _params: object) -> None:
+        context.trace_request_ctx.reused = True
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(reused)
+    return trace
 
 
 class WebhookSender:
@@ -123,38 +148,71 @@ class WebhookSender:
             await session.close()
 
     async def run(self, *, stop: asyncio.Event) -> None:
-        """Send due deliveries every ``relay_poll_seconds`` until ``stop`` is set. The database's transient
-        errors (``shared.db.TRANSIENT_DATABASE_ERRORS``, a restart's included) pause it until the next poll.
+        """Send due deliveries until ``stop`` is set, then let the batches in flight end. A batch is claimed
+        every ``relay_poll_seconds`` and as soon as a full one ends, while at most ``MAX_BATCHES_IN_FLIGHT``
+        are in flight: a receiver that hangs holds the callbacks of its own batch, not those due after it.
+        The database's transient errors (``shared.db.TRANSIENT_DATABASE_ERRORS``, a restart's included)
+        pause a batch until the next claim; any other error ends the loop and is raised.
         """
-        while not stop.is_set():
-            try:
-                while await self.send_due() == BATCH:
-                    pass
-            except TRANSIENT_DATABASE_ERRORS as exc:
-                log.warning("webhook deliveries paused by the database", extra={"error": type(exc).__name__})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._settings.relay_poll_seconds)
+        batches: set[asyncio.Task[int]] = set()
+        stopping = asyncio.create_task(stop.wait())
+        next_claim = time.monotonic()
+        try:
+            while not stop.is_set():
+                if time.monotonic() >= next_claim and len(batches) < MAX_BATCHES_IN_FLIGHT:
+                    batches.add(asyncio.create_task(self.send_due()))
+                    next_claim = time.monotonic() + self._settings.relay_poll_seconds
+                # With every slot taken, only a batch's end (or the stop) frees one: no timeout to spin on.
+                full = len(batches) >= MAX_BATCHES_IN_FLIGHT
+                timeout = None if full else max(next_claim - time.monotonic(), 0)
+                done, _ = await asyncio.wait({*batches, stopping}, timeout=timeout, return_when=FIRST_COMPLETED)
+                batches -= done
+                # Every ended batch's outcome is read, so that none of their errors goes unseen.
+                outcomes = [_claimed_a_full_batch(batch) for batch in done if batch is not stopping]
+                if any(outcomes):
+                    next_claim = time.monotonic()
+            for batch in asyncio.as_completed(batches):
+                with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
+                    await batch
+        finally:
+            stopping.cancel()
+            for batch in batches:
+                batch.cancel()
 
     async def send_due(self) -> int:
-        """Claim one batch of due deliveries with a lease, send them with no database connection held, then
-        record every attempt; return how many were claimed.
+        """Claim one batch of due deliveries with a lease, send them at once with no database connection
+        held, and record each attempt as soon as it ends (with those that ended meanwhile); return how many
+        were claimed.
         """
         lease_seconds = self._settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS
         async with self._pool.acquire() as conn:
             due = await webhook_deliveries.claim_due(conn, limit=BATCH, lease_seconds=lease_seconds)
             # The bodies one by one (one connection runs one statement at a time), then the requests at once.
             bodies = [await self._body(conn, delivery) for delivery in due]
-        attempts = await asyncio.gather(
-            *(self._attempt(delivery, body) for delivery, body in zip(due, bodies, strict=True))
-        )
-        async with self._pool.acquire() as conn:
-            recorded = set(await webhook_deliveries.record_attempts(conn, attempts) if attempts else ())
             metrics.WEBHOOK_OLDEST_UNDELIVERED_AGE.set(await webhook_deliveries.oldest_undelivered_age(conn))
-        for attempt in attempts:
-            _report(attempt, recorded=attempt.delivery.delivery_id in recorded)
+        sending = {
+            asyncio.create_task(self._attempt(delivery, body)) for delivery, body in zip(due, bodies, strict=True)
+        }
+        try:
+            while sending:
+                ended, sending = await asyncio.wait(sending, return_when=FIRST_COMPLETED)
+                await self._record([attempt.result() for attempt in ended])
+        finally:
+            for attempt in sending:
+                attempt.cancel()
         return len(due)
 
+    async def _record(self, attempts: list[Attempt]) -> None:
+        """Record ``attempts``, those that ended while the last record was written, in one statement: none
+        waits for a receiver still answering.
+        """
+        async with self._pool.acquire() as conn:
+            recorded = set(await webhook_deliveries.record_attempts(conn, attempts))
+        for attempt in attempts:
+            _report(attempt, recorded=attempt.delivery.delivery_id in recorded)
+
     async def _attempt(self, delivery: Delivery, body: bytes) -> Attempt:
+        attempted_at = datetime.now(UTC)
         started = time.monotonic()
         try:
             status_code: int | None = await self._post(delivery, body)
@@ -167,7 +225,7 @@ class WebhookSender:
             status_code, error = None, type(exc).__name__
         duration_ms = int((time.monotonic() - started) * 1000)
         retry = None if error is None else self._retry_seconds(delivery)
-        return Attempt(delivery, status_code, duration_ms, error, retry)
+        return Attempt(delivery, attempted_at, status_code, duration_ms, error, retry)
 
     async def _body(self, conn: asyncpg.Connection, delivery: Delivery) -> bytes:
         data = await _subject(conn, delivery)
@@ -190,18 +248,32 @@ class WebhookSender:
             tracing.inject(headers)
             async with asyncio.timeout(self._settings.webhook_timeout_seconds):
                 session = await self._session(target)
+                connection = _Connection()
                 try:
-                    return await self._send(session, target, body, headers)
+                    return await self._send(session, target, body, headers, connection)
                 except aiohttp.ServerDisconnectedError:
                     # A kept connection the receiver closed as the request went out, before any answer:
-                    # aiohttp does not send a POST again. Once more, within the same deadline.
-                    return await self._send(session, target, body, headers)
+                    # aiohttp does not send a POST again. Once more, within the same deadline; a new
+                    # connection closed unanswered is the receiver's answer, and the attempt's error.
+                    if not connection.reused:
+                        raise
+                    return await self._send(session, target, body, headers, _Connection())
 
-    async def _send(self, session: aiohttp.ClientSession, target: Target, body: bytes, headers: dict[str, str]) -> int:
-        """POST ``body`` once; the answer's status, its first ``MAX_ANSWER_BYTES`` read and dropped."""
+    async def _send(
+        self,
+        session: aiohttp.ClientSession,
+        target: Target,
+        body: bytes,
+        headers: dict[str, str],
+        connection: _Connection,
+    ) -> int:
+        """POST ``body`` once; the answer's status, its first ``MAX_ANSWER_BYTES`` read and dropped.
+        ``connection`` learns whether the request went on a kept connection.
+        """
         async with session.post(
             target.request_url,
             data=body,
+            trace_request_ctx=connection,
             headers=headers,
             allow_redirects=False,
             ssl=self._ssl,
@@ -230,7 +302,7 @@ class WebhookSender:
             connector = aiohttp.TCPConnector(
                 resolver=resolver, use_dns_cache=False, keepalive_timeout=KEEPALIVE_SECONDS
             )
-            session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            session = aiohttp.ClientSession(connector=connector, trust_env=False, trace_configs=[_reuse_trace()])
         self._sessions[address] = session
         if len(self._sessions) > MAX_SESSIONS:
             _, oldest = self._sessions.popitem(last=False)
@@ -254,6 +326,17 @@ class WebhookSender:
         ceiling = min(self._settings.webhook_first_retry_seconds * 2**delivery.attempts, MAX_RETRY_SECONDS)
         delay = random.uniform(ceiling / 2, ceiling)
         return None if delivery.age_seconds + delay > self._settings.webhook_retry_seconds else delay
+
+
+def _claimed_a_full_batch(batch: asyncio.Task[int]) -> bool:
+    """Whether ``batch``, a ``send_due`` that ended, claimed ``BATCH`` deliveries, so that more may be due at
+    once. Logs a transient error of the database and answers False; raises any other error of the batch.
+    """
+    try:
+        return batch.result() == BATCH
+    except TRANSIENT_DATABASE_ERRORS as exc:
+        log.warning("webhook deliveries paused by the database", extra={"error": type(exc).__name__})
+        return False
 
 
 def _report(attempt: Attempt, *, recorded: bool) -> None:

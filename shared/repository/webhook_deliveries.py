@@ -10,6 +10,7 @@ attempts under the fencing generation of its claim (migration 0016).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -74,12 +75,13 @@ async def claim_due(conn: asyncpg.Connection, *, limit: int, lease_seconds: floa
 
 @dataclass(frozen=True)
 class Attempt:
-    """One attempt to send ``delivery``: ``status_code`` None when no answer came, ``duration_ms`` from the
-    lookup to the last byte read, ``error`` a short text without the URL, and ``retry_seconds`` until the next
-    attempt, None for none (delivered, or given up).
+    """One attempt to send ``delivery``, begun at ``attempted_at`` (the sender's clock, aware): ``status_code``
+    None when no answer came, ``duration_ms`` from the lookup to the last byte read, ``error`` a short text
+    without the URL, and ``retry_seconds`` until the next attempt, None for none (delivered, or given up).
     """
 
     delivery: Delivery
+    attempted_at: datetime
     status_code: int | None
     duration_ms: int
     error: str | None
@@ -108,8 +110,9 @@ async def record_attempts(conn: asyncpg.Connection, attempts: list[Attempt]) -> 
         """
         WITH outcome AS (
             SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::boolean[], $4::integer[], $5::integer[],
-                                 $6::text[], $7::float8[])
-                AS o(delivery_id, generation, delivered, status_code, duration_ms, error, retry_seconds)
+                                 $6::text[], $7::float8[], $8::timestamptz[])
+                AS o(delivery_id, generation, delivered, status_code, duration_ms, error, retry_seconds,
+                     attempted_at)
         ), recorded AS (
             UPDATE webhook_deliveries d SET attempts = d.attempts + 1,
                 delivered_at = CASE WHEN o.delivered THEN now() END,
@@ -120,8 +123,8 @@ async def record_attempts(conn: asyncpg.Connection, attempts: list[Attempt]) -> 
             WHERE d.delivery_id = o.delivery_id AND d.generation = o.generation
             RETURNING d.delivery_id, d.attempts
         )
-        INSERT INTO webhook_attempts (delivery_id, attempt, status_code, duration_ms, error)
-        SELECT r.delivery_id, r.attempts, o.status_code, o.duration_ms, o.error
+        INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, status_code, duration_ms, error)
+        SELECT r.delivery_id, r.attempts, o.attempted_at, o.status_code, o.duration_ms, o.error
         FROM recorded r JOIN outcome o USING (delivery_id)
         RETURNING delivery_id
         """,
@@ -132,6 +135,7 @@ async def record_attempts(conn: asyncpg.Connection, attempts: list[Attempt]) -> 
         [attempt.duration_ms for attempt in attempts],
         [attempt.error for attempt in attempts],
         [attempt.retry_seconds for attempt in attempts],
+        [attempt.attempted_at for attempt in attempts],
     )
     return [row["delivery_id"] for row in rows]
 

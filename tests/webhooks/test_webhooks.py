@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -314,7 +315,7 @@ async def test_a_lease_that_ran_out_is_claimed_again_and_the_late_record_changes
         assert await send_due(pool, settings) == 1
         assert len(receiver.received) == 1
 
-        late = Attempt(stalled, 503, 10, "HTTP 503", 5.0)
+        late = Attempt(stalled, datetime.now(UTC), 503, 10, "HTTP 503", 5.0)
         assert await webhook_deliveries.record_attempts(conn, [late]) == []
         row = await conn.fetchrow("SELECT generation, attempts, delivered_at FROM webhook_deliveries")
     assert (row["generation"], row["attempts"]) == (2, 1)
@@ -363,3 +364,79 @@ async def test_a_kept_connection_the_receiver_closes_is_not_a_failed_attempt(
         server.close()
     attempts = await pool.fetch("SELECT status_code, error FROM webhook_attempts ORDER BY delivery_id")
     assert [(row["status_code"], row["error"]) for row in attempts] == [(200, None), (200, None)]
+
+
+async def test_each_attempt_is_recorded_as_it_ends_with_its_own_time(pool: asyncpg.Pool, settings: Settings) -> None:
+    """Two callbacks of one batch, one to a receiver that hangs: the other is recorded while it hangs, and
+    each attempt keeps the time it began.
+    """
+    release = asyncio.Event()
+    hanging, prompt = Receiver(release=release), Receiver()
+    async with listening(hanging) as hanging_port, listening(prompt) as prompt_port:
+        await ended_with_callback(pool, "op_hangs", f"http://127.0.0.1:{hanging_port}/hook")
+        await ended_with_callback(pool, "op_prompt", f"http://127.0.0.1:{prompt_port}/hook")
+        sending = asyncio.create_task(send_due(pool, settings))
+        await wait_for(lambda: hanging.received)
+        await wait_for(
+            lambda: pool.fetchval(
+                "SELECT delivered_at IS NOT NULL FROM webhook_deliveries WHERE operation_id = 'op_prompt'"
+            )
+        )
+        assert await pool.fetchval("SELECT count(*) FROM webhook_attempts") == 1
+        release.set()
+        assert await asyncio.wait_for(sending, 20) == 2
+    rows = await pool.fetch(
+        "SELECT d.operation_id, d.delivered_at, a.attempted_at"
+        " FROM webhook_attempts a JOIN webhook_deliveries d USING (delivery_id)"
+    )
+    times = {row["operation_id"]: row for row in rows}
+    # The hanging one began before the prompt one was delivered, and was delivered after.
+    assert times["op_hangs"]["attempted_at"] < times["op_prompt"]["delivered_at"] < times["op_hangs"]["delivered_at"]
+
+
+async def test_a_new_connection_closed_unanswered_is_one_request_and_its_attempt(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """A receiver that reads the request on a new connection and closes it unanswered got the request: it is
+    not sent again, and its attempt records the error.
+    """
+    requests: list[bytes] = []
+
+    async def read_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            requests.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.close()
+
+    server = await asyncio.start_server(read_and_close, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        await ended_with_callback(pool, "op_closed", f"http://127.0.0.1:{port}/hook")
+        assert await send_due(pool, settings) == 1
+    finally:
+        server.close()
+    assert len(requests) == 1
+    assert await attempt_errors(pool) == {f"http://127.0.0.1:{port}/hook": "ServerDisconnectedError"}
+
+
+async def test_a_hanging_receiver_holds_back_no_callback_due_after_it(pool: asyncpg.Pool, settings: Settings) -> None:
+    """The relay's loop claims again while a receiver hangs: a callback due later reaches another receiver
+    long before the hanging one's deadline, and the hanging one is recorded once it answers.
+    """
+    release, stop = asyncio.Event(), asyncio.Event()
+    hanging, prompt = Receiver(release=release), Receiver()
+    patient = settings.model_copy(update={"relay_poll_seconds": 0.05, "webhook_timeout_seconds": 120.0})
+    async with (
+        listening(hanging) as hanging_port,
+        listening(prompt) as prompt_port,
+        WebhookSender(pool=pool, settings=patient) as sender,
+    ):
+        await ended_with_callback(pool, "op_hangs", f"http://127.0.0.1:{hanging_port}/hook")
+        running = asyncio.create_task(sender.run(stop=stop))
+        await wait_for(lambda: hanging.received)
+        await ended_with_callback(pool, "op_after", f"http://127.0.0.1:{prompt_port}/hook")
+        await wait_for(lambda: prompt.received, timeout=10)
+        release.set()
+        stop.set()
+        await asyncio.wait_for(running, 20)
+    delivered = await pool.fetch("SELECT operation_id FROM webhook_deliveries WHERE delivered_at IS NOT NULL")
+    assert sorted(row["operation_id"] for row in delivered) == ["op_after", "op_hangs"]
