@@ -25,8 +25,8 @@ import socket
 import ssl
 import time
 from asyncio import FIRST_COMPLETED
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -51,8 +51,9 @@ from shared.webhooks.targets import IPAddress, RefusedTarget, Target, check_addr
 log = logging.getLogger(__name__)
 
 BATCH = 16
-# Batches ``run`` keeps in flight at once: up to this many times ``BATCH`` requests.
-MAX_BATCHES_IN_FLIGHT = 8
+# Batches ``run`` keeps in flight at once: up to this many times ``BATCH`` requests, and as many of the
+# pool's connections (each batch uses one at a time), which leaves room for the outbox relay's.
+MAX_BATCHES_IN_FLIGHT = 4
 MAX_ANSWER_BYTES = 4096
 MAX_RETRY_SECONDS = 3600.0
 # HTTP sessions kept for reuse, one per receiver address (docs/api.md: API reference, Completion callbacks).
@@ -107,6 +108,15 @@ def _reuse_trace() -> aiohttp.TraceConfig:
     return trace
 
 
+def _new_session(address: IPAddress | None) -> aiohttp.ClientSession:
+    """A session whose connections go to ``address`` (None: as the proxy's name resolves), kept alive for
+    ``KEEPALIVE_SECONDS``, with the trace that tells a kept connection from a new one.
+    """
+    resolver = None if address is None else _Pinned(address)
+    connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False, keepalive_timeout=KEEPALIVE_SECONDS)
+    return aiohttp.ClientSession(connector=connector, trust_env=False, trace_configs=[_reuse_trace()])
+
+
 class WebhookSender:
     """Sends due deliveries until ``run`` is stopped; ``send_due`` sends one batch. Use it as an async
     context manager, which closes its HTTP sessions.
@@ -134,6 +144,8 @@ class WebhookSender:
         self._proxy, self._proxy_headers = _proxy_parts(None if proxy is None else proxy.get_secret_value())
         # By the checked address a session's connections are pinned to; None for the proxy's.
         self._sessions: OrderedDict[IPAddress | None, aiohttp.ClientSession] = OrderedDict()
+        # By the same address: how many requests use its session now.
+        self._in_use: Counter[IPAddress | None] = Counter()
 
     async def __aenter__(self) -> WebhookSender:
         return self
@@ -166,11 +178,10 @@ class WebhookSender:
                 full = len(batches) >= MAX_BATCHES_IN_FLIGHT
                 timeout = None if full else max(next_claim - time.monotonic(), 0)
                 done, _ = await asyncio.wait({*batches, stopping}, timeout=timeout, return_when=FIRST_COMPLETED)
-                batches -= done
-                # Every ended batch's outcome is read, so that none of their errors goes unseen.
-                outcomes = [_claimed_a_full_batch(batch) for batch in done if batch is not stopping]
-                if any(outcomes):
+                # Taken out only once read: an error raised here leaves the rest for the ``finally`` to read.
+                if any([_claimed_a_full_batch(batch) for batch in done if batch is not stopping]):
                     next_claim = time.monotonic()
+                batches -= done
             for batch in asyncio.as_completed(batches):
                 with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
                     await batch
@@ -178,6 +189,7 @@ class WebhookSender:
             stopping.cancel()
             for batch in batches:
                 batch.cancel()
+            await asyncio.gather(*batches, return_exceptions=True)
 
     async def send_due(self) -> int:
         """Claim one batch of due deliveries with a lease, send them at once with no database connection
@@ -206,8 +218,13 @@ class WebhookSender:
         """Record ``attempts``, those that ended while the last record was written, in one statement: none
         waits for a receiver still answering.
         """
-        async with self._pool.acquire() as conn:
-            recorded = set(await webhook_deliveries.record_attempts(conn, attempts))
+        try:
+            async with self._pool.acquire() as conn:
+                recorded = set(await webhook_deliveries.record_attempts(conn, attempts))
+        except TRANSIENT_DATABASE_ERRORS as exc:
+            # The batch's other requests go on; what is not recorded is due again when its lease ends.
+            log.warning("webhook attempts not recorded: the database", extra={"error": type(exc).__name__})
+            return
         for attempt in attempts:
             _report(attempt, recorded=attempt.delivery.delivery_id in recorded)
 
@@ -247,17 +264,17 @@ class WebhookSender:
             headers = self._headers(delivery, body)
             tracing.inject(headers)
             async with asyncio.timeout(self._settings.webhook_timeout_seconds):
-                session = await self._session(target)
-                connection = _Connection()
-                try:
-                    return await self._send(session, target, body, headers, connection)
-                except aiohttp.ServerDisconnectedError:
-                    # A kept connection the receiver closed as the request went out, before any answer:
-                    # aiohttp does not send a POST again. Once more, within the same deadline; a new
-                    # connection closed unanswered is the receiver's answer, and the attempt's error.
-                    if not connection.reused:
-                        raise
-                    return await self._send(session, target, body, headers, _Connection())
+                async with self._session(target) as session:
+                    connection = _Connection()
+                    try:
+                        return await self._send(session, target, body, headers, connection)
+                    except aiohttp.ServerDisconnectedError:
+                        # A kept connection the receiver closed as the request went out, before any answer:
+                        # aiohttp does not send a POST again. Once more, within the same deadline; a new
+                        # connection closed unanswered is the receiver's answer, and the attempt's error.
+                        if not connection.reused:
+                            raise
+                        return await self._send(session, target, body, headers, _Connection())
 
     async def _send(
         self,
@@ -284,11 +301,12 @@ class WebhookSender:
             tracing.set_attributes(**{"http.response.status_code": response.status})
             return response.status
 
-    async def _session(self, target: Target) -> aiohttp.ClientSession:
-        """The session for ``target``: through the proxy, the one whose connector resolves only the proxy's
-        own name; else the one pinned to the target's checked address, resolved here for a name. Sessions
-        are kept (at most ``MAX_SESSIONS``, the least recently used closed first), so a receiver's
-        connection is reused where it allows keep-alive.
+    @contextlib.asynccontextmanager
+    async def _session(self, target: Target) -> AsyncIterator[aiohttp.ClientSession]:
+        """The session for ``target`` while a request uses it: through the proxy, the one whose connector
+        resolves only the proxy's own name; else the one pinned to the target's checked address, resolved
+        here for a name. Sessions are kept, so a receiver's connection is reused where it allows keep-alive;
+        beyond ``MAX_SESSIONS`` the least recently used idle ones are closed, never one a request still uses.
         """
         address = None
         if self._proxy is None:
@@ -296,18 +314,26 @@ class WebhookSender:
             if address is None:
                 addresses = await self._resolve(target.host, target.port)
                 address = check_addresses(addresses, allow_private=self._settings.webhook_allow_private)
-        session = self._sessions.pop(address, None)
-        if session is None:
-            resolver = None if address is None else _Pinned(address)
-            connector = aiohttp.TCPConnector(
-                resolver=resolver, use_dns_cache=False, keepalive_timeout=KEEPALIVE_SECONDS
-            )
-            session = aiohttp.ClientSession(connector=connector, trust_env=False, trace_configs=[_reuse_trace()])
+        session = self._sessions.pop(address, None) or _new_session(address)
         self._sessions[address] = session
-        if len(self._sessions) > MAX_SESSIONS:
-            _, oldest = self._sessions.popitem(last=False)
-            await oldest.close()
-        return session
+        self._in_use[address] += 1
+        try:
+            await self._close_idle_sessions()
+            yield session
+        finally:
+            self._in_use[address] -= 1
+            if not self._in_use[address]:
+                del self._in_use[address]
+
+    async def _close_idle_sessions(self) -> None:
+        """Close the least recently used sessions no request uses, as many as there are beyond ``MAX_SESSIONS``;
+        taken out of the table first, so that no request picks one up while it closes.
+        """
+        idle = [address for address in self._sessions if not self._in_use[address]]
+        excess = max(len(self._sessions) - MAX_SESSIONS, 0)
+        closing = [self._sessions.pop(address) for address in idle[:excess]]
+        for session in closing:
+            await session.close()
 
     def _headers(self, delivery: Delivery, body: bytes) -> dict[str, str]:
         timestamp = int(time.time())

@@ -42,9 +42,11 @@ async def send_due(pool: asyncpg.Pool, settings: Settings, **options: Any) -> in
 
 
 @contextlib.asynccontextmanager
-async def listening(receiver: Receiver, *, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[int]:
-    """Serve ``receiver`` at ``/hook`` on a free port of 127.0.0.1 (over TLS with ``ssl_context``) for the
-    block; yield the port.
+async def listening(
+    receiver: Receiver, *, ssl_context: ssl.SSLContext | None = None, host: str = "127.0.0.1"
+) -> AsyncIterator[int]:
+    """Serve ``receiver`` at ``/hook`` on a free port of ``host``, a loopback address (over TLS with
+    ``ssl_context``), for the block; yield the port.
     """
 
     async def hook(request: web.Request) -> web.Response:
@@ -57,16 +59,18 @@ async def listening(receiver: Receiver, *, ssl_context: ssl.SSLContext | None = 
 
     app = web.Application()
     app.router.add_post("/hook", hook)
-    async with serving(app, ssl_context=ssl_context) as port:
+    async with serving(app, ssl_context=ssl_context, host=host) as port:
         yield port
 
 
 @contextlib.asynccontextmanager
-async def serving(app: web.Application, *, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[int]:
-    """Serve ``app`` on a free port of 127.0.0.1 (over TLS with ``ssl_context``) for the block; yield the port."""
+async def serving(
+    app: web.Application, *, ssl_context: ssl.SSLContext | None = None, host: str = "127.0.0.1"
+) -> AsyncIterator[int]:
+    """Serve ``app`` on a free port of ``host`` (over TLS with ``ssl_context``) for the block; yield the port."""
     runner = web.AppRunner(app)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
+    await web.TCPSite(runner, host, 0, ssl_context=ssl_context).start()
     try:
         yield runner.addresses[0][1]
     finally:

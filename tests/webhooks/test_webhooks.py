@@ -26,6 +26,7 @@ from pydantic import SecretStr
 from devtools.broker import delete_broker_objects
 from devtools.certificates import certificate_for
 from devtools.moto import MotoServer
+from services.relay import webhooks
 from services.relay.webhooks import LEASE_MARGIN_SECONDS, WebhookSender
 from shared.logs import JsonFormatter
 from shared.repository import webhook_deliveries
@@ -440,3 +441,42 @@ async def test_a_hanging_receiver_holds_back_no_callback_due_after_it(pool: asyn
         await asyncio.wait_for(running, 20)
     delivered = await pool.fetch("SELECT operation_id FROM webhook_deliveries WHERE delivered_at IS NOT NULL")
     assert sorted(row["operation_id"] for row in delivered) == ["op_after", "op_hangs"]
+
+
+async def test_a_session_in_use_is_never_closed_to_make_room(
+    pool: asyncpg.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for one kept session, callbacks to two addresses at once both arrive: the second session
+    does not close the first while its request is still waiting for an answer.
+    """
+    monkeypatch.setattr(webhooks, "MAX_SESSIONS", 1)
+    release = asyncio.Event()
+    hanging, prompt = Receiver(release=release), Receiver()
+    async with listening(hanging, host="127.0.0.2") as hanging_port, listening(prompt, host="127.0.0.3") as prompt_port:
+        await ended_with_callback(pool, "op_hangs", f"http://127.0.0.2:{hanging_port}/hook")
+        await ended_with_callback(pool, "op_prompt", f"http://127.0.0.3:{prompt_port}/hook")
+        sending = asyncio.create_task(send_due(pool, settings))
+        await wait_for(lambda: hanging.received and prompt.received)
+        release.set()
+        assert await asyncio.wait_for(sending, 20) == 2
+    assert await attempt_errors(pool) == {
+        f"http://127.0.0.2:{hanging_port}/hook": None,
+        f"http://127.0.0.3:{prompt_port}/hook": None,
+    }
+
+
+async def test_idle_sessions_beyond_the_limit_are_closed_least_recently_used_first(
+    pool: asyncpg.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(webhooks, "MAX_SESSIONS", 2)
+    receiver = Receiver()
+    hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    async with contextlib.AsyncExitStack() as stack, WebhookSender(pool=pool, settings=settings) as sender:
+        ports = {host: await stack.enter_async_context(listening(receiver, host=host)) for host in hosts}
+        # Two sessions fit: the first one's connection is kept. A third closes the least recently used.
+        for number, host in enumerate(["127.0.0.2", "127.0.0.3", "127.0.0.2", "127.0.0.4", "127.0.0.3"]):
+            await ended_with_callback(pool, f"op_lru_{number}", f"http://{host}:{ports[host]}/hook")
+            assert await sender.send_due() == 1
+    ports_seen = [port for _, port in receiver.peers]
+    assert ports_seen[2] == ports_seen[0]  # 127.0.0.2 again, on its kept connection
+    assert ports_seen[4] != ports_seen[1]  # 127.0.0.3 was closed to make room for 127.0.0.4

@@ -162,9 +162,9 @@ async def import_messages(request: web.Request) -> web.Response:
 
 async def requeue_operation(request: web.Request) -> web.Response:
     """``POST /admin/operations/{operation_id}/requeue``: FAILED_REPAIR -> QUEUED with a fresh attempt budget
-    (docs/states.md: States and failure model); 202 ``{"operation_id", "state": "QUEUED"}``. The body is empty or ``{}``
-    (else 415, 400 or 422 as for cancel). 404 when unknown; 409 ``NOT_REQUEUEABLE`` with ``state`` from any other state,
-    which is left alone.
+    (docs/states.md: States and failure model); 202 ``{"operation_id", "state": "QUEUED"}``. The body is empty or
+    ``{}`` and there is no query (else 415, 413, 400 or 422 as for cancel). 404 when unknown; 409
+    ``NOT_REQUEUEABLE`` with ``state`` from any other state, which is left alone.
     """
     await read_empty_input(request)
     operation_id = _operation_path_id(request)
