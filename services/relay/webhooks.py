@@ -179,17 +179,16 @@ class WebhookSender:
                 timeout = None if full else max(next_claim - time.monotonic(), 0)
                 done, _ = await asyncio.wait({*batches, stopping}, timeout=timeout, return_when=FIRST_COMPLETED)
                 # Taken out only once read: an error raised here leaves the rest for the ``finally`` to read.
-                if any([_claimed_a_full_batch(batch) for batch in done if batch is not stopping]):
+                if BATCH in [_claimed(batch) for batch in done if batch is not stopping]:
                     next_claim = time.monotonic()
                 batches -= done
-            for batch in asyncio.as_completed(batches):
-                with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
-                    await batch
+            if batches:
+                await asyncio.wait(batches)
+            for batch in batches:
+                _claimed(batch)
         finally:
             stopping.cancel()
-            for batch in batches:
-                batch.cancel()
-            await asyncio.gather(*batches, return_exceptions=True)
+            await _cancel_all(batches)
 
     async def send_due(self) -> int:
         """Claim one batch of due deliveries with a lease, send them at once with no database connection
@@ -210,8 +209,7 @@ class WebhookSender:
                 ended, sending = await asyncio.wait(sending, return_when=FIRST_COMPLETED)
                 await self._record([attempt.result() for attempt in ended])
         finally:
-            for attempt in sending:
-                attempt.cancel()
+            await _cancel_all(sending)
         return len(due)
 
     async def _record(self, attempts: list[Attempt]) -> None:
@@ -354,15 +352,24 @@ class WebhookSender:
         return None if delivery.age_seconds + delay > self._settings.webhook_retry_seconds else delay
 
 
-def _claimed_a_full_batch(batch: asyncio.Task[int]) -> bool:
-    """Whether ``batch``, a ``send_due`` that ended, claimed ``BATCH`` deliveries, so that more may be due at
-    once. Logs a transient error of the database and answers False; raises any other error of the batch.
+def _claimed(batch: asyncio.Task[int]) -> int:
+    """How many deliveries ``batch``, a ``send_due`` that ended, claimed; 0 after a transient error of the
+    database, which is logged. Raises any other error of the batch.
     """
     try:
-        return batch.result() == BATCH
+        return batch.result()
     except TRANSIENT_DATABASE_ERRORS as exc:
         log.warning("webhook deliveries paused by the database", extra={"error": type(exc).__name__})
-        return False
+        return 0
+
+
+async def _cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until each has ended, so that none outlives what it uses (the sessions, the
+    pool); their errors are dropped, as cancelled work's.
+    """
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _report(attempt: Attempt, *, recorded: bool) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -17,6 +16,7 @@ import pytest
 from services.api.http.bodies import EMPTY_BODY_MAX_BYTES
 from services.janitor.janitor import Janitor
 from shared.settings import Settings
+from tests.support import documented
 from tests.support.api_calls import expect_problem, import_lines, make_conversation, read_all, submit
 from tests.support.exports import (
     GUESSED_ID,
@@ -384,5 +384,5 @@ async def test_a_wrong_method_is_405_with_allow(api: Client, auth: Auth, members
 
 
 def test_the_documented_cancel_body_limit_is_the_enforced_one() -> None:
-    api_reference = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    api_reference = documented("api.md")
     assert f"`{{}}` as `application/json` (at most {EMPTY_BODY_MAX_BYTES // 1024} KiB, else `413`)" in api_reference

@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable
 from graphlib import TopologicalSorter
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -22,6 +23,13 @@ from shared.settings import Settings
 
 PG_SERVER = os.environ.get("CHATEXPORT_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("CHATEXPORT_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+
+
+def documented(page: str) -> str:
+    """The text of ``docs/<page>`` with each run of whitespace, line breaks included, as one space: a phrase
+    the page wraps across lines is found whole.
+    """
+    return " ".join((Path(__file__).resolve().parents[2] / "docs" / page).read_text().split())
 
 
 def unique(prefix: str) -> str:

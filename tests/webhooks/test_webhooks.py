@@ -32,7 +32,7 @@ from shared.logs import JsonFormatter
 from shared.repository import webhook_deliveries
 from shared.repository.webhook_deliveries import Attempt
 from shared.settings import Settings
-from tests.support import make_settings, wait_for
+from tests.support import documented, make_settings, wait_for
 from tests.support.api_calls import expect_problem, import_lines, make_conversation, submit, verified_callback
 from tests.support.messages import Auth, Client
 from tests.support.rows import insert_operation
@@ -480,3 +480,10 @@ async def test_idle_sessions_beyond_the_limit_are_closed_least_recently_used_fir
     ports_seen = [port for _, port in receiver.peers]
     assert ports_seen[2] == ports_seen[0]  # 127.0.0.2 again, on its kept connection
     assert ports_seen[4] != ports_seen[1]  # 127.0.0.3 was closed to make room for 127.0.0.4
+
+
+def test_the_documented_batch_figures_are_the_senders() -> None:
+    api_reference = documented("api.md")
+    assert f"(`SKIP LOCKED`, {webhooks.BATCH} at a time)" in api_reference
+    assert f"at most {webhooks.MAX_BATCHES_IN_FLIGHT} batches in flight" in api_reference
+    assert f"idle ones closed after {webhooks.KEEPALIVE_SECONDS:g} s" in api_reference
