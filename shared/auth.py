@@ -171,7 +171,15 @@ def _principal(claims: dict[str, object], *, latest_exp: float) -> Principal:
     scope = claims.get("scope", "")
     if not isinstance(scope, str):
         raise InvalidToken("bad scope")
-    return Principal(user_id=sub, scopes=frozenset(scope.split()))
+    return Principal(user_id=sub, scopes=_scopes(scope))
+
+
+def _scopes(scope: str) -> frozenset[str]:
+    """The scope tokens of a ``scope`` claim, split on U+0020 alone (RFC 6749 section 3.3; docs/api.md: API
+    reference, Authentication): a tab, a no-break space or any other white space is part of a token, so
+    ``"admin\tuser"`` is one scope that is not ``admin``. Empty tokens (two spaces in a row) count for nothing.
+    """
+    return frozenset(token for token in scope.split(" ") if token)
 
 
 def mint_token(settings: Settings, *, user_id: str, scopes: list[str] | None = None, ttl_seconds: int = 3600) -> str:

@@ -41,6 +41,23 @@ def test_a_minted_token_verifies_with_its_scopes() -> None:
 
 
 @pytest.mark.parametrize(
+    ("scope", "scopes"),
+    [
+        ("admin read", {"admin", "read"}),
+        ("  admin  read ", {"admin", "read"}),
+        ("admin\tuser", {"admin\tuser"}),
+        ("admin\u00a0user", {"admin\u00a0user"}),
+        ("user\nadmin", {"user\nadmin"}),
+        ("user\u2003admin\u3000x", {"user\u2003admin\u3000x"}),
+    ],
+)
+def test_scopes_are_split_on_the_space_alone(scope: str, scopes: set[str]) -> None:
+    principal = TokenVerifier(SETTINGS).verify(f"Bearer {token(valid_claims(scope=scope))}")
+    assert principal.scopes == scopes
+    assert principal.is_admin == ("admin" in scopes)
+
+
+@pytest.mark.parametrize(
     "header",
     [
         None,
