@@ -106,6 +106,17 @@ async def test_missing_or_malformed_idempotency_key_is_400(
     assert await stored(pool) == NOTHING
 
 
+async def test_two_idempotency_key_fields_are_400_whatever_their_values(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None
+) -> None:
+    for pair in (("k-1", "k-2"), ("k-1", "k-1"), ("k-1", "")):
+        headers = CIMultiDict([*auth("alice").items(), ("Idempotency-Key", pair[0]), ("Idempotency-Key", pair[1])])
+        response = await api.post("/v3/conversations/c-a/exports", json=VALID, headers=headers)
+        body = await expect_problem(response, 400, "IDEMPOTENCY_KEY_INVALID", case=pair)
+        assert "k-1" not in body["detail"]
+    assert await stored(pool) == NOTHING
+
+
 async def test_key_limits_are_inclusive_and_quotes_are_not_part_of_the_key(
     api: Client, auth: Auth, members: None
 ) -> None:

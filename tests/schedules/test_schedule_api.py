@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from multidict import CIMultiDict
 
 from services.api.http.schemas import Operation, Schedule
 from shared.ids import new_operation_id
@@ -168,6 +169,15 @@ async def test_submits_and_schedules_share_one_key_space(
     await expect_problem(again, 409, "IDEMPOTENCY_KEY_REUSED")
     assert await pool.fetchval("SELECT count(*) FROM operations") == 1
     assert await pool.fetchval("SELECT count(*) FROM export_schedules") == 1
+
+
+async def test_two_idempotency_key_fields_create_nothing(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None
+) -> None:
+    headers = CIMultiDict([*auth("alice").items(), ("Idempotency-Key", "k-1"), ("Idempotency-Key", "k-2")])
+    response = await api.post(CREATE.format(cid="c-a"), json=DAILY, headers=headers)
+    await expect_problem(response, 400, "IDEMPOTENCY_KEY_INVALID")
+    assert await pool.fetchval("SELECT count(*) FROM export_schedules") == 0
 
 
 async def test_a_user_has_at_most_the_limit_of_schedules(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+from multidict import CIMultiDictProxy
+
+from services.api.http.fields import RepeatedField, only_field
 from services.api.http.problems import ProblemError
 
 HEADER = "Idempotency-Key"
@@ -13,13 +16,20 @@ _SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
 _SF_ESCAPE = re.compile(r"\\([\"\\])")
 
 
-def parse_idempotency_key(value: str | None) -> str:
-    """Return the key: 1-255 visible ASCII characters (0x21-0x7E), unquoted if sent as an RFC 8941 string.
+def parse_idempotency_key(headers: CIMultiDictProxy[str]) -> str:
+    """Return the key of the request's ``headers``: 1-255 visible ASCII characters (0x21-0x7E), unquoted if
+    sent as an RFC 8941 string.
 
     Raises ``ProblemError`` IDEMPOTENCY_KEY_MISSING when absent, IDEMPOTENCY_KEY_INVALID otherwise: an empty
     value is present but breaks the 1-255 rule, like ``""``. The unquoted key must itself be visible ASCII,
-    so ``" a"`` (with a space) is invalid.
+    so ``" a"`` (with a space) is invalid. Two or more fields are IDEMPOTENCY_KEY_INVALID whatever their
+    values, as two ``Authorization`` fields are refused: a proxy that keeps the last one would deduplicate on
+    another key than the service (docs/api.md: API reference, Idempotency-Key).
     """
+    try:
+        value = only_field(headers, HEADER)
+    except RepeatedField:
+        raise ProblemError("IDEMPOTENCY_KEY_INVALID", f"Send one {HEADER} field, not several.") from None
     if value is None:
         raise ProblemError("IDEMPOTENCY_KEY_MISSING", f"Send an {HEADER} header to make the submission safe to retry.")
     quoted = _SF_STRING.fullmatch(value)

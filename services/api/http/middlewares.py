@@ -10,6 +10,7 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from services.api.http.fields import RepeatedField, only_field
 from services.api.http.keys import PRINCIPAL, VERIFIER
 from services.api.http.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
 from services.api.http.problems import ProblemError
@@ -190,7 +191,7 @@ def _authorization(request: web.Request) -> str | None:
     """The one ``Authorization`` field's value; raises ``InvalidToken`` when there are several, since
     intermediaries disagree on which one counts (docs/api.md: API reference, Authentication).
     """
-    values = request.headers.getall("Authorization", [])
-    if len(values) > 1:
-        raise InvalidToken("several Authorization fields")
-    return values[0] if values else None
+    try:
+        return only_field(request.headers, "Authorization")
+    except RepeatedField as repeated:
+        raise InvalidToken(str(repeated)) from None

@@ -71,7 +71,9 @@ CODES: dict[str, ProblemCode] = {
         400, "Idempotency-Key missing", "an export submit or a schedule's creation without `Idempotency-Key`"
     ),
     "IDEMPOTENCY_KEY_INVALID": ProblemCode(
-        400, "Idempotency-Key invalid", "an `Idempotency-Key` that breaks the 1-255 visible ASCII rule"
+        400,
+        "Idempotency-Key invalid",
+        "an `Idempotency-Key` that breaks the 1-255 visible ASCII rule, or more than one `Idempotency-Key` field",
     ),
     "UNSUPPORTED_MEDIA_TYPE": ProblemCode(
         415,

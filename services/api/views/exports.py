@@ -70,7 +70,7 @@ async def submit_export(request: web.Request) -> web.Response:
     """
     settings = request.app[SETTINGS]
     owner_id = request[PRINCIPAL].user_id
-    key = parse_idempotency_key(request.headers.get(HEADER))
+    key = parse_idempotency_key(request.headers)
     body = await read_model(request, ExportSubmission, max_bytes=settings.export_request_max_bytes)
     conversation_id = request.match_info["cid"]
     notify_url = None if body.notify is None else checked_notify_url(body.notify.url, settings)

@@ -13,7 +13,7 @@ from aiohttp import web
 from services.api.exporting import scheduling
 from services.api.http.bodies import JSON_BODY_PROBLEMS, read_empty_input, read_model, validate_query
 from services.api.http.contract import NO_STORE_HEADER, Answer, Body, Endpoint, header
-from services.api.http.idempotency import HEADER, parse_idempotency_key
+from services.api.http.idempotency import parse_idempotency_key
 from services.api.http.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.http.pagination import Keyset, decode_cursor, page_endpoint, split_keyset_page
 from services.api.http.problems import not_found
@@ -42,7 +42,7 @@ async def create_export_schedule(request: web.Request) -> web.Response:
     """
     settings = request.app[SETTINGS]
     owner_id = request[PRINCIPAL].user_id
-    key = parse_idempotency_key(request.headers.get(HEADER))
+    key = parse_idempotency_key(request.headers)
     body = await read_model(request, ExportScheduleSubmission, max_bytes=settings.export_request_max_bytes)
     every = scheduling.checked_interval(body, settings)
     notify_url = None if body.notify is None else checked_notify_url(body.notify.url, settings)
