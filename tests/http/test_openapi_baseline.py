@@ -78,9 +78,16 @@ class Prepended(list[Any]):
     """An addition that goes before a list's items rather than after them."""
 
 
+def _query_refused(method: str) -> dict[str, Any]:
+    """The ``422 VALIDATION_FAILED`` of a route that refuses an unknown query parameter; a HEAD answer has no
+    body, so its problem is bare.
+    """
+    problem = {"$ref": "#/components/schemas/Problem", "properties": {"code": {"enum": ["VALIDATION_FAILED"]}}}
+    return {} if method == "head" else {"content": {"application/problem+json": {"schema": problem}}}
+
+
 def _redirect_answers(method: str) -> dict[str, Any]:
     header = {"required": True, "schema": {"type": "string", "format": "uri"}}
-    problem = {"$ref": "#/components/schemas/Problem", "properties": {"code": {"enum": ["VALIDATION_FAILED"]}}}
     return {
         "parameters": Prepended([{"name": "delivery", "in": "query", "required": False, "schema": _DELIVERY}]),
         "responses": {
@@ -91,8 +98,7 @@ def _redirect_answers(method: str) -> dict[str, Any]:
                     "Referrer-Policy": {"required": True, "schema": {"const": "no-referrer"}},
                 }
             },
-            # A HEAD answer has no body, so its problems are bare.
-            "422": {} if method == "head" else {"content": {"application/problem+json": {"schema": problem}}},
+            "422": _query_refused(method),
         },
     }
 
@@ -118,6 +124,15 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
     # Downloads by redirect (docs/api.md: API reference, Download by redirect): the query, the 303, the 422.
     (("components", "schemas", "DownloadQuery"), _DOWNLOAD_QUERY),
     *((("paths", path, method), _redirect_answers(method)) for path in DOWNLOADS for method in ("get", "head")),
+    # Every route that needs a token refuses an unknown query parameter (docs/api.md: API reference, Read).
+    *(
+        (("paths", path, method, "responses", "422"), _query_refused(method))
+        for path, method in (
+            ("/v2/conversations/{cid}/messages/{message_id}", "delete"),
+            ("/v3/webhooks/secret", "get"),
+            ("/v3/webhooks/secret", "head"),
+        )
+    ),
     (("components", "schemas", "Operation"), _RUN_OF),
     (("tags",), [{"name": "schedules"}]),
     *((("paths", path), _DOCUMENT["paths"][path]) for path in SCHEDULE_PATHS),

@@ -1,18 +1,34 @@
 """The route table (``shared.routes``) is the one list of routes: the router, the OpenAPI endpoints and the
-handlers all name the same ones, and paths are built from it (docs/api.md: API reference).
+handlers all name the same ones, and paths are built from it (docs/api.md: API reference). Every route that
+needs a token refuses a query parameter it does not take (docs/api.md: API reference, Read).
 """
 
 from __future__ import annotations
 
 import re
 
+import pytest
 from aiohttp import web
 
 from services.api.http.middlewares import PROTECTED_PREFIXES
 from services.api.http.openapi import ENDPOINTS
 from services.api.routes import HANDLERS, setup_routes
 from services.api.views.page import FILES
-from shared.routes import ROUTES, ROUTES_BY_NAME, path
+from shared.routes import ROUTES, ROUTES_BY_NAME, Route, path
+from tests.support.api_calls import expect_problem
+from tests.support.exports import GUESSED_ID, Auth, Client
+
+pytestmark = pytest.mark.module_database
+
+# A value of each path parameter with the shape the route's view accepts: the query is judged first.
+PATH_VALUES = {
+    "cid": "c-a",
+    "uid": "bob",
+    "message_id": "m-1",
+    "operation_id": GUESSED_ID,
+    "number": "1",
+    "schedule_id": "sch_AAAAAAAAAAAAAAAAAAAAAAAA",
+}
 
 
 def test_every_route_has_one_name_and_one_handler() -> None:
@@ -53,3 +69,13 @@ def test_the_page_route_matches_exactly_the_page_files() -> None:
     assert pattern is not None
     candidates = [*FILES, "page.jsx", "index.html", "x"]
     assert {name for name in candidates if re.fullmatch(pattern.group(1), name)} == set(FILES)
+
+
+@pytest.mark.parametrize("route", [route for route in ROUTES if not route.public], ids=lambda route: route.name)
+async def test_every_route_that_needs_a_token_refuses_an_unknown_query_parameter(
+    api: Client, auth: Auth, route: Route
+) -> None:
+    url = path(route.name, **{name: PATH_VALUES[name] for name in route.parameters})
+    response = await api.request(route.method, url, params={"unknown": "1"}, headers=auth("root", admin=True))
+    problem = await expect_problem(response, 422, "VALIDATION_FAILED", case=route.name)
+    assert [error["loc"] for error in problem["errors"]] == [["query", "unknown"]]

@@ -28,7 +28,7 @@ from services.api.http.keys import POOL, SETTINGS
 from services.api.http.pagination import decode_cursor, split_page
 from services.api.http.problems import ProblemError, not_found, validation_failed
 from services.api.http.responses import NO_STORE, json_response
-from services.api.http.schemas import AdminOperationListQuery, ImportedMessage, MemberSet
+from services.api.http.schemas import AdminOperationListQuery, EmptyQuery, ImportedMessage, MemberSet
 from shared.ids import is_operation_id, is_valid_id
 from shared.repair import requeue
 from shared.repository import (
@@ -80,6 +80,7 @@ def _operation_path_id(request: web.Request) -> str:
 
 async def put_conversation(request: web.Request) -> web.Response:
     """``PUT /admin/conversations/{cid}`` ``{"members": [...]}``: create or replace the member set; 204."""
+    validate_query(EmptyQuery, request)
     conversation_id = _path_id(request, "cid")
     member_set = await read_model(request, MemberSet, max_bytes=MEMBERS_REQUEST_MAX_BYTES)
     async with request.app[POOL].acquire() as conn:
@@ -96,6 +97,7 @@ async def get_conversation(request: web.Request) -> web.Response:
     with ``members`` sorted by code point and ``message_count`` the messages not recalled, read as of one
     moment; ``Cache-Control: no-store``. 404 ``CONVERSATION_NOT_FOUND`` when it does not exist.
     """
+    validate_query(EmptyQuery, request)
     conversation_id = _path_id(request, "cid")
     async with request.app[POOL].acquire() as conn:
         row = await message_store.conversation_summary(conn, conversation_id=conversation_id)
@@ -125,6 +127,7 @@ async def remove_member(request: web.Request) -> web.Response:
 
 
 async def _change_member(request: web.Request, change: Callable[..., Awaitable[bool]]) -> web.Response:
+    validate_query(EmptyQuery, request)
     conversation_id, user_id = _path_id(request, "cid"), _path_id(request, "uid")
     async with request.app[POOL].acquire() as conn:
         if not await change(conn, conversation_id=conversation_id, user_id=user_id):
@@ -140,6 +143,7 @@ async def import_messages(request: web.Request) -> web.Response:
     ``{"imported": N, "skipped": M}``; 404 ``CONVERSATION_NOT_FOUND`` when the conversation is missing,
     checked after the lines, and then nothing is stored.
     """
+    validate_query(EmptyQuery, request)
     settings = request.app[SETTINGS]
     conversation_id = _path_id(request, "cid")
     if request.body_exists and request.content_type not in IMPORT_MEDIA_TYPES:
@@ -213,6 +217,7 @@ async def get_operation(request: web.Request) -> web.Response:
     ``ACCESS_EVENTS_SHOWN`` access events and a chunked export's chunks, all read as of one moment; ``Cache-Control:
     no-store``. 404 when unknown.
     """
+    validate_query(EmptyQuery, request)
     operation_id = _operation_path_id(request)
     async with request.app[POOL].acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         row = await status_monitor.read_operation(conn, operation_id=operation_id, owner_id=None)

@@ -35,7 +35,7 @@ from services.api.http.preconditions import PreconditionOutcome, Validators
 from services.api.http.problems import ProblemError, not_found
 from services.api.http.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.http.responses import NO_STORE, operation_answer, operation_response
-from services.api.http.schemas import DownloadQuery, ExportSubmission
+from services.api.http.schemas import DownloadQuery, EmptyQuery, ExportSubmission
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.formats import FORMATS, GZIP_CONTENT_TYPE
 from shared.ids import is_operation_id
@@ -68,6 +68,7 @@ async def submit_export(request: web.Request) -> web.Response:
     """``POST /v3/conversations/{cid}/exports``: checks in the documented order (docs/api.md: API reference,
     Submit), then 202.
     """
+    validate_query(EmptyQuery, request)
     settings = request.app[SETTINGS]
     owner_id = request[PRINCIPAL].user_id
     key = parse_idempotency_key(request.headers)
@@ -347,8 +348,8 @@ SUBMIT = Endpoint(
     route="submitExport",
     summary="Submit an export of a conversation",
     tag="exports",
-    description="Checks in this order: token, Idempotency-Key, body, membership, idempotency, quota. The body is at "
-    "most `CHATEXPORT_EXPORT_REQUEST_MAX_BYTES` bytes (by default "
+    description="Checks in this order: token, query (none is taken), Idempotency-Key, body, membership, "
+    "idempotency, quota. The body is at most `CHATEXPORT_EXPORT_REQUEST_MAX_BYTES` bytes (by default "
     f"{Settings.model_fields['export_request_max_bytes'].default}, which fits the largest valid body).",
     parameters=(IDEMPOTENCY_KEY_PARAMETER,),
     body=Body(ExportSubmission, "What to export."),

@@ -21,6 +21,7 @@ from services.api.http.responses import NO_STORE, json_response
 from services.api.http.schemas import (
     ConversationListQuery,
     ConversationPage,
+    EmptyQuery,
     MessageId,
     MessagePage,
     MessagePageQuery,
@@ -45,6 +46,7 @@ async def _require_member(conn: asyncpg.Connection, *, conversation_id: str, use
 
 async def send_message(request: web.Request) -> web.Response:
     """``POST /v2/conversations/{cid}/messages``: store one message and answer its seq and sent_at."""
+    validate_query(EmptyQuery, request)
     settings = request.app[SETTINGS]
     message = await read_model(request, MessageSubmission, max_bytes=settings.message_request_max_bytes)
     check_body_bytes(message.body, max_bytes=settings.message_body_max_bytes, loc=["body", "body"])
@@ -133,6 +135,7 @@ async def recall_message(request: web.Request) -> web.Response:
     Only the sender counts, whether or not still a member (docs/api.md: API reference, Recall: it
     names no other condition). Recalling an already recalled message answers 200 again (idempotent DELETE).
     """
+    validate_query(EmptyQuery, request)
     conversation_id = request.match_info["cid"]
     message_id = request.match_info["message_id"]
     sender_id = request[PRINCIPAL].user_id
@@ -191,6 +194,6 @@ ENDPOINTS = (
         tag="messages",
         description="Idempotent. Anyone but the sender, a missing message or conversation: the same 404.",
         answers=(Answer(200, "Recalled; it is never exported.", RecalledMessage),),
-        problems=("NOT_FOUND",),
+        problems=("VALIDATION_FAILED", "NOT_FOUND"),
     ),
 )

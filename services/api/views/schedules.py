@@ -40,6 +40,7 @@ async def create_export_schedule(request: web.Request) -> web.Response:
     """``POST /v3/conversations/{cid}/export-schedules``: checks in the submit's order (docs/api.md: Export
     schedules), then 201 with the schedule, also on a replay.
     """
+    validate_query(EmptyQuery, request)
     settings = request.app[SETTINGS]
     owner_id = request[PRINCIPAL].user_id
     key = parse_idempotency_key(request.headers)
@@ -138,6 +139,7 @@ async def delete_export_schedule(request: web.Request) -> web.Response:
     """``DELETE /v3/export-schedules/{id}``: 204; a run in flight finishes and every run's result stays to its
     retention.
     """
+    validate_query(EmptyQuery, request)
     schedule_id, owner_id = _target(request)
     if not scheduling.is_id(schedule_id):
         raise not_found()
@@ -174,9 +176,10 @@ ENDPOINTS = (
         route="createExportSchedule",
         summary="Schedule exports of a conversation",
         tag="schedules",
-        description="Checks in the submit's order: token, Idempotency-Key, body (`before_seq` and `until` are "
-        "refused, `every` must be an ISO 8601 duration of at least `CHATEXPORT_SCHEDULE_MIN_INTERVAL_SECONDS`, a "
-        "month counted as 28 days), membership, idempotency (a key an export submit used is reused here), then "
+        description="Checks in the submit's order: token, query (none is taken), Idempotency-Key, body "
+        "(`before_seq` and `until` are refused, `every` must be an ISO 8601 duration of at least "
+        "`CHATEXPORT_SCHEDULE_MIN_INTERVAL_SECONDS`, a month counted as 28 days), membership, idempotency (a key "
+        "an export submit used is reused here), then "
         "the limit of `CHATEXPORT_MAX_SCHEDULES_PER_USER` schedules. The body is at most "
         "`CHATEXPORT_EXPORT_REQUEST_MAX_BYTES` bytes, as a submit's. The first run is due at `start_at` (by "
         "default the creation), then every `every` from it; each run is an export operation with the schedule's "
@@ -228,7 +231,7 @@ ENDPOINTS = (
         description="No run is created after it. A run in flight finishes, and every run's result stays to its "
         "retention.",
         answers=(Answer(204, "Deleted."),),
-        problems=("NOT_FOUND",),
+        problems=("VALIDATION_FAILED", "NOT_FOUND"),
     ),
     page_endpoint(
         "listExportScheduleRuns",

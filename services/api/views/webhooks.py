@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from services.api.http.bodies import validate_query
 from services.api.http.contract import NO_STORE_HEADER, Answer, Endpoint
 from services.api.http.keys import PRINCIPAL, SETTINGS
 from services.api.http.responses import NO_STORE, json_response
-from services.api.http.schemas import WebhookSecret
+from services.api.http.schemas import EmptyQuery, WebhookSecret
 from shared.webhooks.signing import secret_text, user_secret
 
 
@@ -17,6 +18,7 @@ async def webhook_secret(request: web.Request) -> web.Response:
     """The caller's ``secret`` (``whsec_...``) and, while the deployment key is being rotated, the
     ``previous_secret`` that callbacks are also signed with (else null). Only its owner can read it.
     """
+    validate_query(EmptyQuery, request)
     settings = request.app[SETTINGS]
     user_id = request[PRINCIPAL].user_id
     previous = settings.webhook_previous_signing_key
@@ -37,5 +39,6 @@ ENDPOINTS = (
         description="Callbacks carry Standard Webhooks signatures made with this secret (and, while the "
         "deployment key is rotated, with `previous_secret` too). Only its owner can read it.",
         answers=(Answer(200, "The secret.", WebhookSecret, headers={"Cache-Control": NO_STORE_HEADER}),),
+        problems=("VALIDATION_FAILED",),
     ),
 )
