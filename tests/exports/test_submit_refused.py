@@ -6,9 +6,11 @@ key's reuse.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -16,6 +18,7 @@ import jwt
 import pytest
 from multidict import CIMultiDict
 
+from services.api.http.problems import MAX_LISTED_ERRORS
 from shared.auth import mint_token
 from shared.settings import Settings
 from tests.support.api_calls import challenge, expect_problem, make_conversation, submit
@@ -220,6 +223,48 @@ async def test_schema_violation_is_422_with_errors(api: Client, auth: Auth, pool
     edge = {"format": "jsonl", "before_seq": 2**63 - 1, "after_seq": 2**63 - 3}
     response = await post_export(api, auth("alice"), "c-a", edge, key="key-2")
     assert response.status == 202, await response.text()
+
+
+@pytest.mark.parametrize(
+    ("body", "first"),
+    [
+        ({f"f{n}": 0 for n in range(6000)}, ["body", "f0"]),
+        ({"format": "csv", "notify": {f"f{n}": 0 for n in range(6000)}}, ["body", "notify", "f0"]),
+    ],
+    ids=["top", "notify"],
+)
+async def test_thousands_of_unknown_members_get_a_short_422(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None, body: dict[str, Any], first: list[str]
+) -> None:
+    cases = [
+        ("member", "/v3/conversations/c-a/exports", body, "alice"),
+        ("non-member", "/v3/conversations/c-a/exports", body, "carol"),
+        ("schedule", "/v3/conversations/c-a/export-schedules", {"every": "P1D", **body}, "alice"),
+    ]
+    for case, url, sent, user in cases:
+        raw = json.dumps(sent, separators=(",", ":")).encode()
+        assert len(raw) < LIMIT
+        headers = {**auth(user), "Idempotency-Key": "k-1", "Content-Type": "application/json"}
+        response = await api.post(url, data=raw, headers=headers)
+        problem = await expect_problem(response, 422, "VALIDATION_FAILED", case=case)
+        assert len(problem["errors"]) == MAX_LISTED_ERRORS, case
+        assert problem["errors"][0] == {"loc": first, "msg": "Extra inputs are not permitted"}, case
+        assert problem["error_count"] == 6000, case
+        assert len(await response.read()) < 2048, case
+    assert await stored(pool) == NOTHING
+    assert await pool.fetchval("SELECT count(*) FROM export_schedules") == 0
+
+
+async def test_a_few_errors_are_all_listed(api: Client, auth: Auth, members: None) -> None:
+    response = await post_export(api, auth("alice"), "c-a", {"format": "xml", "after_seq": -1, "x": 1})
+    problem = await expect_problem(response, 422, "VALIDATION_FAILED")
+    locs = [error["loc"] for error in problem["errors"]]
+    assert sorted(locs) == [["body", "after_seq"], ["body", "format"], ["body", "x"]]
+    assert problem["error_count"] == 3
+
+
+def test_the_documented_number_of_listed_errors_is_the_constant() -> None:
+    assert f"at most {MAX_LISTED_ERRORS} errors" in (Path(__file__).parents[2] / "docs" / "api.md").read_text()
 
 
 async def test_body_over_64_kib_is_413_and_64_kib_is_accepted(

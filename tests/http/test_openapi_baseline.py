@@ -124,6 +124,11 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
     # Downloads by redirect (docs/api.md: API reference, Download by redirect): the query, the 303, the 422.
     (("components", "schemas", "DownloadQuery"), _DOWNLOAD_QUERY),
     *((("paths", path, method), _redirect_answers(method)) for path in DOWNLOADS for method in ("get", "head")),
+    # A 422 lists its first errors and counts them all (docs/api.md: Error codes, Validation problems).
+    (
+        ("components", "schemas", "Problem", "properties", "error_count"),
+        {"minimum": 1, "title": "Error Count", "type": "integer"},
+    ),
     # Every route that needs a token refuses an unknown query parameter (docs/api.md: API reference, Read).
     *(
         (("paths", path, method, "responses", "422"), _query_refused(method))

@@ -9,14 +9,16 @@ stored before all of them passed. Every route that reads a body reads it through
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any, TypeVar, get_args
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from services.api.http.keys import SETTINGS
-from services.api.http.problems import ProblemError, validation_failed
+from services.api.http.problems import MAX_LISTED_ERRORS, ProblemError, validation_failed
 from services.api.http.schemas import EmptyQuery, EmptyRequest
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -144,7 +146,54 @@ async def read_model(request: web.Request, model: type[ModelT], *, max_bytes: in
         if not allow_empty:
             raise ProblemError("MALFORMED_JSON", "A JSON body is required.")
         return validate(model, {})
-    return validate(model, parse_json(raw))
+    data = parse_json(raw)
+    check_members(model, data)
+    return validate(model, data)
+
+
+def check_members(model: type[BaseModel], data: Any, loc: tuple[Any, ...] = ("body",)) -> None:
+    """Refuse a JSON object of ``data`` with more members than the model it is validated with has fields, before
+    validating any: at least that many excess members must be unknown, and pydantic would build an error for
+    each (docs/api.md: Error codes, Validation problems). Walks ``data`` as ``model``'s fields describe it, into
+    the members and list items that a nested model validates. Raises ``ProblemError`` 422 naming the unknown
+    members of the first such object, at most ``MAX_LISTED_ERRORS`` of them, with their count.
+    """
+    if isinstance(data, list):
+        for index, item in enumerate(data):
+            check_members(model, item, (*loc, index))
+        return
+    if not isinstance(data, dict):
+        return
+    fields = _fields(model)
+    if len(data) > len(fields):
+        unknown = [name for name in data if name not in fields]
+        errors = [
+            {"loc": [*loc, name], "msg": "Extra inputs are not permitted"} for name in unknown[:MAX_LISTED_ERRORS]
+        ]
+        raise validation_failed(errors, error_count=len(unknown))
+    for name, value in data.items():
+        nested = fields.get(name)
+        if nested is not None:
+            check_members(nested, value, (*loc, name))
+
+
+@functools.cache
+def _fields(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """The names ``model`` takes in JSON (aliases where set), each with the one model nested in its type (in a
+    list, an optional or a union with no other model), else None.
+    """
+    fields: dict[str, type[BaseModel] | None] = {}
+    for name, field in model.model_fields.items():
+        nested = set(_models_in(field.annotation))
+        fields[field.alias or name] = nested.pop() if len(nested) == 1 else None
+    return fields
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for argument in get_args(annotation):
+        yield from _models_in(argument)
 
 
 async def read_empty_input(request: web.Request) -> None:
@@ -158,7 +207,9 @@ async def read_empty_input(request: web.Request) -> None:
 
 
 def validate(model: type[ModelT], data: Any) -> ModelT:
-    """Validate ``data`` against ``model``; raises ``ProblemError`` 422 listing every error (never the input)."""
+    """Validate ``data`` against ``model``; raises ``ProblemError`` 422 listing the first errors and counting
+    all (never the input).
+    """
     try:
         return model.model_validate(data)
     except ValidationError as exc:

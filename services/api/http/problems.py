@@ -26,11 +26,17 @@ class ProblemCode(NamedTuple):
     when: str
 
 
+# The most errors a 422 lists: enough to fix a request by hand, while a body of thousands of wrong members
+# cannot make an answer several times its own size (docs/api.md: Error codes, Validation problems).
+MAX_LISTED_ERRORS = 10
+
+
 # Markdown; the problem codes page's prose above its table of ``CODES``.
 ABOUT_CODES = """Every `code` an `application/problem+json` answer can carry, with its HTTP status: one status
 per code, so that a client may act on either. The body holds `type`, `title`, `status`, `detail` and `code`,
-and the extension members the table names (`errors`, `state`, `checks`). An operation's own `error.code`
-(`STORAGE_UNAVAILABLE`, `WORKER_LOST`, ...) is not an HTTP answer but part of the operation's status."""
+and the extension members the table names (`errors` with `error_count`, `state`, `checks`). An operation's
+own `error.code` (`STORAGE_UNAVAILABLE`, `WORKER_LOST`, ...) is not an HTTP answer but part of the
+operation's status."""
 
 # code -> its meaning; one table so every response for a code looks the same and its documentation is
 # written beside it.
@@ -99,7 +105,8 @@ CODES: dict[str, ProblemCode] = {
     "VALIDATION_FAILED": ProblemCode(
         422,
         "Validation failed",
-        "a body, query parameter or (on `/admin`) path id that breaks the rules; `errors` lists each `loc` and `msg`",
+        "a body, query parameter or (on `/admin`) path id that breaks the rules; `errors` lists the `loc` and"
+        f" `msg` of at most {MAX_LISTED_ERRORS}, `error_count` counts them all",
     ),
     "NOTIFY_URL_REFUSED": ProblemCode(
         422,
@@ -260,6 +267,12 @@ def not_found() -> ProblemError:
     return ProblemError("NOT_FOUND", NOT_FOUND_DETAIL)
 
 
-def validation_failed(errors: list[dict[str, Any]], detail: str = "The request breaks the schema.") -> ProblemError:
-    """A 422 with ``errors: [{"loc": [...], "msg": "..."}]`` (docs/api.md: Error codes)."""
-    return ProblemError("VALIDATION_FAILED", detail, errors=errors)
+def validation_failed(
+    errors: list[dict[str, Any]], detail: str = "The request breaks the schema.", *, error_count: int | None = None
+) -> ProblemError:
+    """A 422 with ``errors: [{"loc": [...], "msg": "..."}]``, the first ``MAX_LISTED_ERRORS`` of them, and
+    ``error_count``: how many there are in all, ``len(errors)`` unless a caller that listed only the first
+    ones says (docs/api.md: Error codes, Validation problems).
+    """
+    total = len(errors) if error_count is None else error_count
+    return ProblemError("VALIDATION_FAILED", detail, errors=errors[:MAX_LISTED_ERRORS], error_count=total)

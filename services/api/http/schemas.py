@@ -357,7 +357,8 @@ class FieldError(StrictModel):
 class Problem(StrictModel):
     """An RFC 9457 problem (``application/problem+json``) with a stable ``code`` (docs/api.md: Error codes).
 
-    ``errors`` comes with VALIDATION_FAILED only; ``state`` with refusals that depend on an operation's state.
+    ``errors`` comes with VALIDATION_FAILED only (at most ``problems.MAX_LISTED_ERRORS`` of them, and
+    ``error_count`` of them in all); ``state`` with refusals that depend on an operation's state.
     """
 
     type: Annotated[str, Field(json_schema_extra={"format": "uri"})]
@@ -366,6 +367,7 @@ class Problem(StrictModel):
     detail: str
     code: Annotated[str, Field(pattern="^[A-Z][A-Z_]*$")]
     errors: list[FieldError] | SkipJsonSchema[None] = ABSENT
+    error_count: Annotated[int, Field(ge=1)] | SkipJsonSchema[None] = ABSENT
     state: State | SkipJsonSchema[None] = ABSENT
 
 
