@@ -226,6 +226,15 @@ class Settings(BaseSettings):
     import_body_max_bytes: int = Field(
         64 * 1024, ge=1, description="largest imported message body", json_schema_extra={"unit": "bytes"}
     )
+    # A client that trickles its request line and headers would otherwise hold its connection, without a token,
+    # for the whole keep-alive timeout (docs/security.md: Slow clients).
+    request_header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="a request line and header fields not complete this long after the request's first byte"
+        " arrived close the connection without an answer",
+        json_schema_extra={"unit": "s"},
+    )
     # A client that stops sending mid-body would otherwise hold its connection open with no answer.
     request_body_timeout_seconds: float = Field(
         30.0,

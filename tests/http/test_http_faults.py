@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 from aiohttp import web
 from multidict import CIMultiDict
+from prometheus_client import REGISTRY
 
 from services.api.app import listening, serve
 from shared.settings import Settings
@@ -30,6 +31,8 @@ pytestmark = pytest.mark.module_database
 
 # Short enough that a stalled body is answered quickly, long enough for a loaded machine to send one.
 BODY_TIMEOUT_SECONDS = 0.5
+# Short enough that a trickled head is cut off quickly, long enough for a loaded machine to send a whole one.
+HEAD_TIMEOUT_SECONDS = 1.0
 # aiohttp would keep reading an unfinished body this long before closing; a 408 must not wait for it.
 LINGERING_SECONDS = 10.0
 SECRET = b"Bearer SECRET-do-not-echo-7f3a9c"
@@ -50,7 +53,13 @@ class Served:
 @pytest.fixture
 async def served(settings: Settings) -> AsyncIterator[Served]:
     """The API served as ``main()`` serves it, on a free port, with a short body deadline."""
-    served_settings = settings.model_copy(update={"api_port": 0, "request_body_timeout_seconds": BODY_TIMEOUT_SECONDS})
+    served_settings = settings.model_copy(
+        update={
+            "api_port": 0,
+            "request_body_timeout_seconds": BODY_TIMEOUT_SECONDS,
+            "request_header_timeout_seconds": HEAD_TIMEOUT_SECONDS,
+        }
+    )
     async with listening(served_settings) as runner:
         port = runner.addresses[0][1]
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as api:
@@ -383,6 +392,55 @@ async def test_a_stalled_body_is_408_and_the_connection_closes(
     answer.expect_problem(408, "REQUEST_TIMEOUT")
     assert answer.headers["connection"] == "close"
     assert await stored(pool) == before
+
+
+async def test_a_trickled_request_head_is_cut_off_at_its_deadline(served: Served) -> None:
+    before = head_timeouts()
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    started = loop.time()
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    closed = False
+    try:
+        # One more header line every tenth of the deadline: each arrives, none completes the head.
+        for number in range(100):
+            writer.write(f"X-Slow-{number}: y\r\n".encode())
+            await writer.drain()
+            try:
+                closed = await asyncio.wait_for(reader.read(), HEAD_TIMEOUT_SECONDS / 10) == b""
+            except TimeoutError:
+                continue
+            break
+    except ConnectionError:
+        closed = True
+    finally:
+        writer.close()
+    elapsed = loop.time() - started
+    assert closed, "the connection outlived ten head deadlines"
+    assert HEAD_TIMEOUT_SECONDS - 0.05 <= elapsed < HEAD_TIMEOUT_SECONDS + 2, elapsed
+    await wait_for(lambda: head_timeouts() == before + 1, timeout=5)
+
+
+async def test_an_idle_connection_between_requests_outlives_the_head_deadline(served: Served) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    try:
+        for _ in range(2):
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200 "), head
+            length = int(parse_answer(head + b"").headers["content-length"])
+            await asyncio.wait_for(reader.readexactly(length), 5)
+            # Nothing arrives and the connection stays open past the head deadline: keep-alive rules here.
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(reader.read(1), HEAD_TIMEOUT_SECONDS * 2)
+    finally:
+        writer.close()
+
+
+def head_timeouts() -> float:
+    value = REGISTRY.get_sample_value("chatexport_api_request_head_timeouts_total")
+    return value or 0.0
 
 
 async def test_a_bad_chunk_after_the_body_began_is_408_at_the_deadline(

@@ -58,3 +58,8 @@ CAP_REFUSALS = Counter(
     " (wait_per_user_concurrency, download_concurrency, ...).",
     ["cap"],
 )
+HEAD_TIMEOUTS = Counter(
+    "chatexport_api_request_head_timeouts_total",
+    "Connections closed because a request line and its header fields did not arrive in full within"
+    " request_header_timeout_seconds of the request's first byte.",
+)

@@ -12,21 +12,27 @@ switches reassign ``__class__`` of the object aiohttp built, so every attribute 
 application's handler, the handler's keyword arguments) stays as aiohttp made it; they rely only on
 ``AppRunner._make_server`` returning the server, ``web.Server.__call__`` returning the handler, and
 ``RequestHandler.handle_error``'s signature, and on ``web.Server.request_handler`` being the callable each
-new connection serves (wrapped to answer an unmet ``Expect``). ``tests/http/test_http_faults.py``
-fails if an aiohttp upgrade breaks that. (Subclassing ``web.Application`` instead is deprecated by aiohttp.)
+new connection serves (wrapped to answer an unmet ``Expect``); the head deadline relies on
+``RequestHandler.data_received`` feeding the parser, which appends each complete request head with its body
+to ``_messages`` and counts it in ``_request_count``. ``tests/http/test_http_faults.py`` fails if an aiohttp
+upgrade breaks that. (Subclassing ``web.Application`` instead is deprecated by aiohttp.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError, LineTooLong
+from aiohttp.streams import StreamReader
 from multidict import CIMultiDict
 
 from services.api.http.bodies import unsupported_content_encoding
+from services.api.http.keys import SETTINGS
+from services.api.http.metrics import HEAD_TIMEOUTS
 from services.api.http.problems import ProblemError
 from shared.settings import Settings
 
@@ -53,10 +59,61 @@ def parser_problem(exc: BaseException, *, max_line_bytes: int) -> ProblemError:
     return ProblemError("MALFORMED_REQUEST", "The request is not valid HTTP/1.1; the connection is closed.")
 
 
+class _HeadWatch:
+    """One connection's watch over its request heads: the timer of a head in progress, and the body of the
+    last request (until it has arrived in full, the bytes that come are body, not a new head).
+    """
+
+    __slots__ = ("payload", "timer")
+
+    def __init__(self) -> None:
+        self.timer: asyncio.TimerHandle | None = None
+        self.payload: StreamReader | None = None
+
+    def stop(self) -> None:
+        """Cancel the timer of the head in progress, if any."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
 class _ProblemRequestHandler(web.RequestHandler):
-    """A connection whose HTTP-level errors are answered as problems and logged without the request."""
+    """A connection whose HTTP-level errors are answered as problems and logged without the request, and
+    that is closed when a request's line and header fields do not arrive within the head deadline.
+    """
 
     __slots__ = ()
+
+    def data_received(self, data: bytes) -> None:
+        """Feed ``data`` to aiohttp's parser, timing the request head it belongs to: bytes that come while no
+        body is due start the deadline (``_ProblemServer.head_timeout`` seconds) unless it runs already, and a
+        complete head stops it (docs/security.md: Slow clients). aiohttp itself only bounds a connection by its
+        keep-alive timeout.
+        """
+        server = cast(_ProblemServer, self._manager)
+        watch = server.head_watches.setdefault(self, _HeadWatch())
+        awaiting_head = watch.payload is None or watch.payload.is_eof()
+        requests = self._request_count
+        super().data_received(data)
+        if self._request_count != requests:
+            watch.stop()
+            watch.payload = self._messages[-1][1] if self._messages else None
+        elif awaiting_head and watch.timer is None and not self._force_close:
+            watch.timer = self._loop.call_later(server.head_timeout, self._head_too_slow)
+
+    def _head_too_slow(self) -> None:
+        HEAD_TIMEOUTS.inc()
+        log.info("request head too slow: connection closed")
+        self.force_close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        """Stop watching the connection, then let aiohttp clean up."""
+        manager = cast("_ProblemServer | None", self._manager)
+        if manager is not None:
+            watch = manager.head_watches.pop(self, None)
+            if watch is not None:
+                watch.stop()
+        super().connection_lost(exc)
 
     def handle_error(
         self,
@@ -98,9 +155,12 @@ class _ProblemRequestHandler(web.RequestHandler):
 
 
 class _ProblemServer(web.Server):
-    """A ``web.Server`` whose connections are ``_ProblemRequestHandler``s."""
+    """A ``web.Server`` whose connections are ``_ProblemRequestHandler``s; ``head_timeout`` is their head
+    deadline in seconds and ``head_watches`` their watches, while they are open.
+    """
 
-    __slots__ = ()
+    head_timeout: float
+    head_watches: dict[web.RequestHandler, _HeadWatch]
 
     def __call__(self) -> web.RequestHandler:
         handler = super().__call__()
@@ -147,6 +207,9 @@ class ApiRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _ProblemServer
+        assert isinstance(server, _ProblemServer)
+        server.head_timeout = self._app[SETTINGS].request_header_timeout_seconds
+        server.head_watches = {}
         server.request_handler = _answering_expectations(server.request_handler)
         return server
 
