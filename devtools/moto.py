@@ -1,4 +1,5 @@
-"""The S3 emulator for development and tests: moto's server mode in a child process on a free port."""
+"""The S3 emulator for development and tests: moto's server mode (``devtools.s3_emulator``) in a child process on a
+free port."""
 
 from __future__ import annotations
 
@@ -34,13 +35,13 @@ class MotoServer:
 
 
 def start_moto(host: str = "127.0.0.1", port: int | None = None, *, timeout: float = 30.0) -> MotoServer:
-    """Start moto's server mode on ``host:port`` (a free port when None) and wait until it answers.
+    """Start the S3 emulator (moto's server mode) on ``host:port`` (a free port when None) and wait until it answers.
 
     Raises ``RuntimeError`` when it exits or does not answer within ``timeout`` seconds.
     """
     port = port or free_port(host)
     process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
+        [sys.executable, "-m", "devtools.s3_emulator", "-H", host, "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         # A killed `chatexport dev` or test run must not leave the emulator behind.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 from typing import Any
 
@@ -105,3 +107,41 @@ async def test_bytes_changed_on_the_way_to_s3_fail_the_upload(
     with pytest.raises(StoredBytesDiffer):
         await artifact.write(payload(size))
         await artifact.finish()
+
+
+async def test_a_listing_during_a_large_put_leaves_its_etag_the_md5_of_the_bytes_sent(
+    s3: Any, settings: Settings
+) -> None:
+    """The janitor lists the whole prefix while an export's last PutObject is stored: the S3 emulator must still
+    answer that PutObject with the MD5 of its bytes (``devtools.s3_emulator``). A body that the emulator spills
+    to disk (34 MiB) is what an unserialised ETag scrambled every time.
+    """
+    data = payload(34 * MIB)
+    listed = 0
+
+    async def list_the_prefix() -> None:
+        nonlocal listed
+        while True:
+            await s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix="exports/")
+            listed += 1
+
+    for generation in range(1, 4):
+        lister = asyncio.create_task(list_the_prefix())
+        try:
+            artifact = ObjectWriter(
+                s3,
+                bucket=settings.s3_bucket,
+                key=f"exports/op/g{generation}.jsonl",
+                part_size=64 * MIB,
+                timeout_seconds=settings.s3_timeout_seconds,
+                content_type="application/x-ndjson",
+            )
+            await artifact.write(data)
+            digest = await artifact.finish()  # raises StoredBytesDiffer on a scrambled ETag
+        finally:
+            lister.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lister
+        assert artifact.upload_id is None
+        assert digest.sha256 == hashlib.sha256(data).hexdigest()
+    assert listed >= 3
