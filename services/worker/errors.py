@@ -90,7 +90,10 @@ def _describe(exc: BaseException) -> tuple[str, str]:
         if status >= 500 or error in {"SlowDown", "RequestTimeout"}:
             return "STORAGE_UNAVAILABLE", "The file store answered with an error"
     elif isinstance(exc, StoredBytesDiffer):
-        return "STORAGE_UNAVAILABLE", "The file store stored other bytes than were sent"
+        # Not an outage: the store answered, with other bytes than were sent (docs/states.md: States and failure
+        # model). It spends an attempt like any fault a retry may fix, and has its own code so that an operator
+        # looks at the store's integrity, not its reachability.
+        return "STORED_BYTES_DIFFER", "The file store stored other bytes than were sent"
     elif isinstance(exc, BotoCoreError):
         return "STORAGE_UNAVAILABLE", "The file store could not be reached"
     elif isinstance(exc, TimeoutError):

@@ -7,6 +7,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from services.worker.errors import PermanentError, backoff_seconds, classify, error_name
+from services.worker.object_writer import StoredBytesDiffer
 from shared.settings import Settings
 from shared.states import ACTIVE, TERMINAL, TRANSITIONS, State, sources_of
 
@@ -60,6 +61,7 @@ SETTINGS = Settings(retry_base_seconds=2, retry_cap_seconds=60, max_attempts=4)
         ConnectionResetError(),
         TimeoutError(),
         RuntimeError("something unexpected"),
+        StoredBytesDiffer("part 1: S3 stored other bytes than were sent"),
     ],
 )
 def test_transient_and_unexpected_errors_retry_until_the_budget_is_spent(error: Exception) -> None:
@@ -73,6 +75,15 @@ def test_transient_and_unexpected_errors_retry_until_the_budget_is_spent(error: 
     assert spent.retry_delay_seconds is None
     assert "requeue" in spent.message
     assert ".." not in spent.message and ".." not in outcome.message
+
+
+def test_stored_bytes_that_differ_have_a_code_of_their_own_not_a_storage_outage() -> None:
+    """docs/states.md: an attempt whose bytes S3 stored otherwise is retried under ``STORED_BYTES_DIFFER``."""
+    error = StoredBytesDiffer("g1.jsonl: S3 stored other bytes than were sent")
+    retried = classify(error, attempt=1, settings=SETTINGS)
+    parked = classify(error, attempt=SETTINGS.max_attempts, settings=SETTINGS)
+    assert (retried.state, retried.code) == (State.RETRY_AT, "STORED_BYTES_DIFFER")
+    assert (parked.state, parked.code) == (State.FAILED_REPAIR, "STORED_BYTES_DIFFER")
 
 
 def test_permanent_errors_fail_at_once() -> None:
