@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters clean
+.PHONY: help install run test test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters replay-standby-conflicts clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -32,6 +32,7 @@ help:
 	@echo "                RabbitMQ cluster and a PostgreSQL primary with standbys (node kills, failovers)"
 	@echo "make clusters   start a 3-node RabbitMQ cluster and a PostgreSQL primary with a standby, print the"
 	@echo "                CHATEXPORT_* URLs that point at them, delete both on Ctrl-C"
+	@echo "make replay-standby-conflicts  EXPORTS=20 exports of 1M messages read on a standby kept in conflict"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
 
 $(BIN)/python:
@@ -129,6 +130,12 @@ chaos: install
 
 clusters: install
 	$(BIN)/python -m devtools.clusters
+
+# Exports read on a standby kept in conflict by the primary's churn and VACUUM (docs/development.md:
+# Development, Disturbed standby exports): EXPORTS=20 of a 1,000,000-message conversation.
+EXPORTS ?= 20
+replay-standby-conflicts: install
+	$(BIN)/python -m tests.support.standby_conflicts --exports $(EXPORTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -19,6 +19,7 @@ from services.worker.read_source import ReadSource
 from shared.db import migrate
 from tests.support import AMQP_URL, wait_for
 from tests.support.fault_harness import Faulty, check_ended_correctly, make_conversation, running
+from tests.support.standby_conflicts import Outcome, disturbed, export_once, prepared, standby_system
 
 WAIT_SECONDS = 1.0
 
@@ -224,3 +225,27 @@ async def test_a_million_message_export_reads_the_standby_not_the_primary(
         assert grown < MILLION * 0.05
         reads = await worker_reads(f)
         assert reads["chatexport_worker_export_reads_total{server=standby}"] == 1, reads
+
+
+async def test_exports_read_on_a_standby_kept_in_conflict_store_the_bytes_they_hashed(
+    postgres_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """A small run of the disturbed standby setup (``tests.support.standby_conflicts``): each file, about 40 MiB
+    sent as one PutObject while the janitor lists the bucket, is stored as hashed at the first attempt.
+    """
+    messages = 60_000
+    # A conflicting read is cancelled at once, so that the churn's VACUUMs move reads to the primary.
+    database_url = await prepared(postgres_cluster, messages=messages, body_bytes=600, standby_delay="0")
+    overrides = {
+        "CHATEXPORT_EXPORT_BATCH_ROWS": str(messages),
+        "CHATEXPORT_S3_PART_SIZE_BYTES": str(64 * 1024 * 1024),
+        "CHATEXPORT_S3_TIMEOUT_SECONDS": "60",
+        # The janitor's listings of the bucket, near back to back, meet each PutObject as it is stored.
+        "CHATEXPORT_JANITOR_INTERVAL_SECONDS": "0.02",
+    }
+    async with standby_system(postgres_cluster, database_url, tmp_path, overrides) as faulty:
+        async with disturbed(database_url):
+            outcomes = [await export_once(faulty, f"disturbed-{number}", timeout=240) for number in (1, 2)]
+        reads = await worker_reads(faulty)
+    print(f"\ndisturbed standby exports: {outcomes}; reads {reads}")
+    assert outcomes == [Outcome("SUCCEEDED", 1, None, messages)] * 2, (outcomes, reads)
