@@ -102,6 +102,20 @@ def load_compose(
     }
 
 
+def required_variables(*paths: Path) -> set[str]:
+    """The names of the variables that the compose files at ``paths`` require from the shell: those of a
+    ``${VAR:?message}`` or ``${VAR?message}`` interpolation anywhere in a file, comments aside (``load_compose``
+    raises ``ComposeError`` when one is unset). Raises ``OSError`` when a file cannot be read.
+    """
+    found: set[str] = set()
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.lstrip().startswith("#"):
+                continue
+            found |= {match["braced"] for match in _VARIABLE.finditer(line) if (match["operator"] or "").endswith("?")}
+    return found
+
+
 def one_shots(services: Mapping[str, Service]) -> list[Service]:
     """Services another one waits for to complete (``service_completed_successfully``), in file order."""
     awaited = {
