@@ -1,7 +1,8 @@
 """The OpenAPI page of the docs site renders as the site builds it (docs/development.md: Development, The
 docs site): neoteroi's Markdown for the served document, through the Markdown extensions of
 ``mkdocs.yml``, leaves no tab or admonition markup unrendered (a missing extension shows it as text, which
-``mkdocs build --strict`` does not call a warning).
+``mkdocs build --strict`` does not call a warning). The home page links every page of the navigation, and a
+page that points to a section of the README names one it has (the README's old sections moved to the site).
 """
 
 from __future__ import annotations
@@ -38,3 +39,33 @@ def test_the_openapi_page_has_no_unrendered_markup() -> None:
     html = site_markdown().convert(source)
     assert "tabbed-set" in html
     assert re.findall(r"^(?:<p>)?(?:===|\?\?\?) ", html, flags=re.MULTILINE) == []
+
+
+def nav_pages(entries: list[Any]) -> list[str]:
+    """The page paths of an ``mkdocs.yml`` ``nav`` (titled entries, sections nested to any depth)."""
+    pages: list[str] = []
+    for entry in entries:
+        target = next(iter(entry.values())) if isinstance(entry, dict) else entry
+        pages += nav_pages(target) if isinstance(target, list) else [target]
+    return pages
+
+
+def test_the_home_page_links_every_page_of_the_navigation() -> None:
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"])
+    linked = set(re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (ROOT / "docs" / "index.md").read_text(encoding="utf-8")))
+    assert {"api.md", "reference/cli.md"} <= set(nav)
+    assert [page for page in nav if page != "index.md" and page not in linked] == []
+
+
+# A pointer to a README section, the word and its colon written apart so that the citation check skips it.
+README_POINTER = re.compile(r"\(README" r": ([^)]+)\)")
+
+
+def test_a_page_that_points_to_the_readme_names_one_of_its_headings() -> None:
+    headings = set(re.findall(r"^#+ (.+)$", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.MULTILINE))
+    pointers = [
+        (page.name, pointer)
+        for page in sorted((ROOT / "docs").rglob("*.md"))
+        for pointer in README_POINTER.findall(" ".join(page.read_text(encoding="utf-8").split()))
+    ]
+    assert [(page, pointer) for page, pointer in pointers if pointer not in headings] == []
