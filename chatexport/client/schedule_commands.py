@@ -1,8 +1,9 @@
 """``chatexport schedules create|list|show|pause|resume|delete|fetch``: scheduled exports from the command line
 (docs/schedule-exports.md: Fetching the files).
 
-The exit codes are the client's (``commands``): ``fetch`` exits 1 when a run's result expired before it was
-fetched, after fetching every other run.
+The exit codes are the client's (``commands``): ``fetch`` exits 3 when the API refused a run's download, else
+1 when a run's result expired before it was fetched, in both cases after fetching every other run
+(docs/schedule-exports.md: Fetching the files).
 """
 
 from __future__ import annotations

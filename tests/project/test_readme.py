@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from chatexport.client.commands import EXIT_ENDED_BADLY, EXIT_REFUSED
 from shared.tracing import attributes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,3 +68,10 @@ def test_the_readme_names_every_span_attribute_of_ours() -> None:
     names = {value for name, value in vars(attributes).items() if name.isupper() and isinstance(value, str)}
     shown = set(re.findall(r"`(chatexport\.[a-z_]+)`", README))
     assert names - {attributes.ROOT_MARKER} == shown
+
+
+def test_the_readme_gives_the_exit_codes_of_a_schedule_fetch() -> None:
+    # A refused download outranks an expired run (chatexport/client/schedule_commands.py; docs/schedule-exports.md:
+    # Fetching the files).
+    text = " ".join(README.split())
+    assert f"the fetch exits {EXIT_ENDED_BADLY}, but {EXIT_REFUSED} if the API refused a run's download" in text
