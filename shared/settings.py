@@ -29,6 +29,9 @@ MIN_JWT_SECRET_BYTES = 32
 DATABASE_CONNECT_TIMEOUT_SECONDS = 10.0
 # The shortest schedule interval outside development: an hour (docs/schedules.md: The resource).
 DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS = 3600
+# The most chunks of one plan, whatever CHATEXPORT_CHUNK_TARGET_BYTES says: each chunk becomes at most two parts of
+# the assembled upload, which S3 allows 10,000 of (docs/chunks.md: The plan).
+MAX_CHUNKS = 5000
 
 # Markdown; what ``Settings._check_consistency`` refuses, told before the table of every setting.
 RULES = f"""Every setting is an environment variable, `CHATEXPORT_` followed by the setting's name; durations
@@ -414,7 +417,8 @@ class Settings(BaseSettings):
     chunk_target_bytes: int = Field(
         64 * 1024 * 1024,
         ge=1,
-        description="the estimated size of one chunk (more, when an export would otherwise have over 10,000 chunks)",
+        description=f"the estimated size of one chunk (more, when an export would otherwise have over {MAX_CHUNKS:,}"
+        " chunks)",
         json_schema_extra={"unit": "bytes"},
     )
     chunks_per_export: int = Field(

@@ -26,12 +26,9 @@ from shared.repository import chunks, export_reader, outbox
 from shared.repository.artifacts import ArtifactFiles, StoredPart
 from shared.repository.chunks import Chunk, PlannedRange
 from shared.repository.leases import ClaimedOperation
-from shared.settings import Settings
+from shared.settings import MAX_CHUNKS, Settings
 from shared.states import ChunkState
 
-# The most chunks of one plan: each chunk becomes at most two parts of the assembled upload, which S3
-# allows 10,000 of.
-MAX_CHUNKS = 5000
 # How often the coordinator looks at its chunks (the database is the only channel between the workers).
 POLL_SECONDS = 0.2
 # A split result's chunks are planned at this share of max_part_bytes: the plan estimates JSONL lines, and

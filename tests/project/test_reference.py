@@ -23,7 +23,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from chatexport.cli import PARTS, build_parser
 from devtools import reference
 from services.api.http.problems import CODES
-from shared.settings import MIN_JWT_SECRET_BYTES, RULES, Settings
+from services.worker import chunked
+from shared.settings import MAX_CHUNKS, MIN_JWT_SECRET_BYTES, RULES, Settings
+from tests.support import documented
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,6 +113,12 @@ def test_a_placeholder_secret_is_shown_as_today() -> None:
     page = pages()["reference/settings.md"]
     assert '<a id="chatexport_jwt_secret"></a>`CHATEXPORT_JWT_SECRET` | `dev-only-insecure-secret-change-me` |' in page
     assert '<a id="chatexport_webhook_proxy_url"></a>`CHATEXPORT_WEBHOOK_PROXY_URL` | `none` | URL |' in page
+
+
+def test_the_chunk_cap_the_pages_quote_is_the_one_the_worker_plans_with() -> None:
+    assert chunked.MAX_CHUNKS == MAX_CHUNKS
+    assert f"(more, when an export would otherwise have over {MAX_CHUNKS:,} chunks)" in pages()["reference/settings.md"]
+    assert f"An export never has more than {MAX_CHUNKS:,} chunks" in documented("chunks.md")
 
 
 # -- problem codes
