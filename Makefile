@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters replay-standby-conflicts clean
+.PHONY: help install prerequisites run test test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters replay-standby-conflicts clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -34,6 +34,7 @@ help:
 	@echo "                CHATEXPORT_* URLs that point at them, delete both on Ctrl-C"
 	@echo "make replay-standby-conflicts  EXPORTS=20 exports of 1M messages read on a standby kept in conflict"
 	@echo "make install    create $(VENV) and install the project with its dev extras"
+	@echo "make prerequisites  check that this host has the programs the tests run (make test does first)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,13 +67,18 @@ fmt: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The programs the tests run beside Python (a browser, libfaketime, the PostgreSQL and RabbitMQ server
+# programs, pg_dump): a host without one is told which package to install before anything runs.
+prerequisites: install
+	$(BIN)/python -m devtools.prerequisites
+
 # pytest exits 5 when it collected no test: for us that is a failure, never a pass. The tests on local
 # clusters (marked `cluster`) start three RabbitMQ nodes and PostgreSQL standbys: they are a group of their
 # own, `make test-clusters`, which CI runs after `make test` with a time limit of its own.
-test: lint docs
+test: prerequisites lint docs
 	@$(MAKE) --no-print-directory pytest MARKERS="not cluster"
 
-test-clusters: install
+test-clusters: prerequisites
 	@$(MAKE) --no-print-directory pytest MARKERS="cluster"
 
 MARKERS ?=

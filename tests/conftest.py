@@ -21,6 +21,7 @@ from selenium.webdriver.chrome.service import Service
 from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
 from devtools.moto import MotoServer, start_moto
+from devtools.prerequisites import CHROMEDRIVER, CHROMIUM
 from services.api.app import init_app
 from shared.auth import mint_token
 from shared.db import migrate
@@ -193,10 +194,6 @@ async def live_api(system: LocalSystem) -> AsyncIterator[aiohttp.ClientSession]:
 def live_auth(system: LocalSystem) -> Callable[..., dict[str, str]]:
     """``headers_for`` the session's system: ``live_auth("alice")`` -> headers with her bearer token."""
     return headers_for(system)
-
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import aio_pika
 import asyncpg
 
 from devtools.localsystem import READY_TIMEOUT_SECONDS
+from devtools.prerequisites import FAKETIME_LIBRARY
 from devtools.servers import PostgresStopMode, RabbitStopMode
 from services.janitor.leadership import LEADER_LOCK_KEY
 from shared.settings import amqp_node_urls
@@ -65,7 +66,7 @@ POLL_SECONDS = 0.05
 
 def faketime_library() -> str:
     """The path of Debian's libfaketime (package ``faketime``). Raises ``RuntimeError`` when it is missing."""
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))  # the worker has threads
+    found = sorted(glob.glob(FAKETIME_LIBRARY))
     if not found:
         raise RuntimeError("libfaketime is missing: install Debian's faketime package")
     return found[0]
