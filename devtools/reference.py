@@ -6,11 +6,14 @@ cannot drift from it:
 - ``reference/problems.md`` from ``services.api.http.problems.CODES`` and ``ABOUT_CODES``;
 - ``reference/metrics.md`` from the prometheus-client registry once every part is loaded
   (``served_metrics``, which ``tests/monitoring/test_operations_doc.py`` also uses);
-- ``reference/cli.md`` from the ``chatexport`` command's parser (``chatexport.cli.build_parser``).
+- ``reference/cli.md`` from the ``chatexport`` command's parser (``chatexport.cli.build_parser``);
+- the endpoint table of ``api.md`` from ``shared.routes.ROUTES`` and the OpenAPI endpoints
+  (``endpoint_table``), put in place of the page's ``ENDPOINTS_PLACEHOLDER`` line (``with_endpoint_table``).
 
 Each ``*_page()`` returns one page's markdown, and ``generated_pages()`` all of them by their path under the
-site's ``docs_dir``; ``docs/gen_reference.py`` writes them with mkdocs-gen-files and
-``tests/project/test_reference.py`` checks them. Links point at the hand-written pages beside ``reference/``.
+site's ``docs_dir``; ``docs/gen_reference.py`` writes them, and the API reference with its table, with
+mkdocs-gen-files, and ``tests/project/test_reference.py`` checks them. Links point at the hand-written pages
+beside ``reference/``.
 Developer tooling: nothing the parts run imports this module.
 """
 
@@ -27,7 +30,9 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from chatexport.cli import PARTS, build_parser
+from services.api.http.openapi import ENDPOINTS
 from services.api.http.problems import ABOUT_CODES, CODES
+from shared.routes import ROUTES
 from shared.settings import RULES, Settings
 
 # The service's own metrics are named so; the client library's process and platform collectors are not.
@@ -37,6 +42,14 @@ METRIC_PREFIX = "chatexport_"
 USAGE_WIDTH = 100
 # Package whose modules count a metric for every part alike (the monitoring endpoint, shared counters).
 SHARED_PACKAGE = "shared"
+# The hand-written page that holds the endpoint table, and its line that the site's build replaces with the table:
+# where the markdown is read as it is, the line says where the table is.
+ENDPOINTS_PAGE = "api.md"
+ENDPOINTS_PLACEHOLDER = (
+    "The table of every route is generated from `shared/routes.py` when the site is built (`make docs`)."
+)
+# Routes under it need a token with the admin scope (services.api.http.middlewares).
+ADMIN_PREFIX = "/admin/"
 
 
 def settings_page() -> str:
@@ -184,6 +197,46 @@ def cli_page() -> str:
         level = "#" * (prog.count(" ") + 1)
         sections.append(f"{level} {prog}\n\n{help_text}\n\n{_usage_block(sub)}\n\n{_arguments(sub)}")
     return "\n\n".join(sections)
+
+
+def endpoint_table() -> str:
+    """The API reference's table of every route of ``shared.routes.ROUTES``, in its order: the method and the
+    path (with the query parameters of a documented route's query model, as ``?name=&...``), the token it
+    needs (none for a public route, one with the admin scope under ``/admin/``, else a bearer token) and what
+    it does: a documented route's ``Endpoint`` summary, any other route's own ``summary``. A sentence after
+    it names the GET routes that answer no HEAD. Raises ``ValueError`` for a route without a summary.
+    """
+    rows = []
+    for route in ROUTES:
+        endpoint = ENDPOINTS.get(route.name)
+        summary = endpoint.summary if endpoint is not None else route.summary
+        if not summary:
+            raise ValueError(f"the route {route.name} has no summary")
+        names = (
+            [field.alias or name for name, field in endpoint.query.model_fields.items()]
+            if endpoint and endpoint.query
+            else []
+        )
+        query = "?" + "&".join(f"{name}=" for name in names) if names else ""
+        token = "none" if route.public else "admin scope" if route.path.startswith(ADMIN_PREFIX) else "bearer"
+        rows.append([_code(f"{route.method} {route.path}{query}"), token, summary[0].upper() + summary[1:]])
+    table = _table(["method and path", "token", "what it does"], rows)
+    headless = ", ".join(
+        _code(f"{route.method} {route.path}") for route in ROUTES if route.method == "GET" and not route.head
+    )
+    note = f"Every `GET` route also answers `HEAD` (the same status and headers, no body) but {headless}."
+    return f"{table}\n\n{note}"
+
+
+def with_endpoint_table(page: str) -> str:
+    """``page`` (the markdown of ``ENDPOINTS_PAGE``) with its ``ENDPOINTS_PLACEHOLDER`` line replaced by
+    ``endpoint_table()``. Raises ``ValueError`` unless the page holds that line exactly once.
+    """
+    lines = page.split("\n")
+    if lines.count(ENDPOINTS_PLACEHOLDER) != 1:
+        raise ValueError(f"{ENDPOINTS_PAGE} must hold the line {ENDPOINTS_PLACEHOLDER!r} once")
+    lines[lines.index(ENDPOINTS_PLACEHOLDER)] = endpoint_table()
+    return "\n".join(lines)
 
 
 # Each generated page's path under the site's docs_dir -> the function writing it.

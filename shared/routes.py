@@ -26,7 +26,8 @@ class Route:
     (docs/api.md: API reference): the probes, the web page, the API reference page and the OpenAPI document. A
     ``page`` route serves a page for browsers or one of its files (the web page at ``/ui``, the API reference at
     ``/v3/docs``): it describes no operation of the API, so it is never in the OpenAPI document, even under
-    ``/v3``.
+    ``/v3``. ``summary`` says what a route the OpenAPI document leaves out does, for the endpoint table of
+    docs/api.md (a documented route's summary is its ``Endpoint``'s, beside its view).
     """
 
     name: str
@@ -35,6 +36,7 @@ class Route:
     head: bool = True
     public: bool = False
     page: bool = False
+    summary: str = ""
 
     @property
     def path(self) -> str:
@@ -55,8 +57,8 @@ class Route:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("healthz", "GET", "/healthz", public=True),
-    Route("readyz", "GET", "/readyz", public=True),
+    Route("healthz", "GET", "/healthz", public=True, summary="liveness"),
+    Route("readyz", "GET", "/readyz", public=True, summary="readiness (the database and S3 answer)"),
     Route("listConversations", "GET", "/v2/conversations"),
     Route("sendMessage", "POST", "/v2/conversations/{cid}/messages"),
     Route("readMessages", "GET", "/v2/conversations/{cid}/messages"),
@@ -77,22 +79,56 @@ ROUTES: tuple[Route, ...] = (
     Route("pauseExportSchedule", "POST", "/v3/export-schedules/{schedule_id}/pause"),
     Route("resumeExportSchedule", "POST", "/v3/export-schedules/{schedule_id}/resume"),
     Route("getOpenApiDocument", "GET", "/v3/openapi.json", public=True),
-    Route("toPage", "GET", "/ui", public=True, page=True),
-    Route("pageFile", "GET", "/ui/{name:(|page\\.js|page\\.css)}", public=True, page=True),
+    Route("toPage", "GET", "/ui", public=True, page=True, summary="redirects to the web page, `/ui/`"),
+    Route(
+        "pageFile",
+        "GET",
+        "/ui/{name:(|page\\.js|page\\.css)}",
+        public=True,
+        page=True,
+        summary="the web page (`/ui/`), its script (`page.js`) and its style sheet (`page.css`)",
+    ),
     # The API reference and its files, one literal path each: a public path under /v3 is let through by the
     # auth middleware only as it is written (services.api.http.middlewares.PUBLIC_PATHS).
-    Route("docsPage", "GET", "/v3/docs", public=True, page=True),
-    Route("docsScript", "GET", "/v3/docs/docs.js", public=True, page=True),
-    Route("docsSwaggerScript", "GET", "/v3/docs/swagger-ui-bundle.js", public=True, page=True),
-    Route("docsSwaggerStyle", "GET", "/v3/docs/swagger-ui.css", public=True, page=True),
-    Route("adminPutConversation", "PUT", "/admin/conversations/{cid}"),
-    Route("adminGetConversation", "GET", "/admin/conversations/{cid}"),
-    Route("adminAddMember", "PUT", "/admin/conversations/{cid}/members/{uid}"),
-    Route("adminRemoveMember", "DELETE", "/admin/conversations/{cid}/members/{uid}"),
-    Route("adminImportMessages", "POST", "/admin/conversations/{cid}/messages:import"),
-    Route("adminListOperations", "GET", "/admin/operations"),
-    Route("adminGetOperation", "GET", "/admin/operations/{operation_id}"),
-    Route("adminRequeueOperation", "POST", "/admin/operations/{operation_id}/requeue"),
+    Route("docsPage", "GET", "/v3/docs", public=True, page=True, summary="the interactive API reference (Swagger UI)"),
+    Route("docsScript", "GET", "/v3/docs/docs.js", public=True, page=True, summary="the API reference's own script"),
+    Route(
+        "docsSwaggerScript", "GET", "/v3/docs/swagger-ui-bundle.js", public=True, page=True, summary="Swagger UI itself"
+    ),
+    Route("docsSwaggerStyle", "GET", "/v3/docs/swagger-ui.css", public=True, page=True, summary="Swagger UI's styles"),
+    Route(
+        "adminPutConversation",
+        "PUT",
+        "/admin/conversations/{cid}",
+        summary='create the conversation or replace its members (`{"members": [...]}`)',
+    ),
+    Route(
+        "adminGetConversation",
+        "GET",
+        "/admin/conversations/{cid}",
+        summary="the conversation: sorted members, last seq, count of messages not recalled",
+    ),
+    Route("adminAddMember", "PUT", "/admin/conversations/{cid}/members/{uid}", summary="add one member (204)"),
+    Route("adminRemoveMember", "DELETE", "/admin/conversations/{cid}/members/{uid}", summary="remove one member (204)"),
+    Route("adminImportMessages", "POST", "/admin/conversations/{cid}/messages:import", summary="import NDJSON history"),
+    Route(
+        "adminListOperations",
+        "GET",
+        "/admin/operations",
+        summary="every user's operations, newest first (find the FAILED_REPAIR ones)",
+    ),
+    Route(
+        "adminGetOperation",
+        "GET",
+        "/admin/operations/{operation_id}",
+        summary="any operation with its attempts, artifacts and access events",
+    ),
+    Route(
+        "adminRequeueOperation",
+        "POST",
+        "/admin/operations/{operation_id}/requeue",
+        summary="put a FAILED_REPAIR operation back to QUEUED",
+    ),
 )
 
 ROUTES_BY_NAME: dict[str, Route] = {route.name: route for route in ROUTES}

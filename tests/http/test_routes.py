@@ -50,6 +50,11 @@ def test_every_documented_route_and_only_those_has_an_endpoint() -> None:
     assert set(ENDPOINTS) == {route.name for route in ROUTES if route.documented}
 
 
+def test_a_route_the_openapi_document_leaves_out_and_only_such_a_route_has_a_summary_of_its_own() -> None:
+    # The endpoint table of docs/api.md shows a documented route's Endpoint summary, any other route's own.
+    assert [route.name for route in ROUTES if bool(route.summary) == route.documented] == []
+
+
 def test_public_routes_under_a_protected_prefix_have_literal_paths() -> None:
     # The auth middleware compares the request's path with theirs as it is.
     protected = [route for route in ROUTES if route.public and route.path.startswith(PROTECTED_PREFIXES)]

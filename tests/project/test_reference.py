@@ -15,6 +15,7 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import markdown
 import pytest
@@ -24,6 +25,7 @@ from chatexport.cli import PARTS, build_parser
 from devtools import reference
 from services.api.http.problems import CODES
 from services.worker import chunked
+from shared.routes import ROUTES, Route
 from shared.settings import MAX_CHUNKS, MIN_JWT_SECRET_BYTES, RULES, Settings
 from tests.support import documented
 
@@ -266,11 +268,53 @@ def test_the_generator_script_writes_every_page(monkeypatch: pytest.MonkeyPatch)
         def write(self, text: str) -> None:
             written[self.path] = written.get(self.path, "") + text
 
+    def open_page(path: str, mode: str) -> Any:
+        # A page of docs/ is read as it is; what is written is kept.
+        return (ROOT / "docs" / path).open(encoding="utf-8") if mode == "r" else Page(path)
+
     stub = types.ModuleType("mkdocs_gen_files")
-    stub.open = lambda path, mode: Page(path)  # type: ignore[attr-defined]
+    stub.open = open_page  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "mkdocs_gen_files", stub)
     runpy.run_path(str(ROOT / "docs" / "gen_reference.py"))
-    assert written == pages()
+    assert written == {**pages(), reference.ENDPOINTS_PAGE: api_reference()}
+
+
+# -- the endpoint table of the API reference
+
+
+def api_reference() -> str:
+    """The API reference as the site shows it, with its endpoint table in place."""
+    return reference.with_endpoint_table((ROOT / "docs" / reference.ENDPOINTS_PAGE).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=lambda route: route.name)
+def test_the_endpoint_table_lists_every_route(route: Route) -> None:
+    page = api_reference()
+    rows = [cells(row) for table in tables(section(page, "## Endpoints")) for row in table[2:]]
+    shown = [row for row in rows if re.fullmatch(rf"`{re.escape(f'{route.method} {route.path}')}(\?[^`]*)?`", row[0])]
+    assert len(shown) == 1, rows
+    assert shown[0][2] and shown[0][1] == (
+        "none" if route.public else "admin scope" if route.name.startswith("admin") else "bearer"
+    )
+    assert reference.ENDPOINTS_PLACEHOLDER not in page
+
+
+def test_the_table_replaces_one_placeholder_line_and_refuses_a_page_without_it() -> None:
+    source = (ROOT / "docs" / reference.ENDPOINTS_PAGE).read_text(encoding="utf-8")
+    assert source.splitlines().count(reference.ENDPOINTS_PLACEHOLDER) == 1
+    assert reference.with_endpoint_table(source) == source.replace(
+        reference.ENDPOINTS_PLACEHOLDER, reference.endpoint_table()
+    )
+    with pytest.raises(ValueError, match="must hold the line"):
+        reference.with_endpoint_table(source.replace(reference.ENDPOINTS_PLACEHOLDER, ""))
+    with pytest.raises(ValueError, match="must hold the line"):
+        reference.with_endpoint_table(f"{source}\n{reference.ENDPOINTS_PLACEHOLDER}\n")
+
+
+def test_a_route_without_a_summary_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reference, "ROUTES", (*ROUTES, Route("adminProbe", "GET", "/admin/probe")))
+    with pytest.raises(ValueError, match="adminProbe"):
+        reference.endpoint_table()
 
 
 def _outside_fences(page: str) -> Iterator[str]:

@@ -32,7 +32,7 @@ from shared.routes import ROUTES, Route
 # The document's own route: its handler is at the end of this module.
 DOCUMENT = Endpoint(
     route="getOpenApiDocument",
-    summary="This document",
+    summary="The OpenAPI 3.1 document of the /v2 and /v3 routes",
     tag="meta",
     answers=(Answer(200, "OpenAPI 3.1.", content={JSON_MEDIA_TYPE: {"schema": {"type": "object"}}}),),
 )
