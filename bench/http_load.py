@@ -175,7 +175,7 @@ def submit_requests(prepared: list[tuple[str, str, str]]) -> Requests:
 
 async def conditional_poll_requests(system: LocalSystem, prepared: list[tuple[str, str, str]]) -> Requests:
     """``poll_requests`` with each operation's current ETag as ``If-None-Match``: every answer a 304
-    (docs/api.md: API reference, Conditional polls).
+    (docs/api.md: Operations, Conditional polls).
     """
     requests = poll_requests(prepared)
     async with aiohttp.ClientSession(base_url=system.base_url) as api:

@@ -1,5 +1,5 @@
-"""Benchmark: a big download by redirect against the same download streamed through the API (docs/api.md: API
-reference, Download by redirect).
+"""Benchmark: a big download by redirect against the same download streamed through the API (docs/api.md: Downloads,
+Download by redirect).
 
 One conversation whose JSONL export is about ``--megabytes`` MB (bodies of 10,000 bytes) is loaded in SQL
 and exported once by the running system; then the file is downloaded ``--samples`` times each way, alternating:

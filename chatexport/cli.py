@@ -236,7 +236,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_requeue(args: argparse.Namespace) -> int:
-    """Requeue each id (docs/api.md: API reference, Admin requeue); print one line per id; exit 1 if any was not
+    """Requeue each id (docs/api.md: Administration, Admin requeue); print one line per id; exit 1 if any was not
     FAILED_REPAIR.
     """
     settings = load_settings()

@@ -1,4 +1,4 @@
-"""Demo data: the ``chatterbot-corpus`` dialogs loaded into the message store (docs/api.md: API reference, Message
+"""Demo data: the ``chatterbot-corpus`` dialogs loaded into the message store (docs/api.md: Message
 store).
 
 Every corpus FILE ``chatterbot_corpus/data/<language>/<topic>.yml`` becomes one conversation
@@ -48,8 +48,8 @@ _Loader: Any = getattr(yaml, "CBaseLoader", yaml.BaseLoader)
 
 @dataclass(frozen=True)
 class CorpusLine:
-    """One message to import; the field names are those of the admin import's NDJSON lines (docs/api.md: API
-    reference, Import).
+    """One message to import; the field names are those of the admin import's NDJSON lines (docs/api.md: Administration,
+    Import).
     """
 
     message_id: str

@@ -1,4 +1,5 @@
-"""Bearer tokens (docs/api.md: API reference, Authentication): verification for the API and minting for development."""
+"""Bearer tokens (docs/api.md: Tokens and keys, Authentication): verification for the API and minting for
+development."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class InvalidToken(Exception):
 
     ``reason`` names the check that failed, for the log (never the token); ``expired`` is True only for a
     token whose signature verified and whose ``exp`` has passed, the one failure a client may be told of
-    (docs/api.md: API reference, Authentication).
+    (docs/api.md: Tokens and keys, Authentication).
     """
 
     def __init__(self, reason: str, *, expired: bool = False) -> None:
@@ -79,7 +80,7 @@ class TokenVerifier:
 
         ``iat``, ``nbf`` and ``exp`` are judged with ``jwt_leeway_seconds`` of clock skew either way, and an
         ``exp`` more than ``jwt_max_lifetime_seconds`` (plus the leeway) ahead is refused, so that nobody
-        holding the key can mint a token that never expires (docs/api.md: API reference, Authentication). Raises
+        holding the key can mint a token that never expires (docs/api.md: Tokens and keys, Authentication). Raises
         ``InvalidToken`` for any failure.
         """
         if not authorization:

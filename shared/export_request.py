@@ -1,4 +1,4 @@
-"""The export request (docs/api.md: API reference, Submit; Export options): the one list of its fields. The body
+"""The export request (docs/api.md: Submitting an export, Submit; Export options): the one list of its fields. The body
 a client submits names the same fields (``notify`` holding ``notify_url``), the ``operations`` table stores
 each in the column of its name, and the server-side submit takes the request as one JSON object of them
 (migration 0009). A new field goes here, into the submission's schema, into a new column and into a new
@@ -29,7 +29,7 @@ class ExportRequest:
     format: str = DEFAULT_FORMAT
     before_seq: int | None = None
     after_seq: int = 0
-    # Where the completion callback goes, if anywhere (docs/api.md: API reference, Completion callbacks).
+    # Where the completion callback goes, if anywhere (docs/api.md: Completion callbacks).
     notify_url: str | None = None
     since: datetime | None = None
     until: datetime | None = None
@@ -58,7 +58,7 @@ class ExportRequest:
         return FileKind(self.format, self.compression)
 
     def options(self) -> dict[str, Any]:
-        """The request as the operation shows it (docs/api.md: API reference, Operation): every field but the
+        """The request as the operation shows it (docs/api.md: Operations, Operation): every field but the
         callback's URL, defaults included, times as API timestamps, ``senders`` a list.
         """
         return {name: _shown(getattr(self, name)) for name in SHOWN_FIELDS}
@@ -80,7 +80,7 @@ def _shown(value: object) -> object:
 
 # The request's field names, in order: also its columns in ``operations``.
 FIELDS = tuple(field.name for field in dataclasses.fields(ExportRequest))
-# What the operation shows of it: the callback's URL stays with its owner (docs/api.md: API reference,
+# What the operation shows of it: the callback's URL stays with its owner (docs/api.md:
 # Completion callbacks).
 SHOWN_FIELDS = tuple(name for name in FIELDS if name != "notify_url")
 # The options a schedule refuses: every run after the first would be empty (docs/schedules.md: The resource).

@@ -1,4 +1,4 @@
-"""The canonical export request's fingerprint (docs/api.md: API reference, Submit; Export options)."""
+"""The canonical export request's fingerprint (docs/api.md: Submitting an export, Submit; Export options)."""
 
 from __future__ import annotations
 

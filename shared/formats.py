@@ -1,4 +1,4 @@
-"""The kinds of file an export writes (docs/api.md: API reference, Export options): the registry of formats, the
+"""The kinds of file an export writes (docs/api.md: Submitting an export, Export options): the registry of formats, the
 compressions, and what follows from them: the file name's extension, the stored object's content type, the
 renderer, the part size floor.
 
@@ -31,8 +31,8 @@ class Format:
 
     @property
     def extension(self) -> str:
-        """The file name's extension without its dot: the format's name (docs/api.md: API reference, Export options),
-        which the command-line client relies on.
+        """The file name's extension without its dot: the format's name (docs/api.md: Submitting an export, Export
+        options), which the command-line client relies on.
         """
         return self.name
 

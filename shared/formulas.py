@@ -1,5 +1,5 @@
 """Which CSV cells a spreadsheet would run as a formula, and the guard that makes them show as text (docs/api.md:
-API reference, Export options; OWASP, "CSV injection").
+Submitting an export, Export options; OWASP, "CSV injection").
 
 Several spreadsheet programs trim leading white space and invisible characters and fold full-width or small
 forms before they decide that a cell is a formula, so the rule looks at the first character that is none of

@@ -5,18 +5,18 @@ from __future__ import annotations
 import re
 import secrets
 
-# User ids (docs/api.md: API reference, Authentication) are 1-64 chars of [A-Za-z0-9_.:-]; the same rule serves
+# User ids (docs/api.md: Tokens and keys, Authentication) are 1-64 chars of [A-Za-z0-9_.:-]; the same rule serves
 # conversation ids.
 ID_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
 _ID_RE = re.compile(ID_PATTERN)
-# Operation ids (docs/api.md: API reference, Operation) are URL-safe and at most 64 chars; anything else in a path names
+# Operation ids (docs/api.md: Operations, Operation) are URL-safe and at most 64 chars; anything else in a path names
 # no operation.
 OPERATION_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 _OPERATION_ID_RE = re.compile(OPERATION_ID_PATTERN)
 
 
 def new_operation_id() -> str:
-    """Return an opaque, URL-safe id with 144 bits from the CSPRNG (docs/api.md: API reference, Operation: at least
+    """Return an opaque, URL-safe id with 144 bits from the CSPRNG (docs/api.md: Operations, Operation: at least
     96)."""
     return "op_" + secrets.token_urlsafe(18)
 

@@ -1,4 +1,4 @@
-"""JSON text that stays one line for every reader (docs/api.md: API reference, The file).
+"""JSON text that stays one line for every reader (docs/api.md: Submitting an export, The file).
 
 JSON allows U+0085, U+2028 and U+2029 raw inside strings, but Python's ``str.splitlines``, JavaScript
 before ES2019 and many log tools break lines there. Everything the product writes as JSON escapes them as

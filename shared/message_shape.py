@@ -1,4 +1,4 @@
-"""A stored message as the product shows it (docs/api.md: API reference, Message store; The file): the read API's
+"""A stored message as the product shows it (docs/api.md: Message store; The file): the read API's
 message object, a line of a JSONL export and a row of a CSV export hold the fields of ``FIELDS``, in that
 order and with the same values; the HTML and TXT exports show some of them.
 

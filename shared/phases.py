@@ -1,4 +1,4 @@
-"""The phases an operation's progress names (docs/api.md: API reference, Operation): what its worker was doing when
+"""The phases an operation's progress names (docs/api.md: Operations, Operation): what its worker was doing when
 it last measured, or how its attempt ended. A phase is only a name beside measured counts, never a
 percentage or an ETA.
 """

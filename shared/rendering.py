@@ -1,4 +1,4 @@
-"""How a file of each format renders messages (docs/api.md: API reference, Export options; The file): a header,
+"""How a file of each format renders messages (docs/api.md: Submitting an export, Export options; The file): a header,
 one piece per message, a footer, so that every file (and every part of a split result) is complete on its own.
 
 A renderer keeps state within one file only (the HTML day it is in), so each file gets a new one; which

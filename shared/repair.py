@@ -1,4 +1,4 @@
-"""Putting a parked operation back to work: the admin requeue (docs/api.md: API reference,
+"""Putting a parked operation back to work: the admin requeue (docs/api.md: Administration,
 Admin requeue; docs/states.md: States and failure model, FAILED_REPAIR, for operators).
 
 Shared by ``POST /admin/operations/{id}/requeue`` and ``chatexport requeue``, so both make the same change.

@@ -1,4 +1,4 @@
-"""The operation representation (docs/api.md: API reference, Operation), built from a repository row, and its
+"""The operation representation (docs/api.md: Operations, Operation), built from a repository row, and its
 admin view.
 """
 
@@ -29,7 +29,7 @@ def next_poll_after_seconds(age_seconds: float) -> int:
 
 
 def is_terminal(row: OperationView) -> bool:
-    """True when the operation will not change without an operator: no Retry-After (docs/api.md: API reference,
+    """True when the operation will not change without an operator: no Retry-After (docs/api.md: Operations,
     Operation).
     """
     # The text compares equal to its State (a StrEnum): no conversion on the poll path, which calls this twice.
@@ -37,7 +37,7 @@ def is_terminal(row: OperationView) -> bool:
 
 
 def represent(row: OperationView) -> dict[str, Any]:
-    """The JSON object of one operation (docs/api.md: API reference, Operation)."""
+    """The JSON object of one operation (docs/api.md: Operations, Operation)."""
     operation_id = row.operation_id
     terminal = is_terminal(row)
     snapshot_max_seq = row.snapshot_max_seq
@@ -114,7 +114,7 @@ def _error(row: OperationView) -> dict[str, str] | None:
 
 
 def messages_at_most(row: OperationView) -> int | None:
-    """An upper bound of the messages the file holds (docs/api.md: API reference, Operation): known from the submit
+    """An upper bound of the messages the file holds (docs/api.md: Operations, Operation): known from the submit
     with ``before_seq``, from the first claim's watermark without it, None before.
     """
     request = row.request
@@ -132,7 +132,8 @@ def _result(row: OperationView) -> dict[str, Any] | None:
     figures = {
         "message_count": row.result_message_count,
         "content_type": row.request.file_kind.content_type,
-        # The watermark: every message after it is new to this export (docs/api.md: API reference, Export options).
+        # The watermark: every message after it is new to this export (docs/api.md: Submitting an export, Export
+        # options).
         "next_after_seq": row.snapshot_max_seq,
     }
     expires_at = format_timestamp(row.result_expires_at)
@@ -173,7 +174,7 @@ def _links(operation_id: str, state: str, terminal: bool, *, split: bool) -> dic
 
 def represent_for_admin_list(row: OperationView) -> dict[str, Any]:
     """One operation as the admin list shows it: the owner's representation (``represent``) plus its owner,
-    generation, lease holder and expiry, end time and result expiry (docs/api.md: API reference, Admin view of
+    generation, lease holder and expiry, end time and result expiry (docs/api.md: Administration, Admin view of
     an operation). ``row`` is one of ``repository.status_monitor.read_operation``.
     """
     return {

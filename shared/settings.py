@@ -185,7 +185,7 @@ class Settings(BaseSettings):
     )
     jwt_issuer: str | None = Field(None, description="required `iss`, when set")
     jwt_audience: str | None = Field(None, description="required `aud`, when set")
-    # Clock skew allowed between token issuers and the API, on iat, nbf and exp (docs/api.md: API reference,
+    # Clock skew allowed between token issuers and the API, on iat, nbf and exp (docs/api.md: Tokens and keys,
     # Authentication).
     jwt_leeway_seconds: float = Field(
         30.0,
@@ -215,7 +215,7 @@ class Settings(BaseSettings):
         4096, ge=1, description="largest request body on `POST /v2/.../messages`", json_schema_extra={"unit": "bytes"}
     )
     # The largest valid export request fits even with every character of its 100 senders and its notify URL
-    # written as a \u escape (about 45 KiB; docs/api.md: API reference, Export options).
+    # written as a \u escape (about 45 KiB; docs/api.md: Submitting an export, Export options).
     export_request_max_bytes: int = Field(
         64 * 1024,
         ge=1,
@@ -330,7 +330,7 @@ class Settings(BaseSettings):
     event_heartbeat_seconds: float = Field(
         15.0, gt=0, description="the interval of an event stream's heartbeat comments", json_schema_extra={"unit": "s"}
     )
-    # Completion callbacks (docs/api.md: API reference, Completion callbacks).
+    # Completion callbacks (docs/api.md: Completion callbacks).
     webhook_signing_key: str = Field(
         PLACEHOLDER_WEBHOOK_SIGNING_KEY,
         description="the deployment key every user's callback secret is derived from; refused outside"

@@ -84,7 +84,7 @@ async def open_presigner(settings: Settings) -> AsyncIterator[Any]:
     with Signature Version 4 (so that a URL carries its ``X-Amz-Expires``); it never opens a connection.
     """
     # botocore logs every signature it makes at DEBUG; a presigned URL's is a credential, so its signer
-    # logs nothing below INFO whatever the level asked for (docs/api.md: API reference, Download by redirect).
+    # logs nothing below INFO whatever the level asked for (docs/api.md: Downloads, Download by redirect).
     logging.getLogger("botocore.auth").setLevel(logging.INFO)
     config = AioConfig(signature_version="s3v4", s3={"addressing_style": "path"})
     endpoint_url = settings.s3_public_endpoint_url or settings.s3_endpoint_url
@@ -109,7 +109,7 @@ async def presigned_download(
 ) -> str:
     """A URL that GETs object ``key`` of ``bucket`` for ``expires_seconds`` without credentials, its answer's
     ``Content-Type``, ``Content-Disposition`` and ``Cache-Control: no-store`` forced by the signed query
-    (docs/api.md: API reference, Download by redirect). The URL is a credential: never log it.
+    (docs/api.md: Downloads, Download by redirect). The URL is a credential: never log it.
     """
     url: str = await presigner.generate_presigned_url(
         "get_object",

@@ -1,5 +1,5 @@
-"""Timestamps as the API prints them: RFC 3339, UTC, millisecond precision, ``Z`` suffix (docs/api.md: API reference,
-The file)."""
+"""Timestamps as the API prints them: RFC 3339, UTC, millisecond precision, ``Z`` suffix (docs/api.md: Submitting an
+export, The file)."""
 
 from __future__ import annotations
 

@@ -54,8 +54,8 @@ class CreatedSchedule:
 # The largest page the API's lists answer (docs/api.md: Export schedules, Lists): a walk through all asks least.
 PAGE_LIMIT = 100
 
-# Files above this many bytes are downloaded by redirect, from the storage itself (docs/api.md: API
-# reference, Download by redirect): below it, one more round trip costs more than the API's streaming.
+# Files above this many bytes are downloaded by redirect, from the storage itself (docs/api.md: Downloads, Download by
+# redirect): below it, one more round trip costs more than the API's streaming.
 REDIRECT_ABOVE_BYTES = 8 * 1024 * 1024
 
 
@@ -70,7 +70,7 @@ class Api:
         self.redirect_above_bytes = redirect_above_bytes
         self._session: aiohttp.ClientSession | None = None
         # The newest representation read of each operation, by id, with its ETag: sent back as If-None-Match,
-        # so that a poll of an unchanged operation costs a 304 (docs/api.md: API reference, Conditional polls).
+        # so that a poll of an unchanged operation costs a 304 (docs/api.md: Operations, Conditional polls).
         self._held: dict[str, tuple[str, dict[str, Any]]] = {}
 
     async def __aenter__(self) -> Api:

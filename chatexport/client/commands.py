@@ -47,7 +47,7 @@ RFC3339 = re.compile(
 # The years the API takes, in UTC, and the largest seq (Postgres' bigint).
 YEARS = range(1000, 10000)
 MAX_SEQ = 2**63 - 1
-# The submit's bounds (docs/api.md: API reference, Export options).
+# The submit's bounds (docs/api.md: Submitting an export, Export options).
 MAX_SENDERS = 100
 MIN_PART_BYTES = 5 * 1024 * 1024
 
@@ -100,7 +100,7 @@ def _add_export(commands: Subparsers) -> None:
 
 
 def add_export_options(parser: argparse.ArgumentParser, *, with_end: bool) -> None:
-    """Add the submit's options to ``parser`` (docs/api.md: API reference, Export options), ``--before-seq`` and
+    """Add the submit's options to ``parser`` (docs/api.md: Submitting an export, Export options), ``--before-seq`` and
     ``--until`` only ``with_end`` (else they are None); ``export_request`` turns them into a request.
     """
     parser.add_argument("--after-seq", type=_seq, help="export messages after this seq")
@@ -208,8 +208,8 @@ def rfc3339_time(value: str) -> datetime:
             instant = datetime.fromisoformat(value.upper()).astimezone(UTC)
             if instant.year not in YEARS:
                 raise ValueError(value)
-            # In UTC to the millisecond, the next whole one as the API takes it (docs/api.md: API reference, Export
-            # options): equal windows make equal requests and state files.
+            # In UTC to the millisecond, the next whole one as the API takes it (docs/api.md: Submitting an export,
+            # Export options): equal windows make equal requests and state files.
             below = instant.replace(microsecond=instant.microsecond // 1000 * 1000)
             return below if below == instant else below + timedelta(milliseconds=1)
     raise argparse.ArgumentTypeError("not an RFC 3339 date-time with an offset, such as 2024-05-01T08:00:00Z")

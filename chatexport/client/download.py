@@ -6,7 +6,7 @@ the status gives, then renamed into place atomically. A split result is one such
 A file above the session's ``redirect_above_bytes`` comes from the storage itself: the API answers each
 fetch, a resume too, with a ``303`` to a fresh short-lived URL, which is fetched without the token (the URL
 is the credential, and S3 refuses a request that carries both), a resumed range guarded by the storage's
-own ETag (``If-Match``, kept beside the part file); the end checks are the same (docs/api.md: API reference,
+own ETag (``If-Match``, kept beside the part file); the end checks are the same (docs/api.md: Downloads,
 Download by redirect).
 """
 
@@ -46,8 +46,8 @@ class Downloaded:
 
 def extension_of(request: dict[str, Any]) -> str:
     """The extension of a result of ``request`` (a submit body, or an operation's ``request``): its ``format``
-    (jsonl when absent), as the API names a file after its format (docs/api.md: API reference, Export options), then
-    ``.gz`` when its ``compression`` is gzip: ``.csv``, ``.html.gz``. Which formats exist, the API says.
+    (jsonl when absent), as the API names a file after its format (docs/api.md: Submitting an export, Export options),
+    then ``.gz`` when its ``compression`` is gzip: ``.csv``, ``.html.gz``. Which formats exist, the API says.
     """
     compressed = request.get("compression") == "gzip"
     return f".{request.get('format', 'jsonl')}" + (".gz" if compressed else "")

@@ -82,7 +82,7 @@ async def export_incrementally(
         return ExportOutcome(operation, None)
     result = operation["result"]
     piece = await fetch_verified(api, result, output)
-    # APIs from before next_after_seq documented the same watermark as snapshot.max_seq (docs/api.md: API reference,
+    # APIs from before next_after_seq documented the same watermark as snapshot.max_seq (docs/api.md: Operations,
     # Operation), so a history goes on against either.
     watermark = result["next_after_seq"] if "next_after_seq" in result else operation["snapshot"]["max_seq"]
     pending = incremental.append(output, history, piece, next_after_seq=watermark)

@@ -19,7 +19,7 @@ from typing import Any
 from chatexport.client.api import Api, ApiError
 from chatexport.client.download import Downloaded, download_file, extension_of, result_files
 
-# A download of a result that expired after the run list was read (docs/api.md: API reference, Download).
+# A download of a result that expired after the run list was read (docs/api.md: Downloads, Download).
 GONE = 410
 
 

@@ -1,4 +1,4 @@
-"""Waiting for an operation to end, as the API asks clients to (docs/api.md: API reference, Waiting for a change):
+"""Waiting for an operation to end, as the API asks clients to (docs/api.md: Operations, Waiting for a change):
 the event stream first; when it cannot be had or breaks, the long poll; when that is refused, plain polls
 that honour ``Retry-After`` and ``next_poll_after_seconds``, with jitter so that many clients spread out.
 """
@@ -38,7 +38,7 @@ async def until_terminal(api: Api, operation: dict[str, Any], observe: Observer)
 
 
 def is_done(operation: dict[str, Any]) -> bool:
-    """Whether ``operation`` (a representation) is finished: its ``done`` (docs/api.md: API reference, Operation),
+    """Whether ``operation`` (a representation) is finished: its ``done`` (docs/api.md: Operations, Operation),
     or, from an API that did not show ``done`` yet, the absence of ``next_poll_after_seconds``, which it showed
     exactly while the operation was not finished.
     """

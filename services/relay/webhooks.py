@@ -1,4 +1,4 @@
-"""Sending completion callbacks (docs/api.md: API reference, Completion callbacks), and the ``schedule.paused`` of a
+"""Sending completion callbacks (docs/api.md: Completion callbacks), and the ``schedule.paused`` of a
 schedule paused by the system (docs/schedules.md: When a run cannot go on), at least once, driven from
 Postgres like the outbox: due deliveries are claimed with ``SKIP LOCKED`` and a lease longer than one
 attempt's deadline, sent with no database connection or row lock held, and every attempt is recorded under
@@ -56,7 +56,7 @@ BATCH = 16
 MAX_BATCHES_IN_FLIGHT = 4
 MAX_ANSWER_BYTES = 4096
 MAX_RETRY_SECONDS = 3600.0
-# HTTP sessions kept for reuse, one per receiver address (docs/api.md: API reference, Completion callbacks).
+# HTTP sessions kept for reuse, one per receiver address (docs/api.md: Completion callbacks).
 MAX_SESSIONS = 64
 # An idle connection is closed before the shortest keep-alive common servers allow (Node's 5 s), so that a
 # callback is not sent on a connection the receiver is closing.
@@ -250,7 +250,7 @@ class WebhookSender:
     async def _post(self, delivery: Delivery, body: bytes) -> int:
         target = check_url(delivery.url, allow_private=self._settings.webhook_allow_private)
         # One deadline for the whole attempt, from resolving the name through the TLS handshake to the last
-        # byte read (docs/api.md: API reference, Completion callbacks); aiohttp's own would start after the lookup.
+        # byte read (docs/api.md: Completion callbacks); aiohttp's own would start after the lookup.
         # A span of our own, in the trace of what the callback reports: the aiohttp client instrumentation
         # would record the URL's query, which may hold the receiver's secret (docs/monitoring.md: Monitoring, Traces).
         with tracing.span(

@@ -1,7 +1,7 @@
 """One export attempt's work under a lease: find an earlier generation's verified file to adopt, or read the
 messages in seq ranges, stream them into S3 and verify what S3 stored; return what is to be published. The
-runner (``services.worker.runner``) commits SUCCEEDED with it, as it records every other end (docs/api.md: API
-reference, The file; States and failure model; How it works).
+runner (``services.worker.runner``) commits SUCCEEDED with it, as it records every other end (docs/api.md: Submitting an
+export, The file; States and failure model; How it works).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from shared.storage import artifact_key
 
 log = logging.getLogger(__name__)
 
-# The least time between two progress writes of an attempt after its first (docs/api.md: API reference, Operation).
+# The least time between two progress writes of an attempt after its first (docs/api.md: Operations, Operation).
 PROGRESS_INTERVAL_SECONDS = 1.0
 # The fencing generation of an operation's first claim (every claim adds one to the column's 0).
 FIRST_GENERATION = 1
@@ -196,7 +196,7 @@ class ExportJob:
     async def _progress(self, phase: Phase, counts: tuple[int, int] | None = None) -> None:
         """Show ``phase`` and the counts so far (messages, bytes: the files', or ``counts``) in the operation,
         at most every ``PROGRESS_INTERVAL_SECONDS`` from the job's start: a small export then writes no
-        progress-only row (docs/api.md: API reference, Operation). The lease does not depend on it (the
+        progress-only row (docs/api.md: Operations, Operation). The lease does not depend on it (the
         heartbeat keeps it), and every write that ends the attempt is fenced on its own. Raises ``LeaseLost``.
         """
         update_log_fields(phase=phase)
@@ -230,7 +230,7 @@ class ExportJob:
         self._recorded_upload_id = upload_id
 
     async def _record_upload_id(self) -> None:
-        """Record the multipart upload the files began last, once, for operators (docs/api.md: API reference,
+        """Record the multipart upload the files began last, once, for operators (docs/api.md: Administration,
         Admin view of an operation); clean-up finds uploads by listing their keys, so it does not depend on this.
         """
         upload_id = self._files.upload_id

@@ -1,5 +1,5 @@
 """The files of one artifact: one object, or parts of at most ``max_part_bytes`` before compression, each a
-complete file of its format (docs/api.md: API reference, Export options).
+complete file of its format (docs/api.md: Submitting an export, Export options).
 
 Each file renders through a new renderer (``shared.rendering``), is gzip-compressed when asked
 (every part its own gzip stream), and is written by its own ``ObjectWriter``. Parts are written one after

@@ -1,5 +1,5 @@
-"""The ``access_events`` table: who did what to an operation's result, and how it ended (docs/api.md: API
-reference, Access events).
+"""The ``access_events`` table: who did what to an operation's result, and how it ended (docs/api.md: Downloads, Access
+events).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ async def record_access_event(
     conn: asyncpg.Connection, *, operation_id: str, user_id: str, action: str, outcome: str
 ) -> None:
     """Record who did ``action`` (``download``, ``delete_result``) on which operation and its ``outcome``
-    (docs/api.md: API reference, Access events). Run it in the transaction of what it records, if any.
+    (docs/api.md: Downloads, Access events). Run it in the transaction of what it records, if any.
     """
     await conn.execute(
         "INSERT INTO access_events (operation_id, user_id, action, outcome) VALUES ($1, $2, $3, $4)",

@@ -34,7 +34,7 @@ class StoredPart:
 @dataclass(frozen=True)
 class ArtifactFiles:
     """What one generation wrote: one file under ``key``, or (``split``) parts under the folder ``key``
-    (docs/api.md: API reference, Export options).
+    (docs/api.md: Submitting an export, Export options).
     """
 
     key: str

@@ -1,6 +1,6 @@
 """The export reader: the messages an export attempt reads from the message store, range by range of seqs,
 as JSONL lines Postgres renders (streamed by COPY) or as rows for the formats the worker renders, and the
-size of a range (docs/api.md: API reference, The file; docs/api.md: API reference, Export options).
+size of a range (docs/api.md: Submitting an export, The file; docs/api.md: Submitting an export, Export options).
 
 Read only: every function is one short statement on the caller's connection, so no snapshot stays open
 across an export.
@@ -20,7 +20,7 @@ from shared.rendering import JSONL_LINE_SQL
 from shared.repository.chunks import PlannedRange
 from shared.repository.rows import Row
 
-# The messages of one export range that the request's options select (docs/api.md: API reference, Export
+# The messages of one export range that the request's options select (docs/api.md: Submitting an export, Export
 # options): since inclusive, until exclusive, on sent_at; only the listed senders.
 _SELECTED_MESSAGES = """
 FROM messages
@@ -31,7 +31,8 @@ WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
 _EXPORTED_MESSAGES = f"{_SELECTED_MESSAGES} ORDER BY seq"
 _ROW_COLUMNS = f"seq, message_id, sender_id, sent_at, body, {JSONL_LINE_SQL} AS line"
 
-# JSONL lines are rendered by Postgres (docs/api.md: API reference, The file), so no row crosses into Python objects.
+# JSONL lines are rendered by Postgres (docs/api.md: Submitting an export, The file), so no row crosses into Python
+# objects.
 EXPORT_LINES_SQL = f"SELECT {JSONL_LINE_SQL} {_EXPORTED_MESSAGES}"
 _EXPORT_ROWS_SQL = f"SELECT {_ROW_COLUMNS} {_EXPORTED_MESSAGES}"
 _LAST_ROW_SQL = f"SELECT {_ROW_COLUMNS} {_SELECTED_MESSAGES} ORDER BY seq DESC LIMIT 1"

@@ -256,7 +256,7 @@ async def succeed_export(
 
     Nothing is written unless all three pass; then the attempt is closed as SUCCEEDED. An outcome other than
     SUCCEEDED leaves the caller's transaction, if any, usable. A split result has no size or sha256 of its own,
-    only its parts' (docs/api.md: API reference, Export options). Raises what asyncpg raises for a lost
+    only its parts' (docs/api.md: Submitting an export, Export options). Raises what asyncpg raises for a lost
     connection, when the outcome is unknown.
     """
     outcome: str = await conn.fetchval(

@@ -1,5 +1,5 @@
 """The message store: the ``conversations``, ``conversation_members`` and ``messages`` tables as the API and
-the admin write and read them, sends, recalls, reads, membership and imports (docs/api.md: API reference, Message
+the admin write and read them, sends, recalls, reads, membership and imports (docs/api.md: Message
 store). What an export reads of the messages is ``export_reader``.
 
 Every function that writes messages first takes the conversation's row lock (``conversations.last_seq``),
@@ -30,7 +30,7 @@ class ConversationNotFound(Exception):
 
 
 class ImportLine(Protocol):
-    """One message to import: the fields of an admin import NDJSON line (docs/api.md: API reference, Message store)."""
+    """One message to import: the fields of an admin import NDJSON line (docs/api.md: Message store)."""
 
     @property
     def message_id(self) -> str: ...
@@ -74,8 +74,8 @@ async def is_member(conn: asyncpg.Connection, *, conversation_id: str, user_id: 
 
 
 async def put_members(conn: asyncpg.Connection, *, conversation_id: str, members: Sequence[str]) -> None:
-    """Create ``conversation_id`` if it is missing and make ``members`` its exact member set (docs/api.md: API
-    reference, Message store).
+    """Create ``conversation_id`` if it is missing and make ``members`` its exact member set (docs/api.md: Message
+    store).
 
     One statement, so it is atomic on its own; repeated ids in ``members`` count once. Members that stay
     keep their ``added_at``.
@@ -110,7 +110,7 @@ class ConversationSummary(Row):
 
 async def conversation_summary(conn: asyncpg.Connection, *, conversation_id: str) -> ConversationSummary | None:
     """The admin view of a conversation, ``(conversation_id, members, last_seq, message_count)``, or None
-    when it does not exist (docs/api.md: API reference, Admin view of a conversation).
+    when it does not exist (docs/api.md: Administration, Admin view of a conversation).
 
     ``members`` are the user ids in code point order; ``last_seq`` is the last seq handed out (recalled
     messages keep theirs); ``message_count`` counts the messages not recalled, by a scan of the
@@ -180,8 +180,9 @@ async def store_message(
     """Store one message with the next seq; return its ``StoredSeq``.
 
     ``sent_at`` is the database's ``now()`` cut to milliseconds, the precision the API and the export file print
-    (docs/api.md: API reference, The file). Raises ``ConversationNotFound`` and ``DuplicateMessageId`` (docs/api.md: API
-    reference, Message store: even when the body is identical); both leave the conversation's ``last_seq`` as it was.
+    (docs/api.md: Submitting an export, The file). Raises ``ConversationNotFound`` and ``DuplicateMessageId``
+    (docs/api.md: Message store: even when the body is identical); both leave the conversation's
+    ``last_seq`` as it was.
     """
     async with conn.transaction():
         # The row lock taken here is held until the (outer) transaction ends: one writer at a time.
@@ -211,7 +212,7 @@ async def store_message(
 
 
 async def recall_message(conn: asyncpg.Connection, *, conversation_id: str, message_id: str, sender_id: str) -> bool:
-    """Mark the message recalled; False unless ``sender_id`` sent it (docs/api.md: API reference, Message store: anyone
+    """Mark the message recalled; False unless ``sender_id`` sent it (docs/api.md: Message store: anyone
     else gets 404).
 
     Recalling again is a no-op that still answers True and keeps the first ``recalled_at``. The row is
@@ -316,7 +317,7 @@ RETURNING last_seq - $2
 async def import_messages(
     conn: asyncpg.Connection, *, conversation_id: str, lines: Sequence[ImportLine]
 ) -> ImportResult:
-    """Store ``lines`` with seqs in line order, skipping message_ids already stored (docs/api.md: API reference, Message
+    """Store ``lines`` with seqs in line order, skipping message_ids already stored (docs/api.md: Message
     store).
 
     A message_id repeated within ``lines`` is stored at its first occurrence and skipped after. A line

@@ -1,5 +1,5 @@
 """The typed row of the view ``operation_representations`` (migration 0004): what the API and the relay's
-callbacks read of an operation to show it (docs/api.md: API reference, Operation; Admin view of an operation).
+callbacks read of an operation to show it (docs/api.md: Operations, Operation; Admin view of an operation).
 """
 
 from __future__ import annotations

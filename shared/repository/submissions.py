@@ -1,4 +1,4 @@
-"""The submit's transaction (docs/api.md: API reference, Submit): the server-side function ``submit_export_v2``
+"""The submit's transaction (docs/api.md: Submitting an export, Submit): the server-side function ``submit_export_v2``
 (migration 0009) checks membership, takes the per-user lock, looks the Idempotency-Key up, applies the quota
 and writes the operation, its idempotency record and its outbox row, in one round trip; called through
 ``submit_export_answered`` (migration 0018), which adds the accepted operation as the status monitor shows

@@ -110,7 +110,7 @@ async def abandoned_cancellations(conn: asyncpg.Connection, *, limit: int) -> li
 async def purge(conn: asyncpg.Connection, *, retention_seconds: int, limit: int) -> list[str]:
     """Delete ended operations created more than ``retention_seconds`` ago, with their idempotency keys,
     attempts and artifacts (cascade); return their ids, whose outbox rows the caller deletes in the same
-    transaction (``outbox.delete_for``). Frees their keys (docs/api.md: API reference, Submit).
+    transaction (``outbox.delete_for``). Frees their keys (docs/api.md: Submitting an export, Submit).
     """
     rows = await conn.fetch(
         """

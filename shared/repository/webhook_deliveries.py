@@ -1,5 +1,5 @@
 """The ``webhook_deliveries`` and ``webhook_attempts`` tables: completion callbacks waiting to be sent,
-and every attempt to send one (docs/api.md: API reference, Completion callbacks). Rows are written by the
+and every attempt to send one (docs/api.md: Completion callbacks). Rows are written by the
 trigger of migration 0006 in the transaction that ends the operation, and by migration 0013's
 ``pause_export_schedule`` in the transaction that pauses a schedule for a reason of the system's (a
 ``schedule.paused`` row names the schedule instead of an operation). The relay claims due ones with a lease
@@ -95,7 +95,7 @@ class Attempt:
 
 def is_delivered(status_code: int | None) -> bool:
     """Whether a receiver's answer ``status_code`` (None: no answer) delivers a callback: any 2xx
-    (docs/api.md: API reference, Completion callbacks).
+    (docs/api.md: Completion callbacks).
     """
     return status_code is not None and 200 <= status_code < 300
 

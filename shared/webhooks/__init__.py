@@ -1,3 +1,3 @@
-"""Completion callbacks (webhooks): where they may go, and how they are signed (docs/api.md: API reference,
+"""Completion callbacks (webhooks): where they may go, and how they are signed (docs/api.md:
 Completion callbacks).
 """

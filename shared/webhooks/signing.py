@@ -3,7 +3,7 @@
 "{id}.{timestamp}.{body}">``, several separated by spaces while a key is being rotated).
 
 Each user has a secret of their own, derived from the deployment's key (HMAC-SHA256 of the user id), so no
-user can sign, and so forge, another user's callbacks; only its owner can read it (docs/api.md: API reference,
+user can sign, and so forge, another user's callbacks; only its owner can read it (docs/api.md:
 Completion callbacks).
 """
 

@@ -1,6 +1,6 @@
 """Where a completion callback may be sent: checked when the export is submitted and again right before each
 delivery, on the resolved addresses, so that a name that later resolves elsewhere (DNS rebinding) is refused
-too (docs/api.md: API reference, Completion callbacks).
+too (docs/api.md: Completion callbacks).
 
 Refused unless ``allow_private`` (a setting for development and tests only): any scheme but https, a URL
 with user information, a name of this machine or its network (``localhost``, ``*.local``, ...), and any
@@ -153,7 +153,7 @@ def normalise_host(host: str, *, bracketed: bool) -> str | IPAddress:
     """What a resolver makes of a URL's ``host`` (lower-cased, brackets removed; ``bracketed`` when the URL
     wrote it in brackets): an address, or an ASCII name without its trailing dot. Raises ``RefusedTarget``.
 
-    In order (docs/api.md: API reference, Completion callbacks): percent-escapes are refused; a bracketed host is
+    In order (docs/api.md: Completion callbacks): percent-escapes are refused; a bracketed host is
     an IPv6 address; any other is mapped by IDNA/UTS 46 (``127。0。0。1`` is ``127.0.0.1``), refused if that
     fails; one trailing dot is removed (two are refused); a host whose last label is a number is an IPv4
     address in any spelling (``parse_ipv4``), else it is a name.

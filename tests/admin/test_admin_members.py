@@ -1,4 +1,4 @@
-"""The admin conversation routes (docs/api.md: API reference, Admin): the member set put whole, and members added and
+"""The admin conversation routes (docs/api.md: Administration, Admin): the member set put whole, and members added and
 removed.
 """
 

@@ -1,6 +1,6 @@
 """The admin view of an operation (``GET /admin/operations/{id}``) and the history behind it: one attempt per claim,
 closed by the write that ends it (docs/states.md: States and failure model, Attempts), and an access event for every
-download attempt and result deletion (docs/api.md: API reference, Access events), on the real Postgres, RabbitMQ and a
+download attempt and result deletion (docs/api.md: Downloads, Access events), on the real Postgres, RabbitMQ and a
 moto server.
 """
 

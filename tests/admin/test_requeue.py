@@ -1,4 +1,4 @@
-"""The admin requeue, FAILED_REPAIR -> QUEUED (docs/api.md: API reference, Admin requeue; docs/states.md: States and
+"""The admin requeue, FAILED_REPAIR -> QUEUED (docs/api.md: Administration, Admin requeue; docs/states.md: States and
 failure model, FAILED_REPAIR, for operators), over HTTP and from the command line.
 """
 
@@ -51,8 +51,8 @@ async def test_requeue_puts_a_parked_operation_back_with_a_fresh_budget(
 
 
 async def test_a_requeued_operation_is_no_longer_done(api: Client, auth: Auth, pool: asyncpg.Pool) -> None:
-    # FAILED_REPAIR is parked, not final: its owner sees done until an operator requeues it (docs/api.md: API
-    # reference, Operation).
+    # FAILED_REPAIR is parked, not final: its owner sees done until an operator requeues it (docs/api.md: Operations,
+    # Operation).
     await parked(pool)
     before = await api.get("/v3/operations/op_1", headers=auth("alice"))
     assert (await before.json())["done"] is True

@@ -48,7 +48,7 @@ SELECT conversation_id, message_id, md5(row(seq, sender_id, body, sent_at)::text
 FROM messages
 """
 # Messages of the operation's range that were stored a second before its submit, yet above its watermark:
-# the watermark is fixed at the first claim, after the submit (docs/api.md: API reference, The file).
+# the watermark is fixed at the first claim, after the submit (docs/api.md: Submitting an export, The file).
 BELOW_WATERMARK_SQL = """
 SELECT count(*) FROM operations o JOIN messages m ON m.conversation_id = o.conversation_id
 WHERE o.operation_id = $1 AND m.seq > o.after_seq AND (o.before_seq IS NULL OR m.seq < o.before_seq)
@@ -592,7 +592,7 @@ def _stored_request(row: asyncpg.Record) -> dict[str, Any]:
 
 
 def _canonical(body: dict[str, Any]) -> dict[str, Any]:
-    """A request body as the operation row stores it (docs/api.md: API reference, Export options)."""
+    """A request body as the operation row stores it (docs/api.md: Submitting an export, Export options)."""
     senders = body.get("senders")
     return {
         "format": body.get("format", "jsonl"),

@@ -208,7 +208,7 @@ def _export(rng: random.Random, conversations: int) -> ExportSpec:
 
 
 def _options(rng: random.Random, big: bool) -> dict[str, Any]:
-    """A request body that uses each export option now and then (docs/api.md: API reference, Export options)."""
+    """A request body that uses each export option now and then (docs/api.md: Submitting an export, Export options)."""
     options: dict[str, Any] = {"format": rng.choice(["jsonl", "jsonl", "csv", "html"])}
     if rng.random() < 0.3:
         options["compression"] = "gzip"

@@ -420,7 +420,7 @@ class Workload:
                 await self._recall_message(cid, sent[index], MEMBERS[index % 2])  # the senders take turns
 
     async def _recall_message(self, cid: str, message_id: str, sender: str) -> None:
-        """``sender`` recalls ``message_id``: only the sender may, member or not (docs/api.md: API reference,
+        """``sender`` recalls ``message_id``: only the sender may, member or not (docs/api.md:
         Message store).
         """
         self.seen.recalls.add((cid, message_id))

@@ -1,5 +1,5 @@
 """The client's export flows against an in-process stand-in for the API that follows its contract (docs/api.md:
-API reference, Export options): split results downloaded part by part and resumed, incremental runs that
+Submitting an export, Export options): split results downloaded part by part and resumed, incremental runs that
 append only what is new and survive a crash between the append and the watermark's save, and the progress
 line's use of the estimate. The same flows against the real API are in
 ``tests/client/test_client.py``.

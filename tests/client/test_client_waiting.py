@@ -1,4 +1,4 @@
-"""The command-line client waits until the API says an operation is done (docs/api.md: API reference, Operation;
+"""The command-line client waits until the API says an operation is done (docs/api.md: Operations, Operation;
 Command-line client): it knows no list of terminal states, so a state it has never heard of ends the wait
 when the representation says ``done``, and keeps it going when it does not.
 """

@@ -1,4 +1,4 @@
-"""Conditional requests on a result (RFC 9110 section 13; docs/api.md: API reference, Conditional downloads)
+"""Conditional requests on a result (RFC 9110 section 13; docs/api.md: Downloads, Conditional downloads)
 through the real API: 304 and 412 with their headers and access events, If-Range deciding between 206 and
 the whole file, and preconditions evaluated only after authorization.
 """
@@ -113,7 +113,7 @@ async def test_preconditions_come_after_authorization(
 
 async def test_repeated_fields_and_dates_out_of_range(api: Client, auth: Auth, pipeline: None) -> None:
     """A singleton field sent twice (``Range``, ``If-Range``, a date) is ignored, the lines of a list field
-    make one list, and no date, however far out, is a 500 (docs/api.md: API reference, Conditional downloads).
+    make one list, and no date, however far out, is a 500 (docs/api.md: Downloads, Conditional downloads).
     """
     url, content = await _published(api, auth)
     etag = f'"{hashlib.sha256(content).hexdigest()}"'

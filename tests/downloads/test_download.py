@@ -1,6 +1,6 @@
-"""Exports that the real relay, worker and janitor run (docs/api.md: API reference, Download; docs/api.md: API
-reference, The file; docs/states.md: States and failure model; docs/retention.md: Retention periods): the download with
-its headers and ranges, refusals after revocation and expiry, cancellation finished by the janitor, the worker's own
+"""Exports that the real relay, worker and janitor run (docs/api.md: Downloads, Download; docs/api.md: Submitting an
+export, The file; docs/states.md: States and failure model; docs/retention.md: Retention periods): the download with its
+headers and ranges, refusals after revocation and expiry, cancellation finished by the janitor, the worker's own
 membership check, and what the file holds.
 """
 

@@ -1,4 +1,4 @@
-"""Downloads that hold a connection long (docs/api.md: API reference, Download slots): one user's cap leaves
+"""Downloads that hold a connection long (docs/api.md: Downloads, Download slots): one user's cap leaves
 others their slots, a transfer below the minimum rate is cut and gives its slot back, and a frozen S3 gets
 the documented 503 within the S3 timeout rather than a minute later.
 """

@@ -1,4 +1,4 @@
-"""Downloads by redirect on the real servers (docs/api.md: API reference, Download by redirect): the same checks
+"""Downloads by redirect on the real servers (docs/api.md: Downloads, Download by redirect): the same checks
 before the 303 as before a streamed file, the presigned URL's parameters, a fresh signature per request, nothing
 of the URL in the logs, and the command-line client fetching from the storage without the token, resuming with
 the storage's ETag. The presigned URLs name a recording proxy in front of moto, which checks no signature.

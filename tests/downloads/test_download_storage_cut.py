@@ -1,4 +1,4 @@
-"""A download whose object stops arriving from S3 half-way (docs/api.md: API reference, Download): the client gets
+"""A download whose object stops arriving from S3 half-way (docs/api.md: Downloads, Download): the client gets
 what was read, then the connection closes, so that it resumes with Range; the API logs the storage failure,
 not an internal error of its own.
 """

@@ -1,4 +1,4 @@
-"""Export options without servers (docs/api.md: API reference, Export options): the canonical request and its
+"""Export options without servers (docs/api.md: Submitting an export, Export options): the canonical request and its
 fingerprint, the renderers, and download file names.
 """
 

@@ -1,5 +1,5 @@
-"""End to end: every export option through the real processes started from the compose file (docs/api.md: API
-reference, Export options).
+"""End to end: every export option through the real processes started from the compose file (docs/api.md: Submitting an
+export, Export options).
 """
 
 from __future__ import annotations

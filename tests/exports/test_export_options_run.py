@@ -1,4 +1,4 @@
-"""Export options run by the real relay, worker and janitor (docs/api.md: API reference, Export options): time
+"""Export options run by the real relay, worker and janitor (docs/api.md: Submitting an export, Export options): time
 windows across a DST change and offsets on both sides of UTC, senders, CSV, HTML, gzip, parts, incremental
 exports, the estimate, and the download headers of each kind of file.
 """
@@ -175,7 +175,7 @@ async def test_a_window_across_a_dst_change_in_any_offset_selects_the_same_insta
         assert operation["request"]["since"] == "2026-03-08T06:30:00.000Z", name
         assert operation["request"]["until"] == "2026-03-08T07:30:00.000Z", name
         operation_ids.add(operation["operation_id"])
-    # The same instants are the same request: one key, one operation (docs/api.md: API reference, Submit).
+    # The same instants are the same request: one key, one operation (docs/api.md: Submitting an export, Submit).
     assert len(operation_ids) == 1
     other = await submit(api, auth, "alice", "c-dst", {"since": "2026-03-08T06:30:00.001Z"}, "k-window")
     await expect_problem(other, 409, "IDEMPOTENCY_KEY_REUSED")

@@ -1,4 +1,4 @@
-"""The export request on its way into Postgres (docs/api.md: API reference, Submit; Rolling deploys): one list of
+"""The export request on its way into Postgres (docs/api.md: Submitting an export, Submit; Rolling deploys): one list of
 fields, each stored in its column by ``submit_export_v2``; the outcomes Postgres can answer; and the submit
 of the previous release, which still works beside the new one.
 """

@@ -1,5 +1,5 @@
-"""The format registry (docs/api.md: API reference, Export options) is the one list of formats: every entry renders,
-names its file, and the message shape is the same in the read API, the JSONL line and the CSV header.
+"""The format registry (docs/api.md: Submitting an export, Export options) is the one list of formats: every entry
+renders, names its file, and the message shape is the same in the read API, the JSONL line and the CSV header.
 """
 
 from __future__ import annotations

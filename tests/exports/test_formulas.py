@@ -1,4 +1,4 @@
-"""The CSV formula rule on its own (docs/api.md: API reference, Export options): which cells get the guard, and
+"""The CSV formula rule on its own (docs/api.md: Submitting an export, Export options): which cells get the guard, and
 that the guard is the only change.
 """
 

@@ -1,5 +1,5 @@
-"""Accepted submissions of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: API reference, Submit;
-docs/api.md: API reference, Idempotency-Key):
+"""Accepted submissions of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: Submitting an export, Submit;
+docs/api.md: Tokens and keys, Idempotency-Key):
 what a 202 promises, idempotent replays, key reuse and expiry, and the active-export quota. No pipeline runs here, so
 every operation stays QUEUED unless the test moves it.
 """

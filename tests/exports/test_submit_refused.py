@@ -1,7 +1,7 @@
-"""Refused submissions of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: API reference, Authentication;
-docs/api.md: API reference, Idempotency-Key; docs/api.md: API reference, Submit): each answers its problem (docs/api.md:
-Error codes) and stores nothing, and the checks run in one fixed order: the key's syntax, the body, membership, then the
-key's reuse.
+"""Refused submissions of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: Tokens and keys, Authentication;
+docs/api.md: Tokens and keys, Idempotency-Key; docs/api.md: Submitting an export, Submit): each answers its problem
+(docs/api.md: Error codes) and stores nothing, and the checks run in one fixed order: the key's syntax, the body,
+membership, then the key's reuse.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The plain-text format ``txt`` (docs/api.md: API reference, Export options): one line per message,
+"""The plain-text format ``txt`` (docs/api.md: Submitting an export, Export options): one line per message,
 ``[2026-03-01 12:30:00.000Z] alice: body`` in UTC, bodies escaped so that ``str.splitlines()`` counts messages
 and the escapes read back to the body.
 """

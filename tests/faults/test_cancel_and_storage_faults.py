@@ -1,4 +1,4 @@
-"""Cancel in every state and racing completion, and S3 outages, on real processes (docs/api.md: API reference,
+"""Cancel in every state and racing completion, and S3 outages, on real processes (docs/api.md: Operations,
 Cancel; States and failure model).
 """
 

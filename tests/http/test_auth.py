@@ -1,4 +1,4 @@
-"""Bearer token verification (docs/api.md: API reference, Authentication)."""
+"""Bearer token verification (docs/api.md: Tokens and keys, Authentication)."""
 
 from __future__ import annotations
 

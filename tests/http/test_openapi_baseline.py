@@ -104,12 +104,12 @@ def _redirect_answers(method: str) -> dict[str, Any]:
 
 
 ADDED: list[tuple[tuple[str, ...], Any]] = [
-    # The representation says whether the operation is finished (docs/api.md: API reference, Operation).
+    # The representation says whether the operation is finished (docs/api.md: Operations, Operation).
     (
         ("components", "schemas", "Operation"),
         {"properties": {"done": {"title": "Done", "type": "boolean"}}, "required": ["done"]},
     ),
-    # The plain-text format (docs/api.md: API reference, Export options): its name, its content type, its file.
+    # The plain-text format (docs/api.md: Submitting an export, Export options): its name, its content type, its file.
     (("components", "schemas", "ExportSubmission", "properties", "format", "enum"), ["txt"]),
     (("components", "schemas", "OperationRequest", "properties", "format", "enum"), ["txt"]),
     (("components", "schemas", "OperationResult", "properties", "content_type", "enum"), ["text/plain; charset=utf-8"]),
@@ -121,7 +121,7 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
         for path in DOWNLOADS
         for status in ("200", "206")
     ),
-    # Downloads by redirect (docs/api.md: API reference, Download by redirect): the query, the 303, the 422.
+    # Downloads by redirect (docs/api.md: Downloads, Download by redirect): the query, the 303, the 422.
     (("components", "schemas", "DownloadQuery"), _DOWNLOAD_QUERY),
     *((("paths", path, method), _redirect_answers(method)) for path in DOWNLOADS for method in ("get", "head")),
     # A 422 lists its first errors and counts them all (docs/api.md: Error codes, Validation problems).
@@ -142,7 +142,7 @@ ADDED: list[tuple[tuple[str, ...], Any]] = [
     (("tags",), [{"name": "schedules"}]),
     *((("paths", path), _DOCUMENT["paths"][path]) for path in SCHEDULE_PATHS),
     *((("components", "schemas", name), _DOCUMENT["components"]["schemas"][name]) for name in SCHEDULE_SCHEMAS),
-    # Conditional polls (docs/api.md: API reference, Conditional polls): the ETag of every operation answer,
+    # Conditional polls (docs/api.md: Operations, Conditional polls): the ETag of every operation answer,
     # If-None-Match and the 304 of the status monitor.
     *(
         (("paths", path, method, "responses", status, "headers", "ETag"), _OPERATION_ETAG)

@@ -1,4 +1,4 @@
-"""The web page (docs/api.md: API reference, Web page) in a real browser: Debian's chromium, headless, driven by
+"""The web page (docs/api.md: Web page) in a real browser: Debian's chromium, headless, driven by
 Selenium through /usr/bin/chromedriver, against the end-to-end system. It exports a conversation, watches
 it finish live, downloads the file, and cancels another export; its files come with a strict CSP. A missing
 browser fails these tests: ``.ci/run`` installs it.
@@ -93,7 +93,7 @@ async def test_export_watch_and_download_in_the_browser(
     done.find_element(By.CSS_SELECTOR, "button.download").click()
 
     operation = await (await live_api.get(f"/v3/operations/{operation_id}", headers=live_auth(user))).json()
-    # The name the download's Content-Disposition gives (docs/api.md: API reference, Download).
+    # The name the download's Content-Disposition gives (docs/api.md: Downloads, Download).
     saved = browser.downloads / f"{cid}-{operation['created_at'][:10]}.jsonl"
     await wait_for(saved.exists, timeout=WAIT_SECONDS)
     assert saved.read_bytes() == content

@@ -1,4 +1,4 @@
-"""The caller's conversations (docs/api.md: API reference, Conversations): only those they are a
+"""The caller's conversations (docs/api.md: Message store, Conversations): only those they are a
 member of, by id, in pages, with the last seq and the time of the newest message not recalled.
 """
 

@@ -1,4 +1,4 @@
-"""The admin import of history (docs/api.md: API reference, Import): seqs in line order, idempotent per message
+"""The admin import of history (docs/api.md: Administration, Import): seqs in line order, idempotent per message
 id, a bad line refuses the whole batch, and its limits, media types and line endings.
 """
 

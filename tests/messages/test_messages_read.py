@@ -1,4 +1,4 @@
-"""Reading a conversation (docs/api.md: API reference, Read): export lines in seq order, pages, and refused queries."""
+"""Reading a conversation (docs/api.md: Message store, Read): export lines in seq order, pages, and refused queries."""
 
 from __future__ import annotations
 

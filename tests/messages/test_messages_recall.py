@@ -1,4 +1,4 @@
-"""Recalling a message (docs/api.md: API reference, Recall): only its sender may, it is marked and never deleted,
+"""Recalling a message (docs/api.md: Message store, Recall): only its sender may, it is marked and never deleted,
 and reads skip it.
 """
 

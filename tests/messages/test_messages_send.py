@@ -1,4 +1,4 @@
-"""Sending a message (docs/api.md: API reference, Send): what is stored and answered, and every refusal, which stores
+"""Sending a message (docs/api.md: Message store, Send): what is stored and answered, and every refusal, which stores
 nothing.
 """
 
@@ -41,7 +41,7 @@ async def test_send_stores_message_and_answers_seq_and_sent_at(
     assert (await second.json())["seq"] == 2
     row = await pool.fetchrow("SELECT sender_id, body, sent_at FROM messages WHERE message_id = 'm-1'")
     assert (row["sender_id"], row["body"]) == ("u-a", "hi")
-    assert row["sent_at"].microsecond % 1000 == 0  # stored at millisecond precision (docs/api.md: API reference, Send)
+    assert row["sent_at"].microsecond % 1000 == 0  # stored at millisecond precision (docs/api.md: Message store, Send)
 
 
 async def test_body_of_exactly_six_utf8_bytes_is_accepted(api: Client, auth: Auth, chat: str) -> None:

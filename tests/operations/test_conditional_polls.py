@@ -1,4 +1,4 @@
-"""Conditional polls (docs/api.md: API reference, Conditional polls): the operation's weak ETag is its version,
+"""Conditional polls (docs/api.md: Operations, Conditional polls): the operation's weak ETag is its version,
 ``If-None-Match`` naming it gets ``304`` with the current ``Retry-After`` and ``Cache-Control``, after the same
 ownership check, and a long poll with ``If-None-Match`` waits only while the caller holds the current version.
 """

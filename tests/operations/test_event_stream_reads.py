@@ -1,4 +1,4 @@
-"""An event stream outlives a read the database cannot answer (docs/api.md: API reference, Waiting for a change):
+"""An event stream outlives a read the database cannot answer (docs/api.md: Operations, Waiting for a change):
 its answer has begun, so it cannot turn into a 503; it reads again at its next check and goes on.
 """
 

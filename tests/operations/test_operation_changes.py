@@ -1,4 +1,4 @@
-"""The API's listener for operation changes (docs/api.md: API reference, Waiting for a change) outlives a database
+"""The API's listener for operation changes (docs/api.md: Operations, Waiting for a change) outlives a database
 that refuses its connections for a while, whatever the refusal, and listens again once it is allowed; waiters
 woken together share one read of their operation.
 """

@@ -1,5 +1,5 @@
-"""The status monitor and cancel without a pipeline (docs/api.md: API reference, Operation; docs/api.md: API reference,
-List; docs/api.md: API reference, Cancel; docs/states.md: States and failure model): the representation, who may see it,
+"""The status monitor and cancel without a pipeline (docs/api.md: Operations, Operation; docs/api.md: Operations,
+List; docs/api.md: Operations, Cancel; docs/states.md: States and failure model): the representation, who may see it,
 the list, and cancel from the states an operation can be in. State changes that only a worker or the janitor makes are
 written into Postgres directly, as they would have left them.
 """

@@ -1,4 +1,4 @@
-"""Progress phases are one enumeration (docs/api.md: API reference, Operation): the phases the repository and
+"""Progress phases are one enumeration (docs/api.md: Operations, Operation): the phases the repository and
 the migrations' functions write in SQL, the ones the API reference lists and the API's schema all name members
 of ``shared.phases.Phase``.
 """

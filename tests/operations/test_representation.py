@@ -1,4 +1,4 @@
-"""The operation's representation and its response model are one shape (docs/api.md: API reference, Operation): in
+"""The operation's representation and its response model are one shape (docs/api.md: Operations, Operation): in
 every state, ``represent`` of a real row of the view validates against ``schemas.Operation`` (which forbids a
 member it does not declare), the model declares no member that no representation shows, and ``done`` is true
 exactly in the terminal states.

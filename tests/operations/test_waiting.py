@@ -1,4 +1,4 @@
-"""Waiting for a change without polling (docs/api.md: API reference, Waiting for a change): the long poll of
+"""Waiting for a change without polling (docs/api.md: Operations, Waiting for a change): the long poll of
 ``GET /v3/operations/{id}?wait=N`` and the event stream of ``GET /v3/operations/{id}/events``, woken by the
 LISTEN of the API process and by nothing else; their caps, their release when the client goes, and shutdown.
 Changes are made with plain UPDATEs: the trigger of migration 0005 announces them as any transition would.

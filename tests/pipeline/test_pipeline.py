@@ -48,7 +48,7 @@ async def test_export_matches_the_read_api_byte_for_byte(
     replay = await submit(api, auth, "alice", "c-a", {"format": "jsonl"}, "key-1")
     assert replay.status == 202
     assert replay.headers["Idempotent-Replayed"] == "true"
-    assert "Retry-After" not in replay.headers  # only while non-terminal (docs/api.md: API reference, Operation)
+    assert "Retry-After" not in replay.headers  # only while non-terminal (docs/api.md: Operations, Operation)
     download = await api.get(operation["result"]["url"], headers=auth("alice"))
     assert download.status == 200
     content = await download.read()

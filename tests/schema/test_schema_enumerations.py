@@ -1,7 +1,7 @@
 """The enumerations the database knows are those of the code: in a migrated database, the CHECK constraints
 list exactly the states of ``shared.states`` and the formats and compressions of ``shared.formats``, the sets
 of states in index predicates and triggers are the sets ``shared.states`` names, and every state a function
-names is a state (docs/states.md: States and failure model; docs/api.md: API reference, Export options).
+names is a state (docs/states.md: States and failure model; docs/api.md: Submitting an export, Export options).
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def verified_callback(secret: str, headers: dict[str, str], body: bytes) -> dict
 
 
 def expected_file(messages: list[dict[str, Any]]) -> bytes:
-    """The export file of ``messages`` as the read API gave them (docs/api.md: API reference, The file)."""
+    """The export file of ``messages`` as the read API gave them (docs/api.md: Submitting an export, The file)."""
     return b"".join(jsontext.dumps(message, separators=(",", ":")).encode() + b"\n" for message in messages)
 
 

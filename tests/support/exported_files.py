@@ -1,5 +1,5 @@
 """What an exported file holds, read back the way its users read it: CSV with Python's csv module, HTML with
-an HTML parser (docs/api.md: API reference, Export options).
+an HTML parser (docs/api.md: Submitting an export, Export options).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import io
 import re
 from html.parser import HTMLParser
 
-# Cells a spreadsheet would run, each of which the CSV holds with a leading ' (docs/api.md: API reference, Export
+# Cells a spreadsheet would run, each of which the CSV holds with a leading ' (docs/api.md: Submitting an export, Export
 # options): the signs, tab, CR and the guard itself first, then a sign behind a space, a no-break space, a
 # line feed, a zero-width space or a BOM, and the full-width sign that NFKC folds to "=".
 FORMULAS = [

@@ -123,7 +123,8 @@ class Faulty:
         return digest
 
     async def expected(self, user: str, cid: str, *, after_seq: int = 0, before_seq: int | None = None) -> bytes:
-        """The file an export of ``cid`` must hold, built from the read API (docs/api.md: API reference, The file)."""
+        """The file an export of ``cid`` must hold, built from the read API (docs/api.md: Submitting an export, The
+        file)."""
         messages = await read_all(self.http, self.auth, user, cid)
         return expected_file(
             [m for m in messages if m["seq"] > after_seq and (before_seq is None or m["seq"] < before_seq)]

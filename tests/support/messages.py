@@ -1,4 +1,4 @@
-"""Helpers of the message store tests (docs/api.md: API reference, Message store): sends, reads and imports as the
+"""Helpers of the message store tests (docs/api.md: Message store): sends, reads and imports as the
 API takes them, the rows they leave, and another instance of the app with some settings changed.
 """
 

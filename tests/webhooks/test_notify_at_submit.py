@@ -1,4 +1,4 @@
-"""The callback URL at submit (docs/api.md: API reference, Completion callbacks): a URL that may not receive
+"""The callback URL at submit (docs/api.md: Completion callbacks): a URL that may not receive
 callbacks is a 422 that quotes nothing of it and stores nothing, and ``notify`` is part of the request's
 fingerprint only when present.
 """

@@ -1,4 +1,4 @@
-"""The relay's callback loop outlives the database's transient errors (docs/api.md: API reference, Completion
+"""The relay's callback loop outlives the database's transient errors (docs/api.md: Completion
 callbacks): a batch that fails because the database restarted is tried again at the next poll, and the relay
 process, whose loops share one task group, keeps running.
 """

@@ -1,4 +1,4 @@
-"""Standard Webhooks signatures and per-user secrets (docs/api.md: API reference, Completion callbacks)."""
+"""Standard Webhooks signatures and per-user secrets (docs/api.md: Completion callbacks)."""
 
 from __future__ import annotations
 

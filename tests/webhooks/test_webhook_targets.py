@@ -1,4 +1,4 @@
-"""Where completion callbacks may go (docs/api.md: API reference, Completion callbacks): https to public
+"""Where completion callbacks may go (docs/api.md: Completion callbacks): https to public
 addresses only, whatever the spelling of a private one. The verdicts come from the module's own table, so
 they are the same on every Python patch release (whose ``is_global`` answers changed).
 """

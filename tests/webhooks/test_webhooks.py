@@ -1,4 +1,4 @@
-"""Completion callbacks end to end on the real API, relay, worker and janitor (docs/api.md: API reference,
+"""Completion callbacks end to end on the real API, relay, worker and janitor (docs/api.md:
 Completion callbacks): a signed message at a local receiver when the export ends, delivered again after
 the receiver was down, every attempt shown to operators; the URL rules at delivery, whatever the spelling;
 the egress proxy that decides instead of the relay, whose password no log line shows; each user's secret;

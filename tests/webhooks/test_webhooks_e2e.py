@@ -1,4 +1,4 @@
-"""Completion callbacks on the real processes (docs/api.md: API reference, Completion callbacks): an export's
+"""Completion callbacks on the real processes (docs/api.md: Completion callbacks): an export's
 callback reaches a local receiver that was down when the export ended, signed with the owner's secret.
 This system of its own allows private addresses (a setting for development and tests only), so that the
 receiver can listen on this machine. Another, with the private addresses refused, sends its callbacks

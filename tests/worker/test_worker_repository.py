@@ -81,7 +81,7 @@ async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(c
     await expire_lease(conn)
     second = await claim(conn, "w2")
     assert (second.generation, second.attempt, second.took_over) == (2, 2, True)
-    # Fixed by the first attempt, reused by every retry (docs/api.md: API reference, Operation).
+    # Fixed by the first attempt, reused by every retry (docs/api.md: Operations, Operation).
     assert second.snapshot_max_seq == 7
 
 

@@ -1,5 +1,5 @@
 """Operation changes for long polls and event streams: one Postgres ``LISTEN`` per API process on a
-connection of its own, fanned out in memory to the requests that wait (docs/api.md: API reference, Waiting for a
+connection of its own, fanned out in memory to the requests that wait (docs/api.md: Operations, Waiting for a
 change).
 
 The trigger of migration 0005 announces every change a client can see as ``<operation_id> <version>

@@ -1,4 +1,4 @@
-"""Which stored file a download serves, and how it is named (docs/api.md: API reference, Download; Export options)."""
+"""Which stored file a download serves, and how it is named (docs/api.md: Downloads, Download; Export options)."""
 
 from __future__ import annotations
 

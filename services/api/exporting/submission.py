@@ -1,4 +1,4 @@
-"""Submitting an export (docs/api.md: API reference, Submit): membership, idempotency, quota, and the one
+"""Submitting an export (docs/api.md: Submitting an export, Submit): membership, idempotency, quota, and the one
 transaction that creates it (``shared.repository.submissions``), and how each of its outcomes is answered.
 """
 
@@ -25,7 +25,8 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 QUOTA_RETRY_AFTER_SECONDS = 10
-# The 202's Retry-After, also on a replay: a new export may end within a second (docs/api.md: API reference, Submit).
+# The 202's Retry-After, also on a replay: a new export may end within a second (docs/api.md: Submitting an export,
+# Submit).
 FIRST_POLL_AFTER_SECONDS = 1
 
 
@@ -80,7 +81,8 @@ async def submit(
 
 
 def _answer(result: SubmitResult, settings: Settings) -> AcceptedSubmission:
-    """Every outcome's answer and count, in one place (docs/api.md: API reference, Submit; docs/api.md: Error codes)."""
+    """Every outcome's answer and count, in one place (docs/api.md: Submitting an export, Submit; docs/api.md: Error
+    codes)."""
     match result.outcome:
         case SubmitOutcome.CREATED | SubmitOutcome.REPLAYED:
             assert result.accepted is not None

@@ -1,4 +1,4 @@
-"""Streaming a download to a client that may read slowly or not at all (docs/api.md: API reference, Download
+"""Streaming a download to a client that may read slowly or not at all (docs/api.md: Downloads, Download
 slots).
 
 Two limits end a transfer: no data accepted for ``write_timeout`` seconds, and fewer than

@@ -1,5 +1,5 @@
 """Waiting for an operation to change without polling: the long poll of ``GET /v3/operations/{id}?wait=N``
-and the event stream of ``GET /v3/operations/{id}/events`` (docs/api.md: API reference, Waiting for a change).
+and the event stream of ``GET /v3/operations/{id}/events`` (docs/api.md: Operations, Waiting for a change).
 
 Both subscribe to the process's ``OperationChanges`` before they read the operation, so no change can slip
 between the read and the wait, and both hold one of the caller's wait slots and are counted in
@@ -42,7 +42,7 @@ PROGRESS_INTERVAL_SECONDS = 0.5
 @dataclass(frozen=True)
 class Reader:
     """Reads one operation as ``owner_id`` may see it: None when it is missing or someone else's (the status
-    monitor's authorization, docs/api.md: API reference, Operation). ``key`` names what it reads, so that
+    monitor's authorization, docs/api.md: Operations, Operation). ``key`` names what it reads, so that
     waiters woken together share one read (``OperationChanges.read``).
     """
 
@@ -86,7 +86,7 @@ async def wait_for_state_change(
     """The operation ``read`` returns, once its state differs from the one it had on arrival, at once when
     that is terminal, else after ``wait_seconds``; progress alone does not end the wait. A conditional poll
     passes ``known``, which tells whether the caller holds a row's version (its ``If-None-Match``): one that
-    does not hold the version on arrival is answered at once (docs/api.md: API reference, Conditional
+    does not hold the version on arrival is answered at once (docs/api.md: Operations, Conditional
     polls). Raises what ``watching`` raises.
     """
     row = await read_or_404(read)
@@ -141,7 +141,7 @@ async def operation_events(
     at most every ``PROGRESS_INTERVAL_SECONDS``; it ends after a terminal state, on shutdown or when the
     client goes. A None between them asks for a heartbeat, every ``event_heartbeat_seconds``. A read the
     database cannot answer is tried again every ``READ_RETRY_SECONDS`` meanwhile. The rule: docs/api.md:
-    API reference, Waiting for a change.
+    Operations, Waiting for a change.
     """
     heartbeat = request.app[SETTINGS].event_heartbeat_seconds
     loop = asyncio.get_running_loop()

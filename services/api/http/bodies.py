@@ -24,7 +24,7 @@ from services.api.http.schemas import EmptyQuery, EmptyRequest
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 JSON_MEDIA_TYPE = "application/json"
-# The most an action that takes no input reads of a body, which may only be ``{}`` (docs/api.md: API reference,
+# The most an action that takes no input reads of a body, which may only be ``{}`` (docs/api.md: Operations,
 # Cancel): 1 KiB leaves room for whitespace and nothing else.
 EMPTY_BODY_MAX_BYTES = 1024
 # What ``read_model`` can answer, in the order it checks.
@@ -199,7 +199,7 @@ def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
 async def read_empty_input(request: web.Request) -> None:
     """Check the input of an action that takes none (a cancel, a requeue, a schedule's pause and resume): a
     body, if sent, must be ``{}`` as JSON of at most ``EMPTY_BODY_MAX_BYTES``, and the query string must be
-    empty (docs/api.md: API reference, Cancel). Raises ``ProblemError`` as ``read_model`` does, then 422 for
+    empty (docs/api.md: Operations, Cancel). Raises ``ProblemError`` as ``read_model`` does, then 422 for
     any query parameter, so that the body's checks keep their documented order.
     """
     await read_model(request, EmptyRequest, max_bytes=EMPTY_BODY_MAX_BYTES, allow_empty=True)
@@ -244,8 +244,8 @@ def _message(error: Any) -> str:
 
 
 def check_body_bytes(body: str, *, max_bytes: int, loc: list[Any]) -> None:
-    """Raise ``ProblemError`` 422 at ``loc`` when a message ``body`` is over ``max_bytes`` UTF-8 bytes (docs/api.md: API
-    reference, Send; docs/api.md: API reference, Import).
+    """Raise ``ProblemError`` 422 at ``loc`` when a message ``body`` is over ``max_bytes`` UTF-8 bytes (docs/api.md:
+    Message store, Send; docs/api.md: Administration, Import).
     """
     if len(body.encode("utf-8")) > max_bytes:
         raise validation_failed([{"loc": loc, "msg": f"must be at most {max_bytes} UTF-8 bytes"}])

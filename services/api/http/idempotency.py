@@ -1,4 +1,4 @@
-"""The ``Idempotency-Key`` header (docs/api.md: API reference, Submit)."""
+"""The ``Idempotency-Key`` header (docs/api.md: Submitting an export, Submit)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ DOWNLOADS = Counter(
     ["outcome"],
 )
 
-# The requests that wait for an operation to change (docs/api.md: API reference, Waiting for a change).
+# The requests that wait for an operation to change (docs/api.md: Operations, Waiting for a change).
 WaitKind = Literal["long_poll", "event_stream"]
 WAITING_REQUESTS = Gauge(
     "chatexport_api_waiting_requests",

@@ -1,4 +1,4 @@
-"""Request middlewares: problem rendering and bearer authentication (docs/api.md: API reference, Authentication;
+"""Request middlewares: problem rendering and bearer authentication (docs/api.md: Tokens and keys, Authentication;
 Error codes).
 """
 
@@ -189,7 +189,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 def _authorization(request: web.Request) -> str | None:
     """The one ``Authorization`` field's value; raises ``InvalidToken`` when there are several, since
-    intermediaries disagree on which one counts (docs/api.md: API reference, Authentication).
+    intermediaries disagree on which one counts (docs/api.md: Tokens and keys, Authentication).
     """
     try:
         return only_field(request.headers, "Authorization")

@@ -1,5 +1,5 @@
 """Keyset pages: of operations, newest first, shared by the user's list (``GET /v3/operations``) and the admin
-list (``GET /admin/operations``) (docs/api.md: API reference, List); of export schedules and of a schedule's runs,
+list (``GET /admin/operations``) (docs/api.md: Operations, List); of export schedules and of a schedule's runs,
 newest first (docs/api.md: Export schedules); and of the caller's conversations, by id (``GET /v2/conversations``).
 
 A page is read with one row more than asked: that row only tells whether another page follows. The cursor

@@ -4,7 +4,7 @@ the status monitor's ``If-None-Match`` shares.
 
 A result never changes once published (its key, size and sha256 are fixed with SUCCEEDED), so its ETag
 (the quoted sha256) and its ``Last-Modified`` (the second it was published) are both strong validators
-(docs/api.md: API reference, Conditional downloads).
+(docs/api.md: Downloads, Conditional downloads).
 """
 
 from __future__ import annotations

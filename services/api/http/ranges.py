@@ -1,4 +1,4 @@
-"""Single byte ranges of RFC 9110 section 14 for downloads (docs/api.md: API reference, Download)."""
+"""Single byte ranges of RFC 9110 section 14 for downloads (docs/api.md: Downloads, Download)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def rendered_operation(row: OperationView) -> str:
 
 
 def operation_etag(row: OperationView) -> str:
-    """The operation's weak ``ETag``, ``W/"<version>"`` (docs/api.md: API reference, Conditional polls): every
+    """The operation's weak ``ETag``, ``W/"<version>"`` (docs/api.md: Operations, Conditional polls): every
     field of the representation bumps the version, but ``next_poll_after_seconds`` grows with age at one
     version, so the tag is weak (RFC 9110 section 8.8.1).
     """

@@ -64,7 +64,7 @@ def _clean_text(value: str) -> str:
 CleanText = Annotated[StrictStr, AfterValidator(_clean_text)]
 Identifier = Annotated[StrictStr, Field(pattern=f"^{ID_PATTERN}$")]
 MessageId = Annotated[CleanText, Field(min_length=1, max_length=64)]
-# The byte limit depends on the route and the settings; the views check it (docs/api.md: API reference, Message store).
+# The byte limit depends on the route and the settings; the views check it (docs/api.md: Message store).
 # The length bound comes before the text check so that its message speaks of characters, not "items".
 MessageBody = Annotated[StrictStr, Field(min_length=1), AfterValidator(_clean_text)]
 
@@ -131,7 +131,7 @@ class StrictModel(BaseModel):
 
 
 class NotifyTarget(StrictModel):
-    """Where to send the completion callback (docs/api.md: API reference, Completion callbacks)."""
+    """Where to send the completion callback (docs/api.md: Completion callbacks)."""
 
     url: Annotated[StrictStr, Field(min_length=1, max_length=900)]
 
@@ -147,7 +147,7 @@ else:
 
 
 class ExportOptions(StrictModel):
-    """The export options a submit and a schedule take alike, with their callback (docs/api.md: API reference,
+    """The export options a submit and a schedule take alike, with their callback (docs/api.md: Submitting an export,
     Export options; docs/api.md: Export schedules).
     """
 
@@ -179,7 +179,7 @@ class ExportOptions(StrictModel):
 
 
 class ExportSubmission(ExportOptions):
-    """Body of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: API reference, Submit; Export options)."""
+    """Body of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: Submitting an export, Submit; Export options)."""
 
     before_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
     until: Instant | None = ABSENT_PARAMETER
@@ -187,7 +187,8 @@ class ExportSubmission(ExportOptions):
     @model_validator(mode="after")
     def _range_not_empty_by_construction(self) -> ExportSubmission:
         # Checked after defaults, so {"before_seq": 1} and {"before_seq": 1, "after_seq": 0}, which are the
-        # same canonical request (docs/api.md: API reference, Submit), are judged alike: both describe an empty range.
+        # same canonical request (docs/api.md: Submitting an export, Submit), are judged alike: both describe an empty
+        # range.
         if self.before_seq is not None and not self.after_seq < self.before_seq - 1:
             raise PydanticCustomError("seq_range", "after_seq must be less than before_seq - 1")
         return self
@@ -235,14 +236,14 @@ class EmptyRequest(StrictModel):
 
 
 class MessageSubmission(StrictModel):
-    """Body of ``POST /v2/conversations/{cid}/messages`` (docs/api.md: API reference, Message store)."""
+    """Body of ``POST /v2/conversations/{cid}/messages`` (docs/api.md: Message store)."""
 
     message_id: MessageId
     body: MessageBody
 
 
 class MessagePageQuery(StrictModel):
-    """Query of ``GET /v2/conversations/{cid}/messages`` (docs/api.md: API reference, Message store: ``limit <=
+    """Query of ``GET /v2/conversations/{cid}/messages`` (docs/api.md: Message store: ``limit <=
     1000``)."""
 
     after_seq: Annotated[int, Field(ge=0, le=MAX_SEQ), QUERY_DIGITS] = 0
@@ -250,7 +251,7 @@ class MessagePageQuery(StrictModel):
 
 
 class ConversationListQuery(StrictModel):
-    """Query of ``GET /v2/conversations?limit=&cursor=`` (docs/api.md: API reference, Message store)."""
+    """Query of ``GET /v2/conversations?limit=&cursor=`` (docs/api.md: Message store)."""
 
     limit: Annotated[int, Field(ge=1, le=MAX_CONVERSATIONS_PAGE), QUERY_DIGITS] = 50
     cursor: str | SkipJsonSchema[None] = ABSENT
@@ -262,7 +263,7 @@ PageCursor = str | SkipJsonSchema[None]
 
 
 class OperationListQuery(StrictModel):
-    """Query of ``GET /v3/operations?state=&limit=&cursor=`` (docs/api.md: API reference, Operation)."""
+    """Query of ``GET /v3/operations?state=&limit=&cursor=`` (docs/api.md: Operations, Operation)."""
 
     state: State | None = ABSENT_PARAMETER
     limit: PageLimit = 20
@@ -284,7 +285,7 @@ class EmptyQuery(StrictModel):
 
 class OperationQuery(StrictModel):
     """Query of ``GET /v3/operations/{id}?wait=``: ``wait`` seconds (1-60) to wait for the state to change
-    (docs/api.md: API reference, Waiting for a change).
+    (docs/api.md: Operations, Waiting for a change).
     """
 
     wait: Annotated[int, Field(ge=1, le=MAX_WAIT_SECONDS), QUERY_DIGITS] | None = ABSENT_PARAMETER
@@ -292,7 +293,7 @@ class OperationQuery(StrictModel):
 
 class DownloadQuery(StrictModel):
     """Query of a download (the result, or a part): ``delivery=redirect`` asks for a ``303`` to a presigned
-    storage URL instead of the file, ``stream`` (the default) for the file itself (docs/api.md: API reference,
+    storage URL instead of the file, ``stream`` (the default) for the file itself (docs/api.md: Downloads,
     Download by redirect).
     """
 
@@ -301,7 +302,7 @@ class DownloadQuery(StrictModel):
 
 class AdminOperationListQuery(OperationListQuery):
     """Query of ``GET /admin/operations``: the user list's parameters, with the owner and the conversation
-    as filters besides the state (docs/api.md: API reference, Admin list of operations).
+    as filters besides the state (docs/api.md: Administration, Admin list of operations).
     """
 
     conversation_id: Identifier | None = ABSENT_PARAMETER
@@ -309,14 +310,14 @@ class AdminOperationListQuery(OperationListQuery):
 
 
 class MemberSet(StrictModel):
-    """Body of ``PUT /admin/conversations/{cid}``: the complete member set (docs/api.md: API reference, Message
+    """Body of ``PUT /admin/conversations/{cid}``: the complete member set (docs/api.md: Message
     store)."""
 
     members: Annotated[list[Identifier], Field(max_length=MAX_MEMBERS)]
 
 
 class ImportedMessage(StrictModel):
-    """One NDJSON line of ``POST /admin/conversations/{cid}/messages:import`` (docs/api.md: API reference, Message
+    """One NDJSON line of ``POST /admin/conversations/{cid}/messages:import`` (docs/api.md: Message
     store).
 
     ``sent_at`` absent or null: the time of the import.
@@ -328,7 +329,7 @@ class ImportedMessage(StrictModel):
     sent_at: Timestamp | None = None
 
 
-# Response models (docs/api.md: Error codes; docs/api.md: API reference, Message store; docs/api.md: API reference,
+# Response models (docs/api.md: Error codes; docs/api.md: Message store; docs/api.md: Operations,
 # Operation). Field order is the order the views write.
 
 TimestampText = Annotated[
@@ -336,7 +337,8 @@ TimestampText = Annotated[
     Field(
         pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$",
         json_schema_extra={"format": "date-time"},
-        description="RFC 3339 in UTC with millisecond precision and a Z suffix (docs/api.md: API reference, The file).",
+        description="RFC 3339 in UTC with millisecond precision and a Z suffix"
+        " (docs/api.md: Submitting an export, The file).",
     ),
 ]
 Seq = Annotated[int, Field(ge=1, le=MAX_SEQ)]
@@ -372,8 +374,8 @@ class Problem(StrictModel):
 
 
 class Message(StrictModel):
-    """A stored message as the read API shows it, identical to a line of the export file (docs/api.md: API reference,
-    The file)."""
+    """A stored message as the read API shows it, identical to a line of the export file (docs/api.md: Submitting an
+    export, The file)."""
 
     conversation_id: str
     seq: Seq
@@ -425,7 +427,7 @@ class RecalledMessage(StrictModel):
 
 class OperationRequest(StrictModel):
     """The export request after defaults: the canonical request without user, conversation and callback (docs/api.md:
-    API reference, Submit; Export options)."""
+    Submitting an export, Submit; Export options)."""
 
     format: FormatName
     before_seq: Seq | None
@@ -438,14 +440,14 @@ class OperationRequest(StrictModel):
 
 
 class Estimate(StrictModel):
-    """An upper bound of the messages the file will hold, null until it is known (docs/api.md: API reference,
+    """An upper bound of the messages the file will hold, null until it is known (docs/api.md: Operations,
     Operation)."""
 
     messages_at_most: Count | None
 
 
 class Progress(StrictModel):
-    """What a worker measured: a phase name and counts, never a percentage or an ETA (docs/api.md: API reference,
+    """What a worker measured: a phase name and counts, never a percentage or an ETA (docs/api.md: Operations,
     Operation).
     """
 
@@ -504,7 +506,7 @@ class OperationLinks(StrictModel):
 
 
 class Operation(StrictModel):
-    """The status monitor of one export (docs/api.md: API reference, Operation); ``next_poll_after_seconds`` only while
+    """The status monitor of one export (docs/api.md: Operations, Operation); ``next_poll_after_seconds`` only while
     not terminal."""
 
     operation_id: str

@@ -4,7 +4,7 @@ aiohttp's HTTP parser refuses such requests (a malformed request line, an invali
 8190 bytes, a bad chunk) before any route or middleware sees them, and ``RequestHandler.handle_error``
 answers them with a plain-text 400 that quotes the offending line back and logs it with a traceback.
 Here they get an RFC 9457 problem with a stable ``code`` and a log line naming only the parser error's class
-(docs/api.md: API reference, Requests that break HTTP itself).
+(docs/api.md: Every request, Requests that break HTTP itself).
 
 aiohttp builds one ``RequestHandler`` per connection from the ``web.Server`` that ``AppRunner`` makes, so
 ``ApiRunner`` switches that server to ``_ProblemServer``, whose handlers are ``_ProblemRequestHandler``. Both

@@ -1,5 +1,5 @@
 """Bounds on long-held connections (downloads, long polls and event streams): so many per process, and fewer
-per user, so that one user can never hold every slot (docs/api.md: API reference, Download slots; Waiting for a
+per user, so that one user can never hold every slot (docs/api.md: Downloads, Download slots; Waiting for a
 change). Every refusal is counted (docs/monitoring.md: Monitoring).
 """
 

@@ -1,4 +1,4 @@
-// The page of chatexport (docs/api.md: API reference, Web page). It talks to the API with fetch only: the token
+// The page of chatexport (docs/api.md: Web page). It talks to the API with fetch only: the token
 // pasted in lives in this script's memory and travels in the Authorization header, never in a URL; the
 // event stream is read with fetch; a result is fetched and saved as a blob. Everything shown is set as
 // text (textContent), never parsed as HTML.
@@ -118,7 +118,7 @@ async function watch(id) {
   } catch (error) {
     // The stream is a hint: when it cannot be had, poll the status monitor as it asks, sending the version
     // shown, so that an unchanged operation answers 304 with no body
-    // (docs/api.md: API reference, Conditional polls).
+    // (docs/api.md: Operations, Conditional polls).
     let operation = null;
     let etag = null;
     for (;;) {

@@ -1,4 +1,4 @@
-"""Admin routes: member sets and history import (docs/api.md: API reference, Message store), the requeue of a parked
+"""Admin routes: member sets and history import (docs/api.md: Message store), the requeue of a parked
 operation (docs/states.md: States and failure model), the admin view of an operation, the list of every user's
 operations and the view of a conversation.
 
@@ -192,7 +192,7 @@ async def list_operations(request: web.Request) -> web.Response:
     ``["query", name]``); ``{"operations": [...], "next_cursor": str | null}``, ``Cache-Control: no-store``.
 
     Each item is the admin view of ``get_operation`` without its attempts, artifacts and access events,
-    so that a page is at most ``limit`` rows whatever the operations' histories (docs/api.md: API reference,
+    so that a page is at most ``limit`` rows whatever the operations' histories (docs/api.md: Administration,
     Admin list of operations).
     """
     query = validate_query(AdminOperationListQuery, request)

@@ -65,7 +65,7 @@ DOWNLOAD_CHUNK_BYTES = 256 * 1024
 
 
 async def submit_export(request: web.Request) -> web.Response:
-    """``POST /v3/conversations/{cid}/exports``: checks in the documented order (docs/api.md: API reference,
+    """``POST /v3/conversations/{cid}/exports``: checks in the documented order (docs/api.md: Submitting an export,
     Submit), then 202.
     """
     validate_query(EmptyQuery, request)
@@ -87,7 +87,7 @@ async def submit_export(request: web.Request) -> web.Response:
     return operation_response(row, status=202, poll_after_seconds=FIRST_POLL_AFTER_SECONDS, **headers)
 
 
-# Download refusals (docs/api.md: API reference, Download), by state, in the order they are checked.
+# Download refusals (docs/api.md: Downloads, Download), by state, in the order they are checked.
 _STATE_REFUSALS: dict[str, tuple[str, str]] = {
     State.EXPIRED: ("RESULT_EXPIRED", "The result's retention has ended and the file was deleted."),
     State.CANCELED: ("RESULT_NOT_AVAILABLE", "The export was canceled; it has no result."),
@@ -109,20 +109,20 @@ def checked_notify_url(url: str, settings: Settings) -> str:
 
 
 async def download_result(request: web.Request) -> web.StreamResponse:
-    """``GET /v3/exports/{id}/result``: the file of a result that is not split (docs/api.md: API reference,
+    """``GET /v3/exports/{id}/result``: the file of a result that is not split (docs/api.md: Downloads,
     Download)."""
     return await _download(request, part_number=None)
 
 
 async def download_part(request: web.Request) -> web.StreamResponse:
     """``GET /v3/exports/{id}/result/parts/{number}``: one part of a split result, by the same rules as
-    ``download_result`` (docs/api.md: API reference, Export options).
+    ``download_result`` (docs/api.md: Submitting an export, Export options).
     """
     return await _download(request, part_number=request.match_info["number"])
 
 
 async def _download(request: web.Request, *, part_number: str | None) -> web.StreamResponse:
-    """The checks of Download (docs/api.md: API reference, Download), then the preconditions of RFC 9110 section 13
+    """The checks of Download (docs/api.md: Downloads, Download), then the preconditions of RFC 9110 section 13
     (304, 412, ``If-Range``), then the file (``part_number`` of a split result, or the single file) streamed from S3.
 
     Every attempt is recorded as an access event with the caller's user id, also for an operation that is
@@ -164,7 +164,7 @@ async def _download(request: web.Request, *, part_number: str | None) -> web.Str
 
 
 async def _redirect(request: web.Request, file: ResultFile) -> web.Response:
-    """``303 See Other`` to a presigned URL of ``file`` (docs/api.md: API reference, Download by redirect). The
+    """``303 See Other`` to a presigned URL of ``file`` (docs/api.md: Downloads, Download by redirect). The
     URL is a credential until it expires: it is in the ``Location`` header only, never in a log line, an
     access event or a metric, and the answer is neither stored nor named in a referrer.
     """
@@ -276,7 +276,7 @@ async def _copy(request: web.Request, body: Any, response: web.StreamResponse) -
         return False
     except STORAGE_READ_ERRORS as exc:
         # The status line and part of the file are sent: closing the connection is the only honest end. The
-        # client sees a short body and resumes with Range and If-Range (docs/api.md: API reference, Download).
+        # client sees a short body and resumes with Range and If-Range (docs/api.md: Downloads, Download).
         log.error("result unreadable mid-transfer", extra={"route": request.path, "error": type(exc).__name__})
         if request.transport is not None:
             request.transport.close()
@@ -382,7 +382,8 @@ _VALIDATORS = {
     "Last-Modified": header("When the result was published (IMF-fixdate).", {"type": "string"}, required=True),
 }
 
-# The file in each format of the registry, and gzip-compressed (docs/api.md: API reference, The file; Export options).
+# The file in each format of the registry, and gzip-compressed (docs/api.md: Submitting an export, The file; Export
+# options).
 _FILE_CONTENT = {
     **{
         entry.content_type: {"schema": {"type": "string", "description": entry.description}}

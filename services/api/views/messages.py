@@ -1,6 +1,6 @@
-"""The message store for members: send, read and recall (docs/api.md: API reference, Message store).
+"""The message store for members: send, read and recall (docs/api.md: Message store).
 
-Checks run in the documented order (docs/api.md: API reference, Message store): the token (middleware), then the request
+Checks run in the documented order (docs/api.md: Message store): the token (middleware), then the request
 itself (415 / 413 / 400 / 422), then membership (404, identical for a missing conversation), then the store (409).
 """
 
@@ -80,7 +80,7 @@ async def send_message(request: web.Request) -> web.Response:
 
 async def list_conversations(request: web.Request) -> web.Response:
     """``GET /v2/conversations?limit=&cursor=``: the conversations the caller is a member of, by id, with
-    their last seq and the time of their newest message (docs/api.md: API reference, Message store).
+    their last seq and the time of their newest message (docs/api.md: Message store).
     """
     query = validate_query(ConversationListQuery, request)
     after = decode_conversation_cursor(query.cursor)
@@ -132,7 +132,7 @@ async def read_messages(request: web.Request) -> web.Response:
 async def recall_message(request: web.Request) -> web.Response:
     """``DELETE /v2/conversations/{cid}/messages/{message_id}``: the sender recalls; anyone else 404.
 
-    Only the sender counts, whether or not still a member (docs/api.md: API reference, Recall: it
+    Only the sender counts, whether or not still a member (docs/api.md: Message store, Recall: it
     names no other condition). Recalling an already recalled message answers 200 again (idempotent DELETE).
     """
     validate_query(EmptyQuery, request)

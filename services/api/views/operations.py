@@ -1,5 +1,5 @@
-"""The status monitor: ``/v3/operations``, ``/v3/operations/{id}`` and its event stream (docs/api.md: API reference,
-Operation; docs/api.md: API reference, Waiting for a change; docs/states.md: States and failure model, Cancel)."""
+"""The status monitor: ``/v3/operations``, ``/v3/operations/{id}`` and its event stream (docs/api.md: Operations,
+Operation; docs/api.md: Operations, Waiting for a change; docs/states.md: States and failure model, Cancel)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ async def get_operation(request: web.Request) -> web.Response:
     """``GET /v3/operations/{id}[?wait=N]``: the owner's view; anyone else the same 404 as for a missing id.
     With ``wait``, answered once the state changes or after ``wait`` seconds (``waiting``). An
     ``If-None-Match`` naming the current version gets ``304``; with ``wait`` too, the wait starts only when
-    it does (docs/api.md: API reference, Conditional polls).
+    it does (docs/api.md: Operations, Conditional polls).
     """
     query = validate_query(OperationQuery, request)
     read = _reader(request)
@@ -78,7 +78,7 @@ def _names_version(if_none_match: str, row: OperationView) -> bool:
 async def stream_operation_events(request: web.Request) -> web.StreamResponse:
     """``GET /v3/operations/{id}/events``: ``text/event-stream`` of ``operation`` events, one representation
     each with the operation's version as ``id``, until a terminal state; ``Last-Event-ID`` as
-    ``operation_events`` takes it (docs/api.md: API reference, Waiting for a change). A reconnect whose
+    ``operation_events`` takes it (docs/api.md: Operations, Waiting for a change). A reconnect whose
     ``Last-Event-ID`` is already the terminal version is answered ``204 No Content``: the HTML standard's
     signal that stops ``EventSource`` from reconnecting.
     """
@@ -141,7 +141,7 @@ async def list_operations(request: web.Request) -> web.Response:
 
 
 async def cancel_operation(request: web.Request) -> web.Response:
-    """``POST /v3/operations/{id}/cancel`` with the documented outcomes (docs/api.md: API reference, Cancel)."""
+    """``POST /v3/operations/{id}/cancel`` with the documented outcomes (docs/api.md: Operations, Cancel)."""
     await read_empty_input(request)
     operation_id = request.match_info["operation_id"]
     if not is_operation_id(operation_id):

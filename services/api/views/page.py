@@ -1,5 +1,5 @@
-"""The web page at ``/ui/``: three static files, sent with a strict Content-Security-Policy (docs/api.md: API
-reference, Web page). The page holds no secret: it asks for a token and calls the API like any client.
+"""The web page at ``/ui/``: three static files, sent with a strict Content-Security-Policy (docs/api.md: Web page). The
+page holds no secret: it asks for a token and calls the API like any client.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``GET /v3/webhooks/secret``: the caller's own signing secret for completion callbacks (docs/api.md: API
-reference, Completion callbacks).
+"""``GET /v3/webhooks/secret``: the caller's own signing secret for completion callbacks (docs/api.md: Completion
+callbacks).
 """
 
 from __future__ import annotations
