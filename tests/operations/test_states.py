@@ -78,7 +78,8 @@ def test_transient_and_unexpected_errors_retry_until_the_budget_is_spent(error: 
 
 
 def test_stored_bytes_that_differ_have_a_code_of_their_own_not_a_storage_outage() -> None:
-    """docs/states.md: an attempt whose bytes S3 stored otherwise is retried under ``STORED_BYTES_DIFFER``."""
+    """An attempt whose bytes S3 stored otherwise is retried under ``STORED_BYTES_DIFFER`` (docs/states.md: States
+    and failure model)."""
     error = StoredBytesDiffer("g1.jsonl: S3 stored other bytes than were sent")
     retried = classify(error, attempt=1, settings=SETTINGS)
     parked = classify(error, attempt=SETTINGS.max_attempts, settings=SETTINGS)
