@@ -68,11 +68,6 @@ SYNC_REP_CANCELLED = "canceling wait for synchronous replication"
 MIGRATION_LOCK_KEY = 0x63686578  # "chex"
 
 
-async def ping(conn: asyncpg.Connection) -> None:
-    """Run a trivial query; raises what the driver raises when the database cannot answer."""
-    await conn.fetchval("SELECT 1")
-
-
 def split_hosts(dsn: str) -> list[tuple[str, str]]:
     """``[(host, dsn_of_that_host), ...]`` for a ``postgresql://user@h1:p1,h2:p2/db?...`` URL, in the URL's
     order; each single-host URL keeps the user, database and parameters (``target_session_attrs`` too). A
@@ -90,23 +85,29 @@ async def open_connection(
     *,
     connect_timeout_seconds: float = DATABASE_CONNECT_TIMEOUT_SECONDS,
     pool: asyncpg.Pool | None = None,
+    writable: bool = False,
     **kwargs: Any,
 ) -> asyncpg.Connection:
     """The first connection, host by host in the order of ``dsn`` (``split_hosts``), that satisfies its
-    ``target_session_attrs``; each attempt has its own ``connect_timeout_seconds`` (s), so a black-holed
-    host costs one timeout, not the whole connect (asyncpg gives one timeout to all hosts).
+    ``target_session_attrs`` and, with ``writable``, whose server takes writes (``require_writable``): a URL
+    that names a standby, or a primary made read-only, without ``target_session_attrs=read-write`` would
+    otherwise give sessions whose every write fails (docs/operations.md: A database that takes no writes).
+    Each attempt has its own ``connect_timeout_seconds`` (s), so a black-holed host costs one timeout, not the
+    whole connect (asyncpg gives one timeout to all hosts).
     ``kwargs`` go to ``asyncpg.connect``; ``pool`` is the pool the connection will serve, if any.
 
     The connection discards itself on its first "read-only" error (25006): a standby or a demoted primary
     never becomes writable under an open session, so it is terminated, or, in ``pool``, closed on release
     with every other connection of the pool, rather than retried; the next connection finds the primary.
     Raises the last host's error (``OSError``, ``TimeoutError``, ``asyncpg.TargetServerAttributeNotMatched``,
-    ``asyncpg.PostgresError``).
+    ``asyncpg.PostgresError``, ``ReadOnlyServer``).
     """
     last_error: BaseException | None = None
     for host, host_dsn in split_hosts(dsn):
         try:
             conn = await asyncpg.connect(host_dsn, timeout=connect_timeout_seconds, **kwargs)
+            if writable:
+                await _writable_or_closed(conn, connect_timeout_seconds)
         except (*TRANSIENT_DATABASE_ERRORS, asyncpg.PostgresError) as exc:
             log.info("database host refused", extra={"host": host, "error": type(exc).__name__})
             last_error = exc
@@ -115,6 +116,18 @@ async def open_connection(
         return conn
     assert last_error is not None
     raise last_error
+
+
+async def _writable_or_closed(conn: asyncpg.Connection, timeout_seconds: float) -> None:
+    """``require_writable`` on a new connection within ``timeout_seconds`` (s); the connection is dropped
+    when it fails, whatever the reason.
+    """
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            await require_writable(conn)
+    except BaseException:
+        conn.terminate()
+        raise
 
 
 async def _discard_if_read_only(
@@ -131,10 +144,14 @@ async def _discard_if_read_only(
         await pool.expire_connections()
 
 
-async def create_pool(settings: Settings, *, min_size: int = 1, refuse_unreplicated: bool = False) -> asyncpg.Pool:
+async def create_pool(
+    settings: Settings, *, min_size: int = 1, refuse_unreplicated: bool = False, writable: bool = True
+) -> asyncpg.Pool:
     """Open a pool to ``settings.database_url`` through ``open_connection``; statements time out after
     ``database_timeout_seconds``. With ``refuse_unreplicated`` (a pool whose commits are acknowledged to
     clients), handing back a connection that saw an unreplicated commit raises ``UnreplicatedCommit``.
+    With ``writable`` (every pool but one that only reads), each new connection is opened on a host that
+    takes writes, checked as it connects: a multi-host pool's connections may sit on different hosts.
 
     Raises what ``open_connection`` raises when the database cannot be reached.
     """
@@ -142,7 +159,11 @@ async def create_pool(settings: Settings, *, min_size: int = 1, refuse_unreplica
     pool: asyncpg.Pool = pool_class(
         settings.database_url,
         connect=lambda dsn, **kwargs: open_connection(
-            dsn, connect_timeout_seconds=settings.database_connect_timeout_seconds, pool=pool, **kwargs
+            dsn,
+            connect_timeout_seconds=settings.database_connect_timeout_seconds,
+            pool=pool,
+            writable=writable,
+            **kwargs,
         ),
         min_size=min_size,
         max_size=settings.database_pool_max,
@@ -233,10 +254,15 @@ async def await_replication(conn: asyncpg.Connection) -> None:
 async def require_writable(conn: asyncpg.Connection) -> None:
     """Raise ``ReadOnlyServer`` unless ``conn``'s server takes writes now. A standby accepts reads, session
     advisory locks and ``SELECT 1`` alike, so a session that must be on the primary (the janitor's leader
-    lock) asks. Raises the driver's error when the session is gone.
+    lock, a part's readiness, a new pooled connection) asks. Asked in a transaction of its own (``atomic``),
+    unless the caller has one open, so that ``transaction_read_only`` is what a writing transaction would
+    get (``default_transaction_read_only``). Raises the driver's error when the session is gone.
     """
-    if await conn.fetchval("SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean"):
-        raise ReadOnlyServer("the server takes no writes")
+    async with atomic(conn):
+        if await conn.fetchval("SELECT pg_is_in_recovery()"):
+            raise ReadOnlyServer("the server is a standby")
+        if await conn.fetchval("SELECT current_setting('transaction_read_only')::boolean"):
+            raise ReadOnlyServer("the server takes no writes (default_transaction_read_only)")
 
 
 # How long closing a connection of its own may take a part that stops, before the connection is dropped.

@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractRobustConnection
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, disable_created_metrics, generate_latest
 
-from shared.db import ping, probing_connection
+from shared.db import probing_connection, require_writable
 from shared.metrics import REFRESH_FAILURES
 from shared.settings import Settings
 
@@ -144,11 +144,14 @@ def _not_ready(detail: str, checks: dict[str, str]) -> web.Response:
 
 
 def database_check(pool: asyncpg.Pool) -> Check:
-    """Ready when a pooled connection answers ``SELECT 1``."""
+    """Ready when a pooled connection's server takes writes (``require_writable``): every part that checks
+    its database writes to it, and a standby or a read-only primary answers ``SELECT 1`` all the same
+    (docs/operations.md: A database that takes no writes). Raises ``ReadOnlyServer`` when it takes none.
+    """
 
     async def check() -> None:
         async with probing_connection(pool) as conn:
-            await ping(conn)
+            await require_writable(conn)
 
     return check
 

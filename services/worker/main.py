@@ -90,7 +90,9 @@ async def _standby_pool(settings: Settings, resources: contextlib.AsyncExitStack
     """
     if settings.database_read_url is None:
         return None
-    pool = await create_pool(settings.model_copy(update={"database_url": settings.database_read_url}), min_size=0)
+    pool = await create_pool(
+        settings.model_copy(update={"database_url": settings.database_read_url}), min_size=0, writable=False
+    )
     resources.push_async_callback(pool.close)
     return pool
 
