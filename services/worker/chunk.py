@@ -124,7 +124,12 @@ class ChunkRunner:
         self._claimed = claimed
         self._split = claimed.request.max_part_bytes is not None
         self._reader = RangeReader(
-            source=reads,
+            # Standby reads only where the claim shows (docs/deploy.md: Export reads on a hot standby).
+            source=reads.claimed(
+                lambda conn: chunks.claim_visible(
+                    conn, operation_id=claimed.operation_id, chunk_no=claimed.chunk_no, generation=claimed.generation
+                )
+            ),
             settings=settings,
             conversation_id=claimed.conversation_id,
             request=claimed.request,

@@ -75,7 +75,10 @@ class ExportJob:
         self.key = artifact_key(
             settings, claimed.operation_id, claimed.generation, extension=self._kind.extension, split=self._split
         )
-        reads = reads or ReadSource(primary=pool)
+        # Standby reads only where the claim shows (docs/deploy.md: Export reads on a hot standby).
+        reads = (reads or ReadSource(primary=pool)).claimed(
+            lambda conn: leases.claim_visible(conn, operation_id=claimed.operation_id, generation=claimed.generation)
+        )
         self._reader = RangeReader(
             source=reads,
             settings=settings,

@@ -74,13 +74,14 @@ EXPORT_READS = counter_from_zero(
     "server",
     READ_SERVERS,
 )
-STANDBY_FALLBACK_REASONS = ("lag", "not_standby", "conflict", "unavailable")
+STANDBY_FALLBACK_REASONS = ("lag", "not_standby", "claim_not_visible", "conflict", "unavailable")
 STANDBY_FALLBACKS = counter_from_zero(
     "chatexport_worker_standby_fallbacks_total",
     "Attempts and chunks whose remaining reads moved from the standby to the primary, by reason: lag (not caught"
     " up with the claim within CHATEXPORT_DATABASE_READ_WAIT_SECONDS), not_standby (the server is not in"
-    " recovery: promoted, or a primary), conflict (a read cancelled by a recovery conflict) or unavailable (the"
-    " standby could not be reached or failed otherwise).",
+    " recovery: promoted, or a primary), claim_not_visible (caught up, but without the claim's row under its"
+    " generation: a standby forked from another history), conflict (a read cancelled by a recovery conflict)"
+    " or unavailable (the standby could not be reached or failed otherwise).",
     "reason",
     STANDBY_FALLBACK_REASONS,
 )

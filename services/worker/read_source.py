@@ -3,7 +3,9 @@
 
 An attempt or a chunk takes the primary's WAL position once its claim has committed. Each range it reads
 goes to the standby only when that standby has replayed past that position, so the standby shows every
-message the primary had when the work was claimed; a standby that lags longer than
+message the primary had when the work was claimed, and the claim's own row must be there under its
+generation (a standby forked from another history can be past the position without it); a standby that
+lags longer than
 ``database_read_wait_seconds``, is unreachable, or cancels a read for a recovery conflict sends the rest of
 that attempt's reads to the primary. Membership checks and every write stay on the primary: only
 ``RangeReader`` reads through this module.
@@ -26,6 +28,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+ClaimVisible = Callable[[asyncpg.Connection], Awaitable[bool]]
+"""Whether a connection's server shows the claim's own row under the claimed generation."""
+
 # How often a lagging standby's replay position is asked again while an attempt waits for it (seconds).
 REPLAY_POLL_SECONDS = 0.02
 
@@ -47,13 +52,28 @@ _CAUGHT_UP_SQL = "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_l
 class ReadSource:
     """The worker's two ways to read messages: the ``primary`` pool, and the ``standby`` pool of
     ``database_read_url`` (None: every read goes to the primary). ``wait_seconds`` bounds how long one
-    attempt waits for the standby to catch up.
+    attempt waits for the standby to catch up. ``claim`` (set by ``claimed``) is asked once per attempt on
+    the standby before its first read there.
     """
 
-    def __init__(self, *, primary: asyncpg.Pool, standby: asyncpg.Pool | None = None, wait_seconds: float = 0.0):
+    def __init__(
+        self,
+        *,
+        primary: asyncpg.Pool,
+        standby: asyncpg.Pool | None = None,
+        wait_seconds: float = 0.0,
+        claim: ClaimVisible | None = None,
+    ):
         self._primary = primary
         self._standby = standby
         self._wait_seconds = wait_seconds
+        self._claim = claim
+
+    def claimed(self, claim: ClaimVisible) -> ReadSource:
+        """This source for one claim's reads: the standby serves them only when ``claim(conn)`` is true there
+        (the claim's row under its generation), else they go to the primary (``claim_not_visible``).
+        """
+        return ReadSource(primary=self._primary, standby=self._standby, wait_seconds=self._wait_seconds, claim=claim)
 
     async def begin(self) -> ExportReads:
         """The reads of one attempt or chunk whose claim has committed: with a standby, the primary's WAL
@@ -65,20 +85,34 @@ class ReadSource:
         async with self._primary.acquire() as conn:
             position: int = await conn.fetchval("SELECT pg_current_wal_lsn()")
         return ExportReads(
-            self._primary, self._standby, position=position, deadline=time.monotonic() + self._wait_seconds
+            self._primary,
+            self._standby,
+            position=position,
+            deadline=time.monotonic() + self._wait_seconds,
+            claim=self._claim,
         )
 
 
 class ExportReads:
     """The reads of one attempt or chunk: ``run(read)`` gives ``read`` a connection on the standby while it
-    has replayed past ``position``, else on the primary; ``finish()`` counts where they went.
+    has replayed past ``position`` and, the first time, shows the claim (``claim``), else on the primary;
+    ``finish()`` counts where they went.
     """
 
-    def __init__(self, primary: asyncpg.Pool, standby: asyncpg.Pool | None, *, position: int | None, deadline: float):
+    def __init__(
+        self,
+        primary: asyncpg.Pool,
+        standby: asyncpg.Pool | None,
+        *,
+        position: int | None,
+        deadline: float,
+        claim: ClaimVisible | None = None,
+    ):
         self._primary = primary
         self._standby = standby
         self._position = position
         self._deadline = deadline  # time.monotonic() after which a lagging standby is given up
+        self._claim = claim  # None once the standby showed it: asked once per attempt
         self._servers: set[str] = set()
 
     async def run(self, read: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
@@ -109,6 +143,10 @@ class ExportReads:
                     self._give_up("not_standby")
                 if not caught_up:
                     self._give_up("lag")
+                if self._claim is not None:
+                    if not await self._claim(conn):
+                        self._give_up("claim_not_visible")
+                    self._claim = None
                 result = await read(conn)
         except _GaveUp:
             raise

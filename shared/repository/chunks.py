@@ -209,6 +209,19 @@ async def claim(
     return None if row is None else ClaimedChunk.from_row({**row, "request": ExportRequest.from_row(row)})
 
 
+async def claim_visible(conn: asyncpg.Connection, *, operation_id: str, chunk_no: int, generation: int) -> bool:
+    """Whether ``conn``'s server shows chunk ``chunk_no`` under ``generation``: asked of a standby before a chunk
+    reads there, as ``leases.claim_visible`` (docs/deploy.md: Export reads on a hot standby).
+    """
+    found: bool = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM export_chunks WHERE operation_id = $1 AND chunk_no = $2 AND generation = $3)",
+        operation_id,
+        chunk_no,
+        generation,
+    )
+    return found
+
+
 # The fence of every write of a chunk's holder: its generation, the chunk held, the operation RUNNING.
 _HELD = """
     c.operation_id = $1 AND c.chunk_no = $2 AND c.generation = $3 AND c.state = 'RUNNING'

@@ -42,6 +42,17 @@ async def current_state(conn: asyncpg.Connection, *, operation_id: str) -> Curre
     return None if row is None else CurrentState(State(row["state"]), row["generation"])
 
 
+async def claim_visible(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
+    """Whether ``conn``'s server shows the operation under ``generation``: asked of a standby before an
+    attempt reads there, since a standby that forked from the primary's history can have replayed past the
+    claim's WAL position without holding the claim (docs/deploy.md: Export reads on a hot standby).
+    """
+    found: bool = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM operations WHERE operation_id = $1 AND generation = $2)", operation_id, generation
+    )
+    return found
+
+
 @dataclass(frozen=True)
 class ClaimedOperation(Row):
     """An operation whose lease a worker holds: what to export, the fencing ``generation`` that guards every
