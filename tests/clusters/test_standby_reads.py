@@ -249,3 +249,5 @@ async def test_exports_read_on_a_standby_kept_in_conflict_store_the_bytes_they_h
         reads = await worker_reads(faulty)
     print(f"\ndisturbed standby exports: {outcomes}; reads {reads}")
     assert outcomes == [Outcome("SUCCEEDED", 1, None, messages)] * 2, (outcomes, reads)
+    # The disturbance did what it is for: a standby read was cancelled and ran again on the primary.
+    assert reads["chatexport_worker_standby_fallbacks_total{reason=conflict}"] >= 1, reads
