@@ -23,8 +23,9 @@ import asyncpg
 
 from devtools.clusters import PostgresCluster
 from shared.db import migrate
+from shared.settings import Settings
 from tests.support import AMQP_URL, wait_for
-from tests.support.fault_harness import Faulty, running
+from tests.support.fault_harness import FAST, Faulty, running
 
 DISTURB_EVERY_SECONDS = 0.2
 # The read of the standby cancelled after this long in conflict (the standby's max_standby_streaming_delay).
@@ -178,10 +179,17 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--body-bytes", type=int, default=100)
     args = parser.parse_args()
+    # The parts at their defaults, as a deployment runs them, but for the janitor's fast passes (which list the
+    # bucket all the more often) and the setup's long ranges and large parts.
+    defaults = {
+        key: str(Settings.model_fields[key.removeprefix("CHATEXPORT_").lower()].default)
+        for key in FAST
+        if not key.startswith("CHATEXPORT_JANITOR_")
+    }
     overrides = {
+        **defaults,
         "CHATEXPORT_EXPORT_BATCH_ROWS": "1000000",
         "CHATEXPORT_S3_PART_SIZE_BYTES": str(256 * 1024 * 1024),
-        "CHATEXPORT_S3_TIMEOUT_SECONDS": "120",
     }
     outcomes = asyncio.run(
         replay(exports=args.exports, messages=args.messages, body_bytes=args.body_bytes, overrides=overrides)
