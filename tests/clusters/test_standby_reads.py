@@ -18,8 +18,8 @@ from devtools.servers import PrivatePostgres
 from services.worker.read_source import ReadSource
 from shared.db import migrate
 from tests.support import AMQP_URL, wait_for
-from tests.support.fault_harness import Faulty, check_ended_correctly, make_conversation, running
-from tests.support.standby_conflicts import Outcome, disturbed, export_once, prepared, standby_system
+from tests.support.fault_harness import check_ended_correctly, make_conversation, running
+from tests.support.standby_conflicts import Outcome, disturbed, export_once, prepared, standby_system, worker_reads
 
 WAIT_SECONDS = 1.0
 
@@ -29,17 +29,6 @@ async def migrated(cluster: PostgresCluster, dbname: str) -> str:
     database_url = await cluster.create_database(dbname)
     await migrate(database_url)
     return database_url
-
-
-async def worker_reads(faulty: Faulty) -> dict[str, float]:
-    """``chatexport_worker_export_reads_total`` and ``..._standby_fallbacks_total`` summed over the workers."""
-    totals: dict[str, float] = {}
-    for part in faulty.system.metrics_ports:
-        if part.startswith("worker"):
-            for name, value in (await faulty.metrics(part)).items():
-                if "export_reads_total{" in name or "standby_fallbacks_total{" in name:
-                    totals[name] = totals.get(name, 0.0) + value
-    return totals
 
 
 async def test_an_export_never_reads_a_standby_that_has_not_replayed_its_claim(

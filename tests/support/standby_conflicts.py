@@ -140,6 +140,17 @@ async def standby_system(
         yield faulty
 
 
+async def worker_reads(faulty: Faulty) -> dict[str, float]:
+    """``chatexport_worker_export_reads_total`` and ``..._standby_fallbacks_total`` summed over the workers."""
+    totals: dict[str, float] = {}
+    for part in faulty.system.metrics_ports:
+        if part.startswith("worker"):
+            for name, value in (await faulty.metrics(part)).items():
+                if "export_reads_total{" in name or "standby_fallbacks_total{" in name:
+                    totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
 async def export_once(faulty: Faulty, key: str, *, timeout: float) -> Outcome:
     """Export c-big as alice under ``key`` and wait until it ends."""
     operation_id = await faulty.submit("alice", "c-big", key)
@@ -168,6 +179,7 @@ async def replay(*, exports: int, messages: int, body_bytes: int, overrides: Map
                     outcome = await export_once(faulty, f"replay-{number}", timeout=1800)
                     print(f"export {number}: {outcome}", flush=True)
                     outcomes.append(outcome)
+                print(f"the workers' reads: {await worker_reads(faulty)}", flush=True)
             return outcomes
         finally:
             cluster.destroy()
