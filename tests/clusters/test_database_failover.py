@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from devtools.clusters import PostgresCluster
@@ -20,7 +21,7 @@ from services.api.app import init_app
 from services.api.exporting.changes import CHANNEL, OperationChanges
 from services.janitor.main import _lead
 from shared.auth import mint_token
-from shared.db import TRANSIENT_DATABASE_ERRORS, connect, create_pool, migrate
+from shared.db import TRANSIENT_DATABASE_ERRORS, ReadOnlyServer, connect, create_pool, migrate
 from shared.settings import Settings
 from tests.support import make_settings, wait_for
 from tests.support.api_calls import make_conversation, submit
@@ -132,7 +133,11 @@ async def test_a_session_opened_on_a_standby_is_discarded_at_its_first_write(
     # The standby's own URL, without target_session_attrs: as a DNS name left on the old primary would be.
     settings = cluster_settings(cluster.server_url(standby, DATABASE))
     await wait_for(lambda: replayed(standby, "SELECT 1"), timeout=FAILOVER_TIMEOUT_SECONDS)
-    pool = await create_pool(settings)
+    # A part's writing pool opens no session there at all (docs/operations.md: A database that takes no writes).
+    with pytest.raises(ReadOnlyServer, match="standby"):
+        await create_pool(settings)
+    # A pool that only reads does; should such a session meet a write, it is discarded at once.
+    pool = await create_pool(settings, writable=False)
     try:
         async with pool.acquire() as conn:
             backend = await conn.fetchval("SELECT pg_backend_pid()")
