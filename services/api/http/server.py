@@ -91,7 +91,9 @@ class _ProblemRequestHandler(web.RequestHandler):
         keep-alive timeout.
         """
         server = cast(_ProblemServer, self._manager)
-        watch = server.head_watches.setdefault(self, _HeadWatch())
+        watch = server.head_watches.get(self)
+        if watch is None:  # once per connection: this runs for every chunk a connection receives
+            watch = server.head_watches[self] = _HeadWatch()
         awaiting_head = watch.payload is None or watch.payload.is_eof()
         requests = self._request_count
         super().data_received(data)
