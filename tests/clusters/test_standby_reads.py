@@ -8,27 +8,26 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 from prometheus_client import REGISTRY
 
 from devtools.clusters import PostgresCluster
-from devtools.servers import PrivatePostgres
 from services.worker.read_source import ReadSource
-from shared.db import migrate
 from tests.support import AMQP_URL, wait_for
 from tests.support.fault_harness import check_ended_correctly, make_conversation, running
-from tests.support.standby_conflicts import Outcome, disturbed, export_once, prepared, standby_system, worker_reads
+from tests.support.standby_conflicts import (
+    Outcome,
+    disturbed,
+    export_once,
+    migrated,
+    prepared,
+    replayed,
+    standby_system,
+    worker_reads,
+)
 
 WAIT_SECONDS = 1.0
-
-
-async def migrated(cluster: PostgresCluster, dbname: str) -> str:
-    """The URL of a new, migrated database ``dbname`` on ``cluster``."""
-    database_url = await cluster.create_database(dbname)
-    await migrate(database_url)
-    return database_url
 
 
 async def test_an_export_never_reads_a_standby_that_has_not_replayed_its_claim(
@@ -136,21 +135,6 @@ async def test_a_conflict_whose_session_ends_in_the_pool_s_reset_still_counts_as
         assert await reads.run(read) is False
         assert servers == [True, False]
         assert conflicts() == conflicts_before + 1, fallbacks()
-
-
-async def replayed(cluster: PostgresCluster, standby: PrivatePostgres) -> bool:
-    """True once ``standby`` has replayed everything its primary has written so far."""
-    written = await _fetchval(cluster.server_url(cluster.primary, "postgres"), "SELECT pg_current_wal_lsn()")
-    replayed_up_to = await _fetchval(cluster.server_url(standby, "postgres"), "SELECT pg_last_wal_replay_lsn()")
-    return bool(replayed_up_to >= written)
-
-
-async def _fetchval(url: str, sql: str) -> Any:
-    conn = await asyncpg.connect(url)
-    try:
-        return await conn.fetchval(sql)
-    finally:
-        await conn.close()
 
 
 def conflicts() -> float:

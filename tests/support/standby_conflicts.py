@@ -18,10 +18,12 @@ import tempfile
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
 from devtools.clusters import PostgresCluster
+from devtools.servers import PrivatePostgres
 from shared.db import migrate
 from shared.settings import Settings
 from tests.support import AMQP_URL, wait_for
@@ -44,6 +46,28 @@ class Outcome:
     messages: int | None
 
 
+async def migrated(cluster: PostgresCluster, dbname: str) -> str:
+    """The URL of a new, migrated database ``dbname`` on ``cluster``."""
+    database_url = await cluster.create_database(dbname)
+    await migrate(database_url)
+    return database_url
+
+
+async def replayed(cluster: PostgresCluster, standby: PrivatePostgres) -> bool:
+    """True once ``standby`` has replayed everything its primary has written so far."""
+    written = await _fetchval(cluster.server_url(cluster.primary, "postgres"), "SELECT pg_current_wal_lsn()")
+    replayed_up_to = await _fetchval(cluster.server_url(standby, "postgres"), "SELECT pg_last_wal_replay_lsn()")
+    return bool(replayed_up_to >= written)
+
+
+async def _fetchval(url: str, sql: str) -> Any:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval(sql)
+    finally:
+        await conn.close()
+
+
 async def prepared(
     cluster: PostgresCluster, *, messages: int, body_bytes: int, standby_delay: str = STANDBY_DELAY
 ) -> str:
@@ -51,8 +75,7 @@ async def prepared(
     ``body_bytes``) and c-churn, replayed on the standby, whose conflicting reads are cancelled after
     ``standby_delay``; its primary URL.
     """
-    database_url = await cluster.create_database("chatexport")
-    await migrate(database_url)
+    database_url = await migrated(cluster, "chatexport")
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute(
@@ -76,18 +99,7 @@ async def prepared(
     finally:
         await admin.close()
 
-    async def replayed() -> bool:
-        primary = await asyncpg.connect(cluster.server_url(cluster.primary, "postgres"))
-        replica = await asyncpg.connect(cluster.server_url(standby, "postgres"))
-        try:
-            lsn = await primary.fetchval("SELECT pg_current_wal_lsn()")
-            caught_up: bool = await replica.fetchval("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", lsn)
-        finally:
-            await primary.close()
-            await replica.close()
-        return caught_up
-
-    await wait_for(replayed, timeout=300)
+    await wait_for(lambda: replayed(cluster, standby), timeout=300)
     return database_url
 
 
