@@ -179,15 +179,22 @@ class ExportReads:
 
 
 def recovery_conflict(exc: BaseException) -> bool:
-    """True when ``exc``, or an error it was raised while handling, is one of ``RECOVERY_CONFLICTS``: the pool
-    resets a connection as it takes it back, and when the standby ends the session for the conflict, that reset
-    fails with an error of its own that replaces the conflict's.
+    """True when ``exc``, or an error it came from, is one of ``RECOVERY_CONFLICTS``. Two ways hide the conflict:
+    a standby that ends the session for it (a conflict that arrives between two messages of a statement is
+    FATAL) makes asyncpg raise ``ConnectionDoesNotExistError`` with the server's error as its ``__cause__``;
+    and the pool resets a connection as it takes it back, so a reset that fails on the ended session raises an
+    error of its own with the conflict as its ``__context__``.
     """
-    cause: BaseException | None = exc
-    while cause is not None:
+    pending: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while pending:
+        cause = pending.pop()
+        if id(cause) in seen:
+            continue
+        seen.add(id(cause))
         if isinstance(cause, RECOVERY_CONFLICTS):
             return True
-        cause = cause.__context__
+        pending.extend(e for e in (cause.__cause__, cause.__context__) if e is not None)
     return False
 
 

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from services.worker.read_source import ReadSource
+from services.worker.read_source import ReadSource, recovery_conflict
 from shared.repository import leases
 from shared.settings import Settings
 from tests.support import cloned_database
@@ -112,3 +112,20 @@ async def test_a_standby_past_the_position_without_the_claim_sends_the_reads_to_
     assert (first != primary_name) is served_on_standby
     assert fallbacks("claim_not_visible") == before + (0 if served_on_standby else 1)
     assert reads("primary") == primary_before + (0 if served_on_standby else 1)
+
+
+async def test_a_session_the_server_ends_keeps_the_server_s_error_as_the_cause(pool: asyncpg.Pool) -> None:
+    """A standby ends a session for a recovery conflict that arrives between two messages of a statement; asyncpg
+    raises ``ConnectionDoesNotExistError`` then, with the server's FATAL error as its cause. An ended session
+    here shows that shape, and a conflict in that place counts as a conflict.
+    """
+    async with pool.acquire() as conn:
+        with pytest.raises(asyncpg.ConnectionDoesNotExistError) as ended:
+            await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    assert isinstance(ended.value.__cause__, asyncpg.AdminShutdownError)
+    assert not recovery_conflict(ended.value)
+
+    # As asyncpg builds it when the connection is lost: the server's error is the cause, not the context.
+    lost = asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+    lost.__cause__ = asyncpg.SerializationError("terminating connection due to conflict with recovery")
+    assert recovery_conflict(lost)
