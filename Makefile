@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install prerequisites run test test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters replay-standby-conflicts clean
+.PHONY: help install prerequisites run test test-quick test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters replay-standby-conflicts clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -19,6 +19,7 @@ endif
 help:
 	@echo "make run        start every part locally with moto and demo data (chatexport dev)"
 	@echo "make test       lint, format check, type check and every test but the cluster group"
+	@echo "make test-quick the fast loop: lint, format check, type check and the tests that start no server"
 	@echo "make test-clusters  the tests on local RabbitMQ and PostgreSQL clusters (marked cluster)"
 	@echo "make lint       ruff check + ruff format --check + mypy"
 	@echo "make docs       build the documentation site into site/, every warning an error"
@@ -81,9 +82,15 @@ test: prerequisites lint docs
 test-clusters: prerequisites
 	@$(MAKE) --no-print-directory pytest MARKERS="cluster"
 
+# The developer's loop, under a minute: what needs no PostgreSQL, RabbitMQ, moto or processes of the system.
+test-quick: lint
+	@$(MAKE) --no-print-directory pytest MARKERS="not integration and not e2e and not cluster" DURATIONS=10
+
+# Each run ends with its slowest tests: where the time goes (docs/development.md: Where the time goes).
 MARKERS ?=
+DURATIONS ?= 25
 pytest:
-	@status=0; $(BIN)/pytest -m "$(MARKERS)" || status=$$?; \
+	@status=0; $(BIN)/pytest -m "$(MARKERS)" --durations=$(DURATIONS) -p devtools.test_times --time-table || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
