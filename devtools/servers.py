@@ -400,8 +400,15 @@ class PrivatePostgres(_ChildServer):
 RABBITMQ_SERVER_CANDIDATES = ("/usr/lib/rabbitmq/bin/rabbitmq-server", "/usr/lib/rabbitmq/lib/*/sbin/rabbitmq-server")
 EPMD_NAMES_REQ = 110  # "n": list the registered node names
 QUORUM_TICK_MILLISECONDS = 100  # how often quorum queues publish the counts that ``queue_counts`` reads
+# What docs/deploy.md recommends for a cluster (A frozen node): a node that stops answering (frozen, or its
+# host gone) is declared down after 7.5 to 12.5 s (the tick time, give or take a quarter) instead of 45 to
+# 75 s, and the partition it finds once it runs again ends with autoheal restarting it.
+PARTITION_HANDLING = "autoheal"
+NET_TICKTIME_SECONDS = 10
 RABBITMQ_CONFIG = (
-    f"[{{rabbit, [{{quorum_tick_interval, {QUORUM_TICK_MILLISECONDS}}}]}},\n"
+    f"[{{rabbit, [{{quorum_tick_interval, {QUORUM_TICK_MILLISECONDS}}},"
+    f" {{cluster_partition_handling, {PARTITION_HANDLING}}}]}},\n"
+    f" {{kernel, [{{net_ticktime, {NET_TICKTIME_SECONDS}}}]}},\n"
     " {ra, [{wal_sync_method, none}]}].\n"  # written, not fsynced: survives a crash of the node, not of the OS
 )
 
@@ -637,6 +644,8 @@ class TcpProxy:
         self._answer: bytes | None = None  # set by answer_with: what every new connection gets instead
         self._bytes_per_second: float | None = None
         self._per_connection = False
+        self._flowing = asyncio.Event()  # cleared by freeze: every pipe holds its bytes until thaw
+        self._flowing.set()
         self.next_send = 0.0  # loop time at which the throttled proxy may forward its next chunk
         self._server: asyncio.Server | None = None
         self._links: set[_Link] = set()
@@ -686,6 +695,22 @@ class TcpProxy:
         if bytes_per_second is not None and bytes_per_second <= 0:
             raise ValueError("bytes_per_second must be positive or None")
         self._call(self._set_rate(bytes_per_second, per_connection))
+
+    def freeze(self) -> None:
+        """Hold every byte in both directions, on open and new connections alike, without closing anything, as
+        a peer that was frozen (SIGSTOP) does; ``thaw`` forwards what was held and goes on.
+        """
+        self._call(self._set_flowing(False))
+
+    def thaw(self) -> None:
+        """Forward again after ``freeze``."""
+        self._call(self._set_flowing(True))
+
+    async def _set_flowing(self, flowing: bool) -> None:
+        if flowing:
+            self._flowing.set()
+        else:
+            self._flowing.clear()
 
     def answer_with(self, status: int | None) -> None:
         """Answer every request on a new connection with an HTTP ``status`` and an S3-style error body, then
@@ -785,6 +810,7 @@ class TcpProxy:
         """
         with contextlib.suppress(OSError):
             while data := await reader.read(self._chunk_bytes()):
+                await self._flowing.wait()
                 await self._pace(len(data), link)
                 writer.write(data)
                 await writer.drain()

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 import aio_pika
 import asyncpg
@@ -41,6 +42,7 @@ class Relay:
         self._channel = channel
         self._exchange = exchange
         self._settings = settings
+        self._closing: asyncio.Future[Any] | None = None  # the last renewal's close of the channel
 
     async def publish_due(self) -> int:
         """Publish one batch of due rows; return how many rows it handled (0 when none was due)."""
@@ -66,24 +68,32 @@ class Relay:
         log.debug("outbox rows published", extra={"rows": len(confirmed), "held_back": len(failed)})
         if failed:
             log.warning("publish not confirmed; rows held back", extra={"rows": len(failed)})
-        if any(isinstance(result, aio_pika.exceptions.DeliveryError) for result in results):
+        if any(isinstance(result, (aio_pika.exceptions.DeliveryError, TimeoutError)) for result in results):
+            log.warning("publish refused or not confirmed; renewing the channel")
             await self._renew_channel()
         return len(rows)
 
     async def _renew_channel(self) -> None:
-        """Close the publishing channel under its robust connection, which opens and declares it anew.
+        """Close the publishing channel under its robust connection, which opens and declares it anew once the
+        broker has answered the close; done after a batch with a publish the broker refused (a nack) or did
+        not confirm within ``publish_timeout_seconds``.
 
         RabbitMQ 3.10 can nack every publish of a channel opened on a surviving node while a quorum queue had
         lost its leader, long after the queue elected another (``tests/clusters/test_broker_failover.py``
         found it: the relay's rows were held back for minutes); a new channel publishes to the new leader.
-        Anything that goes wrong here is the next batch's to find.
+        A channel whose confirms stopped coming (docs/deploy.md: A frozen node) is renewed the same way. The
+        close is waited on for ``publish_timeout_seconds`` at most but never cancelled: aiormq answers a
+        cancelled close with a second one, and the broker then refuses the reopened channel and drops the
+        connection. Anything that goes wrong here is the next batch's to find.
         """
-        log.warning("publish refused by the broker; renewing the channel")
+        if self._closing is not None and not self._closing.done():
+            return  # the broker has not answered the last renewal's close yet
         with contextlib.suppress(Exception):
-            channel = await asyncio.wait_for(
-                self._channel.get_underlay_channel(), self._settings.publish_timeout_seconds
-            )
-            await asyncio.wait_for(channel.close(), self._settings.publish_timeout_seconds)
+            timeout = self._settings.publish_timeout_seconds
+            channel = await asyncio.wait_for(self._channel.get_underlay_channel(), timeout)
+            self._closing = asyncio.ensure_future(channel.close())
+            self._closing.add_done_callback(_retrieved)
+            await asyncio.wait_for(asyncio.shield(self._closing), timeout)
 
     async def _publish(self, row: outbox.OutboxRow) -> BaseException | None:
         """Publish ``row``'s wake-up and wait for the broker's confirm; None once confirmed, else the error
@@ -182,3 +192,9 @@ def _failure_reason(exc: BaseException) -> str:
     if isinstance(exc, aio_pika.exceptions.DeliveryError):
         return "returned"
     return "broker"
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Take a finished background close's outcome, so that a failed one is not reported as never retrieved."""
+    if not future.cancelled():
+        future.exception()
