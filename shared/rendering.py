@@ -190,11 +190,17 @@ def _stamp(row: ExportedMessage) -> str:
 
 # str.splitlines() ends a line at each of these as well as at LF and CR (Python's documentation of str.splitlines).
 _OTHER_LINE_BREAKS = "\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+# What a terminal acts on when a file is printed to it: the C0 controls but tab (ESC starts its escape
+# sequences), DEL, the C1 controls (U+009B is a CSI of its own), and the bidirectional embedding, override and
+# isolate controls, which reorder what is shown around them (CVE-2021-42574, "Trojan Source").
+TERMINAL_CONTROLS = "".join(
+    chr(code) for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(code) not in "\t\n\r"
+) + "".join(map(chr, (*range(0x202A, 0x202F), *range(0x2066, 0x206A))))
 _TEXT_ESCAPES = {
     ord("\\"): "\\\\",
     ord("\n"): "\\n",
     ord("\r"): "\\r",
-    **{ord(char): f"\\u{ord(char):04x}" for char in _OTHER_LINE_BREAKS},
+    **{ord(char): f"\\u{ord(char):04x}" for char in _OTHER_LINE_BREAKS + TERMINAL_CONTROLS},
 }
 
 
@@ -202,8 +208,9 @@ class Text(_Stateless):
     """TXT, the plain text DiscordChatExporter's users know: one line per message in seq order,
     ``[2026-03-01 12:30:00.000Z] alice: body`` (the time in UTC, as the API prints it with a space for the
     ``T``), UTF-8, no header. In a body a backslash is written ``\\\\``, a line feed ``\\n``, a carriage
-    return ``\\r`` and every other character ``str.splitlines()`` ends a line at ``\\uXXXX``, so that
-    ``splitlines()`` counts messages; a sender id cannot hold any of them (``shared.ids``).
+    return ``\\r`` and every other character ``str.splitlines()`` ends a line at, and every one of
+    ``TERMINAL_CONTROLS``, ``\\uXXXX``, so that ``splitlines()`` counts messages and printing the file to a
+    terminal runs nothing a member wrote; a sender id cannot hold any of them (``shared.ids``).
     """
 
     footer_at_most = 0

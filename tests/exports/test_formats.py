@@ -67,3 +67,23 @@ def test_a_file_rendered_in_two_pieces_is_the_file_rendered_whole(name: str, cut
     pieces += b"".join(map(second.message, rows[cut:])) + second.footer()
     assert pieces == expected
     assert second.carries_over == (name == "html")
+
+
+# What TXT escapes for terminals (shared.rendering.TERMINAL_CONTROLS): the other formats keep it as written.
+CONTROLLING = "\x1b[31mred\x1b[0m \x9b2J \x7f \u202eevil\u202c \u2067isolated\u2069"
+
+
+def test_csv_keeps_terminal_controls_in_the_cell_as_written() -> None:
+    renderer = FORMATS["csv"].renderer("c-a")
+    row = ExportRow(1, "m1", "alice", datetime(2026, 3, 1, tzinfo=UTC), CONTROLLING, "{}")
+    content = (renderer.header() + renderer.message(row)).decode()
+    header, line = csv.reader(io.StringIO(content, newline=""))
+    assert line[header.index("body")] == CONTROLLING
+
+
+def test_html_keeps_terminal_controls_inside_an_isolated_element() -> None:
+    renderer = FORMATS["html"].renderer("c-a")
+    row = ExportRow(1, "m1", "alice", datetime(2026, 3, 1, tzinfo=UTC), CONTROLLING, "{}")
+    content = renderer.message(row).decode()
+    # dir="auto" makes the element a bidirectional isolate: an override left open ends with it.
+    assert re.search(f'<p class="body" dir="auto">{re.escape(CONTROLLING)}</p>', content)

@@ -6,6 +6,7 @@ and the escapes read back to the body.
 from __future__ import annotations
 
 import sys
+import unicodedata
 from datetime import UTC, datetime
 
 import pytest
@@ -58,3 +59,34 @@ def test_every_character_splitlines_breaks_at_is_escaped_and_reads_back() -> Non
     content = rendered(*bodies)
     assert content.endswith(b"\n") and content.count(b"\n") == len(bodies)
     assert txt_messages(content) == [("2026-03-01 12:30:00.000Z", "alice", body) for body in bodies]
+
+
+# What the docs name: the C0 controls but tab, DEL, the C1 controls, and the bidirectional embedding (U+202A,
+# U+202B), pop (U+202C), override (U+202D, U+202E) and isolate (U+2066 to U+2069) controls; counted here from
+# Unicode's categories rather than copied from the code.
+CONTROLS = [chr(code) for code in range(0x100) if unicodedata.category(chr(code)) == "Cc" and chr(code) != "\t"]
+BIDI_CONTROLS = [
+    char
+    for char in map(chr, range(0x2000, 0x2070))
+    if unicodedata.bidirectional(char) in {"LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI"}
+]
+
+
+def test_terminal_controls_and_bidirectional_overrides_are_escaped_and_read_back() -> None:
+    assert len(CONTROLS) == 64 and len(BIDI_CONTROLS) == 9  # 31 C0 but tab, DEL, 32 C1; 5 + 4 bidi controls
+    bodies = [
+        "\x1b[31mred\x1b[0m and \x1b]0;title\x07 and \x9b2J",  # colour, a window title, a C1 CSI
+        "\u202eevil\u202c and \u2067isolated\u2069",
+        "".join(CONTROLS + BIDI_CONTROLS),
+    ]
+    content = rendered(*bodies)
+    text = content.decode()
+    assert not any(char in text for char in CONTROLS if char != "\n")
+    assert not any(char in text for char in BIDI_CONTROLS)
+    assert "\\u001b[31mred\\u001b[0m" in text and "\\u009b2J" in text and "\\u202eevil\\u202c" in text
+    assert txt_messages(content) == [("2026-03-01 12:30:00.000Z", "alice", body) for body in bodies]
+
+
+def test_what_a_terminal_does_not_act_on_stays_as_written() -> None:
+    kept = "tab\t, no-break\u00a0space, soft\u00adhyphen, zero\u200bwidth, marks \u200e\u200f, עברית, 😀"
+    assert rendered(kept).decode() == f"[2026-03-01 12:30:00.000Z] alice: {kept}\n"
