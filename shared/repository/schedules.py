@@ -402,6 +402,27 @@ async def fire(
     return FireResult(FireOutcome.CREATED, due_at, operation_id)
 
 
+async def pause_where_access_revoked(conn: asyncpg.Connection, *, conversation_id: str) -> int:
+    """Pause, with ACCESS_REVOKED and its ``schedule.paused`` callback, every ACTIVE schedule on
+    ``conversation_id`` whose owner is no longer a member; the number paused. Called in the transaction that
+    removes members, so that a revoked owner's schedule shows PAUSED at once rather than at its next due time
+    (docs/schedules.md: When a run cannot go on).
+    """
+    paused: int = await conn.fetchval(
+        """
+        SELECT count(*) FILTER (WHERE pause_export_schedule(s.schedule_id, $2))
+        FROM export_schedules s
+        WHERE s.conversation_id = $1 AND s.state = $3
+          AND NOT EXISTS (SELECT 1 FROM conversation_members m
+                          WHERE m.conversation_id = s.conversation_id AND m.user_id = s.owner_id)
+        """,
+        conversation_id,
+        PauseReason.ACCESS_REVOKED.value,
+        ScheduleState.ACTIVE.value,
+    )
+    return paused
+
+
 async def _at_quota(conn: asyncpg.Connection, *, owner_id: str, max_active: int) -> bool:
     """True when ``owner_id`` has ``max_active`` active exports; under the submit's per-user lock (migration 0009),
     so that a submit and a run cannot both take the last slot.

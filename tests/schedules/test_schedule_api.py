@@ -487,3 +487,35 @@ async def test_a_body_with_a_content_coding_or_another_media_type_is_415(
         response = await api.post(CREATE.format(cid="c-a"), data=data, headers={**headers, **extra})
         await expect_problem(response, 415, code)
     assert await pool.fetchval("SELECT count(*) FROM export_schedules") == 0
+
+
+@pytest.mark.parametrize("removal", ["member", "member set"])
+async def test_removing_the_owner_pauses_the_schedule_at_once_with_its_callback(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None, removal: str
+) -> None:
+    """docs/schedules.md: When a run cannot go on. The pause is in the removal's transaction, not at the next
+    due time; bob's schedule on the same conversation, and alice's on another, stay ACTIVE.
+    """
+    notify = {"notify": {"url": "https://hooks.example.com/schedules"}}
+    await make_conversation(api, auth, "c-alice", ["alice"])
+    revoked = await created(api, auth, {**DAILY, **notify}, "k-alice")
+    kept = await created(api, auth, {**DAILY, **notify}, "k-bob", user="bob")
+    response = await api.post(
+        CREATE.format(cid="c-alice"), json=DAILY, headers={**auth("alice"), "Idempotency-Key": "k-elsewhere"}
+    )
+    assert response.status == 201, await response.text()
+    elsewhere = await response.json()
+
+    admin = auth("root", admin=True)
+    if removal == "member":
+        response = await api.delete("/admin/conversations/c-a/members/alice", headers=admin)
+    else:
+        response = await api.put("/admin/conversations/c-a", json={"members": ["bob"]}, headers=admin)
+    assert response.status == 204, await response.text()
+
+    paused = await current(api, auth, revoked["schedule_id"])
+    assert (paused["state"], paused["paused_reason"], paused["next_run_at"]) == ("PAUSED", "ACCESS_REVOKED", None)
+    assert (await current(api, auth, kept["schedule_id"], user="bob"))["state"] == "ACTIVE"
+    assert (await current(api, auth, elsewhere["schedule_id"]))["state"] == "ACTIVE"
+    callbacks = await pool.fetch("SELECT schedule_id, event_type FROM webhook_deliveries")
+    assert [tuple(row) for row in callbacks] == [(revoked["schedule_id"], "schedule.paused")]

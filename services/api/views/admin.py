@@ -37,6 +37,7 @@ from shared.repository import (
     attempts,
     chunks,
     message_store,
+    schedules,
     status_monitor,
     webhook_deliveries,
 )
@@ -83,8 +84,9 @@ async def put_conversation(request: web.Request) -> web.Response:
     validate_query(EmptyQuery, request)
     conversation_id = _path_id(request, "cid")
     member_set = await read_model(request, MemberSet, max_bytes=MEMBERS_REQUEST_MAX_BYTES)
-    async with request.app[POOL].acquire() as conn:
+    async with request.app[POOL].acquire() as conn, conn.transaction():
         await message_store.put_members(conn, conversation_id=conversation_id, members=member_set.members)
+        await schedules.pause_where_access_revoked(conn, conversation_id=conversation_id)
     log.info(
         "conversation members replaced",
         extra={"conversation_id": conversation_id, "members": len(member_set.members)},
@@ -129,9 +131,11 @@ async def remove_member(request: web.Request) -> web.Response:
 async def _change_member(request: web.Request, change: Callable[..., Awaitable[bool]]) -> web.Response:
     validate_query(EmptyQuery, request)
     conversation_id, user_id = _path_id(request, "cid"), _path_id(request, "uid")
-    async with request.app[POOL].acquire() as conn:
+    async with request.app[POOL].acquire() as conn, conn.transaction():
         if not await change(conn, conversation_id=conversation_id, user_id=user_id):
             raise _conversation_not_found(conversation_id)
+        # A removed owner's schedules pause in the removal's transaction (docs/schedules.md: When a run cannot go on).
+        await schedules.pause_where_access_revoked(conn, conversation_id=conversation_id)
     return web.Response(status=204)
 
 
