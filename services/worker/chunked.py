@@ -110,7 +110,7 @@ class ChunkedExport:
         """
         conversation_id, after = self._claimed.conversation_id, self._claimed.request.after_seq
         total = await export_reader.range_bytes(
-            conn, conversation_id=conversation_id, after_seq=after, last_seq=self._last_seq
+            conn, conversation_id=conversation_id, after_seq=after, last_seq=self._last_seq, recalled=False
         )
         if total <= self._settings.chunk_threshold_bytes:
             return []

@@ -20,11 +20,14 @@ from shared.rendering import JSONL_LINE_SQL
 from shared.repository.chunks import PlannedRange
 from shared.repository.rows import Row
 
+# Every message of one export range, recalled or not; and those of them an export writes when its options select
+# every message.
+_RANGE_MESSAGES = "FROM messages WHERE conversation_id = $1 AND seq > $2 AND seq <= $3"
+_UNRECALLED_MESSAGES = f"{_RANGE_MESSAGES} AND recalled_at IS NULL"
 # The messages of one export range that the request's options select (docs/api.md: Submitting an export, Export
 # options): since inclusive, until exclusive, on sent_at; only the listed senders.
-_SELECTED_MESSAGES = """
-FROM messages
-WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND recalled_at IS NULL
+_SELECTED_MESSAGES = f"""
+{_UNRECALLED_MESSAGES}
   AND ($4::timestamptz IS NULL OR sent_at >= $4) AND ($5::timestamptz IS NULL OR sent_at < $5)
   AND ($6::text[] IS NULL OR sender_id = ANY($6::text[]))
 """
@@ -70,14 +73,16 @@ async def copy_export_lines(
 LINE_OVERHEAD_BYTES = 160
 
 
-async def range_bytes(conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int) -> int:
+async def range_bytes(
+    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, recalled: bool = True
+) -> int:
     """About the JSONL bytes of every message of seqs ``after_seq < seq <= last_seq``, whatever an export's
-    options select: what a range of the same seqs may hold. Reads sizes only (a compressed or out-of-line
-    body is not decompressed).
+    options select: with ``recalled``, recalled messages too (what a range of the same seqs may hold, which a
+    read's size must allow for); without, only those an export writes when it selects every message (what
+    chunks are planned on). Reads sizes only (a compressed or out-of-line body is not decompressed).
     """
     size: int = await conn.fetchval(
-        "SELECT coalesce(sum(octet_length(body) + $4), 0) FROM messages"
-        " WHERE conversation_id = $1 AND seq > $2 AND seq <= $3",
+        f"SELECT coalesce(sum(octet_length(body) + $4), 0) {_RANGE_MESSAGES if recalled else _UNRECALLED_MESSAGES}",
         conversation_id,
         after_seq,
         last_seq,
@@ -90,16 +95,16 @@ async def plan_ranges(
     conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, target_bytes: int
 ) -> list[PlannedRange]:
     """Cut the seqs ``after_seq < seq <= last_seq`` into contiguous ranges of about ``target_bytes`` each, as
-    ``range_bytes`` measures them (so bodies of any size weigh what they hold, not one each): a range ends
-    with the message that takes it to the next multiple of ``target_bytes``. The first range starts at
-    ``after_seq`` and the last ends at ``last_seq``; empty when the seqs hold no message.
+    ``range_bytes`` without ``recalled`` measures them (so bodies of any size weigh what they hold, not one
+    each, and a recalled message, which no export writes, weighs nothing): a range ends with the message that
+    takes it to the next multiple of ``target_bytes`` (docs/chunks.md: The plan). The first range starts at
+    ``after_seq`` and the last ends at ``last_seq``; empty when the seqs hold no message an export writes.
     """
     rows = await conn.fetch(
-        """
+        f"""
         SELECT max(seq) AS high, sum(size) AS size FROM (
             SELECT seq, size, sum(size) OVER (ORDER BY seq) - size AS before FROM (
-                SELECT seq, octet_length(body) + $5 AS size FROM messages
-                WHERE conversation_id = $1 AND seq > $2 AND seq <= $3) sized) placed
+                SELECT seq, octet_length(body) + $5 AS size {_UNRECALLED_MESSAGES}) sized) placed
         GROUP BY floor(before / $4) ORDER BY high
         """,
         conversation_id,

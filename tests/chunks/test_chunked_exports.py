@@ -275,3 +275,27 @@ async def test_a_chunk_whose_part_is_full_hands_the_rest_of_its_range_to_a_new_c
         assert_self_contained(transcript)
         bodies += transcript.bodies
     assert bodies == [f"{n}{'<' * 1000}" for n in range(1, 3001)]
+
+
+async def test_chunks_are_planned_on_the_messages_the_export_writes_not_the_recalled_ones(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """docs/chunks.md: The plan. With the middle 90 % of a conversation recalled, weighing every message
+    planned mostly empty chunks; each chunk now holds some of the messages the file has.
+    """
+    small = settings.model_copy(update={"chunk_threshold_bytes": 100_000, "chunk_target_bytes": 30_000})
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await fill(pool, "c-a", 2000, body_bytes=3000)
+    await pool.execute(
+        "UPDATE messages SET recalled_at = now() WHERE conversation_id = 'c-a' AND seq BETWEEN 101 AND 1900"
+    )
+    written = await pool.fetchval(
+        "SELECT sum(octet_length(body) + $1) FROM messages WHERE conversation_id = 'c-a' AND recalled_at IS NULL",
+        export_reader.LINE_OVERHEAD_BYTES,
+    )
+    chunked, streamed, operation = await chunked_and_streamed(api, auth, small, pool, "c-a", {}, "recalled")
+    assert chunked == streamed and operation["result"]["message_count"] == 200
+    chunks = await done_chunks(pool, operation["operation_id"])
+    assert len(chunks) >= 2 and all(chunk["message_count"] > 0 for chunk in chunks)
+    # About one chunk per target's worth of what is written (a chunk ends past its target by one message).
+    assert len(chunks) <= written // small.chunk_target_bytes + 1
