@@ -59,16 +59,31 @@ PAGE_LIMIT = 100
 REDIRECT_ABOVE_BYTES = 8 * 1024 * 1024
 
 
+# How many times a download from the storage is tried again within one run after its connection failed
+# (docs/command-line.md: Command-line client).
+STORAGE_RETRIES = 3
+
+
 class Api:
     """A session on the API at ``base_url`` with the bearer ``token``; use it as an async context manager.
-    Files above ``redirect_above_bytes`` are downloaded by redirect (None: never).
+    Files above ``redirect_above_bytes`` are downloaded by redirect (None: never), from the storage through
+    ``storage_session``, tried again up to ``storage_retries`` times when the storage's connection fails.
     """
 
-    def __init__(self, base_url: str, token: str, *, redirect_above_bytes: int | None = REDIRECT_ABOVE_BYTES) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        redirect_above_bytes: int | None = REDIRECT_ABOVE_BYTES,
+        storage_retries: int = STORAGE_RETRIES,
+    ) -> None:
         self._base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self.redirect_above_bytes = redirect_above_bytes
+        self.storage_retries = storage_retries
         self._session: aiohttp.ClientSession | None = None
+        self._storage_session: aiohttp.ClientSession | None = None
         # The newest representation read of each operation, by id, with its ETag: sent back as If-None-Match,
         # so that a poll of an unchanged operation costs a 304 (docs/api.md: Operations, Conditional polls).
         self._held: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -77,11 +92,16 @@ class Api:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=READ_TIMEOUT_SECONDS, sock_read=READ_TIMEOUT_SECONDS)
         # Proxies from the environment are honoured as any HTTP client honours them (trust_env).
         self._session = aiohttp.ClientSession(timeout=timeout, trust_env=True)
+        # The storage gets no credentials at all: a presigned URL is its own, and S3 refuses a request that
+        # carries another. Not trusting the environment keeps ~/.netrc and a proxy's credentials away; a proxy
+        # itself is still used, without them (``storage_proxy``).
+        self._storage_session = aiohttp.ClientSession(timeout=timeout, trust_env=False)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._storage_session):
+            if session is not None:
+                await session.close()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -89,6 +109,13 @@ class Api:
         if self._session is None:
             raise RuntimeError("Api used outside its async with block")
         return self._session
+
+    @property
+    def storage_session(self) -> aiohttp.ClientSession:
+        """The open session for presigned storage URLs; raises ``RuntimeError`` outside the ``async with``."""
+        if self._storage_session is None:
+            raise RuntimeError("Api used outside its async with block")
+        return self._storage_session
 
     @property
     def auth_headers(self) -> dict[str, str]:

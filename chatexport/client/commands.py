@@ -26,8 +26,15 @@ from typing import Any, TypeAlias
 import aiohttp
 from rich.console import Console
 
-from chatexport.client.api import Api, ApiError
-from chatexport.client.download import Downloaded, NotVerified, StorageRefused, download_result, extension_of
+from chatexport.client.api import STORAGE_RETRIES, Api, ApiError
+from chatexport.client.download import (
+    Downloaded,
+    NotVerified,
+    StorageRefused,
+    StorageUnavailable,
+    download_result,
+    extension_of,
+)
 from chatexport.client.exporting import ExportOutcome, export, export_incrementally
 from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, ProgressDisplay, human_bytes
 from chatexport.client.statefiles import UnusableStateFile
@@ -149,6 +156,24 @@ def connection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token", default=os.environ.get("CHATEXPORT_TOKEN"), help="bearer token (default: $CHATEXPORT_TOKEN)"
     )
+    parser.add_argument(
+        "--storage-retries",
+        type=_retries,
+        default=STORAGE_RETRIES,
+        metavar="N",
+        help="how often a download from the file storage is tried again in one run when its connection fails"
+        " (default %(default)s)",
+    )
+
+
+def _retries(value: str) -> int:
+    try:
+        retries = int(value)
+    except ValueError:
+        retries = -1
+    if not 0 <= retries <= 100:
+        raise argparse.ArgumentTypeError(f"not a number of retries from 0 to 100: {value!r}")
+    return retries
 
 
 def _api_url(value: str) -> str:
@@ -367,7 +392,7 @@ def run_on_api(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) 
         return EXIT_USAGE
 
     async def session() -> int:
-        async with Api(args.api, args.token) as api:
+        async with Api(args.api, args.token, storage_retries=args.storage_retries) as api:
             return await work(api)
 
     try:
@@ -392,8 +417,8 @@ def run_on_api(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) 
     except NotVerified as exc:
         print(f"chatexport: {exc}", file=sys.stderr)
         return EXIT_NOT_VERIFIED
-    except StorageRefused as exc:
-        print(f"chatexport: {exc}; run the same command again", file=sys.stderr)
+    except (StorageRefused, StorageUnavailable) as exc:
+        print(f"chatexport: {exc}; run the same command again to resume", file=sys.stderr)
         return EXIT_UNREACHABLE
     except UnusableStateFile as exc:
         print(f"chatexport: {exc}", file=sys.stderr)

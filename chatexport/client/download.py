@@ -12,6 +12,7 @@ Download by redirect).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import Callable
@@ -20,14 +21,24 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 
 from chatexport.client.api import Api, problem_of
 
 CHUNK_BYTES = 256 * 1024
 
 
+# The backoff before a failed storage connection is tried again: doubled each time, at most the maximum (seconds).
+STORAGE_BACKOFF_SECONDS = 0.5
+STORAGE_BACKOFF_MAX_SECONDS = 8.0
+
+
 class StorageRefused(Exception):
     """The storage refused a redirected download's URL even when asked again with a fresh one."""
+
+
+class StorageUnavailable(Exception):
+    """The storage's connection failed on every try of a redirected download; the part file keeps what came."""
 
 
 class NotVerified(Exception):
@@ -140,9 +151,12 @@ async def _fetch(api: Api, file: dict[str, Any], part: Path, have: int) -> None:
 async def _fetch_by_redirect(api: Api, file: dict[str, Any], part: Path, have: int) -> None:
     """Ask the API for the file's storage URL and fetch it from there. A URL the storage refuses (expired:
     403) or a part file the stored object no longer continues (412) gets one more try with a fresh URL,
-    the latter from the start.
+    the latter from the start. A storage connection that fails (refused, cut in the middle of the body, silent)
+    is tried again up to ``api.storage_retries`` times, after a backoff, with a fresh URL and from where the
+    part file ends; then ``StorageUnavailable`` is raised.
     """
-    for last_try in (False, True):
+    refusals = failures = 0
+    while True:
         headers = {"Range": f"bytes={have}-", "If-Range": f'"{file["sha256"]}"'} if have else {}
         url = api.url(file["url"]) + "?delivery=redirect"
         async with api.session.get(url, headers={**api.auth_headers, **headers}, allow_redirects=False) as response:
@@ -150,9 +164,21 @@ async def _fetch_by_redirect(api: Api, file: dict[str, Any], part: Path, have: i
                 await _write(response, part)  # an API without redirects streams the file
                 return
             location = response.headers["Location"]
-        status = await _fetch_from_storage(api, location, part, have, last_try=last_try)
+        try:
+            status = await _fetch_from_storage(api, location, part, have, last_try=refusals > 0)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            failures += 1
+            if failures > api.storage_retries:
+                host = aiohttp.client.URL(location).host
+                raise StorageUnavailable(
+                    f"the storage at {host} failed {failures} times in a row ({type(exc).__name__})"
+                ) from exc
+            await asyncio.sleep(min(STORAGE_BACKOFF_SECONDS * 2 ** (failures - 1), STORAGE_BACKOFF_MAX_SECONDS))
+            have = _length(part) or 0
+            continue
         if status not in (403, 412):
             return
+        refusals += 1
         if status == 412:
             _start_over(part)
             have = 0
@@ -160,12 +186,16 @@ async def _fetch_by_redirect(api: Api, file: dict[str, Any], part: Path, have: i
 
 async def _fetch_from_storage(api: Api, url: str, part: Path, have: int, *, last_try: bool) -> int:
     """Fetch ``url``, a presigned storage URL, into ``part`` (``have`` bytes of it already there) with no
-    ``Authorization`` header, a resume guarded by the ETag the storage gave the part's start. Returns the
-    storage's status; a 403 or 412 writes nothing, and raises ``StorageRefused`` on the ``last_try``.
+    credentials of any kind (``Api.storage_session``), a resume guarded by the ETag the storage gave the
+    part's start. Returns the storage's status; a 403 or 412 writes nothing, and raises ``StorageRefused`` on
+    the ``last_try``. Raises what aiohttp raises when the connection fails; the bytes read until then stay in
+    ``part``.
     """
     tag = _storage_tag(part) if have else None
     headers = {"Range": f"bytes={have}-", "If-Match": tag} if tag else {}
-    async with api.session.get(url, headers=headers, allow_redirects=False) as response:
+    async with api.storage_session.get(
+        url, headers=headers, allow_redirects=False, proxy=storage_proxy(url)
+    ) as response:
         if response.status in (403, 412) and not last_try:
             return response.status
         if response.status not in (200, 206):
@@ -174,6 +204,18 @@ async def _fetch_from_storage(api: Api, url: str, part: Path, have: int, *, last
             _tag_path(part).write_text(response.headers["ETag"], encoding="ascii")
         await _write(response, part)
         return response.status
+
+
+def storage_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``), without
+    the credentials it may hold: those are the proxy's, never sent on a request to the storage. None when the
+    environment names none.
+    """
+    try:
+        proxy, _credentials = get_env_proxy_for_url(aiohttp.client.URL(url))
+    except LookupError:
+        return None
+    return str(proxy.with_user(None))
 
 
 def _storage_tag(part: Path) -> str | None:

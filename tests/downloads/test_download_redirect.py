@@ -16,9 +16,10 @@ from urllib.parse import parse_qsl, urlsplit
 import aiohttp
 import asyncpg
 import pytest
+from aiohttp import web
 
 from chatexport.client.api import Api
-from chatexport.client.download import download_result, part_path
+from chatexport.client.download import StorageUnavailable, _fetch_from_storage, download_result, part_path
 from devtools.broker import delete_broker_objects
 from devtools.moto import MotoServer
 from shared.settings import Settings
@@ -32,9 +33,31 @@ pytestmark = pytest.mark.module_database
 REDIRECT = {"delivery": "redirect"}
 
 
+class CuttingProxy(StorageProxy):
+    """The recording proxy, which cuts the connection of its next ``cuts`` successful GETs after half of the
+    body, as a storage connection that drops in the middle of a download.
+    """
+
+    cuts = 0
+
+    async def _respond(
+        self, request: web.Request, status: int, body: bytes, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        if request.method != "GET" or status not in (200, 206) or self.cuts == 0:
+            return await super()._respond(request, status, body, headers)
+        self.cuts -= 1
+        response = web.StreamResponse(status=status, headers=headers)
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+
+
 @pytest.fixture
-async def storage_proxy(moto: MotoServer) -> AsyncIterator[StorageProxy]:
-    proxy = StorageProxy(moto.endpoint_url)
+async def storage_proxy(moto: MotoServer) -> AsyncIterator[CuttingProxy]:
+    proxy = CuttingProxy(moto.endpoint_url)
     await proxy.start()
     yield proxy
     await proxy.close()
@@ -219,3 +242,81 @@ async def test_a_part_the_stored_object_no_longer_continues_is_fetched_again_fro
     refused, fetched = [request for request in storage_proxy.requests if request.method == "GET"]
     assert refused.headers["If-Match"] == '"not-the-stored-etag"'
     assert "Range" not in fetched.headers and "Authorization" not in fetched.headers
+
+
+def storage_gets(proxy: StorageProxy) -> list[Any]:
+    return [request for request in proxy.requests if request.method == "GET"]
+
+
+async def test_a_cut_storage_connection_is_resumed_in_the_same_run_with_a_fresh_url(
+    api: Client, auth: Auth, pool: asyncpg.Pool, storage_proxy: CuttingProxy, tmp_path: Path, pipeline: None
+) -> None:
+    """docs/command-line.md: Command-line client. Two cuts, three tries: each resume asks the API for a fresh
+    URL and continues the part file with a Range guarded by the ETag the storage gave.
+    """
+    operation = await succeeded_export(api, auth, "c-r", {"format": "jsonl"})
+    token = auth("alice")["Authorization"].removeprefix("Bearer ")
+    output = tmp_path / "c-r.jsonl"
+    storage_proxy.cuts = 2
+    async with Api(str(api.make_url("")), token, redirect_above_bytes=0) as client:
+        (whole,) = await download_result(client, operation, output)
+    assert output.stat().st_size == whole.size_bytes and not part_path(output).exists()
+    first, *resumes = storage_gets(storage_proxy)
+    assert len(resumes) == 2 and "Range" not in first.headers
+    ranges = [int(resume.headers["Range"].removeprefix("bytes=").removesuffix("-")) for resume in resumes]
+    assert 0 < ranges[0] < ranges[1] < whole.size_bytes
+    assert len({resume.headers["If-Match"] for resume in resumes}) == 1
+    assert [outcome for _, outcome in await download_events(pool, operation["operation_id"])] == ["REDIRECTED"] * 3
+
+
+async def test_a_storage_that_keeps_failing_ends_the_run_naming_the_storage(
+    api: Client, auth: Auth, storage_proxy: CuttingProxy, tmp_path: Path, pipeline: None
+) -> None:
+    operation = await succeeded_export(api, auth, "c-r", {"format": "jsonl"})
+    token = auth("alice")["Authorization"].removeprefix("Bearer ")
+    output = tmp_path / "c-r.jsonl"
+    storage_proxy.cuts = 100
+    async with Api(str(api.make_url("")), token, redirect_above_bytes=0, storage_retries=1) as client:
+        with pytest.raises(StorageUnavailable, match=r"the storage at 127\.0\.0\.1 failed 2 times"):
+            await download_result(client, operation, output)
+    assert len(storage_gets(storage_proxy)) == 2
+    assert 0 < part_path(output).stat().st_size < operation["result"]["size_bytes"]  # kept for the next run
+
+
+async def test_the_storage_gets_no_credentials_from_netrc_or_the_proxy_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``~/.netrc`` entry for the storage's host and a proxy URL with a password in the environment: the
+    request to the storage goes through the proxy but carries neither credential.
+    """
+    seen: list[web.Request] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request)
+        return web.Response(body=b"the file", headers={"ETag": '"e"'})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        netrc = tmp_path / "netrc"
+        netrc.write_text("machine storage.example login someone password netrc-secret\n", encoding="ascii")
+        netrc.chmod(0o600)
+        monkeypatch.setenv("NETRC", str(netrc))
+        monkeypatch.setenv("HTTP_PROXY", f"http://someone:proxy-secret@127.0.0.1:{port}")
+        for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        part = tmp_path / "file.part"
+        async with Api("http://api.example", "token", redirect_above_bytes=0) as client:
+            status = await _fetch_from_storage(
+                client, "http://storage.example/bucket/key?X-Amz-Signature=s", part, 0, last_try=True
+            )
+    finally:
+        await runner.cleanup()
+    assert status == 200 and part.read_bytes() == b"the file"
+    (request,) = seen  # through the proxy, which answers in the storage's place
+    assert "Authorization" not in request.headers and "Proxy-Authorization" not in request.headers
