@@ -79,18 +79,23 @@ prerequisites: install
 test: prerequisites lint docs
 	@$(MAKE) --no-print-directory pytest MARKERS="not cluster"
 
+# One test at a time: the cluster tests freeze, kill and time nodes, which a second test's load would skew.
 test-clusters: prerequisites
-	@$(MAKE) --no-print-directory pytest MARKERS="cluster"
+	@$(MAKE) --no-print-directory pytest MARKERS="cluster" WORKERS=0
 
 # The developer's loop, under a minute: what needs no PostgreSQL, RabbitMQ, moto or processes of the system.
 test-quick: lint
 	@$(MAKE) --no-print-directory pytest MARKERS="not integration and not e2e and not cluster" DURATIONS=10
 
-# Each run ends with its slowest tests: where the time goes (docs/development.md: Where the time goes).
+# Each run ends with its slowest tests: where the time goes (docs/development.md: Where the time goes). The tests
+# run on WORKERS processes (pytest-xdist), each test file on one of them, so that a module's fixtures are set up
+# once; WORKERS=0 runs them in this process.
 MARKERS ?=
 DURATIONS ?= 25
+WORKERS ?= 4
 pytest:
-	@status=0; $(BIN)/pytest -m "$(MARKERS)" --durations=$(DURATIONS) -p devtools.test_times --time-table || status=$$?; \
+	@status=0; $(BIN)/pytest -m "$(MARKERS)" -n $(WORKERS) --dist loadfile --durations=$(DURATIONS) \
+		-p devtools.test_times --time-table || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 

@@ -57,28 +57,29 @@ def test_scopes_are_split_on_the_space_alone(scope: str, scopes: set[str]) -> No
     assert principal.is_admin == ("admin" in scopes)
 
 
-@pytest.mark.parametrize(
-    "header",
-    [
-        None,
-        "",
-        "Bearer",
-        "Bearer ",
-        "Basic YWxpY2U6c2VjcmV0",
-        "Bearer not.a.jwt",
-        f"Bearer {token(valid_claims(exp=int(time.time()) - 120))}",
-        f"Bearer {token(valid_claims(), key='another-secret-also-at-least-32-bytes')}",
-        f"Bearer {token(valid_claims(exp=None))}",
-        f"Bearer {token(valid_claims(sub=None))}",
-        f"Bearer {token(valid_claims(exp='99999999999'))}",
-        f"Bearer {token(valid_claims(sub='has space'))}",
-        f"Bearer {token(valid_claims(sub='x' * 65))}",
-        f"Bearer {token(valid_claims(sub=42))}",
-        f"Bearer {token(valid_claims(scope=['admin']))}",
-        f"Bearer {token(valid_claims(), key=SECRET * 2, algorithm='HS512')}",
-        f"Bearer {jwt.encode(valid_claims(), '', algorithm='none')}",
-    ],
-)
+# Named, so that every pytest-xdist worker collects the same ids: a token's claims hold the time it was made.
+INVALID_HEADERS = {
+    "absent": None,
+    "empty": "",
+    "bearer-alone": "Bearer",
+    "bearer-space": "Bearer ",
+    "basic": "Basic YWxpY2U6c2VjcmV0",
+    "not-a-jwt": "Bearer not.a.jwt",
+    "expired": f"Bearer {token(valid_claims(exp=int(time.time()) - 120))}",
+    "other-key": f"Bearer {token(valid_claims(), key='another-secret-also-at-least-32-bytes')}",
+    "no-exp": f"Bearer {token(valid_claims(exp=None))}",
+    "no-sub": f"Bearer {token(valid_claims(sub=None))}",
+    "exp-a-string": f"Bearer {token(valid_claims(exp='99999999999'))}",
+    "sub-with-space": f"Bearer {token(valid_claims(sub='has space'))}",
+    "sub-too-long": f"Bearer {token(valid_claims(sub='x' * 65))}",
+    "sub-a-number": f"Bearer {token(valid_claims(sub=42))}",
+    "scope-a-list": f"Bearer {token(valid_claims(scope=['admin']))}",
+    "hs512": f"Bearer {token(valid_claims(), key=SECRET * 2, algorithm='HS512')}",
+    "alg-none": f"Bearer {jwt.encode(valid_claims(), '', algorithm='none')}",
+}
+
+
+@pytest.mark.parametrize("header", list(INVALID_HEADERS.values()), ids=list(INVALID_HEADERS))
 def test_invalid_tokens_are_refused(header: str | None) -> None:
     with pytest.raises(InvalidToken):
         TokenVerifier(SETTINGS).verify(header)
