@@ -3,8 +3,8 @@
 Order of start-up: the database (created if missing, then migrated), S3 (a moto server on the port of
 ``CHATEXPORT_S3_ENDPOINT_URL`` unless something answers there already) and its bucket, then the parts as
 child processes ``python -m chatexport.cli api|relay|worker|janitor`` with this process's environment, their
-output prefixed with the part's name. Once the API's ``/readyz`` answers 200 the demo corpus is loaded and
-a copy-pasteable example is printed.
+output prefixed with the part's name. Once the API's ``/readyz`` and every other part's ``/healthz`` answer
+200 (a part handles SIGTERM from then on), the demo corpus is loaded and a copy-pasteable example is printed.
 
 SIGINT or SIGTERM stops every part (SIGTERM, then SIGKILL after the grace period) and moto, and exits 0;
 a second signal skips the grace period. A part that dies is reported and everything is stopped, exit 1.
@@ -187,7 +187,7 @@ class _DevRun:
             env = {**os.environ, "CHATEXPORT_METRICS_PORT": str(ports[name])}
             with self.signals.deferred():  # a signal mid-start would leave a child we do not know about
                 self.group.start(name, [sys.executable, "-m", "chatexport.cli", name.split("-")[0]], env)
-        self._wait_ready()
+        self._wait_ready(ports)
         conversation_id = self._load_demo() if self.options.load_corpus else None
         self.console.block(_example(self.settings, conversation_id, ports))
 
@@ -196,16 +196,29 @@ class _DevRun:
         state = "created and migrated" if created else "migrated"
         self.console.say(f"database {state}; applied: {', '.join(applied) or 'nothing (up to date)'}")
 
-    def _wait_ready(self) -> None:
-        """Poll ``/readyz`` until 200; raises ``PartDied`` if a part ends first, ``TimeoutError`` at the deadline."""
-        url = f"{api_base_url(self.settings)}/readyz"
+    def _wait_ready(self, ports: dict[str, int]) -> None:
+        """Poll the API's ``/readyz`` and each other part's ``/healthz`` on its monitoring port (part name to
+        port; 0, picked by the part, cannot be polled) until all answer 200, so that every part handles
+        SIGTERM once we say it runs. Raises ``PartDied`` if a part ends first, ``TimeoutError`` at the deadline.
+        """
+        waiting = {"api": f"{api_base_url(self.settings)}/readyz"}
+        waiting |= {
+            name: f"{local_url(self.settings.metrics_host, port)}/healthz"
+            for name, port in ports.items()
+            if name != "api" and port
+        }
         started = time.monotonic()
-        while not _is_ready(url):
+        while True:
+            waiting = {name: url for name, url in waiting.items() if not _is_ready(url)}
+            if not waiting:
+                break
             ended = self._ended()
             if ended is not None:
                 raise PartDied(*ended)
             if time.monotonic() - started > self.options.ready_timeout:
-                raise TimeoutError(f"{url} did not answer 200 within {self.options.ready_timeout:.0f} s")
+                raise TimeoutError(
+                    f"{', '.join(waiting.values())} did not answer 200 within {self.options.ready_timeout:.0f} s"
+                )
             # Wakes early when a part exits; otherwise this is the poll interval.
             self.group.wait_any_exit(timeout=READY_POLL_SECONDS)
         self.console.say(f"api ready at {api_base_url(self.settings)} after {time.monotonic() - started:.1f} s")

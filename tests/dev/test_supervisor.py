@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -53,3 +57,34 @@ def test_a_port_another_system_holds_is_refused_before_anything_starts(taken: st
         with pytest.raises(supervisor.PortInUse, match=f"port {port} .* own {setting}"):
             supervisor.check_ports_free(settings, ports)
     supervisor.check_ports_free(settings, ports)  # free again once the holder is gone
+
+
+class _Answers200(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def answering_port() -> Iterator[int]:
+    """A port on 127.0.0.1 (bound as port 0) where every GET gets 200."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers200)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_system_is_not_called_running_before_every_part_answers(answering_port: int) -> None:
+    with socket.socket() as silent:  # bound, never listening: connections to it are refused
+        silent.bind(("127.0.0.1", 0))
+        silent_port = silent.getsockname()[1]
+        settings = Settings(api_port=answering_port, metrics_port=0)
+        run = supervisor._DevRun(settings, supervisor.DevOptions(ready_timeout=0.5), io.StringIO())
+        with pytest.raises(TimeoutError, match=f"http://127.0.0.1:{silent_port}/healthz did not answer"):
+            run._wait_ready({"api": 0, "worker-1": answering_port, "janitor": silent_port})
+        run._wait_ready({"api": 0, "worker-1": answering_port, "janitor": answering_port, "relay": 0})
