@@ -33,7 +33,6 @@ from bench.http_load import SETTINGS, lua_requests, poll_requests, prepare, subm
 from bench.running import running_system
 from bench.table import Figure, print_table
 from devtools.localsystem import LocalSystem
-from devtools.ports import free_port
 
 ROUNDS = 3
 MODES = ("off", "not imported", "on")
@@ -57,14 +56,14 @@ class SpanCounter:
 @asynccontextmanager
 async def counting_receiver() -> AsyncIterator[tuple[SpanCounter, str]]:
     """A ``SpanCounter`` listening on a free port for the block; yields it and its endpoint URL."""
-    counter, port = SpanCounter(), free_port()
+    counter = SpanCounter()
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/traces", counter.receive)
     runner = web.AppRunner(app)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
-        yield counter, f"http://127.0.0.1:{port}"
+        yield counter, f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
 
@@ -79,11 +78,10 @@ def start_apis(system: LocalSystem, endpoint: str, blocker: Path) -> dict[str, s
         "on": {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRACES_SAMPLER_ARG": "1.0"},
     }
     for mode, env in extra.items():
-        port = free_port("127.0.0.1")
         name = f"api-{mode.replace(' ', '-')}"
-        system.start_part("api", name=name, extra_env={**env, "CHATEXPORT_API_PORT": str(port)})
+        system.start_part("api", name=name, extra_env=env)
         system.wait_ready([name])
-        urls[mode] = f"http://127.0.0.1:{port}"
+        urls[mode] = system.api_url(name)
     return urls
 
 

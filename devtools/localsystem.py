@@ -6,9 +6,12 @@ long-running service of the project's own image runs with the file's ``command``
 count, each replica a local process: ``worker-1``, ``worker-2``... for a service run as several, the
 service's own name (``api``, ``relay``) for one. The three infrastructure images are replaced by what runs
 here (the test's PostgreSQL database, the local RabbitMQ, a moto server of the system's own) by overriding
-exactly the settings that point at them; every process gets a free monitoring port and the api a free
-port, all on 127.0.0.1; the test's overrides come last. The file requires ``CHATEXPORT_JWT_SECRET``: the
-system supplies a random one, so tokens are minted with ``settings()``.
+exactly the settings that point at them; every process gets a monitoring port and each api process an API
+port, all on 127.0.0.1, as listening sockets the system binds (port 0: the kernel picks) and hands to the
+process (``CHATEXPORT_API_SOCKET_FD``, ``CHATEXPORT_METRICS_SOCKET_FD``), and holds for as long as it runs,
+so that a restarted process serves on the same port and no other process can take it meanwhile (connections
+wait in the socket's queue while nothing serves it); the test's overrides come last. The file requires
+``CHATEXPORT_JWT_SECRET``: the system supplies a random one, so tokens are minted with ``settings()``.
 
 Used by the end-to-end tests, the fault-injection tests and the benchmark. Processes are driven over HTTP
 and signals only; ``devtools.broker.delete_broker_objects(system.settings())`` removes the system's queues
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import sys
 import time
 import urllib.error
@@ -29,7 +33,6 @@ from pathlib import Path
 
 from devtools.compose import SETTINGS_PREFIX, Service, load_compose, one_shots, parts, settings_from_environment
 from devtools.moto import MotoServer, start_moto
-from devtools.ports import free_port
 from devtools.processes import ProcessGroup
 from shared.settings import Settings
 
@@ -38,6 +41,7 @@ READY_TIMEOUT_SECONDS = 60.0
 READY_POLL_SECONDS = 0.1
 ONE_SHOT_TIMEOUT_SECONDS = 300.0
 JWT_SECRET_BYTES = 48
+LISTEN_BACKLOG = 128  # connections that wait while a process restarts
 DEATH_TAIL_LINES = 30  # of a part that died during start-up, in the error
 # An operator runs a tool as `docker compose run --rm migrate chatexport <command>`.
 CLI_SERVICE = "migrate"
@@ -50,7 +54,8 @@ class LocalSystem:
 
     ``env`` holds the ``CHATEXPORT_*`` values laid over the file's environment of every service: the
     replacements for the infrastructure and the test's ``overrides``; a change affects processes started
-    afterwards. ``metrics_ports`` maps each process name to its monitoring port.
+    afterwards. ``metrics_ports`` maps each process name to its monitoring port; ``base_url`` is the API of
+    the process called ``api`` (``api_url`` names another's).
     """
 
     def __init__(self, *, database_url: str, amqp_url: str, log_dir: Path, overrides: Mapping[str, str] | None = None):
@@ -59,8 +64,10 @@ class LocalSystem:
             variables={**os.environ, "CHATEXPORT_JWT_SECRET": secret, "CHATEXPORT_WEBHOOK_SIGNING_KEY": webhook_key}
         )
         self.moto: MotoServer | None = None
-        self.api_port = free_port(LOCAL_HOST)
-        self.base_url = f"http://{LOCAL_HOST}:{self.api_port}"
+        # (kind, process name) -> the listening socket handed to every process of that name ("api", "metrics")
+        self._sockets: dict[tuple[str, str], socket.socket] = {}
+        self.api_port = self._socket("api", "api").getsockname()[1]
+        self.base_url = self.api_url("api")
         tag = uuid.uuid4().hex[:10]
         self.env: dict[str, str] = {
             "CHATEXPORT_DATABASE_URL": database_url,
@@ -119,13 +126,33 @@ class LocalSystem:
 
     def start_part(self, part: str, *, name: str | None = None, extra_env: Mapping[str, str] | None = None) -> None:
         """Start (or restart) one process of the file's service ``part``, called ``name`` (default: ``part``),
-        on a fresh monitoring port, with ``extra_env`` laid over its environment for this process only.
-        Raises ``ValueError`` when a process of that name is running.
+        on the monitoring socket (and, for an api, the API socket) of that name, with ``extra_env`` laid over
+        its environment for this process only. Raises ``ValueError`` when a process of that name is running.
         """
         name = name or part
-        self.metrics_ports[name] = free_port(LOCAL_HOST)
-        env = {**self.environment(part), "CHATEXPORT_METRICS_PORT": str(self.metrics_ports[name]), **(extra_env or {})}
-        self.group.start(name, local_command(self.services[part].command), env)
+        metrics = self._socket("metrics", name)
+        self.metrics_ports[name] = metrics.getsockname()[1]
+        handed = {"METRICS": metrics}
+        if part == "api":
+            handed["API"] = self._socket("api", name)
+        env = {**self.environment(part), **(extra_env or {})}
+        for setting, sock in handed.items():
+            env |= {
+                f"CHATEXPORT_{setting}_PORT": str(sock.getsockname()[1]),
+                f"CHATEXPORT_{setting}_SOCKET_FD": str(sock.fileno()),
+            }
+        pass_fds = [sock.fileno() for sock in handed.values()]
+        self.group.start(name, local_command(self.services[part].command), env, pass_fds=pass_fds)
+
+    def api_url(self, name: str) -> str:
+        """The base URL of the api process called ``name`` (its socket is bound now if it was not yet)."""
+        return f"http://{LOCAL_HOST}:{self._socket('api', name).getsockname()[1]}"
+
+    def _socket(self, kind: str, name: str) -> socket.socket:
+        """The listening socket of ``kind`` for the process ``name``: bound to port 0 on first use, then kept."""
+        if (kind, name) not in self._sockets:
+            self._sockets[kind, name] = socket.create_server((LOCAL_HOST, 0), backlog=LISTEN_BACKLOG)
+        return self._sockets[kind, name]
 
     def environment(self, service: str) -> dict[str, str]:
         """The complete environment of a process of ``service``: this process's (without its
@@ -173,9 +200,13 @@ class LocalSystem:
 
     def stop(self) -> dict[str, int]:
         """SIGTERM every process, SIGKILL what is left after the longest ``stop_grace_period`` of the file's
-        parts (as compose does); return the exit codes.
+        parts (as compose does), then close the listening sockets; return the exit codes.
         """
-        return self.group.stop_all(timeout=max(service.stop_grace_seconds for service in parts(self.services)))
+        codes = self.group.stop_all(timeout=max(service.stop_grace_seconds for service in parts(self.services)))
+        for sock in self._sockets.values():
+            sock.close()
+        self._sockets.clear()
+        return codes
 
     def _last_words(self, names: Iterable[str], lines: int = DEATH_TAIL_LINES) -> str:
         """The last ``lines`` lines each part in ``names`` printed, for an error message."""

@@ -1,19 +1,17 @@
-"""The S3 emulator for development and tests: moto's server mode (``devtools.s3_emulator``) in a child process on a
-free port."""
+"""The S3 emulator for development and tests: moto's server mode (``devtools.s3_emulator``) in a child process,
+on a port it binds itself (port 0) and reports, unless a port is asked for."""
 
 from __future__ import annotations
 
 import contextlib
+import select
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from devtools.ports import free_port
 from shared.lifecycle import die_with_parent
+from shared.settings import local_url
 
 
 @dataclass
@@ -34,43 +32,34 @@ class MotoServer:
                 self.process.wait()
 
 
-def start_moto(host: str = "127.0.0.1", port: int | None = None, *, timeout: float = 30.0) -> MotoServer:
-    """Start the S3 emulator (moto's server mode) on ``host:port`` (a free port when None) and wait until it answers.
+def start_moto(host: str = "127.0.0.1", port: int = 0, *, timeout: float = 30.0) -> MotoServer:
+    """Start the S3 emulator (moto's server mode) on ``host:port`` (0: a port it picks) and return once it
+    listens, with the port it reported.
 
-    Raises ``RuntimeError`` when it exits or does not answer within ``timeout`` seconds.
+    Raises ``RuntimeError`` when it exits or does not report its port within ``timeout`` seconds.
     """
-    port = port or free_port(host)
     process = subprocess.Popen(
         [sys.executable, "-m", "devtools.s3_emulator", "-H", host, "-p", str(port)],
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         # A killed `chatexport dev` or test run must not leave the emulator behind.
         preexec_fn=die_with_parent,
     )
-    server = MotoServer(process, f"http://{host}:{port}")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"moto server exited with {process.returncode}")
-        if _answers(server.endpoint_url):
-            return server
-        time.sleep(0.05)  # polling a child process's readiness, not synchronising our own work
-    server.stop()
-    raise RuntimeError(f"moto server did not answer on {server.endpoint_url} within {timeout} s")
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):  # noqa: S310 - our own local URL
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
+    assert process.stdout is not None
+    with process.stdout:
+        ready, _, _ = select.select([process.stdout], [], [], timeout)
+        line = process.stdout.readline() if ready else b""
+    if not line.strip().isdigit():
+        server = MotoServer(process, local_url(host, port))
+        server.stop()
+        if ready:
+            raise RuntimeError(f"moto server exited with {process.returncode} before it listened")
+        raise RuntimeError(f"moto server did not listen within {timeout} s")
+    return MotoServer(process, local_url(host, int(line)))
 
 
 @contextlib.contextmanager
-def moto_server(host: str = "127.0.0.1", port: int | None = None) -> Iterator[MotoServer]:
+def moto_server(host: str = "127.0.0.1", port: int = 0) -> Iterator[MotoServer]:
     """Context manager around ``start_moto``: the server is stopped on exit."""
     server = start_moto(host, port)
     try:

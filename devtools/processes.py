@@ -92,9 +92,16 @@ class ProcessGroup:
         self.stop_all()
 
     def start(
-        self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None, *, cwd: Path | None = None
+        self,
+        name: str,
+        args: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        cwd: Path | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Part:
-        """Start ``args`` as part ``name`` with the COMPLETE environment ``env`` (None: ours).
+        """Start ``args`` as part ``name`` with the COMPLETE environment ``env`` (None: ours), inheriting the
+        file descriptors ``pass_fds`` under the same numbers.
 
         Raises ``ValueError`` when a part of that name is still running, ``OSError`` when the program
         cannot be started.
@@ -112,6 +119,7 @@ class ProcessGroup:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
         part = Part(name, list(args), process)
         part.pump = threading.Thread(target=self._pump, args=(part,), name=f"pump-{name}", daemon=True)

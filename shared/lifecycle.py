@@ -1,4 +1,4 @@
-"""Process lifecycle shared by the background parts: stop signals and draining in-flight tasks."""
+"""Process lifecycle shared by the parts: where they listen, stop signals and draining in-flight tasks."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
+
+from aiohttp import web
 
 from shared.settings import Settings
 
@@ -30,6 +33,15 @@ def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+def listening_site(runner: web.BaseRunner, host: str, port: int, socket_fd: int | None) -> web.BaseSite:
+    """The site ``runner`` serves on: the inherited listening socket ``socket_fd`` when one is given (the
+    ``*_socket_fd`` settings), else ``host:port`` bound as the site starts (port 0 picks a free one).
+    """
+    if socket_fd is None:
+        return web.TCPSite(runner, host, port)
+    return web.SockSite(runner, socket.socket(fileno=socket_fd))
 
 
 async def drain(tasks: set[asyncio.Task[None]], *, grace_seconds: float) -> None:

@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, disable_created_metrics, generate_latest
 
 from shared.db import probing_connection, require_writable
+from shared.lifecycle import listening_site
 from shared.metrics import REFRESH_FAILURES
 from shared.settings import Settings
 
@@ -177,13 +178,14 @@ def storage_check(s3: Any, bucket: str) -> Check:
 
 @contextlib.asynccontextmanager
 async def serving(monitor: Monitor, settings: Settings) -> AsyncIterator[int]:
-    """Serve ``monitor`` on ``settings.metrics_host:metrics_port`` while inside; yield the bound port
-    (``metrics_port`` 0 picks a free one). Raises ``OSError`` when the port is taken.
+    """Serve ``monitor`` on ``settings.metrics_host:metrics_port`` (or the inherited ``metrics_socket_fd``)
+    while inside; yield the bound port (``metrics_port`` 0 picks a free one). Raises ``OSError`` when the port
+    is taken.
     """
     runner = web.AppRunner(monitor.app(), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.metrics_host, settings.metrics_port)
+        site = listening_site(runner, settings.metrics_host, settings.metrics_port, settings.metrics_socket_fd)
         await site.start()
         port = int(runner.addresses[0][1])
         log.info("monitoring endpoint listening", extra={"part": monitor.part, "port": port})

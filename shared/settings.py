@@ -203,6 +203,12 @@ class Settings(BaseSettings):
 
     api_host: str = Field("127.0.0.1", description="API listen address")
     api_port: int = Field(8080, ge=0, le=65535, description="API listen port")
+    api_socket_fd: int | None = Field(
+        None,
+        ge=0,
+        description="serve the API on this inherited listening socket (a file descriptor) instead of binding"
+        " `api_host:api_port`: a supervisor that holds the port across restarts hands it over",
+    )
 
     message_body_max_bytes: int = Field(
         6,
@@ -482,6 +488,12 @@ class Settings(BaseSettings):
         le=65535,
         description="its port; parts sharing a host need one each (`make run` gives api, relay, workers, janitor"
         " consecutive ports from this one); `0` picks a free port and logs it",
+    )
+    metrics_socket_fd: int | None = Field(
+        None,
+        ge=0,
+        description="serve the monitoring endpoint on this inherited listening socket (a file descriptor) instead"
+        " of binding `metrics_host:metrics_port`, as `api_socket_fd` does for the API",
     )
 
     @model_validator(mode="after")

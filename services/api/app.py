@@ -28,7 +28,7 @@ from services.api.routes import setup_routes
 from shared import tracing
 from shared.auth import TokenVerifier
 from shared.db import create_pool
-from shared.lifecycle import run_until_signalled
+from shared.lifecycle import listening_site, run_until_signalled
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, database_check, serving, storage_check
 from shared.settings import Settings
@@ -112,14 +112,15 @@ def init_app(settings: Settings) -> web.Application:
 
 @contextlib.asynccontextmanager
 async def listening(settings: Settings) -> AsyncIterator[web.AppRunner]:
-    """Serve the API on ``api_host:api_port`` for the duration of the block, as ``main`` does, and yield its
-    runner (``runner.addresses`` names the bound sockets: port 0 picks a free one). On exit the listener
-    closes, in-flight requests get ``shutdown_grace_seconds`` to finish and the application is cleaned up.
+    """Serve the API on ``api_host:api_port`` (or the inherited ``api_socket_fd``) for the duration of the
+    block, as ``main`` does, and yield its runner (``runner.addresses`` names the bound sockets: port 0 picks a
+    free one). On exit the listener closes, in-flight requests get ``shutdown_grace_seconds`` to finish and the
+    application is cleaned up.
     """
     runner = api_runner(init_app(settings), settings)
     await runner.setup()
     try:
-        await web.TCPSite(runner, settings.api_host, settings.api_port).start()
+        await listening_site(runner, settings.api_host, settings.api_port, settings.api_socket_fd).start()
         yield runner
     finally:
         await runner.cleanup()

@@ -16,7 +16,6 @@ import pytest
 from yarl import URL
 
 from devtools.localsystem import LocalSystem
-from devtools.ports import free_port
 from shared import tracing
 from tests.support import cloned_database, unique, wait_for
 from tests.support.api_calls import import_lines, make_conversation, wait_terminal
@@ -310,13 +309,11 @@ async def test_no_span_and_no_log_line_holds_a_secret(traced: Traced) -> None:
 async def test_a_client_cannot_force_sampling(traced: Traced) -> None:
     # A second api that samples no trace; its stop flushes whatever it would export, so once it has
     # exited, every span it was going to send has arrived.
-    system, port = traced.system, free_port()
-    system.start_part(
-        "api", name="api-unsampled", extra_env={"OTEL_TRACES_SAMPLER_ARG": "0", "CHATEXPORT_API_PORT": str(port)}
-    )
+    system = traced.system
+    system.start_part("api", name="api-unsampled", extra_env={"OTEL_TRACES_SAMPLER_ARG": "0"})
     system.wait_ready(["api-unsampled"])
     forced_trace, user = secrets.token_hex(16), unique("trace-user")
-    async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as api:
+    async with aiohttp.ClientSession(base_url=system.api_url("api-unsampled")) as api:
         response = await api.get(
             "/v3/operations",
             headers={**traced.auth(user), "traceparent": f"00-{forced_trace}-{secrets.token_hex(8)}-01"},
