@@ -54,6 +54,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy chatexport devtools shared services tests bench
+	$(BIN)/python -m devtools.migration_lint
 
 typecheck: install
 	$(BIN)/mypy chatexport devtools shared services tests bench

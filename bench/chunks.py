@@ -40,7 +40,7 @@ from bench.running import PG_SERVER, admin_execute, admin_headers, member_conver
 from bench.table import Figure, percentile, print_table
 from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
-from shared.db import migrate
+from shared.migrator import migrate
 
 CID = "bench-chunks"
 MIB = 1024 * 1024

@@ -28,9 +28,10 @@ from services.janitor import main as janitor
 from services.relay import main as relay
 from services.worker import main as worker
 from shared.auth import mint_token
-from shared.db import connect, create_pool, migrate_database
+from shared.db import connect, create_pool
 from shared.ids import is_operation_id, is_valid_id
 from shared.lifecycle import follow_parent
+from shared.migrator import BadMigration, SchemaOutOfRange, Step, migrate_database
 from shared.repair import Requeue, requeue
 from shared.settings import Settings, local_url
 
@@ -50,9 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     for part in PARTS:
         sub = commands.add_parser(part, help=f"run the {part} until SIGTERM/SIGINT")
         sub.set_defaults(handler=_cmd_part, part=part)
-    commands.add_parser("migrate", help="create the database if missing and apply pending migrations").set_defaults(
-        handler=_cmd_migrate
+    migrate = commands.add_parser(
+        "migrate", help="create the database if missing and apply pending migrations (pre and post steps by default)"
     )
+    migrate.set_defaults(handler=_cmd_migrate)
+    step = migrate.add_mutually_exclusive_group()
+    step.add_argument("--pre", action="store_true", help="only the pre migrations: before rolling out a release")
+    step.add_argument("--post", action="store_true", help="only the post migrations: once the old release is gone")
     _add_token(commands)
     _add_import(commands)
     _add_dev(commands)
@@ -180,13 +185,21 @@ def _without_values(exc: pydantic.ValidationError) -> str:
 def _cmd_part(args: argparse.Namespace) -> int:
     settings = load_settings()
     follow_parent()
-    PARTS[args.part](settings)
+    try:
+        PARTS[args.part](settings)
+    except SchemaOutOfRange:
+        return 1  # the part logged why (docs/deploy.md: Upgrading)
     return 0
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
     settings = load_settings()
-    created, applied = asyncio.run(migrate_database(settings))
+    steps = [Step.PRE] if args.pre else [Step.POST] if args.post else list(Step)
+    try:
+        created, applied = asyncio.run(migrate_database(settings, steps=steps))
+    except BadMigration as exc:
+        print(f"chatexport: {exc}", file=sys.stderr)
+        return 1
     if created:
         print("created the database")
     print(f"applied: {', '.join(applied)}" if applied else "applied: nothing (schema is up to date)")

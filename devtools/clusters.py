@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.servers import HOST, POLL_SECONDS, PrivatePostgres, PrivateRabbitMQ, ServerError
-from shared.db import migrate
+from shared.migrator import migrate
 
 CLUSTER_START_TIMEOUT_SECONDS = 180.0  # three RabbitMQ nodes take about 20 s on two idle cores
 PROMOTE_TIMEOUT_SECONDS = 60.0

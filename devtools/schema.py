@@ -16,7 +16,7 @@ from pathlib import Path
 
 import asyncpg
 
-from shared.db import migrate
+from shared.migrator import migrate
 
 SNAPSHOT = Path(__file__).resolve().parent.parent / "shared" / "schema.sql"
 HEADER = (

@@ -32,7 +32,8 @@ from devtools.corpus import ImportSummary, conversation_id_for, corpus_files, im
 from devtools.moto import MotoServer, start_moto
 from devtools.processes import ProcessGroup
 from shared.auth import mint_token
-from shared.db import create_pool, migrate_database
+from shared.db import create_pool
+from shared.migrator import migrate_database
 from shared.settings import Settings, local_url
 from shared.storage import ensure_bucket, open_s3_client
 

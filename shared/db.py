@@ -12,7 +12,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator
-from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -63,9 +62,6 @@ TRANSIENT_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
 # (PostgreSQL's syncrep.c; English server messages, ``lc_messages``, are assumed): the commit then reports
 # success although it holds on this server only.
 SYNC_REP_CANCELLED = "canceling wait for synchronous replication"
-
-# Any constant works; it only has to be the same for every migrating process.
-MIGRATION_LOCK_KEY = 0x63686578  # "chex"
 
 
 def split_hosts(dsn: str) -> list[tuple[str, str]]:
@@ -309,13 +305,6 @@ async def create_pool_when_ready(settings: Settings, *, stop: asyncio.Event) -> 
     )
 
 
-def migration_files() -> list[tuple[str, str]]:
-    """Return ``[(version, sql), ...]`` for every migration, ordered by version."""
-    folder = resources.files("shared") / "migrations"
-    found = [(entry.name.removesuffix(".sql"), entry.read_text("utf-8")) for entry in folder.iterdir()]
-    return sorted((item for item in found if item[0][:4].isdigit()), key=lambda item: item[0])
-
-
 async def ensure_database(
     database_url: str, *, connect_timeout_seconds: float = DATABASE_CONNECT_TIMEOUT_SECONDS
 ) -> bool:
@@ -342,53 +331,9 @@ async def ensure_database(
         await conn.close()
 
 
-async def migrate_database(settings: Settings) -> tuple[bool, list[str]]:
-    """Create the database if missing, then migrate; return (created, versions applied by this call).
-
-    Safe to run twice or concurrently: creation tolerates a race and migrations take an advisory lock.
-    Raises ``OSError`` or ``asyncpg.PostgresError`` when the server cannot be reached or refuses.
-    """
-    timeout = settings.database_connect_timeout_seconds
-    created = await ensure_database(settings.database_url, connect_timeout_seconds=timeout)
-    return created, await migrate(settings.database_url, connect_timeout_seconds=timeout)
-
-
-async def migrate(database_url: str, *, connect_timeout_seconds: float = DATABASE_CONNECT_TIMEOUT_SECONDS) -> list[str]:
-    """Apply every pending migration on the first host of ``database_url`` that satisfies its
-    ``target_session_attrs`` (``open_connection``); return the versions applied by this call (possibly none).
-    """
-    conn = await open_connection(database_url, connect_timeout_seconds=connect_timeout_seconds)
-    try:
-        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
-        try:
-            return await _apply_pending(conn)
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
-    finally:
-        await conn.close()
-
-
 def atomic(conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[Any]:
     """A transaction on ``conn`` for a repository function's statements, or, when the caller has one open,
     nothing: they join it. A savepoint would cost two round trips and guard nothing, since no caller goes on
     with its transaction after a repository function raised (docs/benchmark.md: Benchmark, Counts).
     """
     return contextlib.nullcontext() if conn.is_in_transaction() else conn.transaction()
-
-
-async def _apply_pending(conn: asyncpg.Connection) -> list[str]:
-    await conn.execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations"
-        " (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-    )
-    done = {row["version"] for row in await conn.fetch("SELECT version FROM schema_migrations")}
-    applied = []
-    for version, sql in migration_files():
-        if version in done:
-            continue
-        async with conn.transaction():
-            await conn.execute(sql)
-            await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)
-        log.info("migration applied", extra={"version": version})
-        applied.append(version)
-    return applied

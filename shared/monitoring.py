@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, disable_created_met
 from shared.db import probing_connection, require_writable
 from shared.lifecycle import listening_site
 from shared.metrics import REFRESH_FAILURES
+from shared.migrator import check_schema
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,26 @@ def database_check(pool: asyncpg.Pool) -> Check:
             await require_writable(conn)
 
     return check
+
+
+def schema_check(pool: asyncpg.Pool) -> Check:
+    """Ready while this release runs on the database's schema (docs/deploy.md: Upgrading); raises
+    ``SchemaOutOfRange``, whose message names the migration to run, when it does not.
+    """
+
+    async def check() -> None:
+        async with probing_connection(pool) as conn:
+            await check_schema(conn)
+
+    return check
+
+
+def watch_database(monitor: Monitor, pool: asyncpg.Pool) -> None:
+    """Put the checks of a part's database in ``monitor``: ``database`` (``database_check``) and ``schema``
+    (``schema_check``).
+    """
+    monitor.checks["database"] = database_check(pool)
+    monitor.checks["schema"] = schema_check(pool)
 
 
 def broker_check(connection: AbstractRobustConnection) -> Check:

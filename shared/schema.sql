@@ -597,7 +597,9 @@ CREATE TABLE public.outbox (
     not_before timestamp with time zone DEFAULT now() NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     published_at timestamp with time zone,
-    publish_attempts integer DEFAULT 0 NOT NULL
+    publish_attempts integer DEFAULT 0 NOT NULL,
+    payload_version integer DEFAULT 1 NOT NULL,
+    dead_lettered_at timestamp with time zone
 );
 
 CREATE SEQUENCE public.outbox_outbox_id_seq
@@ -611,7 +613,8 @@ ALTER SEQUENCE public.outbox_outbox_id_seq OWNED BY public.outbox.outbox_id;
 
 CREATE TABLE public.schema_migrations (
     version text NOT NULL,
-    applied_at timestamp with time zone DEFAULT now() NOT NULL
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    step text DEFAULT 'pre'::text NOT NULL
 );
 
 CREATE TABLE public.webhook_attempts (

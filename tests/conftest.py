@@ -24,7 +24,7 @@ from devtools.moto import MotoServer, start_moto
 from devtools.prerequisites import CHROMEDRIVER, CHROMIUM
 from services.api.app import init_app
 from shared.auth import mint_token
-from shared.db import migrate
+from shared.migrator import migrate
 from shared.settings import Settings
 from shared.storage import ensure_bucket, open_s3_client
 from tests.support import PG_SERVER, admin_execute, cloned_database, emptied, make_settings

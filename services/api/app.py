@@ -27,10 +27,11 @@ from services.api.http.slots import ConnectionSlots
 from services.api.routes import setup_routes
 from shared import tracing
 from shared.auth import TokenVerifier
-from shared.db import create_pool
+from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool
 from shared.lifecycle import listening_site, run_until_signalled
 from shared.logs import configure_logging
-from shared.monitoring import Monitor, database_check, serving, storage_check
+from shared.migrator import require_schema
+from shared.monitoring import Monitor, serving, storage_check, watch_database
 from shared.settings import Settings
 from shared.storage import open_presigner, open_s3_client
 
@@ -42,7 +43,10 @@ async def _pg_context(app: web.Application) -> AsyncIterator[None]:
     # 503 problems and is not ready until it is back, rather than dying.
     # The API acknowledges its commits to clients: one held on the primary only must answer 503, not 2xx.
     app[POOL] = await create_pool(app[SETTINGS], min_size=0, refuse_unreplicated=True)
-    app[MONITOR].checks["database"] = database_check(app[POOL])
+    watch_database(app[MONITOR], app[POOL])
+    # A database that is down is not a refusal: readiness reports the schema once it is back.
+    with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
+        await require_schema(app[POOL])
     yield
     await app[POOL].close()
 

@@ -16,7 +16,8 @@ from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect, create_pool_when_ready
 from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
-from shared.monitoring import Monitor, database_check, serving, storage_check
+from shared.migrator import require_schema
+from shared.monitoring import Monitor, serving, storage_check, watch_database
 from shared.settings import Settings
 from shared.storage import open_s3_client
 
@@ -37,7 +38,8 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     monitor = Monitor("janitor", needs=("database", "storage"))
     async with serving(monitor, settings):
         pool = await create_pool_when_ready(settings, stop=stop)
-        monitor.checks["database"] = database_check(pool)
+        watch_database(monitor, pool)
+        await require_schema(pool)
         monitor.before_scrape.append(lambda: metrics.observe_system(pool))
         await _run(settings, pool, monitor, stop=stop)
 

@@ -22,6 +22,14 @@ PUBLISH_FAILURES = counter_from_zero(
     "reason",
     PUBLISH_FAILURE_REASONS,
 )
+OUTBOX_PUT_BACK = Counter(
+    "chatexport_relay_outbox_put_back_total",
+    "Outbox rows of a payload version this relay does not read, left for a relay that does.",
+)
+OUTBOX_DEAD_LETTERED = Counter(
+    "chatexport_relay_outbox_dead_lettered_total",
+    "Outbox rows put back up to the delivery limit and then dead-lettered (kept, never published).",
+)
 BATCH_DURATION = Histogram(
     "chatexport_relay_batch_duration_seconds",
     "Time to claim, publish and mark one batch of outbox rows, in seconds.",

@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange
 from services.relay import metrics
 from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
+from shared.payloads import PAYLOAD_VERSION_HEADER, readable
 from shared.repository import outbox
 from shared.settings import Settings
 
@@ -54,9 +55,12 @@ class Relay:
 
     async def _publish_batch(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await outbox.claim_due(conn, limit=self._settings.relay_batch_size)
-            if not rows:
+            claimed = await outbox.claim_due(conn, limit=self._settings.relay_batch_size)
+            if not claimed:
                 return 0
+            rows = [row for row in claimed if readable(row.payload_version)]
+            if len(rows) < len(claimed):
+                await self._put_back(conn, [row for row in claimed if not readable(row.payload_version)])
             results = await asyncio.gather(*(self._publish(row) for row in rows), return_exceptions=True)
             confirmed = [row.outbox_id for row, error in zip(rows, results, strict=True) if error is None]
             failed = [row.outbox_id for row, error in zip(rows, results, strict=True) if error is not None]
@@ -71,7 +75,21 @@ class Relay:
         if any(isinstance(result, (aio_pika.exceptions.DeliveryError, TimeoutError)) for result in results):
             log.warning("publish refused or not confirmed; renewing the channel")
             await self._renew_channel()
-        return len(rows)
+        return len(claimed)
+
+    async def _put_back(self, conn: asyncpg.Connection, rows: list[outbox.OutboxRow]) -> None:
+        """Leave rows of a payload version this release does not read to a relay that reads it
+        (docs/deploy.md: Upgrading, Payload versions), dead-lettering those put back too often.
+        """
+        limit = self._settings.amqp_delivery_limit
+        ids = [row.outbox_id for row in rows]
+        dead = await outbox.put_back(conn, outbox_ids=ids, retry_seconds=FAILED_PUBLISH_RETRY_SECONDS, limit=limit)
+        metrics.OUTBOX_PUT_BACK.inc(len(rows) - dead)
+        metrics.OUTBOX_DEAD_LETTERED.inc(dead)
+        log.warning(
+            "outbox rows of an unknown payload version put back",
+            extra={"rows": len(rows), "dead_lettered": dead, "versions": sorted({row.payload_version for row in rows})},
+        )
 
     async def _renew_channel(self) -> None:
         """Close the publishing channel under its robust connection, which opens and declares it anew once the
@@ -104,6 +122,7 @@ class Relay:
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=str(row.outbox_id),
+            headers={PAYLOAD_VERSION_HEADER: row.payload_version},
         )
         try:
             # In the operation's trace: the broker instrumentation puts this span's context in the message's

@@ -41,6 +41,7 @@ from yarl import URL
 from services.relay import metrics
 from shared import jsontext, tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.payloads import PAYLOAD_VERSION, PAYLOAD_VERSION_FIELD
 from shared.repository import schedules, status_monitor, webhook_deliveries
 from shared.repository.webhook_deliveries import Attempt, Delivery
 from shared.representation import represent, represent_schedule
@@ -244,7 +245,12 @@ class WebhookSender:
 
     async def _body(self, conn: asyncpg.Connection, delivery: Delivery) -> bytes:
         data = await _subject(conn, delivery)
-        message = {"type": delivery.event_type, "timestamp": datetime.now(UTC).isoformat(), "data": data}
+        message = {
+            "type": delivery.event_type,
+            "timestamp": datetime.now(UTC).isoformat(),
+            "data": data,
+            PAYLOAD_VERSION_FIELD: PAYLOAD_VERSION,
+        }
         return jsontext.dumps(message).encode()
 
     async def _post(self, delivery: Delivery, body: bytes) -> int:

@@ -23,6 +23,7 @@ from services.worker.runner import LeaseRunner
 from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
+from shared.payloads import message_version, readable
 from shared.repository import leases
 from shared.repository.leases import ClaimedOperation, current_state
 from shared.settings import Settings
@@ -111,6 +112,14 @@ class Consumer(Generic[Key]):
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         """Handle one delivery; every path acks, rejects or requeues it."""
+        version = message_version(message.headers)
+        if not readable(version):
+            # Another worker may read it (a newer release beside this one); the queue counts the returns
+            # and dead-letters it past its delivery limit (docs/deploy.md: Upgrading, Payload versions).
+            metrics.MESSAGES_PUT_BACK.inc()
+            log.warning("message of an unknown payload version put back", extra={"payload_version": version})
+            await settle(message, requeue=True)
+            return
         key = self._deliveries.decode(message.body)
         if key is None:
             log.error("undecodable message dead-lettered", extra={"message_id": message.message_id})

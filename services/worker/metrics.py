@@ -31,6 +31,11 @@ UNKNOWN_WAKEUPS = Counter(
     "chatexport_worker_unknown_wakeups_total",
     "Wake-ups naming an operation that does not exist (purged, or from another deployment), acked and logged.",
 )
+MESSAGES_PUT_BACK = Counter(
+    "chatexport_worker_messages_put_back_total",
+    "Wake-ups of a payload version this worker does not read, returned to the queue for a worker that does"
+    " (the queue dead-letters one returned more often than its delivery limit).",
+)
 LEASE_TAKEOVERS = Counter(
     "chatexport_worker_lease_takeovers_total",
     "Leases taken over from a holder whose lease had expired (its worker lost, frozen or cut off).",

@@ -3,7 +3,9 @@ the relay's claim of it.
 
 A row is a request to publish ``{"operation_id": ...}`` (a chunk's: with ``"chunk": n``) to the work exchange
 no earlier than ``not_before``. The relay publishes it; an insert trigger NOTIFYs the relay so it need not poll. Relays
-claim rows by the unpublished flag with ``SKIP LOCKED``.
+claim rows by the unpublished flag with ``SKIP LOCKED``. Each row carries the version of its payload
+(``shared.payloads``); one that no relay of this release reads is put back, and dead-lettered past the delivery
+limit: ``dead_lettered_at`` set and ``not_before`` at infinity, so that no relay of any release claims it again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from shared.broker import CHUNK_ROUTING_KEY, EXPORT_ROUTING_KEY
+from shared.payloads import PAYLOAD_VERSION
 from shared.repository.rows import Row
 
 
@@ -37,26 +40,29 @@ async def _enqueue(
 ) -> None:
     await conn.execute(
         """
-        INSERT INTO outbox (operation_id, routing_key, payload, not_before)
-        VALUES ($1, $2, $3::jsonb, now() + make_interval(secs => $4))
+        INSERT INTO outbox (operation_id, routing_key, payload, not_before, payload_version)
+        VALUES ($1, $2, $3::jsonb, now() + make_interval(secs => $4), $5)
         """,
         operation_id,
         routing_key,
         json.dumps(payload),
         delay_seconds,
+        PAYLOAD_VERSION,
     )
 
 
 @dataclass(frozen=True)
 class OutboxRow(Row):
-    """A wake-up to publish: ``payload`` (JSON text) to ``routing_key`` of the work exchange, in the trace of
-    its operation (``traceparent``, None when the operation was created with tracing off).
+    """A wake-up to publish: ``payload`` (JSON text, of version ``payload_version``) to ``routing_key`` of the
+    work exchange, in the trace of its operation (``traceparent``, None when the operation was created with
+    tracing off).
     """
 
     outbox_id: int
     operation_id: str
     routing_key: str
     payload: str
+    payload_version: int
     traceparent: str | None
 
 
@@ -69,7 +75,7 @@ async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[OutboxRow]:
     # A subquery, not a join: FOR UPDATE must lock the outbox rows only, never the operations.
     rows = await conn.fetch(
         """
-        SELECT outbox_id, operation_id, routing_key, payload::text AS payload,
+        SELECT outbox_id, operation_id, routing_key, payload::text AS payload, payload_version,
                (SELECT o.traceparent FROM operations o WHERE o.operation_id = outbox.operation_id) AS traceparent
         FROM outbox
         WHERE published_at IS NULL AND not_before <= now()
@@ -104,11 +110,35 @@ async def mark_failed(conn: asyncpg.Connection, *, outbox_ids: list[int], retry_
     )
 
 
+async def put_back(conn: asyncpg.Connection, *, outbox_ids: list[int], retry_seconds: float, limit: int) -> int:
+    """Put back rows whose payload version this relay does not read: for a relay that reads it, in
+    ``retry_seconds``; a row put back ``limit`` times is dead-lettered instead. Returns how many were.
+    """
+    dead: int = await conn.fetchval(
+        """
+        WITH counted AS (
+            UPDATE outbox SET publish_attempts = publish_attempts + 1,
+                not_before = CASE WHEN publish_attempts + 1 >= $3 THEN 'infinity'
+                                  ELSE now() + make_interval(secs => $2) END,
+                dead_lettered_at = CASE WHEN publish_attempts + 1 >= $3 THEN now() END
+            WHERE outbox_id = ANY($1::bigint[])
+            RETURNING dead_lettered_at
+        )
+        SELECT count(dead_lettered_at) FROM counted
+        """,
+        outbox_ids,
+        retry_seconds,
+        limit,
+    )
+    return dead
+
+
 async def seconds_until_next_due(conn: asyncpg.Connection) -> float | None:
     """Seconds until the earliest unpublished row is due (0 if one is due now); None when none waits."""
     # Not greatest(0, ...) in SQL: Postgres' greatest skips NULLs, and an empty outbox would read as due.
     value: float | None = await conn.fetchval(
-        "SELECT extract(epoch FROM min(not_before) - now())::float8 FROM outbox WHERE published_at IS NULL"
+        "SELECT extract(epoch FROM min(not_before) - now())::float8 FROM outbox"
+        " WHERE published_at IS NULL AND dead_lettered_at IS NULL"
     )
     return None if value is None else max(value, 0.0)
 
@@ -136,7 +166,7 @@ async def backlog(conn: asyncpg.Connection) -> tuple[int, float]:
         SELECT count(*) AS waiting,
                coalesce(extract(epoch FROM now() - min(greatest(created_at, not_before))
                                 FILTER (WHERE not_before <= now()))::float8, 0) AS oldest_age_seconds
-        FROM outbox WHERE published_at IS NULL
+        FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL
         """
     )
     return row["waiting"], row["oldest_age_seconds"]

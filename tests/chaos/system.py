@@ -18,7 +18,7 @@ import asyncpg
 from devtools.clusters import PostgresCluster, RabbitCluster
 from devtools.servers import PrivatePostgres, PrivateRabbitMQ, ServerError
 from shared.auth import mint_token
-from shared.db import migrate
+from shared.migrator import migrate
 from tests.chaos.receiver import Receiver
 from tests.support.fault_harness import Faulty, running
 

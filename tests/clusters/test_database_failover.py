@@ -21,7 +21,8 @@ from services.api.app import init_app
 from services.api.exporting.changes import CHANNEL, OperationChanges
 from services.janitor.main import _lead
 from shared.auth import mint_token
-from shared.db import TRANSIENT_DATABASE_ERRORS, ReadOnlyServer, connect, create_pool, migrate
+from shared.db import TRANSIENT_DATABASE_ERRORS, ReadOnlyServer, connect, create_pool
+from shared.migrator import migrate
 from shared.settings import Settings
 from tests.support import make_settings, wait_for
 from tests.support.api_calls import make_conversation, submit

@@ -16,7 +16,7 @@ import aiohttp
 import asyncpg
 
 from devtools.clusters import PostgresCluster
-from shared.db import migrate
+from shared.migrator import migrate
 from tests.support import AMQP_URL, wait_for
 from tests.support.api_calls import submit
 from tests.support.fault_harness import Faulty, check_ended_correctly, make_conversation, running

@@ -11,7 +11,7 @@ from typing import TypeVar
 import pytest
 
 from devtools.servers import PrivatePostgres, PrivateRabbitMQ, TcpProxy
-from shared.db import migrate
+from shared.migrator import migrate
 
 ServerT = TypeVar("ServerT", PrivatePostgres, PrivateRabbitMQ)
 

@@ -21,8 +21,22 @@ async def test_healthz_and_readyz(api: Client) -> None:
     assert (health.status, await health.json()) == (200, {"status": "ok"})
     assert (ready.status, await ready.json()) == (
         200,
-        {"status": "ready", "checks": {"database": "ok", "storage": "ok"}},
+        {"status": "ready", "checks": {"database": "ok", "schema": "ok", "storage": "ok"}},
     )
+
+
+async def test_readyz_reports_a_schema_past_the_range_of_this_release(api: Client, settings: Settings) -> None:
+    # A later release's post migration may have removed what this one uses (docs/deploy.md: Upgrading).
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.execute("INSERT INTO schema_migrations (version, step) VALUES ('9999_later_removal', 'post')")
+        ready = await api.get("/readyz")
+        body = await ready.json()
+        assert (ready.status, body["checks"]["schema"]) == (503, "SchemaOutOfRange"), body
+        await conn.execute("DELETE FROM schema_migrations WHERE version = '9999_later_removal'")
+        assert (await api.get("/readyz")).status == 200
+    finally:
+        await conn.close()
 
 
 async def test_readyz_and_requests_are_503_while_the_database_refuses_connections(

@@ -12,15 +12,15 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from chatexport.cli import migrate_database
-from shared.db import ensure_database, migrate, migration_files
+from shared.db import ensure_database
+from shared.migrator import migrate, migrate_database, migrations
 from shared.settings import Settings
 from tests.support import PG_SERVER
 
 pytestmark = pytest.mark.integration  # the real Postgres, reached without the database fixtures
 
 REPO = Path(__file__).resolve().parents[2]
-ALL_VERSIONS = [version for version, _ in migration_files()]
+ALL_VERSIONS = [migration.version for migration in migrations()]
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import asyncpg
 
 from devtools.clusters import PostgresCluster
 from devtools.servers import PrivatePostgres
-from shared.db import migrate
+from shared.migrator import migrate
 from shared.settings import Settings
 from tests.support import AMQP_URL, wait_for
 from tests.support.fault_harness import FAST, Faulty, running
