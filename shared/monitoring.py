@@ -146,36 +146,19 @@ def _not_ready(detail: str, checks: dict[str, str]) -> web.Response:
 
 
 def database_check(pool: asyncpg.Pool) -> Check:
-    """Ready when a pooled connection's server takes writes (``require_writable``): every part that checks
-    its database writes to it, and a standby or a read-only primary answers ``SELECT 1`` all the same
-    (docs/operations.md: A database that takes no writes). Raises ``ReadOnlyServer`` when it takes none.
+    """Ready when a pooled connection's server takes writes (``require_writable``) and this release runs on
+    its schema (``check_schema``; docs/deploy.md: Upgrading): every part that checks its database writes to
+    it, and a standby or a read-only primary answers ``SELECT 1`` all the same (docs/operations.md: A
+    database that takes no writes). Raises ``ReadOnlyServer`` or ``SchemaOutOfRange``. One connection for
+    both: the parts of a test run share one server's connection limit.
     """
 
     async def check() -> None:
         async with probing_connection(pool) as conn:
             await require_writable(conn)
-
-    return check
-
-
-def schema_check(pool: asyncpg.Pool) -> Check:
-    """Ready while this release runs on the database's schema (docs/deploy.md: Upgrading); raises
-    ``SchemaOutOfRange``, whose message names the migration to run, when it does not.
-    """
-
-    async def check() -> None:
-        async with probing_connection(pool) as conn:
             await check_schema(conn)
 
     return check
-
-
-def watch_database(monitor: Monitor, pool: asyncpg.Pool) -> None:
-    """Put the checks of a part's database in ``monitor``: ``database`` (``database_check``) and ``schema``
-    (``schema_check``).
-    """
-    monitor.checks["database"] = database_check(pool)
-    monitor.checks["schema"] = schema_check(pool)
 
 
 def broker_check(connection: AbstractRobustConnection) -> Check:

@@ -31,7 +31,7 @@ from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool
 from shared.lifecycle import listening_site, run_until_signalled
 from shared.logs import configure_logging
 from shared.migrator import require_schema
-from shared.monitoring import Monitor, serving, storage_check, watch_database
+from shared.monitoring import Monitor, database_check, serving, storage_check
 from shared.settings import Settings
 from shared.storage import open_presigner, open_s3_client
 
@@ -43,7 +43,7 @@ async def _pg_context(app: web.Application) -> AsyncIterator[None]:
     # 503 problems and is not ready until it is back, rather than dying.
     # The API acknowledges its commits to clients: one held on the primary only must answer 503, not 2xx.
     app[POOL] = await create_pool(app[SETTINGS], min_size=0, refuse_unreplicated=True)
-    watch_database(app[MONITOR], app[POOL])
+    app[MONITOR].checks["database"] = database_check(app[POOL])
     # A database that is down is not a refusal: readiness reports the schema once it is back.
     with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
         await require_schema(app[POOL])

@@ -17,7 +17,7 @@ from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect, crea
 from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
 from shared.migrator import require_schema
-from shared.monitoring import Monitor, serving, storage_check, watch_database
+from shared.monitoring import Monitor, database_check, serving, storage_check
 from shared.settings import Settings
 from shared.storage import open_s3_client
 
@@ -38,7 +38,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     monitor = Monitor("janitor", needs=("database", "storage"))
     async with serving(monitor, settings):
         pool = await create_pool_when_ready(settings, stop=stop)
-        watch_database(monitor, pool)
+        monitor.checks["database"] = database_check(pool)
         await require_schema(pool)
         monitor.before_scrape.append(lambda: metrics.observe_system(pool))
         await _run(settings, pool, monitor, stop=stop)

@@ -14,7 +14,7 @@ from shared.db import create_pool_when_ready
 from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
 from shared.migrator import require_schema
-from shared.monitoring import Monitor, broker_check, serving, watch_database
+from shared.monitoring import Monitor, broker_check, database_check, serving
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         await resources.enter_async_context(serving(monitor, settings))
         pool = await create_pool_when_ready(settings, stop=stop)
         resources.push_async_callback(pool.close)
-        watch_database(monitor, pool)
+        monitor.checks["database"] = database_check(pool)
         await require_schema(pool)
         session = await broker.open_session_when_ready(
             settings, name=f"relay {os.getpid()}", stop=stop, on_return_raises=True

@@ -21,7 +21,7 @@ from shared.db import create_pool, create_pool_when_ready
 from shared.lifecycle import drain, keep_trying, run_until_signalled
 from shared.logs import configure_logging
 from shared.migrator import require_schema
-from shared.monitoring import Monitor, Unavailable, broker_check, serving, storage_check, watch_database
+from shared.monitoring import Monitor, Unavailable, broker_check, database_check, serving, storage_check
 from shared.settings import Settings
 from shared.storage import STORAGE_ERRORS, ensure_bucket, open_s3_client
 
@@ -41,7 +41,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         await resources.enter_async_context(serving(monitor, settings))
         pool = await create_pool_when_ready(settings, stop=stop)
         resources.push_async_callback(pool.close)
-        watch_database(monitor, pool)
+        monitor.checks["database"] = database_check(pool)
         await require_schema(pool)
         session = await broker.open_session_when_ready(
             settings, name=f"worker {worker_id}", stop=stop, prefetch_count=settings.worker_concurrency

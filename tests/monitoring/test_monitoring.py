@@ -179,8 +179,8 @@ async def test_worker_and_relay_are_ready_once_consuming(settings: Settings, s3:
         await wait_for(lambda: ready(relay_base), timeout=30)
         worker_checks = (await get(f"{worker_base}/readyz"))[1]["checks"]
         relay_checks = (await get(f"{relay_base}/readyz"))[1]["checks"]
-        assert set(worker_checks) == {"database", "schema", "broker", "storage", "consumer"}
-        assert set(relay_checks) == {"database", "schema", "broker"}
+        assert set(worker_checks) == {"database", "broker", "storage", "consumer"}
+        assert set(relay_checks) == {"database", "broker"}
         assert "chatexport_worker_exports_running{}" in await scrape(worker_base)
     finally:
         stop_worker.set()
