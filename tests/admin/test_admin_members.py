@@ -12,6 +12,8 @@ import pytest
 from tests.support.api_calls import expect_problem
 from tests.support.messages import Auth, Client, read, send, stored
 
+pytestmark = pytest.mark.module_database  # every test starts from empty tables (tests/conftest.py)
+
 
 async def member_ids(pool: asyncpg.Pool, cid: str) -> list[str]:
     rows = await pool.fetch("SELECT user_id FROM conversation_members WHERE conversation_id = $1 ORDER BY 1", cid)

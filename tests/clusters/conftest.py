@@ -25,10 +25,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shared_rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
-    """One started three-node cluster per test module: forming it takes about 20 s, so the module's tests
-    share it (each with its own queue names). Its logs are kept in a ``rabbit-cluster`` temp folder.
+    """One started three-node cluster for the session: forming it takes about 15 s, so every test that needs
+    one shares it (each with its own queue names). Its logs are kept in a ``rabbit-cluster`` temp folder.
     """
     cluster = RabbitCluster()
     try:
@@ -40,8 +40,8 @@ def shared_rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 @pytest.fixture
 def rabbit_cluster(shared_rabbit_cluster: RabbitCluster) -> RabbitCluster:
-    """The module's cluster with every node running: whatever an earlier test of the module stopped or
-    killed (and left down, say because it failed) is started again first.
+    """The session's cluster with every node running: whatever an earlier test stopped or killed (and left
+    down, say because it failed) is started again first.
     """
     shared_rabbit_cluster.start()
     return shared_rabbit_cluster

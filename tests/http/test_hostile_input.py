@@ -11,6 +11,8 @@ import pytest
 
 from tests.support.api_calls import Headers, expect_problem, make_conversation, read_all
 
+pytestmark = pytest.mark.module_database  # every test starts from empty tables (tests/conftest.py)
+
 
 async def test_deeply_nested_or_huge_number_json_is_malformed(api: Any, auth: Headers, pool: asyncpg.Pool) -> None:
     await make_conversation(api, auth, "c-h", ["alice"])

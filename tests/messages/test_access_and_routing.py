@@ -16,6 +16,8 @@ from shared.settings import Settings
 from tests.support.api_calls import challenge, expect_problem, make_conversation
 from tests.support.messages import Auth, Client, read, send, stored
 
+pytestmark = pytest.mark.module_database  # every test starts from empty tables (tests/conftest.py)
+
 
 async def test_non_member_and_missing_conversation_get_identical_404(
     api: Client, auth: Auth, chat: str, pool: asyncpg.Pool

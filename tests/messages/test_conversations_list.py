@@ -9,6 +9,8 @@ import pytest
 from tests.support.api_calls import expect_problem, make_conversation
 from tests.support.messages import Auth, Client, post_import
 
+pytestmark = pytest.mark.module_database  # every test starts from empty tables (tests/conftest.py)
+
 SENT = "2026-11-30T08:00:00.000Z"
 LATER = "2026-11-30T09:30:00.000Z"
 

@@ -15,6 +15,8 @@ from shared.settings import Settings
 from tests.support.api_calls import expect_problem
 from tests.support.messages import TIMESTAMP, Auth, Client, configured_api, post_import, read, send, stored
 
+pytestmark = pytest.mark.module_database  # every test starts from empty tables (tests/conftest.py)
+
 
 def history(count: int, *, start: int = 1) -> list[dict[str, Any]]:
     return [

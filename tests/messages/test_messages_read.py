@@ -7,6 +7,8 @@ import pytest
 from tests.support.api_calls import expect_problem, import_lines
 from tests.support.messages import Auth, Client, read, send
 
+pytestmark = pytest.mark.module_database  # every test starts from empty tables (tests/conftest.py)
+
 LINE_KEYS = ["conversation_id", "seq", "message_id", "sender_id", "sent_at", "body"]
 
 

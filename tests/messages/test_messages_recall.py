@@ -5,9 +5,12 @@ and reads skip it.
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
 from tests.support.api_calls import expect_problem, make_conversation
 from tests.support.messages import Auth, Client, read, send
+
+pytestmark = pytest.mark.module_database  # every test starts from empty tables (tests/conftest.py)
 
 
 async def test_sender_recalls_and_recalled_messages_are_not_read(

@@ -25,6 +25,8 @@ from tests.support.messages import (
     stored,
 )
 
+pytestmark = pytest.mark.module_database  # every test starts from empty tables (tests/conftest.py)
+
 
 async def test_send_stores_message_and_answers_seq_and_sent_at(
     api: Client, auth: Auth, chat: str, pool: asyncpg.Pool

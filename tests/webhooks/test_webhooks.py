@@ -38,6 +38,8 @@ from tests.support.messages import Auth, Client
 from tests.support.rows import insert_operation
 from tests.support.webhook_peers import ConnectProxy, Receiver, listening, send_due, trickling
 
+pytestmark = pytest.mark.module_database  # every test starts from empty tables (tests/conftest.py)
+
 
 @pytest.fixture
 async def settings(database_url: str, moto: MotoServer) -> AsyncIterator[Settings]:
