@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.running import running_system
 from bench.table import Figure, print_table
 from shared.auth import mint_token
-from shared.export_request import ExportRequest
+from shared.export.request import ExportRequest
 from shared.repository.export_reader import copy_export_lines
 from shared.settings import Settings
 from shared.storage import open_s3_client

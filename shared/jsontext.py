@@ -4,7 +4,7 @@ JSON allows U+0085, U+2028 and U+2029 raw inside strings, but Python's ``str.spl
 before ES2019 and many log tools break lines there. Everything the product writes as JSON escapes them as
 ``\\uXXXX``, like the C0 controls JSON already escapes, so a line is a line for everyone and parsing gives
 back the same string. The export file's lines are rendered by Postgres with the same escapes
-(``shared.rendering.JSONL_LINE_SQL``).
+(``shared.export.rendering.JSONL_LINE_SQL``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from typing import Any
 
 import asyncpg
 
-from shared.export_request import SCHEDULE_REFUSED_OPTIONS
-from shared.phases import Phase
+from shared.export.phases import Phase
+from shared.export.request import SCHEDULE_REFUSED_OPTIONS
 from shared.repository.chunks import Chunk
 from shared.repository.operation_view import OperationView
 from shared.repository.schedules import ScheduleView

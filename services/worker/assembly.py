@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from services.worker.object_writer import StoredBytesDiffer, check_etag
-from shared.formats import MIN_PART_BYTES
+from shared.export.formats import MIN_PART_BYTES
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.chunks import Chunk
 from shared.settings import Settings

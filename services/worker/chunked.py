@@ -21,7 +21,7 @@ from services.worker.assembly import Assembly
 from services.worker.errors import LeaseLost, NeedsRepair, access_revoked
 from services.worker.files import Destination
 from services.worker.read_source import ReadSource
-from shared.phases import Phase
+from shared.export.phases import Phase
 from shared.repository import chunks, export_reader, outbox
 from shared.repository.artifacts import ArtifactFiles, StoredPart
 from shared.repository.chunks import Chunk, PlannedRange

@@ -23,8 +23,8 @@ from services.worker.object_writer import read_digest
 from services.worker.read_source import ReadSource
 from services.worker.reading import RangeReader
 from shared.artifact_removal import remove_artifact
+from shared.export.phases import Phase
 from shared.logs import update_log_fields
-from shared.phases import Phase
 from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord
 from shared.repository.leases import ClaimedOperation

@@ -1,7 +1,7 @@
 """The files of one artifact: one object, or parts of at most ``max_part_bytes`` before compression, each a
 complete file of its format (docs/api.md: Submitting an export, Export options).
 
-Each file renders through a new renderer (``shared.rendering``), is gzip-compressed when asked
+Each file renders through a new renderer (``shared.export.rendering``), is gzip-compressed when asked
 (every part its own gzip stream), and is written by its own ``ObjectWriter``. Parts are written one after
 the other, so memory stays that of one writer whatever the number of parts.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.worker.object_writer import ObjectWriter
-from shared.formats import FileKind
-from shared.rendering import Renderer
+from shared.export.formats import FileKind
+from shared.export.rendering import Renderer
 from shared.repository.artifacts import StoredPart
 from shared.repository.export_reader import ExportRow
 from shared.settings import Settings

@@ -14,8 +14,8 @@ import asyncpg
 from services.worker import metrics
 from services.worker.files import FileSet
 from services.worker.read_source import ExportReads, ReadSource
-from shared.export_request import ExportRequest
-from shared.formats import FileKind
+from shared.export.formats import FileKind
+from shared.export.request import ExportRequest
 from shared.repository import export_reader
 from shared.settings import Settings
 

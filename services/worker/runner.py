@@ -28,9 +28,9 @@ from services.worker.read_source import ReadSource
 from shared import tracing
 from shared.artifact_removal import remove_artifacts, remove_chunk_objects
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.export.phases import Phase
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
-from shared.phases import Phase
 from shared.repository import leases
 from shared.repository.leases import ClaimedOperation, CurrentState, SucceedOutcome, current_state, finish_cancel
 from shared.repository.outbox import enqueue_run

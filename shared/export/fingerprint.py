@@ -6,8 +6,8 @@ import hashlib
 import json
 from datetime import datetime
 
-from shared.export_request import ExportRequest
-from shared.formats import DEFAULT_COMPRESSION
+from shared.export.formats import DEFAULT_COMPRESSION
+from shared.export.request import ExportRequest
 from shared.timefmt import format_timestamp
 
 
@@ -36,7 +36,7 @@ def schedule_fingerprint(
     *, user_id: str, conversation_id: str, request: ExportRequest, every: str, start_at: datetime | None, mode: str
 ) -> str:
     """Hex sha256 of a schedule's canonical body (docs/schedules.md: The resource): its runs' request as
-    ``fingerprint`` reads it, the interval as normalised (``shared.cadence.Cadence.text``), the anchor as a UTC
+    ``fingerprint`` reads it, the interval as normalised (``shared.export.cadence.Cadence.text``), the anchor as a UTC
     instant (None when left to the creation) and the mode. Never equal to an export's fingerprint: submits and
     schedules share one key space, and a key used for one is reused by the other.
     """

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from shared.rendering import Csv, Html, JsonLines, Renderer, Text
+from shared.export.rendering import Csv, Html, JsonLines, Renderer, Text
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ message object, a line of a JSONL export and a row of a CSV export hold the fiel
 order and with the same values; the HTML and TXT exports show some of them.
 
 The read API's model (``services.api.http.schemas.Message``) and the JSONL line Postgres renders
-(``shared.rendering.JSONL_LINE_SQL``) are built from or tested against ``FIELDS``.
+(``shared.export.rendering.JSONL_LINE_SQL``) are built from or tested against ``FIELDS``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 one piece per message, a footer, so that every file (and every part of a split result) is complete on its own.
 
 A renderer keeps state within one file only (the HTML day it is in), so each file gets a new one; which
-renderer a format has is its entry in ``shared.formats.FORMATS``. JSONL lines are rendered by Postgres, the
+renderer a format has is its entry in ``shared.export.formats.FORMATS``. JSONL lines are rendered by Postgres, the
 export's fast path (COPY hands them over without a row ever becoming Python objects): ``JSONL_LINE_SQL`` is
 that rendering, kept here with the other formats'.
 """
@@ -14,9 +14,9 @@ import html
 import io
 from typing import Protocol
 
-from shared.formulas import guarded
+from shared.export.formulas import guarded
+from shared.export.message_shape import FIELDS, ExportedMessage, message_json
 from shared.jsontext import LINE_BREAKING
-from shared.message_shape import FIELDS, ExportedMessage, message_json
 from shared.timefmt import format_timestamp
 
 

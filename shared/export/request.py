@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared.formats import DEFAULT_COMPRESSION, DEFAULT_FORMAT, FileKind
+from shared.export.formats import DEFAULT_COMPRESSION, DEFAULT_FORMAT, FileKind
 from shared.timefmt import format_timestamp
 
 

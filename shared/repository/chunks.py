@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.export_request import FIELDS, ExportRequest
+from shared.export.request import FIELDS, ExportRequest
 from shared.repository.rows import Row
 from shared.states import ACTIVE, CLAIMABLE_CHUNKS, ChunkState, State, values
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import asyncpg
 
-from shared.export_request import ExportRequest
-from shared.rendering import JSONL_LINE_SQL
+from shared.export.rendering import JSONL_LINE_SQL
+from shared.export.request import ExportRequest
 from shared.repository.chunks import PlannedRange
 from shared.repository.rows import Row
 
@@ -122,7 +122,7 @@ async def plan_ranges(
 
 @dataclass(frozen=True)
 class ExportRow(Row):
-    """One exported message (``shared.message_shape.ExportedMessage``): its fields, and ``line``, its JSONL line
+    """One exported message (``shared.export.message_shape.ExportedMessage``): its fields, and ``line``, its JSONL line
     without the newline (as ``copy_export_lines`` writes it)."""
 
     seq: int

@@ -18,8 +18,8 @@ import asyncpg
 
 from shared import tracing
 from shared.db import atomic
-from shared.export_request import FIELDS, ExportRequest
-from shared.phases import Phase
+from shared.export.phases import Phase
+from shared.export.request import FIELDS, ExportRequest
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.attempts import close_attempt_if_matched, supersede_attempts
 from shared.repository.rows import Row

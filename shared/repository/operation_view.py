@@ -11,7 +11,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
-from shared.export_request import ExportRequest
+from shared.export.request import ExportRequest
 
 
 @dataclass(frozen=True, slots=True)

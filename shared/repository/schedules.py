@@ -16,8 +16,8 @@ from enum import StrEnum
 
 import asyncpg
 
-from shared.cadence import Cadence
-from shared.export_request import FIELDS, ExportRequest
+from shared.export.cadence import Cadence
+from shared.export.request import FIELDS, ExportRequest
 from shared.ids import is_valid_id
 from shared.repository import outbox
 from shared.repository.message_store import is_member

@@ -18,7 +18,7 @@ from enum import StrEnum
 import asyncpg
 
 from shared.broker import EXPORT_ROUTING_KEY
-from shared.export_request import ExportRequest
+from shared.export.request import ExportRequest
 from shared.ids import is_valid_id
 from shared.repository.operation_view import OperationView
 from shared.states import ACTIVE

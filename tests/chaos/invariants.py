@@ -26,8 +26,8 @@ from typing import Any
 import asyncpg
 
 from devtools.servers import ServerError
-from shared.cadence import Cadence
-from shared.formats import FileKind
+from shared.export.cadence import Cadence
+from shared.export.formats import FileKind
 from shared.storage import artifact_prefix, is_folder, part_key
 from tests.chaos.plan import PARTS
 from tests.chaos.system import ChaosSystem

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from services.api.exporting.results import content_disposition
 from services.api.http.schemas import ExportSubmission
-from shared.fingerprint import fingerprint
-from shared.rendering import Csv, Html, JsonLines
+from shared.export.fingerprint import fingerprint
+from shared.export.rendering import Csv, Html, JsonLines
 from shared.repository.export_reader import ExportRow
 from tests.support.exported_files import FORMULAS
 

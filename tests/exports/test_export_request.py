@@ -13,8 +13,8 @@ import pytest
 
 from services.api.http.schemas import ExportSubmission, OperationRequest
 from shared.broker import EXPORT_ROUTING_KEY
-from shared.export_request import FIELDS, SHOWN_FIELDS, ExportRequest
-from shared.fingerprint import fingerprint
+from shared.export.fingerprint import fingerprint
+from shared.export.request import FIELDS, SHOWN_FIELDS, ExportRequest
 from shared.repository import status_monitor
 from shared.repository.operation_view import OperationView
 from shared.repository.submissions import SubmitOutcome, SubmitResult, submit_export

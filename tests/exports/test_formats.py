@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from services.api.http.schemas import ExportSubmission, Message, OperationRequest
-from shared.formats import CONTENT_TYPES, FORMAT_NAMES, FORMATS, FileKind
-from shared.message_shape import FIELDS
-from shared.rendering import JSONL_LINE_SQL, Csv
+from shared.export.formats import CONTENT_TYPES, FORMAT_NAMES, FORMATS, FileKind
+from shared.export.message_shape import FIELDS
+from shared.export.rendering import JSONL_LINE_SQL, Csv
 from shared.repository.export_reader import ExportRow
 
 API_PAGE = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
@@ -69,7 +69,7 @@ def test_a_file_rendered_in_two_pieces_is_the_file_rendered_whole(name: str, cut
     assert second.carries_over == (name == "html")
 
 
-# What TXT escapes for terminals (shared.rendering.TERMINAL_CONTROLS): the other formats keep it as written.
+# What TXT escapes for terminals (shared.export.rendering.TERMINAL_CONTROLS): the other formats keep it as written.
 CONTROLLING = "\x1b[31mred\x1b[0m \x9b2J \x7f \u202eevil\u202c \u2067isolated\u2069"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.formulas import guarded, reads_as_formula
+from shared.export.formulas import guarded, reads_as_formula
 from tests.support.exported_files import FORMULAS
 
 # Beyond the forms every export test uses: each sign in full-width and small forms, superscript, a sign whose

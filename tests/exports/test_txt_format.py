@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.formats import FORMATS, FileKind
-from shared.rendering import Text
+from shared.export.formats import FORMATS, FileKind
+from shared.export.rendering import Text
 from shared.repository.export_reader import ExportRow
 from tests.support.exported_files import txt_messages
 

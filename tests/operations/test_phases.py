@@ -1,6 +1,6 @@
 """Progress phases are one enumeration (docs/api.md: Operations, Operation): the phases the repository and
 the migrations' functions write in SQL, the ones the API reference lists and the API's schema all name members
-of ``shared.phases.Phase``.
+of ``shared.export.phases.Phase``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from services.api.http.schemas import Progress
-from shared.phases import Phase
+from shared.export.phases import Phase
 from shared.states import State
 
 ROOT = Path(__file__).resolve().parents[2]

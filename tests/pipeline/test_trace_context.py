@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from shared.cadence import Cadence
-from shared.export_request import ExportRequest
+from shared.export.cadence import Cadence
+from shared.export.request import ExportRequest
 from shared.ids import new_operation_id, new_schedule_id
 from shared.repository import outbox, schedules, webhook_deliveries
 from shared.repository.message_store import put_members

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.cadence import Cadence, CadenceError
+from shared.export.cadence import Cadence, CadenceError
 
 
 def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:

@@ -10,9 +10,9 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from shared.cadence import Cadence
-from shared.export_request import ExportRequest
-from shared.fingerprint import fingerprint, schedule_fingerprint
+from shared.export.cadence import Cadence
+from shared.export.fingerprint import fingerprint, schedule_fingerprint
+from shared.export.request import ExportRequest
 from shared.ids import new_operation_id, new_schedule_id
 from shared.repository import schedules
 from shared.repository.message_store import put_members

@@ -28,8 +28,8 @@ from devtools.localsystem import MOTO_CREDENTIALS, LocalSystem
 from devtools.moto import MotoServer
 from services.janitor.metrics import observe_system
 from services.janitor.scheduler import Scheduler
-from shared.cadence import Cadence
-from shared.export_request import ExportRequest
+from shared.export.cadence import Cadence
+from shared.export.request import ExportRequest
 from shared.ids import new_operation_id, new_schedule_id
 from shared.repository import schedules
 from shared.repository.message_store import put_members, remove_member

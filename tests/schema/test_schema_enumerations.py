@@ -1,5 +1,5 @@
 """The enumerations the database knows are those of the code: in a migrated database, the CHECK constraints
-list exactly the states of ``shared.states`` and the formats and compressions of ``shared.formats``, the sets
+list exactly the states of ``shared.states`` and the formats and compressions of ``shared.export.formats``, the sets
 of states in index predicates and triggers are the sets ``shared.states`` names, and every state a function
 names is a state (docs/states.md: States and failure model; docs/api.md: Submitting an export, Export options).
 """
@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from services.worker.metrics import ATTEMPT_OUTCOMES
-from shared.formats import COMPRESSIONS, FORMAT_NAMES
+from shared.export.formats import COMPRESSIONS, FORMAT_NAMES
 from shared.states import (
     ACTIVE,
     ENDED,

@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.api.http.schemas import ExportSubmission
-from shared.export_request import ExportRequest
-from shared.fingerprint import fingerprint
+from shared.export.fingerprint import fingerprint
+from shared.export.request import ExportRequest
 from shared.ids import is_operation_id, is_valid_id, new_operation_id
 from shared.settings import PLACEHOLDER_JWT_SECRET, Settings
 from shared.timefmt import format_timestamp, parse_timestamp

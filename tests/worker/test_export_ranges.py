@@ -13,7 +13,7 @@ import pytest
 
 from services.worker.read_source import ReadSource
 from services.worker.reading import Range, RangeReader
-from shared.export_request import ExportRequest
+from shared.export.request import ExportRequest
 from shared.settings import Settings
 
 BODY_BYTES = 10_000

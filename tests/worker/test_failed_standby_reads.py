@@ -17,8 +17,8 @@ import pytest
 from services.worker.files import Destination, FileSet
 from services.worker.read_source import ReadSource
 from services.worker.reading import RangeReader
-from shared.export_request import ExportRequest
-from shared.formats import COMPRESSIONS, FORMATS
+from shared.export.formats import COMPRESSIONS, FORMATS
+from shared.export.request import ExportRequest
 from shared.settings import Settings
 
 # Seven messages read three seqs at a time: ranges of 3, 3 and 1 messages.

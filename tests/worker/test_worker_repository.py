@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from shared.phases import Phase
+from shared.export.phases import Phase
 from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.leases import ClaimedOperation, finish_cancel

@@ -16,10 +16,10 @@ from services.api.http.metrics import IDEMPOTENCY_REPLAYS
 from services.api.http.problems import ProblemError, not_found
 from services.api.http.schemas import ExportScheduleSubmission
 from shared import tracing
-from shared.cadence import Cadence, CadenceError
 from shared.db import await_replication
-from shared.export_request import ExportRequest
-from shared.fingerprint import schedule_fingerprint
+from shared.export.cadence import Cadence, CadenceError
+from shared.export.fingerprint import schedule_fingerprint
+from shared.export.request import ExportRequest
 from shared.ids import is_operation_id, new_schedule_id
 from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository import schedules
@@ -42,7 +42,7 @@ def checked_interval(body: ExportScheduleSubmission, settings: Settings) -> Cade
     """The body's interval, once no option is refused and the interval is one (docs/api.md: Export schedules).
 
     Raises ``ProblemError`` 422, in this order: SCHEDULE_OPTION_REFUSED (``before_seq`` or ``until`` given),
-    SCHEDULE_INTERVAL_INVALID (not a duration ``shared.cadence`` reads), SCHEDULE_INTERVAL_TOO_SHORT (shorter
+    SCHEDULE_INTERVAL_INVALID (not a duration ``shared.export.cadence`` reads), SCHEDULE_INTERVAL_TOO_SHORT (shorter
     than ``schedule_min_interval_seconds``, a month counted as its shortest).
     """
     refused = body.refused_options()

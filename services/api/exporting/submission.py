@@ -14,8 +14,8 @@ from services.api.http.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
 from services.api.http.problems import ProblemError, not_found
 from shared import tracing
 from shared.db import await_replication
-from shared.export_request import ExportRequest
-from shared.fingerprint import fingerprint
+from shared.export.fingerprint import fingerprint
+from shared.export.request import ExportRequest
 from shared.ids import new_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository.operation_view import OperationView

@@ -26,8 +26,7 @@ from pydantic import (
 from pydantic.json_schema import JsonDict, SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from shared.export_request import SCHEDULE_REFUSED_OPTIONS, SHOWN_FIELDS, ExportRequest
-from shared.formats import (
+from shared.export.formats import (
     COMPRESSIONS,
     CONTENT_TYPES,
     DEFAULT_COMPRESSION,
@@ -35,8 +34,9 @@ from shared.formats import (
     FORMAT_NAMES,
     MIN_PART_BYTES,
 )
+from shared.export.phases import described
+from shared.export.request import SCHEDULE_REFUSED_OPTIONS, SHOWN_FIELDS, ExportRequest
 from shared.ids import ID_PATTERN
-from shared.phases import described
 from shared.states import TERMINAL, PauseReason, ScheduleMode, ScheduleState, State, WaitingReason
 from shared.timefmt import ceil_millisecond, parse_instant, parse_timestamp
 
@@ -141,7 +141,7 @@ if TYPE_CHECKING:
     FormatName = str
     Compression = str
 else:
-    # The registry's names (shared.formats) as literals, which the JSON schema shows as an enum.
+    # The registry's names (shared.export.formats) as literals, which the JSON schema shows as an enum.
     FormatName = Literal[FORMAT_NAMES]
     Compression = Literal[COMPRESSIONS]
 
@@ -162,7 +162,7 @@ class ExportOptions(StrictModel):
     max_part_bytes: Annotated[StrictInt, Field(ge=MIN_PART_BYTES, le=MAX_SEQ)] | None = ABSENT_PARAMETER
 
     def export_request(self, *, notify_url: str | None) -> ExportRequest:
-        """The canonical request (``shared.export_request``): the fields of the same names (a request field
+        """The canonical request (``shared.export.request``): the fields of the same names (a request field
         the body has not is None), the checked callback URL, and the senders as a set.
         """
         given: dict[str, Any] = {name: getattr(self, name, None) for name in SHOWN_FIELDS}
@@ -205,7 +205,7 @@ class ExportSubmission(ExportOptions):
 class ExportScheduleSubmission(ExportOptions):
     """Body of ``POST /v3/conversations/{cid}/export-schedules`` (docs/api.md: Export schedules): the interval,
     its anchor and the chain's mode, and the submit's options, validated as the submit validates them. The
-    interval's syntax is ``shared.cadence``'s to check.
+    interval's syntax is ``shared.export.cadence``'s to check.
     """
 
     every: Annotated[

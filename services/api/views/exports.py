@@ -37,7 +37,7 @@ from services.api.http.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.http.responses import NO_STORE, operation_answer, operation_response
 from services.api.http.schemas import DownloadQuery, EmptyQuery, ExportSubmission
 from shared.db import TRANSIENT_DATABASE_ERRORS
-from shared.formats import FORMATS, GZIP_CONTENT_TYPE
+from shared.export.formats import FORMATS, GZIP_CONTENT_TYPE
 from shared.ids import is_operation_id
 from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository import status_monitor

@@ -29,8 +29,8 @@ from services.api.http.schemas import (
     RecalledMessage,
     StoredMessage,
 )
+from shared.export.message_shape import message_json
 from shared.ids import is_valid_id
-from shared.message_shape import message_json
 from shared.repository import message_store
 from shared.timefmt import format_timestamp
 
