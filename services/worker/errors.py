@@ -13,22 +13,11 @@ from dataclasses import dataclass
 import asyncpg
 from botocore.exceptions import BotoCoreError, ClientError
 
-from services.worker.object_writer import StoredBytesDiffer
+from services.worker.writing.object_writer import StoredBytesDiffer
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.repository import message_store
 from shared.settings import Settings
 from shared.states import State
-
-
-class LeaseLost(Exception):
-    """A fenced write matched nothing: another generation holds the operation, or it was canceled.
-
-    ``write`` names the rejected write (``artifact``, ``progress``, ``result``, ``state``, ``heartbeat``).
-    """
-
-    def __init__(self, write: str) -> None:
-        super().__init__(write)
-        self.write = write
 
 
 class PermanentError(Exception):

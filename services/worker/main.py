@@ -11,11 +11,12 @@ from typing import Any
 
 import asyncpg
 
-from services.worker.chunk import ChunkDeliveries
-from services.worker.consumer import Consumer, OperationDeliveries
-from services.worker.members import watching_queue_members
-from services.worker.read_source import ReadSource
-from services.worker.runner import LeaseRunner
+from services.worker.chunked.chunk import ChunkDeliveries
+from services.worker.operation.deliveries import OperationDeliveries
+from services.worker.operation.runner import LeaseRunner
+from services.worker.queue.consumer import Consumer
+from services.worker.queue.members import watching_queue_members
+from services.worker.writing.read_source import ReadSource
 from shared import broker, tracing
 from shared.db import create_pool, create_pool_when_ready
 from shared.lifecycle import drain, keep_trying, run_until_signalled

@@ -90,7 +90,7 @@ STANDBY_FALLBACKS = counter_from_zero(
     "reason",
     STANDBY_FALLBACK_REASONS,
 )
-# Read from the management API (CHATEXPORT_AMQP_MANAGEMENT_URL) by services.worker.members.
+# Read from the management API (CHATEXPORT_AMQP_MANAGEMENT_URL) by services.worker.queue.members.
 BROKER_QUEUE_MEMBERS = Gauge(
     "chatexport_broker_queue_members",
     "Nodes holding a replica of each quorum queue (work, chunks, dead letters), as the RabbitMQ management API"

@@ -19,7 +19,7 @@ class StoredPart:
     """One finished, verified file of an artifact (its one file, or one of its parts): its 1-based ``number``,
     S3 ``key``, stored ``size_bytes`` and hex ``sha256`` (of the stored, possibly compressed, bytes), the
     messages it holds and their first and last seq (None when it holds none). The worker's files return it
-    (``services.worker.files``), the ``parts`` column holds its fields, and so does a result's ``parts``.
+    (``services.worker.writing.files``), the ``parts`` column holds its fields, and so does a result's ``parts``.
     """
 
     number: int

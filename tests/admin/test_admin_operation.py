@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from services.api.app import init_app
 from services.janitor.janitor import Janitor
-from services.worker.runner import LeaseRunner
+from services.worker.operation.runner import LeaseRunner
 from shared.repair import requeue
 from shared.repository import leases
 from shared.repository.artifacts import ArtifactFiles

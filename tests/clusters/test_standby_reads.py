@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from devtools.clusters import PostgresCluster
-from services.worker.read_source import ReadSource
+from services.worker.writing.read_source import ReadSource
 from tests.support import AMQP_URL, wait_for
 from tests.support.fault_harness import check_ended_correctly, make_conversation, running
 from tests.support.standby_conflicts import (

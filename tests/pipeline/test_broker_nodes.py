@@ -23,7 +23,7 @@ from yarl import URL
 from devtools.broker import delete_broker_objects
 from devtools.ports import free_port
 from devtools.servers import HOST, PrivateRabbitMQ, TcpProxy
-from services.worker.members import check_queue_members
+from services.worker.queue.members import check_queue_members
 from shared import broker
 from shared.settings import Settings, amqp_node_urls
 from tests.support import AMQP_URL, unique, wait_for
@@ -231,7 +231,7 @@ async def test_a_queue_with_fewer_members_than_wanted_is_told_and_counted(
     """On one node every queue has one member: with three wanted, the check warns for each and counts 1."""
     settings = await declared_on(managed_rabbitmq, wanted=3)
     counts: dict[str, int] = {}
-    with caplog.at_level(logging.WARNING, logger="services.worker.members"):
+    with caplog.at_level(logging.WARNING, logger="services.worker.queue.members"):
         await check_queue_members(settings, counts)
         await check_queue_members(settings, counts)  # unchanged: not told again
     warned = [record for record in caplog.records if record.getMessage().startswith("quorum queue has fewer members")]
@@ -245,7 +245,7 @@ async def test_a_queue_with_fewer_members_than_wanted_is_told_and_counted(
 @pytest.mark.integration
 async def test_a_queue_with_the_members_wanted_is_not_told(managed_rabbitmq: PrivateRabbitMQ, caplog: Any) -> None:
     settings = await declared_on(managed_rabbitmq, wanted=1)
-    with caplog.at_level(logging.WARNING, logger="services.worker.members"):
+    with caplog.at_level(logging.WARNING, logger="services.worker.queue.members"):
         await check_queue_members(settings, {})
-    assert not [record for record in caplog.records if record.name == "services.worker.members"]
+    assert not [record for record in caplog.records if record.name == "services.worker.queue.members"]
     assert REGISTRY.get_sample_value("chatexport_broker_queue_members", {"queue": settings.amqp_queue}) == 1

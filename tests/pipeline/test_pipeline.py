@@ -185,7 +185,7 @@ async def test_a_wake_up_for_an_unknown_operation_is_acked_logged_and_counted(
     async with connection:
         channel = await connection.channel()
         exchange, *_ = await declare_topology(channel, settings)
-        with caplog.at_level(logging.WARNING, logger="services.worker.consumer"):
+        with caplog.at_level(logging.WARNING, logger="services.worker.queue.consumer"):
             body = json.dumps({"operation_id": unknown}).encode()
             await exchange.publish(aio_pika.Message(body=body), routing_key=EXPORT_ROUTING_KEY)
 

@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from chatexport.cli import PARTS, build_parser
 from devtools import reference
 from services.api.http.problems import CODES
-from services.worker import chunked
+from services.worker.chunked import plan as chunked
 from shared.routes import ROUTES, Route
 from shared.settings import MAX_CHUNKS, MIN_JWT_SECRET_BYTES, RULES, Settings
 from tests.support import documented

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from services.worker.export import ExportJob
+from services.worker.operation.job import ExportJob
 from shared.repository.artifacts import StoredPart
 from shared.repository.leases import ClaimedOperation
 from shared.settings import Settings

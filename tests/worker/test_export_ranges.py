@@ -11,8 +11,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.worker.read_source import ReadSource
-from services.worker.reading import Range, RangeReader
+from services.worker.writing.ranges import Range, RangeReader
+from services.worker.writing.read_source import ReadSource
 from shared.export.request import ExportRequest
 from shared.settings import Settings
 

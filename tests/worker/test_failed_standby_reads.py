@@ -14,9 +14,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.worker.files import Destination, FileSet
-from services.worker.read_source import ReadSource
-from services.worker.reading import RangeReader
+from services.worker.writing.files import Destination, FileSet
+from services.worker.writing.ranges import RangeReader
+from services.worker.writing.read_source import ReadSource
 from shared.export.formats import COMPRESSIONS, FORMATS
 from shared.export.request import ExportRequest
 from shared.settings import Settings

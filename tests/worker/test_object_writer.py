@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.worker.object_writer import ObjectWriter, StoredBytesDiffer, read_digest
+from services.worker.writing.object_writer import ObjectWriter, StoredBytesDiffer, read_digest
 from shared.artifact_removal import remove_object
 from shared.settings import Settings
 

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from services.worker.read_source import ReadSource, recovery_conflict
+from services.worker.writing.read_source import ReadSource, recovery_conflict
 from shared.repository import leases
 from shared.settings import Settings
 from tests.support import cloned_database

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from services.worker.runner import LeaseRunner
+from services.worker.operation.runner import LeaseRunner
 from shared.artifact_removal import remove_artifact
 from shared.repository import artifacts
 from shared.repository.artifacts import ArtifactFiles, StoredPart

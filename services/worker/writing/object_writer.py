@@ -25,7 +25,7 @@ READBACK_CHUNK_BYTES = 1024 * 1024
 @dataclass(frozen=True)
 class Digest:
     """What a file holds: ``size_bytes`` and hex ``sha256`` of its stored bytes. The messages in it are counted
-    by whoever renders them (``services.worker.files``); equal bytes hold equal counts.
+    by whoever renders them (``services.worker.writing.files``); equal bytes hold equal counts.
     """
 
     size_bytes: int

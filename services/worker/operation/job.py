@@ -1,7 +1,7 @@
 """One export attempt's work under a lease: find an earlier generation's verified file to adopt, or read the
 messages in seq ranges, stream them into S3 and verify what S3 stored; return what is to be published. The
-runner (``services.worker.runner``) commits SUCCEEDED with it, as it records every other end (docs/api.md: Submitting an
-export, The file; States and failure model; How it works).
+runner (``services.worker.operation.runner``) commits SUCCEEDED with it, as it records every other end
+(docs/api.md: Submitting an export, The file; States and failure model; How it works).
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ import asyncpg
 from botocore.exceptions import ClientError
 
 from services.worker import metrics
-from services.worker.chunked import ChunkedExport
-from services.worker.errors import LeaseLost
-from services.worker.files import Destination, FileSet
-from services.worker.object_writer import read_digest
-from services.worker.read_source import ReadSource
-from services.worker.reading import RangeReader
+from services.worker.chunked.coordinator import ChunkedExport
+from services.worker.chunked.plan import ChunkPlanner
+from services.worker.writing.files import Destination, FileSet
+from services.worker.writing.object_writer import read_digest
+from services.worker.writing.ranges import RangeReader
+from services.worker.writing.read_source import ReadSource
 from shared.artifact_removal import remove_artifact
 from shared.export.phases import Phase
+from shared.lease import LeaseLost
 from shared.logs import update_log_fields
 from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord
@@ -89,14 +90,8 @@ class ExportJob:
         )
         self._destination = Destination(self.key, self._kind, claimed.conversation_id, request.max_part_bytes)
         self._files = FileSet(s3, settings, self._destination)
-        self._chunked = ChunkedExport(
-            pool=pool,
-            s3=s3,
-            settings=settings,
-            claimed=claimed,
-            last_seq=last_seq(claimed),
-            progress=self._progress,
-            reads=reads,
+        self._planner = ChunkPlanner(
+            pool=pool, settings=settings, claimed=claimed, last_seq=last_seq(claimed), reads=reads
         )
         self._recorded_upload_id: str | None = None
         # The claim wrote ``starting``: an export that ends within the interval writes no progress at all.
@@ -111,7 +106,7 @@ class ExportJob:
         if earlier is not None:
             return earlier
         claimed = self._claimed
-        planned = await self._chunked.plan()
+        planned = await self._planner.plan()
         self.chunked = bool(planned)
         async with self._pool.acquire() as conn:
             if not await artifacts.record_artifact(
@@ -120,7 +115,11 @@ class ExportJob:
                 raise LeaseLost("artifact")
         try:
             if planned:
-                files = await self._chunked.write(self._destination, on_upload=self._record_assembly_upload)
+                # Built only for an export the plan chunked: most are written in one stream.
+                coordinator = ChunkedExport(
+                    pool=self._pool, s3=self._s3, settings=self._settings, claimed=claimed, progress=self._progress
+                )
+                files = await coordinator.write(self._destination, on_upload=self._record_assembly_upload)
             else:
                 await self._write_messages()
                 await self._progress(Phase.UPLOADING)

@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from services.worker.object_writer import ObjectWriter
+from services.worker.writing.object_writer import ObjectWriter
 from shared.export.formats import FileKind
 from shared.export.rendering import Renderer
 from shared.repository.artifacts import StoredPart

@@ -22,15 +22,16 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
 from services.worker import metrics
-from services.worker.consumer import decode_payload, settle
-from services.worker.errors import LeaseLost, PermanentError, classify, error_name, require_member
-from services.worker.files import Destination, FileSet, PartFull
-from services.worker.read_source import ReadSource
-from services.worker.reading import RangeReader
+from services.worker.errors import PermanentError, classify, error_name, require_member
+from services.worker.queue.consumer import NotClaimed, claim_or_requeue, decode_payload
+from services.worker.writing.files import Destination, FileSet, PartFull
+from services.worker.writing.ranges import RangeReader
+from services.worker.writing.read_source import ReadSource
 from shared import tracing
 from shared.artifact_removal import remove_object
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
+from shared.lease import LeaseLost, fenced, heartbeating
 from shared.logs import log_fields
 from shared.repository import chunks, export_reader
 from shared.repository.chunks import ClaimedChunk
@@ -43,8 +44,6 @@ log = logging.getLogger(__name__)
 
 # The least time between two progress writes of a chunk's holder (each also notices a cancel).
 PROGRESS_INTERVAL_SECONDS = 1.0
-# Pause before handing a delivery back when the database is unreachable, so the queue does not spin.
-DATABASE_RETRY_SECONDS = 2.0
 
 
 class ChunkDeliveries:
@@ -85,9 +84,10 @@ class ChunkDeliveries:
 
     async def _handle(self, message: AbstractIncomingMessage, operation_id: str, chunk_no: int) -> None:
         settings = self._settings
-        try:
+
+        async def claim() -> ClaimedChunk | None:
             async with self._pool.acquire() as conn:
-                claimed = await chunks.claim(
+                return await chunks.claim(
                     conn,
                     operation_id=operation_id,
                     chunk_no=chunk_no,
@@ -96,12 +96,13 @@ class ChunkDeliveries:
                     key_stem=chunk_key_stem(settings, operation_id, chunk_no),
                     extension=CHUNK_EXTENSION,
                 )
-        except TRANSIENT_DATABASE_ERRORS:
-            log.warning("chunk claim failed; message requeued", extra={"operation_id": operation_id, "chunk": chunk_no})
-            await asyncio.sleep(DATABASE_RETRY_SECONDS)
-            await settle(message, requeue=True)
+
+        try:
+            claimed = await claim_or_requeue(
+                message, claim, log_extra={"operation_id": operation_id, "chunk": chunk_no}
+            )
+        except NotClaimed:
             return
-        await settle(message, requeue=False)
         if claimed is None:
             return
         if claimed.took_over:
@@ -187,7 +188,15 @@ class ChunkRunner:
         handing the lease back); a database error while recording the end leaves the lease to expire, and
         the export's coordinator wakes the chunk again.
         """
-        heartbeat = asyncio.create_task(self._heartbeat())
+        async with heartbeating(
+            self._extend,
+            every_seconds=self._settings.heartbeat_seconds,
+            name=f"heartbeat-{self._claimed.operation_id}-{self._claimed.chunk_no}",
+            log_extra=self._claimed.log_extra(),
+        ):
+            await self._run()
+
+    async def _run(self) -> None:
         try:
             await self._write()
             metrics.CHUNKS_ENDED.labels("DONE").inc()
@@ -201,10 +210,6 @@ class ChunkRunner:
             raise
         except Exception as exc:
             await self._fail(exc)
-        finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
 
     async def _write(self) -> None:
         claimed = self._claimed
@@ -249,8 +254,7 @@ class ChunkRunner:
         if self._progress_written_at is not None and now - self._progress_written_at < PROGRESS_INTERVAL_SECONDS:
             return
         self._progress_written_at = now
-        if not await self._extend():
-            raise LeaseLost("progress")
+        fenced(await self._extend(), "progress")
 
     async def _extend(self) -> bool:
         claimed = self._claimed
@@ -265,15 +269,6 @@ class ChunkRunner:
                 messages_written=messages,
                 bytes_written=stored_bytes,
             )
-
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(self._settings.heartbeat_seconds)
-            try:
-                if not await self._extend():
-                    return  # the writer stops at its next fenced write
-            except TRANSIENT_DATABASE_ERRORS:
-                log.warning("chunk heartbeat failed; will try again", extra=self._claimed.log_extra())
 
     async def _fail(self, exc: Exception) -> None:
         """End a failed attempt: FAILED at once when the owner lost access (the coordinator then fails the

@@ -1,5 +1,5 @@
 """Running one claimed lease to its end: heartbeats while the job works, then the record of how the attempt
-ended, every end written here: SUCCEEDED with what the job returns (``services.worker.export``), or FAILED,
+ended, every end written here: SUCCEEDED with what the job returns (``services.worker.operation.job``), or FAILED,
 RETRY_AT, FAILED_REPAIR, CANCELED, or the lease handed back.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -16,19 +16,19 @@ import asyncpg
 from services.worker import metrics
 from services.worker.errors import (
     ArtifactGone,
-    LeaseLost,
     PermanentError,
     access_revoked,
     classify,
     error_name,
     is_missing_bucket,
 )
-from services.worker.export import ExportJob, Written
-from services.worker.read_source import ReadSource
+from services.worker.operation.job import ExportJob, Written
+from services.worker.writing.read_source import ReadSource
 from shared import tracing
 from shared.artifact_removal import remove_artifacts, remove_chunk_objects
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.export.phases import Phase
+from shared.lease import LeaseLost, heartbeating
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.repository import leases
@@ -70,16 +70,14 @@ class LeaseRunner:
             async with self._heartbeating(claimed):
                 await self._finish_cancel(claimed, attempt_open=False)
 
-    @contextlib.asynccontextmanager
-    async def _heartbeating(self, claimed: ClaimedOperation) -> AsyncIterator[None]:
-        """Extend ``claimed`` every ``heartbeat_seconds`` while the block runs."""
-        heartbeat = asyncio.create_task(self._heartbeat(claimed), name=f"heartbeat-{claimed.operation_id}")
-        try:
-            yield
-        finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+    def _heartbeating(self, claimed: ClaimedOperation) -> contextlib.AbstractAsyncContextManager[None]:
+        """Extend ``claimed`` every ``heartbeat_seconds`` while the block runs (``shared.lease``)."""
+        return heartbeating(
+            lambda: self._extend(claimed),
+            every_seconds=self._settings.heartbeat_seconds,
+            name=f"heartbeat-{claimed.operation_id}",
+            log_extra=claimed.log_extra(),
+        )
 
     async def _attempt(self, claimed: ClaimedOperation) -> None:
         try:
@@ -166,26 +164,20 @@ class LeaseRunner:
             )
             await self._end_failed_attempt(claimed, access_revoked())
 
-    async def _heartbeat(self, claimed: ClaimedOperation) -> None:
-        while True:
-            await asyncio.sleep(self._settings.heartbeat_seconds)
-            try:
-                async with self._pool.acquire() as conn:
-                    held = await leases.extend_lease(
-                        conn,
-                        operation_id=claimed.operation_id,
-                        generation=claimed.generation,
-                        lease_seconds=self._settings.lease_seconds,
-                    )
-                    now = None if held else await current_state(conn, operation_id=claimed.operation_id)
-            except TRANSIENT_DATABASE_ERRORS:
-                log.warning("heartbeat failed; will try again", extra=claimed.log_extra())
-                continue
-            if not held:
-                # The job itself stops at its next fenced write; a cancel is finished there.
-                if now is not None and now.generation > claimed.generation:
-                    _report_rejection(claimed, write="heartbeat", now=now)
-                return
+    async def _extend(self, claimed: ClaimedOperation) -> bool:
+        """One heartbeat: extend the lease; when it is lost to a later generation, count and log that."""
+        async with self._pool.acquire() as conn:
+            held = await leases.extend_lease(
+                conn,
+                operation_id=claimed.operation_id,
+                generation=claimed.generation,
+                lease_seconds=self._settings.lease_seconds,
+            )
+            now = None if held else await current_state(conn, operation_id=claimed.operation_id)
+        # Not held: the job itself stops at its next fenced write; a cancel is finished there.
+        if not held and now is not None and now.generation > claimed.generation:
+            _report_rejection(claimed, write="heartbeat", now=now)
+        return held
 
     async def _after_lease_lost(self, claimed: ClaimedOperation, *, write: str) -> None:
         """A fenced ``write`` matched nothing: finish the cancel it was refused for, or count and log the

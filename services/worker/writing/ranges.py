@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from services.worker import metrics
-from services.worker.files import FileSet
-from services.worker.read_source import ExportReads, ReadSource
+from services.worker.writing.files import FileSet
+from services.worker.writing.read_source import ExportReads, ReadSource
 from shared.export.formats import FileKind
 from shared.export.request import ExportRequest
 from shared.repository import export_reader
@@ -38,7 +38,7 @@ class Range:
 
 class RangeReader:
     """Reads the messages ``request`` selects in ``conversation_id`` through ``source`` (the standby or the
-    primary, ``services.worker.read_source``), for files of ``kind`` (``split``: parts of at most
+    primary, ``services.worker.writing.read_source``), for files of ``kind`` (``split``: parts of at most
     ``max_part_bytes``).
     """
 

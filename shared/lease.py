@@ -1,0 +1,67 @@
+"""A lease with a fencing generation, the one way every kind of work holds what it works on (docs/architecture.md:
+Leases and fencing): an export operation, a chunk of one, a batch of completion callbacks.
+
+The holder extends its lease by a heartbeat while it works (``heartbeating``); every write it makes names the
+generation it claimed, and a write that matches nothing (``fenced``) means another generation holds the work, or it
+was canceled: the holder stops there (``LeaseLost``). What a lease covers, and each table's claim, extend, finish and
+release, are that table's SQL (``shared.repository``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from shared.db import TRANSIENT_DATABASE_ERRORS
+
+log = logging.getLogger(__name__)
+
+# Extends the lease once: True while it is still held, False once the fence refused it.
+Extend = Callable[[], Awaitable[bool]]
+
+
+class LeaseLost(Exception):
+    """A fenced write matched nothing: another generation holds the work, or it was canceled.
+
+    ``write`` names the rejected write (``artifact``, ``progress``, ``result``, ``state``, ``heartbeat``, ``chunk``).
+    """
+
+    def __init__(self, write: str) -> None:
+        super().__init__(write)
+        self.write = write
+
+
+def fenced(matched: bool, write: str) -> None:
+    """Raise ``LeaseLost(write)`` unless the fenced ``write`` matched its row (``matched``)."""
+    if not matched:
+        raise LeaseLost(write)
+
+
+@contextlib.asynccontextmanager
+async def heartbeating(
+    extend: Extend, *, every_seconds: float, name: str, log_extra: Mapping[str, Any]
+) -> AsyncIterator[None]:
+    """Call ``extend`` every ``every_seconds`` (the ``heartbeat_seconds`` setting) while the block runs, in a
+    task called ``name``. A transient database error is logged (with ``log_extra``) and the next beat tries
+    again; once ``extend`` returns False the heartbeat ends, and the work stops at its next fenced write.
+    """
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(every_seconds)
+            try:
+                if not await extend():
+                    return
+            except TRANSIENT_DATABASE_ERRORS:
+                log.warning("heartbeat failed; will try again", extra=dict(log_extra))
+
+    heartbeat = asyncio.create_task(beat(), name=name)
+    try:
+        yield
+    finally:
+        heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heartbeat
