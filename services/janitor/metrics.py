@@ -12,7 +12,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from shared.db import probing_connection
 from shared.metrics import CANCELLATIONS_FINISHED, counter_from_zero
-from shared.repository import chunks, outbox, schedules, sweeps
+from shared.repository import chunks, outbox, schedule_runs, sweeps
 from shared.states import LEFT_BEHIND, ChunkState, State
 
 # The states a record left behind by an attempt can be found in (see ``repository.stale_artifacts``).
@@ -111,13 +111,13 @@ SCHEDULE_FIRES = counter_from_zero(
     " waiting_for_quota, access_revoked (paused), duplicate (the run existed already),"
     " failed (an error, logged).",
     "outcome",
-    (*(outcome.value for outcome in schedules.FireOutcome), FIRE_FAILED),
+    (*(outcome.value for outcome in schedule_runs.FireOutcome), FIRE_FAILED),
 )
 
 
 async def observe_system(pool: asyncpg.Pool) -> None:
     """Set the system gauges from four short queries read as of one snapshot (``sweeps.state_figures``,
-    ``outbox.backlog``, ``chunks.chunk_figures`` and ``schedules.schedule_figures``, database clock): every state's
+    ``outbox.backlog``, ``chunks.chunk_figures`` and ``schedule_runs.schedule_figures``, database clock): every state's
     operation count (0 when none), the oldest age in each of ``WAITING_STATES``, the outbox backlog with its
     oldest due row's age, the chunks of running or parked exports by state, and the schedules by state with
     the oldest due one's lag. Meant to run before each scrape of the metrics endpoint; raises the driver's
@@ -127,7 +127,7 @@ async def observe_system(pool: asyncpg.Pool) -> None:
         figures = await sweeps.state_figures(conn)
         backlog, oldest_due = await outbox.backlog(conn)
         chunk_counts = await chunks.chunk_figures(conn)
-        schedule_figures = await schedules.schedule_figures(conn)
+        schedule_figures = await schedule_runs.schedule_figures(conn)
     for chunk_state in ChunkState:
         CHUNKS.labels(state=chunk_state).set(chunk_counts.get(chunk_state, 0))
     by_state = {figure.state: figure for figure in figures}

@@ -3,8 +3,8 @@
 
 Leading only saves work. What keeps a run from being created twice is the database: one run per schedule
 and due time (a unique constraint), at most one unfinished run per schedule, and the due time chosen inside
-``schedules.fire``'s transaction. So a frozen leader that wakes up after another janitor took over, or
-anything else calling ``schedules.fire``, at worst finds the run made (``DUPLICATE``, ``NOT_DUE``).
+``schedule_runs.fire``'s transaction. So a frozen leader that wakes up after another janitor took over, or
+anything else calling ``schedule_runs.fire``, at worst finds the run made (``DUPLICATE``, ``NOT_DUE``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from services.janitor import metrics
 from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import new_operation_id
-from shared.repository import schedules
-from shared.repository.schedules import FireOutcome
+from shared.repository import schedule_runs
+from shared.repository.schedule_runs import FireOutcome
 from shared.settings import Settings
 from shared.timefmt import format_timestamp
 
@@ -50,10 +50,10 @@ class Scheduler:
         """
         outcomes: Counter[str] = Counter()
         page_size = self._settings.janitor_batch_size
-        after: schedules.DueSchedule | None = None
+        after: schedule_runs.DueSchedule | None = None
         while not stop.is_set():
             async with self._pool.acquire() as conn:
-                page = await schedules.due_schedules(conn, limit=page_size, after=after)
+                page = await schedule_runs.due_schedules(conn, limit=page_size, after=after)
             for due in page:
                 if stop.is_set():
                     break
@@ -65,8 +65,8 @@ class Scheduler:
             log.debug("scheduler round", extra={"outcomes": dict(outcomes)})
         return outcomes
 
-    async def _fire(self, due: schedules.DueSchedule) -> str:
-        """Fire one schedule (``schedules.fire``: a transaction of its own) with a new operation id for its run;
+    async def _fire(self, due: schedule_runs.DueSchedule) -> str:
+        """Fire one schedule (``schedule_runs.fire``: a transaction of its own) with a new operation id for its run;
         return the outcome as counted. The fire starts a trace, linked to the schedule's creation; a run it
         creates continues it (docs/monitoring.md: Monitoring, Traces).
         """
@@ -76,7 +76,7 @@ class Scheduler:
                 "schedule fire", root=True, links=[due.traceparent], attributes={tracing.SCHEDULE_ID: schedule_id}
             ):
                 async with self._pool.acquire() as conn:
-                    result = await schedules.fire(
+                    result = await schedule_runs.fire(
                         conn,
                         schedule_id=schedule_id,
                         operation_id=new_operation_id(),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 
 import asyncpg
@@ -19,7 +19,6 @@ import asyncpg
 from shared.export.cadence import Cadence
 from shared.export.request import FIELDS, ExportRequest
 from shared.ids import is_valid_id
-from shared.repository import outbox
 from shared.repository.message_store import is_member
 from shared.repository.operation_view import OperationView
 from shared.repository.submissions import SubmitOutcome
@@ -290,118 +289,6 @@ async def delete(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -
     return status == "DELETE 1"
 
 
-# An ACTIVE schedule whose next run is due and that has no unfinished run: the scheduler's work. One with an
-# unfinished run waits for it, its missed due times to be coalesced (docs/schedules.md: Runs).
-_DUE = """
-    FROM export_schedules s
-    WHERE s.state = 'ACTIVE' AND s.next_run_at <= now()
-      AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.schedule_id = s.schedule_id AND o.state = ANY($1::text[]))
-"""
-
-
-@dataclass(frozen=True)
-class DueSchedule:
-    """A schedule due to fire: its id and since when it is due; also a page's keyset position. ``traceparent``:
-    the trace context of its creation (None when tracing was off), which its fire spans link to.
-    """
-
-    schedule_id: str
-    next_run_at: datetime
-    traceparent: str | None = None
-
-
-async def due_schedules(conn: asyncpg.Connection, *, limit: int, after: DueSchedule | None = None) -> list[DueSchedule]:
-    """Up to ``limit`` schedules due to fire, the longest overdue first (ties by id), after ``after`` (the last of
-    the page before) when given. A walk over the pages reaches every due schedule, however many wait for their
-    owners' quota at the head of the order.
-    """
-    rows = await conn.fetch(
-        f"""
-        SELECT s.schedule_id, s.next_run_at, s.traceparent {_DUE}
-          AND (s.next_run_at, s.schedule_id) > ($3::timestamptz, $4::text)
-        ORDER BY s.next_run_at, s.schedule_id LIMIT $2
-        """,
-        _ACTIVE_STATES,
-        limit,
-        after.next_run_at if after else datetime.min.replace(tzinfo=UTC),
-        after.schedule_id if after else "",
-    )
-    return [DueSchedule(row["schedule_id"], row["next_run_at"], row["traceparent"]) for row in rows]
-
-
-class FireOutcome(StrEnum):
-    """What firing a schedule did (docs/schedules.md: Runs)."""
-
-    CREATED = "created"
-    # Not ACTIVE, deleted, its next run not due yet (another firing part got there first), or a run of it is
-    # unfinished: its due times wait, to be coalesced into one run once it ends.
-    NOT_DUE = "not_due"
-    WAITING_FOR_QUOTA = "waiting_for_quota"
-    ACCESS_REVOKED = "access_revoked"
-    # A run for this due time exists already: the unique constraint refused a second one.
-    DUPLICATE = "duplicate"
-
-
-@dataclass(frozen=True)
-class FireResult:
-    """A fire's ``outcome``; ``due_at`` the due time it was for, and ``operation_id`` the run it created (CREATED)."""
-
-    outcome: FireOutcome
-    due_at: datetime | None = None
-    operation_id: str | None = None
-
-
-async def fire(
-    conn: asyncpg.Connection, *, schedule_id: str, operation_id: str, max_active: int, traceparent: str | None = None
-) -> FireResult:
-    """Create the schedule's run as ``operation_id`` if it is due, in one transaction: the schedule row locked,
-    then the submit's checks in the submit's order (membership: else the schedule pauses with ACCESS_REVOKED;
-    the owner's active exports under the submit's per-user lock: at ``max_active`` the run waits, the schedule
-    showing why), then the operation and its outbox row. The run is keyed by the latest due time at or before
-    now, every missed one coalesced into it; the next run is due at the first due time after now. Safe to call
-    from several processes at once, and after a pause in the middle (a frozen process): the row lock orders
-    them, and the unique (schedule_id, due_at) refuses a second run for one due time. The run is stored with
-    ``traceparent`` (the fire's span; docs/monitoring.md: Monitoring, Traces).
-    """
-    async with conn.transaction():
-        # The clock as this statement runs, after its snapshot, not the transaction's start: a run's created_at
-        # follows the end of every run it saw finished, even when this process froze between BEGIN and here.
-        row = await conn.fetchrow(
-            "SELECT clock_timestamp() AS now, s.every, s.start_at, s.owner_id, s.conversation_id"
-            f" {_DUE} AND s.schedule_id = $2 FOR UPDATE OF s",
-            _ACTIVE_STATES,
-            schedule_id,
-        )
-        if row is None:
-            return FireResult(FireOutcome.NOT_DUE)
-        every, now = Cadence.parse(row["every"]), row["now"]
-        # Due, so the anchor has passed: there is a latest due time.
-        due_at = every.latest_due(row["start_at"], now) or row["start_at"]
-        owner_id = row["owner_id"]
-        if not await is_member(conn, conversation_id=row["conversation_id"], user_id=owner_id):
-            await conn.execute("SELECT pause_export_schedule($1, $2)", schedule_id, PauseReason.ACCESS_REVOKED.value)
-            return FireResult(FireOutcome.ACCESS_REVOKED, due_at)
-        if await _at_quota(conn, owner_id=owner_id, max_active=max_active):
-            await _set_waiting(conn, schedule_id, WaitingReason.ACTIVE_EXPORT_QUOTA)
-            return FireResult(FireOutcome.WAITING_FOR_QUOTA, due_at)
-        created = await _insert_run(
-            conn, schedule_id=schedule_id, operation_id=operation_id, due_at=due_at, now=now, traceparent=traceparent
-        )
-        await conn.execute(
-            """
-            UPDATE export_schedules SET next_run_at = $2, waiting_reason = NULL,
-                last_operation_id = coalesce($3, last_operation_id), version = version + 1, updated_at = now()
-            WHERE schedule_id = $1
-            """,
-            schedule_id,
-            every.next_due(row["start_at"], now),
-            operation_id if created else None,
-        )
-    if not created:
-        return FireResult(FireOutcome.DUPLICATE, due_at)
-    return FireResult(FireOutcome.CREATED, due_at, operation_id)
-
-
 async def pause_where_access_revoked(conn: asyncpg.Connection, *, conversation_id: str) -> int:
     """Pause, with ACCESS_REVOKED and its ``schedule.paused`` callback, every ACTIVE schedule on
     ``conversation_id`` whose owner is no longer a member; the number paused. Called in the transaction that
@@ -421,96 +308,3 @@ async def pause_where_access_revoked(conn: asyncpg.Connection, *, conversation_i
         ScheduleState.ACTIVE.value,
     )
     return paused
-
-
-async def _at_quota(conn: asyncpg.Connection, *, owner_id: str, max_active: int) -> bool:
-    """True when ``owner_id`` has ``max_active`` active exports; under the submit's per-user lock (migration 0009),
-    so that a submit and a run cannot both take the last slot.
-    """
-    # Two statements: the count's snapshot must be taken after the lock is granted (READ COMMITTED).
-    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('submit:' || $1, 0))", owner_id)
-    at_quota: bool = await conn.fetchval(
-        "SELECT count(*) >= $3 FROM operations o WHERE o.owner_id = $1 AND o.state = ANY($2::text[])",
-        owner_id,
-        _ACTIVE_STATES,
-        max_active,
-    )
-    return at_quota
-
-
-async def _set_waiting(conn: asyncpg.Connection, schedule_id: str, reason: WaitingReason) -> None:
-    await conn.execute(
-        """
-        UPDATE export_schedules SET waiting_reason = $2, version = version + 1, updated_at = now()
-        WHERE schedule_id = $1 AND waiting_reason IS DISTINCT FROM $2
-        """,
-        schedule_id,
-        reason.value,
-    )
-
-
-# A run's operation: the schedule's request, starting at the watermark when incremental. The column list is the
-# request's fields, so a new field of the request reaches runs without a change here.
-_INSERT_RUN = f"""
-    INSERT INTO operations (
-        operation_id, owner_id, conversation_id, state, schedule_id, due_at, created_at, updated_at, traceparent, {
-    ", ".join(FIELDS)
-})
-    SELECT $2, s.owner_id, s.conversation_id, 'QUEUED', s.schedule_id, $3, $4, $4, $5, {
-    ", ".join(
-        "CASE s.mode WHEN 'incremental' THEN s.watermark ELSE r.after_seq END" if name == "after_seq" else f"r.{name}"
-        for name in FIELDS
-    )
-}
-    FROM export_schedules s CROSS JOIN LATERAL jsonb_populate_record(NULL::operations, s.request) r
-    WHERE s.schedule_id = $1
-    ON CONFLICT (schedule_id, due_at) DO NOTHING
-    RETURNING operation_id
-"""
-
-
-async def _insert_run(
-    conn: asyncpg.Connection,
-    *,
-    schedule_id: str,
-    operation_id: str,
-    due_at: datetime,
-    now: datetime,
-    traceparent: str | None,
-) -> bool:
-    """Insert the run, created at ``now``, and the outbox row that wakes a worker for it; False when a run for
-    ``due_at`` exists.
-    """
-    inserted = await conn.fetchval(_INSERT_RUN, schedule_id, operation_id, due_at, now, traceparent)
-    if inserted is None:
-        return False
-    await outbox.enqueue_run(conn, operation_id=operation_id)
-    return True
-
-
-@dataclass(frozen=True)
-class ScheduleFigures:
-    """What the scheduler's gauges show: schedules by state (``"ACTIVE"``, ``"PAUSED"``, and ``"WAITING"`` for
-    those whose run waits for the quota) and how long, in seconds, the longest-overdue due schedule not waiting
-    for the quota has been due (0 when none is): the firing part's lag, not an owner's.
-    """
-
-    by_state: dict[str, int]
-    oldest_due_lag_seconds: float
-
-
-async def schedule_figures(conn: asyncpg.Connection) -> ScheduleFigures:
-    """Read the figures in one round trip."""
-    row = await conn.fetchrow(
-        f"""
-        SELECT (SELECT count(*) FROM export_schedules WHERE state = 'ACTIVE') AS active,
-               (SELECT count(*) FROM export_schedules WHERE state = 'PAUSED') AS paused,
-               (SELECT count(*) FROM export_schedules WHERE waiting_reason IS NOT NULL) AS waiting,
-               (SELECT coalesce(extract(epoch FROM now() - min(s.next_run_at))::float8, 0) {_DUE}
-                  AND s.waiting_reason IS NULL) AS lag
-        """,
-        _ACTIVE_STATES,
-    )
-    return ScheduleFigures(
-        {"ACTIVE": row["active"], "PAUSED": row["paused"], "WAITING": row["waiting"]}, max(0.0, row["lag"])
-    )

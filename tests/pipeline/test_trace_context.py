@@ -11,7 +11,7 @@ import pytest
 from shared.export.cadence import Cadence
 from shared.export.request import ExportRequest
 from shared.ids import new_operation_id, new_schedule_id
-from shared.repository import outbox, schedules, webhook_deliveries
+from shared.repository import outbox, schedule_runs, schedules, webhook_deliveries
 from shared.repository.message_store import put_members
 from shared.repository.submissions import SubmitOutcome, submit_export
 
@@ -107,10 +107,12 @@ async def test_a_scheduled_run_carries_its_fires_context_and_the_fire_sees_the_c
     await claimed(conn)  # what earlier tests left
     schedule = await create_schedule(conn, "k5", mode="full")
     assert schedule.schedule_id is not None
-    due = [each for each in await schedules.due_schedules(conn, limit=10) if each.schedule_id == schedule.schedule_id]
+    due = [
+        each for each in await schedule_runs.due_schedules(conn, limit=10) if each.schedule_id == schedule.schedule_id
+    ]
     assert [each.traceparent for each in due] == [CREATE]
     run = new_operation_id()
-    fired = await schedules.fire(
+    fired = await schedule_runs.fire(
         conn, schedule_id=schedule.schedule_id, operation_id=run, max_active=100, traceparent=FIRE
     )
     assert fired.operation_id == run

@@ -16,8 +16,8 @@ from multidict import CIMultiDict
 
 from services.api.http.schemas import Operation, Schedule
 from shared.ids import new_operation_id
-from shared.repository import schedules
-from shared.repository.schedules import FireOutcome
+from shared.repository import schedule_runs
+from shared.repository.schedule_runs import FireOutcome
 from shared.settings import Settings
 from shared.timefmt import format_timestamp, parse_timestamp
 from tests.support.api_calls import expect_problem, make_conversation, submit
@@ -367,7 +367,7 @@ async def test_resume_is_refused_while_a_run_needs_repair_or_the_owner_left(
 async def _fire(pool: asyncpg.Pool, schedule_id: str) -> str:
     """Create the schedule's due run as the scheduler does; its operation id."""
     async with pool.acquire() as conn:
-        fired = await schedules.fire(conn, schedule_id=schedule_id, operation_id=new_operation_id(), max_active=5)
+        fired = await schedule_runs.fire(conn, schedule_id=schedule_id, operation_id=new_operation_id(), max_active=5)
     assert fired.outcome is FireOutcome.CREATED, fired
     assert fired.operation_id is not None
     return fired.operation_id

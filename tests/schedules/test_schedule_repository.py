@@ -14,9 +14,10 @@ from shared.export.cadence import Cadence
 from shared.export.fingerprint import fingerprint, schedule_fingerprint
 from shared.export.request import ExportRequest
 from shared.ids import new_operation_id, new_schedule_id
-from shared.repository import schedules
+from shared.repository import schedule_runs, schedules
 from shared.repository.message_store import put_members
-from shared.repository.schedules import FireOutcome, ResumeOutcome
+from shared.repository.schedule_runs import FireOutcome
+from shared.repository.schedules import ResumeOutcome
 from shared.repository.submissions import SubmitOutcome, submit_export
 from shared.states import PauseReason, ScheduleState, WaitingReason
 
@@ -50,8 +51,10 @@ async def create(
     return result.schedule_id if result.outcome is SubmitOutcome.CREATED else result.outcome.value
 
 
-async def fire(conn: asyncpg.Connection, schedule_id: str, *, max_active: int = 5) -> schedules.FireResult:
-    return await schedules.fire(conn, schedule_id=schedule_id, operation_id=new_operation_id(), max_active=max_active)
+async def fire(conn: asyncpg.Connection, schedule_id: str, *, max_active: int = 5) -> schedule_runs.FireResult:
+    return await schedule_runs.fire(
+        conn, schedule_id=schedule_id, operation_id=new_operation_id(), max_active=max_active
+    )
 
 
 @pytest.fixture
@@ -138,13 +141,13 @@ async def test_a_run_is_created_once_per_due_time_and_waits_while_one_is_unfinis
     assert (await fire(conn, schedule_id)).outcome is FireOutcome.NOT_DUE
     await ten_seconds_pass(conn)
     assert (await fire(conn, schedule_id)).outcome is FireOutcome.NOT_DUE
-    assert await schedules.due_schedules(conn, limit=10) == []
+    assert await schedule_runs.due_schedules(conn, limit=10) == []
     await conn.execute(
         "UPDATE operations SET state = 'FAILED', finished_at = now() WHERE schedule_id = $1", schedule_id
     )
-    [due] = await schedules.due_schedules(conn, limit=10)
+    [due] = await schedule_runs.due_schedules(conn, limit=10)
     assert due.schedule_id == schedule_id
-    assert await schedules.due_schedules(conn, limit=10, after=due) == [], "the page after the last is empty"
+    assert await schedule_runs.due_schedules(conn, limit=10, after=due) == [], "the page after the last is empty"
     second = await fire(conn, schedule_id)
     assert second.outcome is FireOutcome.CREATED
     [a, b] = await runs(conn, schedule_id)

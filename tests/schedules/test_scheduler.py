@@ -31,9 +31,9 @@ from services.janitor.scheduler import Scheduler
 from shared.export.cadence import Cadence
 from shared.export.request import ExportRequest
 from shared.ids import new_operation_id, new_schedule_id
-from shared.repository import schedules
+from shared.repository import schedule_runs, schedules
 from shared.repository.message_store import put_members, remove_member
-from shared.repository.schedules import FireOutcome
+from shared.repository.schedule_runs import FireOutcome
 from shared.repository.submissions import SubmitOutcome
 from shared.settings import Settings
 from shared.states import PauseReason, ScheduleState, WaitingReason
@@ -215,7 +215,7 @@ async def test_concurrent_fires_bypassing_the_lock_create_one_run_per_due_time(
     async def fire_all(conn: asyncpg.Connection) -> Counter[str]:
         outcomes: Counter[str] = Counter()
         for schedule_id in ids:
-            fire = schedules.fire(
+            fire = schedule_runs.fire(
                 conn, schedule_id=schedule_id, operation_id=new_operation_id(), max_active=MAX_ACTIVE_EXPORTS
             )
             outcomes[(await fire).outcome] += 1
@@ -410,7 +410,7 @@ async def test_two_janitors_and_a_firer_bypassing_the_lock_create_no_duplicate_r
         """
         while not stop.is_set():
             for schedule_id in ids:
-                await schedules.fire(
+                await schedule_runs.fire(
                     conn, schedule_id=schedule_id, operation_id=new_operation_id(), max_active=MAX_ACTIVE_EXPORTS
                 )
             await asyncio.sleep(SCHEDULER_INTERVAL_SECONDS)  # a pace, not a wait for anything
