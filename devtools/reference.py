@@ -30,8 +30,8 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from chatexport.cli import PARTS, build_parser
-from services.api.http.openapi import ENDPOINTS
 from services.api.http.problems import ABOUT_CODES, CODES
+from services.api.openapi import ENDPOINTS
 from shared.routes import ROUTES
 from shared.settings import RULES, Settings
 

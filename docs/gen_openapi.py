@@ -9,7 +9,7 @@ import json
 
 import mkdocs_gen_files
 
-from services.api.http.openapi import build_document
+from services.api.openapi import build_document
 
 PAGE = """# OpenAPI document
 

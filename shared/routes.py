@@ -1,7 +1,7 @@
 """Every route of the API as plain data: its name, method and path template, each written once (docs/api.md: API
 reference).
 
-The API's router (``services.api.routes``) and the OpenAPI document's paths (``services.api.http.openapi``) are
+The API's router (``services.api.routes``) and the OpenAPI document's paths (``services.api.openapi``) are
 both built from ``ROUTES``, and the operation representation's links (``shared.representation``) come from
 ``path``. The table lives in ``shared/`` because the relay renders representations for completion callbacks
 and ``shared/`` imports no part.

@@ -9,9 +9,8 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from services.api.exporting.changes import OperationChanges
+from services.api.exporting.changes import CHANGES, OperationChanges
 from services.api.http.keys import (
-    CHANGES,
     DOWNLOAD_SLOTS,
     MONITOR,
     POOL,

@@ -1,58 +1,35 @@
-"""The API's router: each route of ``shared.routes.ROUTES`` bound to its handler by name."""
+"""The API's router: each route of ``shared.routes.ROUTES`` bound by name to the handler its view module
+exports, with the route's ``Endpoint`` for the documented routes (``ENDPOINTS``) or in ``HANDLERS`` for the others.
+"""
 
 from __future__ import annotations
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from services.api.http import openapi
-from services.api.views import admin, docs, exports, health, messages, operations, page, schedules, webhooks
+from services.api.http.keys import OPENAPI_DOCUMENT
+from services.api.openapi import ENDPOINTS, document_bytes
+from services.api.views import admin, docs, health, page
 from shared.routes import ROUTES
 
 HANDLERS: dict[str, Handler] = {
-    "healthz": health.healthz,
-    "readyz": health.readyz,
-    "listConversations": messages.list_conversations,
-    "sendMessage": messages.send_message,
-    "readMessages": messages.read_messages,
-    "recallMessage": messages.recall_message,
-    "submitExport": exports.submit_export,
-    "downloadResult": exports.download_result,
-    "downloadResultPart": exports.download_part,
-    "listOperations": operations.list_operations,
-    "getOperation": operations.get_operation,
-    "streamOperationEvents": operations.stream_operation_events,
-    "cancelOperation": operations.cancel_operation,
-    "getWebhookSecret": webhooks.webhook_secret,
-    "createExportSchedule": schedules.create_export_schedule,
-    "listExportSchedules": schedules.list_export_schedules,
-    "getExportSchedule": schedules.get_export_schedule,
-    "deleteExportSchedule": schedules.delete_export_schedule,
-    "listExportScheduleRuns": schedules.list_export_schedule_runs,
-    "pauseExportSchedule": schedules.pause_export_schedule,
-    "resumeExportSchedule": schedules.resume_export_schedule,
-    "getOpenApiDocument": openapi.openapi_document,
-    "toPage": page.to_page,
-    "pageFile": page.page_file,
-    "docsPage": docs.docs_file,
-    "docsScript": docs.docs_file,
-    "docsSwaggerScript": docs.docs_file,
-    "docsSwaggerStyle": docs.docs_file,
-    "adminPutConversation": admin.put_conversation,
-    "adminGetConversation": admin.get_conversation,
-    "adminAddMember": admin.add_member,
-    "adminRemoveMember": admin.remove_member,
-    "adminImportMessages": admin.import_messages,
-    "adminListOperations": admin.list_operations,
-    "adminGetOperation": admin.get_operation,
-    "adminRequeueOperation": admin.requeue_operation,
+    **{name: endpoint.handler for name, endpoint in ENDPOINTS.items()},
+    **health.HANDLERS,
+    **page.HANDLERS,
+    **docs.HANDLERS,
+    **admin.HANDLERS,
 }
 
 
 def setup_routes(app: web.Application) -> None:
-    """Register every route under its name; unknown paths answer 404 and wrong methods 405 with ``Allow``.
-    Raises ``KeyError`` for a route without a handler.
+    """Register every route under its name, and the OpenAPI document ``getOpenApiDocument`` serves; unknown
+    paths answer 404 and wrong methods 405 with ``Allow``. Raises ``LookupError`` when the handlers and the route
+    table name different routes.
     """
+    unbound = {route.name for route in ROUTES} ^ set(HANDLERS)
+    if unbound:
+        raise LookupError(f"routes without a handler, or handlers without a route: {sorted(unbound)}")
+    app[OPENAPI_DOCUMENT] = document_bytes()
     for route in ROUTES:
         handler = HANDLERS[route.name]
         if route.method == "GET":

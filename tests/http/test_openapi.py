@@ -16,8 +16,8 @@ from services.api.http import schemas
 from services.api.http.contract import REF_TEMPLATE
 from services.api.http.keys import VERIFIER
 from services.api.http.middlewares import auth_middleware, error_middleware
-from services.api.http.openapi import MODELS, build_document, document_bytes
 from services.api.http.problems import CODES, PROBLEM_CONTENT_TYPE
+from services.api.openapi import MODELS, build_document, document_bytes
 from services.api.routes import setup_routes
 from shared.auth import TokenVerifier
 from shared.routes import ROUTES_BY_NAME
@@ -112,7 +112,7 @@ def test_a_changed_model_changes_the_document(monkeypatch: pytest.MonkeyPatch) -
         recalled_at: str
 
     changed = [(RecalledMessage if model is schemas.RecalledMessage else model, mode) for model, mode in MODELS]
-    monkeypatch.setattr("services.api.http.openapi.MODELS", tuple(changed))
+    monkeypatch.setattr("services.api.openapi.MODELS", tuple(changed))
     recall = "/v2/conversations/{cid}/messages/{message_id}"
     document = build_document()
     assert (

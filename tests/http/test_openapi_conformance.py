@@ -22,7 +22,7 @@ import schemathesis
 from schemathesis import checks
 
 from devtools.localsystem import LocalSystem
-from services.api.http.openapi import build_document
+from services.api.openapi import build_document
 from shared.routes import path
 from tests.support import unique
 from tests.support.api_calls import Headers, import_lines, make_conversation, submit, wait_terminal

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from services.api.http.middlewares import PROTECTED_PREFIXES
-from services.api.http.openapi import ENDPOINTS
+from services.api.openapi import ENDPOINTS
 from services.api.routes import HANDLERS, setup_routes
 from services.api.views.page import FILES
 from shared.routes import ROUTES, ROUTES_BY_NAME, Route, path

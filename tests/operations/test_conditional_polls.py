@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 
 from chatexport.client.api import Api
 from devtools.moto import MotoServer
-from services.api.http.keys import CHANGES
+from services.api.exporting.changes import CHANGES
 from services.api.http.preconditions import tag_list_matches
 from shared.settings import Settings
 from tests.support import wait_for

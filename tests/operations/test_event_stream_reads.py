@@ -10,9 +10,9 @@ from typing import Any
 
 import asyncpg
 
-from services.api.exporting.changes import Change, OperationChanges, Subscription
+from services.api.exporting.changes import CHANGES, Change, OperationChanges, Subscription
 from services.api.exporting.waiting import operation_events
-from services.api.http.keys import CHANGES, SETTINGS
+from services.api.http.keys import SETTINGS
 from shared.settings import Settings
 
 

@@ -17,7 +17,8 @@ import pytest
 from multidict import CIMultiDict
 
 from devtools.moto import MotoServer
-from services.api.http.keys import CHANGES, WAIT_SLOTS
+from services.api.exporting.changes import CHANGES
+from services.api.http.keys import WAIT_SLOTS
 from shared.repository import status_monitor
 from shared.settings import Settings
 from tests.support import wait_for

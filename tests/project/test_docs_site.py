@@ -16,7 +16,7 @@ import markdown
 import yaml
 from openapidocs.mk.v3 import OpenAPIV3DocumentationHandler
 
-from services.api.http.openapi import build_document
+from services.api.openapi import build_document
 
 ROOT = Path(__file__).resolve().parents[2]
 

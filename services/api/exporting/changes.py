@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import asyncpg
+from aiohttp import web
 
 from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
 from shared.settings import Settings
@@ -239,3 +240,7 @@ class OperationChanges:
         self._sequence += 1
         for subscription in self._subscriptions.get(operation_id, ()):
             subscription._deliver(change, self._sequence)
+
+
+# Where the application keeps its one ``OperationChanges`` (opened and closed by ``services.api.app``).
+CHANGES = web.AppKey("changes", OperationChanges)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import asyncpg
 from aiohttp import web
 
-from services.api.exporting.changes import Subscription
-from services.api.http.keys import CHANGES, PRINCIPAL, SETTINGS, WAIT_SLOTS
+from services.api.exporting.changes import CHANGES, Subscription
+from services.api.http.keys import PRINCIPAL, SETTINGS, WAIT_SLOTS
 from services.api.http.metrics import WAITING_REQUESTS, WaitKind
 from services.api.http.middlewares import client_gone
 from services.api.http.problems import not_found

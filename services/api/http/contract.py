@@ -1,5 +1,5 @@
 """What a documented route takes and answers, declared beside its view as an ``Endpoint`` (docs/api.md: API
-reference). ``services.api.http.openapi`` builds the OpenAPI document's paths from ``shared.routes.ROUTES`` and these
+reference). ``services.api.openapi`` builds the OpenAPI document's paths from ``shared.routes.ROUTES`` and these
 declarations; views never import ``openapi``, which imports them.
 """
 
@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel
 
 from shared.ids import OPERATION_ID_PATTERN
@@ -87,7 +88,9 @@ class Answer:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """The contract of the route named ``route`` in ``shared.routes.ROUTES``: its OpenAPI ``summary``,
+    """The contract of the route named ``route`` in ``shared.routes.ROUTES`` and its ``handler`` (the route
+    table binds one to the other: the route's name is written here and in ``shared.routes`` only); its OpenAPI
+    ``summary``,
     ``description`` and ``tag``; the ``query`` model its view validates the query string with, its JSON
     ``body`` and its header ``parameters``; its success ``answers``; and the problem codes (keys of
     ``services.api.http.problems.CODES``) its view can answer besides ``ANY_ROUTE_PROBLEMS``, which every route
@@ -95,6 +98,7 @@ class Endpoint:
     """
 
     route: str
+    handler: Handler
     summary: str
     tag: str
     answers: tuple[Answer, ...]

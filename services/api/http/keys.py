@@ -7,7 +7,6 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from services.api.exporting.changes import OperationChanges
 from services.api.http.slots import ConnectionSlots
 from shared.auth import Principal, TokenVerifier
 from shared.monitoring import Monitor
@@ -23,7 +22,8 @@ PRESIGNER = web.AppKey("presigner", object)
 DOWNLOAD_SLOTS = web.AppKey("download_slots", ConnectionSlots)
 # Bounds the long polls and event streams waiting at once in this process, in all and per user.
 WAIT_SLOTS = web.AppKey("wait_slots", ConnectionSlots)
-CHANGES = web.AppKey("changes", OperationChanges)
+# The OpenAPI document as UTF-8 JSON (services.api.openapi), built once at start-up.
+OPENAPI_DOCUMENT = web.AppKey("openapi_document", bytes)
 MONITOR = web.AppKey("monitor", Monitor)
 PRINCIPAL = web.RequestKey("principal", Principal)
 

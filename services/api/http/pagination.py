@@ -17,6 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel
 
 from services.api.http.contract import NO_STORE_HEADER, Answer, Endpoint
@@ -32,6 +33,7 @@ Row = TypeVar("Row")
 
 def page_endpoint(
     route: str,
+    handler: Handler,
     summary: str,
     *,
     tag: str,
@@ -44,6 +46,7 @@ def page_endpoint(
     """
     return Endpoint(
         route=route,
+        handler=handler,
         summary=summary,
         tag=tag,
         description="`cursor` is a `next_cursor` passed back as it is; anything else is a 422.",

@@ -2,7 +2,7 @@
 
 Request models are strict, so that ``"9"``, ``1e3`` and ``true`` are not integers. Response models describe
 what the views answer; they are the source of the OpenAPI document's component schemas
-(``services.api.http.openapi``), and the end-to-end conformance test holds the views to them.
+(``services.api.openapi``), and the end-to-end conformance test holds the views to them.
 """
 
 from __future__ import annotations

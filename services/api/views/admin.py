@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from services.api.http.bodies import (
@@ -264,3 +265,17 @@ def _parse_line(number: int, chunk: bytes, *, body_max_bytes: int) -> ImportedMe
         ) from None
     check_body_bytes(line.body, max_bytes=body_max_bytes, loc=["body", number, "body"])
     return line
+
+
+# Route name (shared.routes) -> handler, for the route table (services.api.routes). Operator tooling: not in
+# the OpenAPI document, so these routes have no ``Endpoint``.
+HANDLERS: dict[str, Handler] = {
+    "adminPutConversation": put_conversation,
+    "adminGetConversation": get_conversation,
+    "adminAddMember": add_member,
+    "adminRemoveMember": remove_member,
+    "adminImportMessages": import_messages,
+    "adminListOperations": list_operations,
+    "adminGetOperation": get_operation,
+    "adminRequeueOperation": requeue_operation,
+}

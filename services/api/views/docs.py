@@ -12,6 +12,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from swagger_ui_bundle import swagger_ui_path
 
 from services.api.views import page
@@ -48,3 +49,7 @@ async def docs_file(request: web.Request) -> web.Response:
     """
     body, media_type = CONTENTS[str(request.match_info.route.name)]
     return web.Response(body=body, content_type=media_type, charset="utf-8", headers=HEADERS)
+
+
+# Route name (shared.routes) -> handler, for the route table (services.api.routes): one per file served.
+HANDLERS: dict[str, Handler] = dict.fromkeys(FILES, docs_file)

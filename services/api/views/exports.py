@@ -346,6 +346,7 @@ IDEMPOTENCY_KEY_PARAMETER = {
 
 SUBMIT = Endpoint(
     route="submitExport",
+    handler=submit_export,
     summary="Submit an export of a conversation",
     tag="exports",
     description="Checks in this order: token, query (none is taken), Idempotency-Key, body, membership, "
@@ -427,6 +428,7 @@ def _download_endpoint(*, part: bool) -> Endpoint:
     what = "one part of a split result (`result.parts`)" if part else "the file of a result that is not split"
     return Endpoint(
         route="downloadResultPart" if part else "downloadResult",
+        handler=download_part if part else download_result,
         summary=f"Download {what}",
         tag="exports",
         description="Checks in this order: token, owner, state, the owner's current membership, then the "

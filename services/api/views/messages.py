@@ -163,6 +163,7 @@ def _is_message_id(value: str) -> bool:
 ENDPOINTS = (
     page_endpoint(
         "listConversations",
+        list_conversations,
         "The conversations the caller is a member of, by id",
         tag="messages",
         query=ConversationListQuery,
@@ -170,6 +171,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="sendMessage",
+        handler=send_message,
         summary="Store a message in a conversation the caller is a member of",
         tag="messages",
         description="`body` is at most `CHATEXPORT_MESSAGE_BODY_MAX_BYTES` UTF-8 bytes (default 6) and the request "
@@ -181,6 +183,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="readMessages",
+        handler=read_messages,
         summary="Read non-recalled messages in seq order",
         tag="messages",
         description="Query values are plain decimal digits; other values and unknown parameters are a 422.",
@@ -190,6 +193,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="recallMessage",
+        handler=recall_message,
         summary="The sender recalls a message",
         tag="messages",
         description="Idempotent. Anyone but the sender, a missing message or conversation: the same 404.",

@@ -204,6 +204,7 @@ _WAITING_PROBLEMS = ("NOT_FOUND", "VALIDATION_FAILED", "TOO_MANY_WAITERS")
 ENDPOINTS = (
     page_endpoint(
         "listOperations",
+        list_operations,
         "The caller's operations, newest first",
         tag="operations",
         query=OperationListQuery,
@@ -211,6 +212,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="getOperation",
+        handler=get_operation,
         summary="The status monitor of an export",
         tag="operations",
         description="With `wait` (1-60 seconds) a long poll: answered as soon as the state differs from the one "
@@ -237,6 +239,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="streamOperationEvents",
+        handler=stream_operation_events,
         summary="The operation's changes as server-sent events",
         tag="operations",
         description="The representation on connect (unless `Last-Event-ID` is its current version) and on every "
@@ -268,6 +271,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="cancelOperation",
+        handler=cancel_operation,
         summary="Request cancellation of an export",
         tag="operations",
         description="Idempotent. After SUCCEEDED, FAILED, FAILED_REPAIR or EXPIRED: 409 `ALREADY_TERMINAL` with "

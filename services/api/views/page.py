@@ -7,6 +7,7 @@ from __future__ import annotations
 from importlib import resources
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from shared.routes import path
 
@@ -42,3 +43,7 @@ async def page_file(request: web.Request) -> web.Response:
 async def to_page(request: web.Request) -> web.Response:
     """``GET /ui``: to ``/ui/``, where the page's relative links resolve."""
     raise web.HTTPPermanentRedirect(path("pageFile", name=""))
+
+
+# Route name (shared.routes) -> handler, for the route table (services.api.routes).
+HANDLERS: dict[str, Handler] = {"toPage": to_page, "pageFile": page_file}

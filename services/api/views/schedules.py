@@ -174,6 +174,7 @@ _SCHEDULE_LOCATION = header(
 ENDPOINTS = (
     Endpoint(
         route="createExportSchedule",
+        handler=create_export_schedule,
         summary="Schedule exports of a conversation",
         tag="schedules",
         description="Checks in the submit's order: token, query (none is taken), Idempotency-Key, body "
@@ -212,6 +213,7 @@ ENDPOINTS = (
     ),
     page_endpoint(
         "listExportSchedules",
+        list_export_schedules,
         "The caller's export schedules, newest first",
         tag="schedules",
         query=SchedulePageQuery,
@@ -219,6 +221,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="getExportSchedule",
+        handler=get_export_schedule,
         summary="An export schedule",
         tag="schedules",
         answers=(_schedule_answer(200, "The schedule's current representation."),),
@@ -226,6 +229,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="deleteExportSchedule",
+        handler=delete_export_schedule,
         summary="Delete an export schedule",
         tag="schedules",
         description="No run is created after it. A run in flight finishes, and every run's result stays to its "
@@ -235,6 +239,7 @@ ENDPOINTS = (
     ),
     page_endpoint(
         "listExportScheduleRuns",
+        list_export_schedule_runs,
         "A schedule's runs, newest due time first",
         tag="schedules",
         query=SchedulePageQuery,
@@ -243,6 +248,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="pauseExportSchedule",
+        handler=pause_export_schedule,
         summary="Pause an export schedule",
         tag="schedules",
         description="Idempotent. No run is created while it is PAUSED; a run in flight finishes. The reason becomes "
@@ -254,6 +260,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         route="resumeExportSchedule",
+        handler=resume_export_schedule,
         summary="Resume an export schedule",
         tag="schedules",
         description="Idempotent on an ACTIVE schedule. The next run is at the first due time after now; the due "

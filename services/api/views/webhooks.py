@@ -34,6 +34,7 @@ async def webhook_secret(request: web.Request) -> web.Response:
 ENDPOINTS = (
     Endpoint(
         route="getWebhookSecret",
+        handler=webhook_secret,
         summary="The caller's signing secret for completion callbacks",
         tag="exports",
         description="Callbacks carry Standard Webhooks signatures made with this secret (and, while the "

@@ -1,4 +1,5 @@
-"""The OpenAPI 3.1 document of the public API (``/v2`` and ``/v3``), and its view, ``GET /v3/openapi.json``.
+"""The OpenAPI 3.1 document of the public API (``/v2`` and ``/v3``), which ``GET /v3/openapi.json`` serves
+(``services.api.views.document``).
 
 Its paths are the documented routes of the route table (``shared.routes.ROUTES``), each described by the
 ``Endpoint`` declared beside its view (``services.api.http.contract``). Component schemas are generated from the
@@ -17,7 +18,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -25,17 +25,10 @@ from services.api.http import schemas
 from services.api.http.bodies import JSON_MEDIA_TYPE
 from services.api.http.contract import ANY_ROUTE_PROBLEMS, REF_TEMPLATE, Answer, Endpoint, header, ref, retry_after
 from services.api.http.problems import CODES, PROBLEM_CONTENT_TYPE
-from services.api.views import exports, messages, operations, schedules, webhooks
+from services.api.views import document, exports, messages, operations, schedules, webhooks
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
 from shared.routes import ROUTES, Route
 
-# The document's own route: its handler is at the end of this module.
-DOCUMENT = Endpoint(
-    route="getOpenApiDocument",
-    summary="The OpenAPI 3.1 document of the /v2 and /v3 routes",
-    tag="meta",
-    answers=(Answer(200, "OpenAPI 3.1.", content={JSON_MEDIA_TYPE: {"schema": {"type": "object"}}}),),
-)
 ENDPOINTS: dict[str, Endpoint] = {
     endpoint.route: endpoint
     for endpoint in (
@@ -44,7 +37,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         *operations.ENDPOINTS,
         *webhooks.ENDPOINTS,
         *schedules.ENDPOINTS,
-        DOCUMENT,
+        *document.ENDPOINTS,
     )
 }
 
@@ -251,8 +244,3 @@ def build_document() -> dict[str, Any]:
 def document_bytes() -> bytes:
     """The document as UTF-8 JSON, built once per process (it depends on no setting)."""
     return json.dumps(build_document(), ensure_ascii=False).encode()
-
-
-async def openapi_document(request: web.Request) -> web.Response:
-    """``GET /v3/openapi.json``, readable without a token; cacheable, since it changes only with a deploy."""
-    return web.Response(body=document_bytes(), content_type="application/json", charset="utf-8")
