@@ -66,7 +66,6 @@ class LocalSystem:
         self.moto: MotoServer | None = None
         # (kind, process name) -> the listening socket handed to every process of that name ("api", "metrics")
         self._sockets: dict[tuple[str, str], socket.socket] = {}
-        self.api_port = self._socket("api", "api").getsockname()[1]
         self.base_url = self.api_url("api")
         tag = uuid.uuid4().hex[:10]
         self.env: dict[str, str] = {
@@ -74,7 +73,7 @@ class LocalSystem:
             "CHATEXPORT_AMQP_URL": amqp_url,
             # Every process shares one host here: loopback only, and a port each (monitoring: start_part).
             "CHATEXPORT_API_HOST": LOCAL_HOST,
-            "CHATEXPORT_API_PORT": str(self.api_port),
+            "CHATEXPORT_API_PORT": str(self._socket("api", "api").getsockname()[1]),
             "CHATEXPORT_METRICS_HOST": LOCAL_HOST,
             # The broker and the moto server may be shared with other tests: names of this system's own.
             "CHATEXPORT_AMQP_EXCHANGE": f"chatexport-e2e-{tag}",

@@ -2,9 +2,9 @@
 Leases and fencing): an export operation, a chunk of one, a batch of completion callbacks.
 
 The holder extends its lease by a heartbeat while it works (``heartbeating``); every write it makes names the
-generation it claimed, and a write that matches nothing (``fenced``) means another generation holds the work, or it
-was canceled: the holder stops there (``LeaseLost``). What a lease covers, and each table's claim, extend, finish and
-release, are that table's SQL (``shared.repository``).
+generation it claimed, and a write that matches nothing means another generation holds the work, or it was
+canceled: the holder raises ``LeaseLost`` and stops there. What a lease covers, and each table's claim,
+extend, finish and release, are that table's SQL (``shared.repository``).
 """
 
 from __future__ import annotations
@@ -32,12 +32,6 @@ class LeaseLost(Exception):
     def __init__(self, write: str) -> None:
         super().__init__(write)
         self.write = write
-
-
-def fenced(matched: bool, write: str) -> None:
-    """Raise ``LeaseLost(write)`` unless the fenced ``write`` matched its row (``matched``)."""
-    if not matched:
-        raise LeaseLost(write)
 
 
 @contextlib.asynccontextmanager

@@ -21,6 +21,7 @@ what it uses.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -96,11 +97,14 @@ def parse(version: str, sql: str) -> Migration:
     return Migration(version, sql, step, transactional=transaction == "required")
 
 
-def migrations() -> list[Migration]:
-    """Every migration this release ships, ordered by version. Raises ``BadMigration``."""
+@functools.cache
+def migrations() -> tuple[Migration, ...]:
+    """Every migration this release ships, ordered by version; read once per process, since every readiness
+    probe checks the schema against them. Raises ``BadMigration``.
+    """
     folder = resources.files("shared") / "migrations"
     found = [(entry.name.removesuffix(".sql"), entry) for entry in folder.iterdir() if entry.name.endswith(".sql")]
-    return [parse(version, entry.read_text("utf-8")) for version, entry in sorted(found) if version[:4].isdigit()]
+    return tuple(parse(version, entry.read_text("utf-8")) for version, entry in sorted(found) if version[:4].isdigit())
 
 
 class SchemaOutOfRange(Exception):

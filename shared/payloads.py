@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from typing import Any
 
 PAYLOAD_VERSION = 1
-# The previous release's version (0.1.0 wrote version 1 without saying so) and this one's.
-READABLE = frozenset({1})
 PAYLOAD_VERSION_HEADER = "payload-version"
 PAYLOAD_VERSION_FIELD = "payload_version"
 # What a payload without a version is: one written by 0.1.0.
 UNVERSIONED = 1
+# The previous release's version (0.1.0 wrote version 1 without saying so) and this one's.
+READABLE = frozenset({UNVERSIONED, PAYLOAD_VERSION})
 
 
 def message_version(headers: Mapping[str, Any] | None) -> int | None:

@@ -58,9 +58,12 @@ class Relay:
             claimed = await outbox.claim_due(conn, limit=self._settings.relay_batch_size)
             if not claimed:
                 return 0
-            rows = [row for row in claimed if readable(row.payload_version)]
-            if len(rows) < len(claimed):
-                await self._put_back(conn, [row for row in claimed if not readable(row.payload_version)])
+            rows: list[outbox.OutboxRow] = []
+            unreadable: list[outbox.OutboxRow] = []
+            for row in claimed:
+                (rows if readable(row.payload_version) else unreadable).append(row)
+            if unreadable:
+                await self._put_back(conn, unreadable)
             results = await asyncio.gather(*(self._publish(row) for row in rows), return_exceptions=True)
             confirmed = [row.outbox_id for row, error in zip(rows, results, strict=True) if error is None]
             failed = [row.outbox_id for row, error in zip(rows, results, strict=True) if error is not None]

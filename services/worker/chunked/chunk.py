@@ -31,7 +31,7 @@ from shared import tracing
 from shared.artifact_removal import remove_object
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
-from shared.lease import LeaseLost, fenced, heartbeating
+from shared.lease import LeaseLost, heartbeating
 from shared.logs import log_fields
 from shared.repository import chunks, export_reader
 from shared.repository.chunks import ClaimedChunk
@@ -254,7 +254,8 @@ class ChunkRunner:
         if self._progress_written_at is not None and now - self._progress_written_at < PROGRESS_INTERVAL_SECONDS:
             return
         self._progress_written_at = now
-        fenced(await self._extend(), "progress")
+        if not await self._extend():
+            raise LeaseLost("progress")
 
     async def _extend(self) -> bool:
         claimed = self._claimed
