@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-import socket
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from shared.settings import Settings
 from tests.support import wait_for
 from tests.support.api_calls import Headers, check_problem, expect_problem
 from tests.support.rows import insert_operation
+from tests.support.sockets import handed_socket
 
 pytestmark = pytest.mark.module_database
 
@@ -473,13 +473,6 @@ WAITING_FOR_A_LOCK = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 async def refuses_connections(port: int) -> bool:
     try:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -492,9 +485,9 @@ async def refuses_connections(port: int) -> bool:
 async def test_a_request_in_flight_when_the_server_stops_is_answered(
     settings: Settings, auth: Headers, pool: asyncpg.Pool
 ) -> None:
-    port = free_port()
+    fd, port = handed_socket()  # the API owns the socket: once it stops, the port refuses connections
     stop = asyncio.Event()
-    serving = asyncio.create_task(serve(settings.model_copy(update={"api_port": port}), stop=stop))
+    serving = asyncio.create_task(serve(settings.model_copy(update={"api_socket_fd": fd}), stop=stop))
 
     async def accepting() -> bool:
         if serving.done():

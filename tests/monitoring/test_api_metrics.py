@@ -17,13 +17,13 @@ import asyncpg
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import REGISTRY
 
-from devtools.ports import free_port
 from services.api.app import init_app
 from shared.settings import Settings
 from tests.support import wait_for
 from tests.support.api_calls import Headers, expect_problem, make_conversation, metric_samples, submit
 from tests.support.exports import held_download
 from tests.support.rows import insert_operation
+from tests.support.sockets import handed_socket
 
 
 def sample(name: str, **labels: str) -> float:
@@ -97,8 +97,8 @@ async def test_refusals_at_submit_and_download_are_counted_by_stage(
 @contextlib.asynccontextmanager
 async def monitored_api(settings: Settings, **overrides: Any) -> AsyncIterator[tuple[TestClient[Any, Any], str]]:
     """The API on a local port with ``overrides`` to its settings, and the base URL of its monitoring endpoint."""
-    port = free_port()
-    served = settings.model_copy(update={"metrics_port": port, **overrides})
+    fd, port = handed_socket()
+    served = settings.model_copy(update={"metrics_socket_fd": fd, **overrides})
     async with TestClient(TestServer(init_app(served))) as client:
         yield client, f"http://127.0.0.1:{port}"
 

@@ -17,7 +17,6 @@ import asyncpg
 import pytest
 from prometheus_client import Counter
 
-from devtools.ports import free_port
 from devtools.servers import TcpProxy
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
@@ -25,6 +24,7 @@ from shared.monitoring import CHECK_TIMEOUT_SECONDS, Monitor, broker_check, data
 from shared.settings import Settings
 from tests.support import AMQP_URL, PG_SERVER, wait_for
 from tests.support.api_calls import metric_samples
+from tests.support.sockets import handed_socket, refusing_socket
 
 SCRAPES = Counter("chatexport_test_scrape_refreshes_total", "Refreshes run by the monitoring test.")
 
@@ -112,7 +112,9 @@ async def test_health_command_exits_0_when_ready_and_1_otherwise(monitored: tupl
     monitor.checks["storage"] = storage_check(s3, "no-such-bucket-here")
     not_ready = await asyncio.to_thread(run_health, "--url", f"{base}/readyz")
     alive = await asyncio.to_thread(run_health, "--url", f"{base}/healthz")
-    nobody = await asyncio.to_thread(run_health, "--url", f"http://127.0.0.1:{free_port()}/readyz", "--timeout", "2")
+    with refusing_socket() as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/readyz"
+        nobody = await asyncio.to_thread(run_health, "--url", url, "--timeout", "2")
     bad_url = await asyncio.to_thread(run_health, "--url", "file:///etc/passwd")
 
     assert (ready.returncode, not_ready.returncode, alive.returncode) == (0, 1, 0)
@@ -157,10 +159,10 @@ async def scrape(base: str) -> dict[str, float]:
 async def serving_part(
     serve: Callable[..., Coroutine[Any, Any, None]], settings: Settings
 ) -> tuple[asyncio.Task[None], asyncio.Event, str]:
-    """Start ``serve`` on a known free monitoring port; return (task, stop event, monitoring base URL)."""
-    port = free_port()
+    """Start ``serve`` on a monitoring socket handed to it; return (task, stop event, monitoring base URL)."""
+    fd, port = handed_socket()
     stop = asyncio.Event()
-    task = asyncio.create_task(serve(settings.model_copy(update={"metrics_port": port}), stop=stop))
+    task = asyncio.create_task(serve(settings.model_copy(update={"metrics_socket_fd": fd}), stop=stop))
     return task, stop, f"http://127.0.0.1:{port}"
 
 

@@ -21,13 +21,13 @@ from prometheus_client import REGISTRY
 from yarl import URL
 
 from devtools.broker import delete_broker_objects
-from devtools.ports import free_port
 from devtools.servers import HOST, PrivateRabbitMQ, TcpProxy
 from services.worker.queue.members import check_queue_members
 from shared import broker
 from shared.settings import Settings, amqp_node_urls
 from tests.support import AMQP_URL, unique, wait_for
 from tests.support.reconnects import restoration
+from tests.support.sockets import refusing_socket
 
 # -- the setting
 
@@ -95,10 +95,11 @@ async def settings() -> AsyncIterator[Settings]:
 
 @pytest.mark.integration
 async def test_a_connection_skips_a_node_that_does_not_answer(settings: Settings, caplog: Any) -> None:
-    closed = f"amqp://guest:secret@{HOST}:{free_port(HOST)}/"
-    nodes = settings.model_copy(update={"amqp_url": f"{closed},{AMQP_URL}", "amqp_connect_timeout_seconds": 5.0})
-    with caplog.at_level(logging.INFO, logger="shared.broker"):
-        connection = await asyncio.wait_for(broker.connect(nodes, name="test"), timeout=30)
+    with refusing_socket() as silent:
+        closed = f"amqp://guest:secret@{HOST}:{silent.getsockname()[1]}/"
+        nodes = settings.model_copy(update={"amqp_url": f"{closed},{AMQP_URL}", "amqp_connect_timeout_seconds": 5.0})
+        with caplog.at_level(logging.INFO, logger="shared.broker"):
+            connection = await asyncio.wait_for(broker.connect(nodes, name="test"), timeout=30)
     try:
         assert connection.connected.is_set()
         assert broker.node_urls(nodes)[1] == node_of(connection)

@@ -7,6 +7,7 @@ through an egress proxy, which alone knows where the receiver's name leads; no p
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,10 +19,10 @@ from aiohttp import web
 
 from devtools.certificates import certificate_for
 from devtools.localsystem import LocalSystem
-from devtools.ports import free_port
 from tests.support import cloned_database, unique, wait_for
 from tests.support.api_calls import import_lines, make_conversation, submit, verified_callback, wait_terminal
 from tests.support.e2e import headers_for, local_system
+from tests.support.sockets import refusing_socket
 from tests.support.webhook_peers import ConnectProxy, Receiver, listening
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +49,9 @@ async def test_a_callback_reaches_a_receiver_that_was_down_when_the_export_ended
     permissive_system: LocalSystem,
 ) -> None:
     auth = headers_for(permissive_system)
-    port = free_port()
+    receiver = contextlib.ExitStack()
+    silent = receiver.enter_context(refusing_socket())
+    port = silent.getsockname()[1]
     received: list[tuple[dict[str, str], bytes]] = []
     user, cid = unique("hook-user"), unique("hook-conversation")
     async with aiohttp.ClientSession(base_url=permissive_system.base_url) as api:
@@ -78,11 +81,13 @@ async def test_a_callback_reaches_a_receiver_that_was_down_when_the_export_ended
         app.router.add_post("/hook", hook)
         runner = web.AppRunner(app)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        # The port held silent so far now listens: the same address the callback was refused at.
+        await web.SockSite(runner, silent).start()
         try:
             await wait_for(lambda: received, timeout=30)
         finally:
             await runner.cleanup()
+            receiver.close()
         secret = (await (await api.get("/v3/webhooks/secret", headers=auth(user))).json())["secret"]
 
     headers, payload = received[0]
