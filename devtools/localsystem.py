@@ -85,6 +85,7 @@ class LocalSystem:
         self._inherited = {key: value for key, value in os.environ.items() if not key.startswith(SETTINGS_PREFIX)}
         self.group = ProcessGroup(log_dir=log_dir)
         self.metrics_ports: dict[str, int] = {}
+        self._services_of: dict[str, str] = {}  # process name -> its compose service, for restart_ended
 
     def start(self, *, workers: int | None = None, janitors: int | None = None) -> None:
         """``start_storage()``, then ``start_parts(...)``. Raises ``RuntimeError``."""
@@ -141,7 +142,18 @@ class LocalSystem:
                 f"CHATEXPORT_{setting}_SOCKET_FD": str(sock.fileno()),
             }
         pass_fds = [sock.fileno() for sock in handed.values()]
+        self._services_of[name] = part
         self.group.start(name, local_command(self.services[part].command), env, pass_fds=pass_fds)
+
+    def restart_ended(self) -> list[str]:
+        """Start again every long-running process that has ended (killed, stopped), with its settings of
+        before, and wait until each is ready; return their names. Raises ``RuntimeError`` as ``wait_ready``.
+        """
+        ended = [name for name in self.group.exited() if name in self._services_of]
+        for name in ended:
+            self.start_part(self._services_of[name], name=name)
+        self.wait_ready(ended)
+        return ended
 
     def api_url(self, name: str) -> str:
         """The base URL of the api process called ``name`` (its socket is bound now if it was not yet)."""

@@ -57,6 +57,18 @@ class Part:
         """None while running; else the exit code, negative for the signal that ended it."""
         return self.process.poll()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the running child is stopped by a signal (SIGSTOP): state ``T`` in ``/proc/<pid>/stat``."""
+        if self.process.poll() is not None:
+            return False
+        try:
+            stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        # The command name in parentheses may hold spaces: the state is the first field after it.
+        return stat.rsplit(")", 1)[1].split()[0] == "T"
+
     def signal(self, sig: int) -> None:
         """Deliver ``sig`` to the part (its whole process group); a part that already ended is skipped."""
         if self.process.poll() is not None:
@@ -145,6 +157,10 @@ class ProcessGroup:
         """``{name: returncode}`` of the parts that have ended (negative: killed by that signal)."""
         codes = {name: part.returncode for name, part in self._parts.items()}
         return {name: code for name, code in codes.items() if code is not None}
+
+    def stopped(self) -> list[str]:
+        """The names of the running parts that are stopped (SIGSTOP) and not continued."""
+        return [name for name, part in self._parts.items() if part.stopped]
 
     def send(self, name: str, sig: int) -> None:
         """Deliver ``sig`` to part ``name`` without waiting."""

@@ -679,6 +679,19 @@ class TcpProxy:
         """How many client connections are being forwarded right now."""
         return len(self._links)
 
+    @property
+    def faults(self) -> list[str]:
+        """What is switched on now (``blocked``, ``throttled``, ``frozen``, ``answering``): empty for a proxy
+        that forwards everything as it comes.
+        """
+        on = {
+            "blocked": self._blocked,
+            "throttled": self._bytes_per_second is not None,
+            "frozen": not self._flowing.is_set(),
+            "answering": self._answer is not None,
+        }
+        return [name for name, switched in on.items() if switched]
+
     def block(self) -> None:
         """Reset every open connection and stop listening: new connections are refused until ``unblock``."""
         self._call(self._block())

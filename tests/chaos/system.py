@@ -68,6 +68,7 @@ class ChaosClusters:
     rabbit: RabbitCluster
     postgres: PostgresCluster
     reader: PrivatePostgres
+    owns_rabbit: bool = True  # False: a cluster the caller started and deletes (its nodes are left running)
 
     def fail_over(self) -> PrivatePostgres:
         """Kill the primary (``immediate``: no checkpoint, clients cut off) and promote the standby that has
@@ -108,9 +109,12 @@ class ChaosClusters:
         return running[0].queue_counts(queue)
 
     def destroy(self, log_dir: Path) -> None:
-        """Delete both clusters, keeping their servers' logs in ``log_dir``."""
+        """Delete both clusters (the RabbitMQ one only when it ``owns_rabbit``), keeping their servers' logs in
+        ``log_dir``.
+        """
         try:
-            self.rabbit.destroy(keep_logs_in=log_dir)
+            if self.owns_rabbit:
+                self.rabbit.destroy(keep_logs_in=log_dir)
         finally:
             self.postgres.destroy(keep_logs_in=log_dir)
 
@@ -143,12 +147,15 @@ class ChaosSystem:
 
 
 @contextlib.asynccontextmanager
-async def chaos_system(log_dir: Path, *, cluster: bool = False) -> AsyncIterator[ChaosSystem]:
+async def chaos_system(
+    log_dir: Path, *, cluster: bool = False, rabbit: RabbitCluster | None = None
+) -> AsyncIterator[ChaosSystem]:
     """Start the servers (with ``cluster``, the clusters), the parts and the receiver; stop and delete them
-    all on exit.
+    all on exit. In cluster mode a started ``rabbit`` cluster is used instead of a new one (its nodes are
+    left running, each stopped one started again).
     """
     if cluster:
-        async with _clustered(log_dir) as system:
+        async with _clustered(log_dir, rabbit) as system:
             yield system
         return
     postgres, rabbitmq = PrivatePostgres(), PrivateRabbitMQ()
@@ -168,14 +175,15 @@ async def chaos_system(log_dir: Path, *, cluster: bool = False) -> AsyncIterator
 
 
 @contextlib.asynccontextmanager
-async def _clustered(log_dir: Path) -> AsyncIterator[ChaosSystem]:
-    """The system on a RabbitMQ cluster and a synchronous primary with ``STANDBYS`` standbys, the worker
-    reading on the first standby.
+async def _clustered(log_dir: Path, shared_rabbit: RabbitCluster | None) -> AsyncIterator[ChaosSystem]:
+    """The system on a RabbitMQ cluster (``shared_rabbit``, or one of its own) and a synchronous primary with
+    ``STANDBYS`` standbys, the worker reading on the first standby.
     """
-    rabbit, postgres = RabbitCluster(), PostgresCluster(STANDBYS, synchronous=True)
-    clusters = ChaosClusters(rabbit, postgres, reader=postgres.standbys[0])
+    rabbit, postgres = shared_rabbit or RabbitCluster(), PostgresCluster(STANDBYS, synchronous=True)
+    clusters = ChaosClusters(rabbit, postgres, reader=postgres.standbys[0], owns_rabbit=shared_rabbit is None)
     receiver = Receiver()
     try:
+        # start() of a running cluster starts only its stopped nodes.
         await asyncio.gather(asyncio.to_thread(rabbit.start), asyncio.to_thread(postgres.start))
         database_url = await _prepared(await postgres.create_database(DATABASE_NAME))
         await receiver.start()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from devtools.clusters import RabbitCluster
 from tests.chaos.plan import CLUSTER_FAULTS, FaultKind, plan_round
 from tests.chaos.run import run_rounds
 from tests.chaos.system import chaos_system
@@ -24,8 +25,10 @@ def test_the_sample_plans_each_cluster_fault() -> None:
     assert not {FaultKind.RESTART_BROKER, FaultKind.RESTART_DATABASE} & set(planned)
 
 
-async def test_a_fixed_seed_sample_of_cluster_rounds_passes_every_check(tmp_path: Path) -> None:
-    async with chaos_system(tmp_path / "system", cluster=True) as system:
+async def test_a_fixed_seed_sample_of_cluster_rounds_passes_every_check(
+    rabbit_cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    async with chaos_system(tmp_path / "system", cluster=True, rabbit=rabbit_cluster) as system:
         assert system.clusters is not None
         first_primary = system.clusters.postgres.primary
         summary = await run_rounds(system, SAMPLE_SEED, SAMPLE_ROUNDS, tmp_path)

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import signal
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import pytest
 
-from tests.support import AMQP_URL, cloned_database, wait_for
+from tests.support import wait_for
 from tests.support.fault_harness import (
+    BIG_MEMBERS,
     MIB,
     SLOW_UPLOADS,
     Faulty,
+    big_conversation_system,
     check_ended_correctly,
-    make_conversation,
-    running,
+    ready_for_the_next_test,
     uploading,
 )
 
@@ -35,19 +35,20 @@ CHUNKED = {
 CHUNK_BYTES_PER_SECOND = 512 * 1024
 
 
-@pytest.fixture
-async def faulty(template_db: str, tmp_path: Path) -> AsyncIterator[Faulty]:
-    """Two workers on a database of their own, chunking anything above 1 MiB; ``c-big`` (about 15 MB of
-    messages) with alice and bob.
+@pytest.fixture(scope="module")
+async def faulty(template_db: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Faulty]:
+    """One system for the module's tests, chunking anything above 1 MiB; ``c-big`` (about 15 MB of messages)
+    with alice and bob.
     """
-    async with (
-        cloned_database(template_db, "chatexport_k") as database_url,
-        running(
-            tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides={**SLOW_UPLOADS, **CHUNKED}
-        ) as system,
-    ):
-        await make_conversation(system, "c-big", ["alice", "bob"], messages=40_000, body_bytes=300)
+    log_dir = tmp_path_factory.mktemp("chunk-faults")
+    async with big_conversation_system(template_db, log_dir, {**SLOW_UPLOADS, **CHUNKED}) as system:
         yield system
+
+
+@pytest.fixture(autouse=True)
+async def _ready_for_the_next_test(faulty: Faulty) -> AsyncIterator[None]:
+    yield
+    await ready_for_the_next_test(faulty, BIG_MEMBERS)
 
 
 async def chunks(faulty: Faulty, operation_id: str) -> list[asyncpg.Record]:
@@ -145,3 +146,19 @@ async def test_membership_removed_mid_export_fails_it_with_access_revoked(faulty
 
     await check_ended_correctly(faulty, "bob", {operation_id: "FAILED"}, fingerprint=fingerprint)
     assert (await faulty.operation(operation_id))["error_code"] == "ACCESS_REVOKED"
+
+
+async def test_the_check_between_tests_finds_a_fault_left_on(faulty: Faulty) -> None:
+    faulty.proxy.throttle(CHUNK_BYTES_PER_SECOND)
+    try:
+        with pytest.raises(AssertionError, match="throttled"):
+            await ready_for_the_next_test(faulty, BIG_MEMBERS)
+    finally:
+        faulty.proxy.throttle(None)
+    faulty.system.group.send("worker-1", signal.SIGSTOP)
+    try:
+        await wait_for(lambda: faulty.system.group.stopped() == ["worker-1"], timeout=10)
+        with pytest.raises(AssertionError, match="worker-1"):
+            await ready_for_the_next_test(faulty, BIG_MEMBERS)
+    finally:
+        faulty.system.group.send("worker-1", signal.SIGCONT)

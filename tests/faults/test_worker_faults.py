@@ -10,19 +10,19 @@ from __future__ import annotations
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from tests.support import AMQP_URL, cloned_database, wait_for
+from tests.support import wait_for
 from tests.support.fault_harness import (
+    BIG_MEMBERS,
     MIB,
     SLOW_UPLOADS,
     UPLOAD_BYTES_PER_SECOND,
     Faulty,
+    big_conversation_system,
     check_ended_correctly,
-    make_conversation,
-    running,
+    ready_for_the_next_test,
     uploading,
 )
 
@@ -31,18 +31,24 @@ pytestmark = pytest.mark.e2e
 STALE_WRITES = "chatexport_worker_stale_generation_writes_total{"
 
 
-@pytest.fixture
-async def faulty(template_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Faulty]:
-    """Two workers on a database of their own; ``c-big`` (about 15 MB of messages) with alice and bob. A test
-    parametrized indirectly passes more settings.
+@pytest.fixture(scope="module")
+async def faulty(
+    template_db: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> AsyncIterator[Faulty]:
+    """One system for the module's tests (one more for each set of settings a test parametrized indirectly
+    passes); ``c-big`` (about 15 MB of messages) with alice and bob.
     """
-    overrides = {**SLOW_UPLOADS, **getattr(request, "param", {})}
-    async with (
-        cloned_database(template_db, "chatexport_f") as database_url,
-        running(tmp_path, database_url=database_url, amqp_url=AMQP_URL, overrides=overrides) as system,
-    ):
-        await make_conversation(system, "c-big", ["alice", "bob"], messages=40_000, body_bytes=300)
+    log_dir = tmp_path_factory.mktemp("worker-faults")
+    async with big_conversation_system(
+        template_db, log_dir, {**SLOW_UPLOADS, **getattr(request, "param", {})}
+    ) as system:
         yield system
+
+
+@pytest.fixture(autouse=True)
+async def _ready_for_the_next_test(faulty: Faulty) -> AsyncIterator[None]:
+    yield
+    await ready_for_the_next_test(faulty, BIG_MEMBERS)
 
 
 @dataclass(frozen=True)
@@ -92,23 +98,10 @@ async def test_a_worker_killed_mid_upload_is_taken_over_and_the_export_succeeds_
     ]
 
 
-@pytest.mark.parametrize("faulty", [{"CHATEXPORT_JANITOR_REQUEUE_AFTER_SECONDS": "3600"}], indirect=True)
-async def test_a_killed_holder_is_taken_over_at_the_first_janitor_pass_after_its_lease(faulty: Faulty) -> None:
-    # The wake-up that started the attempt was published seconds ago, well within the hour that the
-    # janitor waits after a wake-up before it sends another: only the lease's expiry may count here.
-    export = await slow_export_in_upload(faulty, "kill-2", bytes_per_second=UPLOAD_BYTES_PER_SECOND)
-    assert faulty.system.group.kill(export.holder) == -signal.SIGKILL
-    faulty.proxy.throttle(None)
-    settings = faulty.settings
-    # lease + one janitor interval, plus the relay's and a worker's turn (docs/states.md: States and failure model).
-    deadline = settings.lease_seconds + settings.janitor_interval_seconds + 10
-    await wait_for(lambda: _generation_at_least(faulty, export.operation_id, 2), timeout=deadline)
-    await export.check(faulty)
-
-
 async def test_a_frozen_holder_is_fenced_out_when_it_wakes_up(faulty: Faulty) -> None:
     export = await slow_export_in_upload(faulty, "freeze-1", bytes_per_second=UPLOAD_BYTES_PER_SECOND)
     operation_id, holder = export.operation_id, export.holder
+    stale_before = await stale_writes(faulty, holder)
     faulty.system.group.send(holder, signal.SIGSTOP)
     try:
         # The frozen worker sends no heartbeat: its lease expires and another worker takes over.
@@ -123,8 +116,7 @@ async def test_a_frozen_holder_is_fenced_out_when_it_wakes_up(faulty: Faulty) ->
         holder, lambda line: "a newer generation holds the operation" in line and operation_id in line, timeout=60
     )
     assert '"generation": 1' in rejected
-    figures = await faulty.metrics(holder)
-    assert sum(value for key, value in figures.items() if key.startswith(STALE_WRITES)) >= 1
+    assert await stale_writes(faulty, holder) >= stale_before + 1
     await export.check(faulty)
     row = await faulty.operation(operation_id)
     assert row["result_key"].endswith("/g2.jsonl")
@@ -199,6 +191,27 @@ async def test_a_frozen_janitor_leader_loses_the_lead_and_work_goes_on(faulty: F
     finally:
         faulty.system.group.send("janitor", signal.SIGCONT)
     await export.check(faulty)
+
+
+# Last in the file: its settings need a system of their own, started once the other tests are done.
+@pytest.mark.parametrize("faulty", [{"CHATEXPORT_JANITOR_REQUEUE_AFTER_SECONDS": "3600"}], indirect=True)
+async def test_a_killed_holder_is_taken_over_at_the_first_janitor_pass_after_its_lease(faulty: Faulty) -> None:
+    # The wake-up that started the attempt was published seconds ago, well within the hour that the
+    # janitor waits after a wake-up before it sends another: only the lease's expiry may count here.
+    export = await slow_export_in_upload(faulty, "kill-2", bytes_per_second=UPLOAD_BYTES_PER_SECOND)
+    assert faulty.system.group.kill(export.holder) == -signal.SIGKILL
+    faulty.proxy.throttle(None)
+    settings = faulty.settings
+    # lease + one janitor interval, plus the relay's and a worker's turn (docs/states.md: States and failure model).
+    deadline = settings.lease_seconds + settings.janitor_interval_seconds + 10
+    await wait_for(lambda: _generation_at_least(faulty, export.operation_id, 2), timeout=deadline)
+    await export.check(faulty)
+
+
+async def stale_writes(faulty: Faulty, worker: str) -> float:
+    """Writes refused by a newer generation, as ``worker`` counts them."""
+    figures = await faulty.metrics(worker)
+    return sum(value for key, value in figures.items() if key.startswith(STALE_WRITES))
 
 
 async def takeovers(faulty: Faulty, workers: list[str]) -> float:

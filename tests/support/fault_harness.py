@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import hashlib
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from shared.auth import mint_token
 from shared.settings import Settings
 from shared.states import TERMINAL
 from shared.storage import artifact_prefix, ensure_bucket, open_s3_client
-from tests.support import wait_for
+from tests.support import AMQP_URL, cloned_database, wait_for
 from tests.support.api_calls import expected_file, metric_samples, read_all, submit
 
 # Short leases and passes so that a takeover or a clean-up happens within seconds.
@@ -56,6 +56,8 @@ SLOW_UPLOADS = {
     "CHATEXPORT_S3_TIMEOUT_SECONDS": "30",
 }
 UPLOAD_BYTES_PER_SECOND = 3 * MIB
+# The conversation of about 15 MB (40,000 messages of about 300 bytes) that slow exports read, and its members.
+BIG_MEMBERS = {"c-big": ["alice", "bob"]}
 
 
 @dataclass
@@ -154,6 +156,34 @@ async def check_ended_correctly(
     assert await faulty.messages_fingerprint() == fingerprint
 
 
+async def ready_for_the_next_test(faulty: Faulty, members: Mapping[str, Sequence[str]]) -> None:
+    """Prove that the test just ended left nothing that could leak into the next test on a system shared by a
+    module's tests, then undo what a test may do on purpose (docs/development.md: Where the time goes).
+
+    Fails when a fault of the S3 proxy is still on, a part is still frozen (SIGSTOP), or an operation or a
+    chunk is not terminal within ``END_TIMEOUT_SECONDS``. Then starts again every part the test killed or
+    stopped and sets each conversation of ``members`` (``{conversation_id: [user_id, ...]}``) back to those
+    members.
+    """
+    assert not faulty.proxy.faults, f"the test left the S3 proxy {faulty.proxy.faults}"
+    assert not faulty.system.group.stopped(), f"the test left {faulty.system.group.stopped()} frozen"
+    await wait_for(lambda: _nothing_runs(faulty), timeout=END_TIMEOUT_SECONDS)
+    faulty.system.restart_ended()
+    admin = faulty.auth("root", admin=True)
+    for cid, people in members.items():
+        response = await faulty.http.put(f"/admin/conversations/{cid}", json={"members": list(people)}, headers=admin)
+        assert response.status == 204, await response.text()
+
+
+async def _nothing_runs(faulty: Faulty) -> bool:
+    unended: int = await faulty.pool.fetchval(
+        "SELECT (SELECT count(*) FROM operations WHERE NOT state = ANY($1::text[]))"
+        " + (SELECT count(*) FROM export_chunks WHERE state = 'RUNNING')",
+        [state.value for state in TERMINAL],
+    )
+    return unended == 0
+
+
 def _leaves_only(faulty: Faulty, operation_id: str, expected: tuple[set[str], set[str]]) -> Any:
     """A predicate for ``wait_for``: the operation's objects and uploads are exactly ``expected``."""
 
@@ -214,6 +244,23 @@ async def running(
             proxy.close()
         with contextlib.suppress(Exception):
             await delete_broker_objects(system.settings())
+
+
+@contextlib.asynccontextmanager
+async def big_conversation_system(
+    template_db: str, log_dir: Path, overrides: Mapping[str, str]
+) -> AsyncIterator[Faulty]:
+    """A system with two workers and ``overrides`` on a database of its own cloned from ``template_db``, holding
+    the conversations of ``BIG_MEMBERS``. A module's tests share it when each ends with
+    ``ready_for_the_next_test(faulty, BIG_MEMBERS)``.
+    """
+    async with (
+        cloned_database(template_db, "chatexport_f") as database_url,
+        running(log_dir, database_url=database_url, amqp_url=AMQP_URL, overrides=overrides) as system,
+    ):
+        for cid, members in BIG_MEMBERS.items():
+            await make_conversation(system, cid, members, messages=40_000, body_bytes=300)
+        yield system
 
 
 async def make_conversation(faulty: Faulty, cid: str, members: list[str], *, messages: int, body_bytes: int) -> None:
