@@ -9,6 +9,35 @@ CREATE TYPE public.submit_outcome AS ENUM (
     'created'
 );
 
+CREATE TABLE public.export_chunks (
+    operation_id text NOT NULL,
+    chunk_no integer NOT NULL,
+    after_seq bigint NOT NULL,
+    last_seq bigint NOT NULL,
+    estimated_bytes bigint NOT NULL,
+    state text DEFAULT 'PENDING'::text NOT NULL,
+    generation bigint DEFAULT 0 NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    not_before timestamp with time zone,
+    object_key text,
+    messages_written bigint DEFAULT 0 NOT NULL,
+    bytes_written bigint DEFAULT 0 NOT NULL,
+    size_bytes bigint,
+    sha256 text,
+    message_count bigint,
+    error_code text,
+    error_message text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    first_message_seq bigint,
+    last_message_seq bigint,
+    CONSTRAINT export_chunks_check CHECK ((last_seq > after_seq)),
+    CONSTRAINT export_chunks_chunk_no_check CHECK ((chunk_no >= 1)),
+    CONSTRAINT export_chunks_state_check CHECK ((state = ANY (ARRAY['PENDING'::text, 'QUEUED'::text, 'RUNNING'::text, 'DONE'::text, 'FAILED'::text])))
+);
+
 CREATE TABLE public.operations (
     operation_id text NOT NULL,
     kind text DEFAULT 'conversation_export'::text NOT NULL,
@@ -54,6 +83,33 @@ CREATE TABLE public.operations (
     CONSTRAINT operations_state_check CHECK ((state = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRY_AT'::text, 'CANCEL_REQUESTED'::text, 'SUCCEEDED'::text, 'CANCELED'::text, 'FAILED'::text, 'FAILED_REPAIR'::text, 'EXPIRED'::text])))
 );
 
+CREATE FUNCTION public.claim_chunk_v1(p_operation_id text, p_chunk_no integer, p_worker_id text, p_lease_seconds double precision, p_key_stem text, p_extension text, p_claimable text[], OUT chunk public.export_chunks, OUT previous_key text, OUT took_over boolean, OUT first_chunk boolean, OUT last_chunk boolean, OUT operation public.operations) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    -- Locked first, so that what the earlier generation left is read under the same lock as the claim.
+    SELECT c.object_key, c.lease_owner IS NOT NULL INTO previous_key, took_over
+      FROM export_chunks c WHERE c.operation_id = p_operation_id AND c.chunk_no = p_chunk_no FOR UPDATE;
+    UPDATE export_chunks c SET
+        state = 'RUNNING', generation = c.generation + 1, lease_owner = p_worker_id,
+        lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+        object_key = p_key_stem || (c.generation + 1) || '.' || p_extension,
+        messages_written = 0, bytes_written = 0, error_code = NULL, error_message = NULL, updated_at = now()
+      FROM operations o
+     WHERE c.operation_id = p_operation_id AND c.chunk_no = p_chunk_no AND o.operation_id = c.operation_id
+       AND o.state = 'RUNNING' AND c.state = ANY(p_claimable) AND (c.state <> 'RUNNING' OR c.lease_expires_at < now())
+       AND (c.not_before IS NULL OR c.not_before <= now())
+    RETURNING c.* INTO chunk;
+    IF NOT FOUND THEN
+        chunk := NULL;
+        RETURN;
+    END IF;
+    SELECT o.* INTO operation FROM operations o WHERE o.operation_id = p_operation_id;
+    first_chunk := chunk.after_seq = (SELECT min(c.after_seq) FROM export_chunks c WHERE c.operation_id = p_operation_id);
+    last_chunk := chunk.last_seq = (SELECT max(c.last_seq) FROM export_chunks c WHERE c.operation_id = p_operation_id);
+END;
+$$;
+
 CREATE FUNCTION public.claim_export(p_operation_id text, p_worker_id text, p_lease_seconds double precision, p_max_attempts integer, p_lost_message text, OUT parked boolean, OUT took_over boolean, OUT member boolean, OUT claimed public.operations) RETURNS record
     LANGUAGE plpgsql
     AS $$
@@ -69,6 +125,26 @@ BEGIN
     claimed := lease.claimed;
     IF claimed.operation_id IS NOT NULL THEN
         member := member_locked(claimed.conversation_id, claimed.owner_id);
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION public.claim_idempotency_key_v1(p_owner_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_creates text, OUT outcome public.submit_outcome, OUT earlier_id text) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    earlier record;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('submit:' || p_owner_id, 0));
+    SELECT k.fingerprint,
+           CASE p_creates WHEN 'operation' THEN k.operation_id ELSE k.schedule_id END AS created_id,
+           k.created_at + make_interval(secs => p_replay_window_seconds) <= now() AS expired
+      INTO earlier FROM idempotency_keys k
+     WHERE k.owner_id = p_owner_id AND k.idempotency_key = p_idempotency_key;
+    IF FOUND THEN
+        earlier_id := earlier.created_id;
+        outcome := CASE WHEN earlier.fingerprint <> p_fingerprint OR earlier.created_id IS NULL THEN 'reused'
+                        WHEN earlier.expired THEN 'expired' ELSE 'replayed' END;
     END IF;
 END;
 $$;
@@ -93,6 +169,42 @@ BEGIN
     took_over := supersede_attempts(p_operation_id, claimed.generation);
     PERFORM open_attempt(p_operation_id, claimed.generation, claimed.attempt, p_worker_id);
 END;
+$$;
+
+CREATE TABLE public.webhook_deliveries (
+    delivery_id bigint NOT NULL,
+    webhook_id text NOT NULL,
+    operation_id text,
+    owner_id text NOT NULL,
+    event_type text NOT NULL,
+    url text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    delivered_at timestamp with time zone,
+    gave_up_at timestamp with time zone,
+    schedule_id text,
+    generation bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT webhook_deliveries_event_type_check CHECK ((event_type = ANY (ARRAY['export.succeeded'::text, 'export.failed'::text, 'export.canceled'::text, 'export.needs_repair'::text, 'schedule.paused'::text]))),
+    CONSTRAINT webhook_deliveries_one_subject CHECK ((num_nonnulls(operation_id, schedule_id) = 1))
+);
+
+CREATE FUNCTION public.claim_webhook_deliveries_v1(p_limit integer, p_lease_seconds double precision) RETURNS TABLE(delivery public.webhook_deliveries, age_seconds double precision, created_at_epoch bigint, traceparent text)
+    LANGUAGE sql
+    AS $$
+    WITH due AS (
+        SELECT w.delivery_id FROM webhook_deliveries w
+         WHERE w.delivered_at IS NULL AND w.gave_up_at IS NULL AND w.next_attempt_at <= now()
+         ORDER BY w.next_attempt_at, w.delivery_id
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE webhook_deliveries d
+       SET next_attempt_at = now() + make_interval(secs => p_lease_seconds), generation = d.generation + 1
+      FROM due WHERE d.delivery_id = due.delivery_id
+    RETURNING d, extract(epoch FROM now() - d.created_at)::float8, extract(epoch FROM d.created_at)::bigint,
+              coalesce((SELECT o.traceparent FROM operations o WHERE o.operation_id = d.operation_id),
+                       (SELECT s.traceparent FROM export_schedules s WHERE s.schedule_id = d.schedule_id));
 $$;
 
 CREATE FUNCTION public.close_attempt(p_operation_id text, p_generation bigint, p_outcome text, p_error_code text) RETURNS void
@@ -136,6 +248,146 @@ BEGIN
     VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_schedule_id);
     schedule_id := p_schedule_id;
     outcome := 'created';
+END;
+$$;
+
+CREATE FUNCTION public.create_export_schedule_v2(p_schedule_id text, p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_schedules integer, p_every text, p_start_at timestamp with time zone, p_mode text, p_request jsonb, p_traceparent text, OUT outcome public.submit_outcome, OUT schedule_id text) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM conversation_members m
+                   WHERE m.conversation_id = p_conversation_id AND m.user_id = p_owner_id) THEN
+        outcome := 'not_member';
+        RETURN;
+    END IF;
+    SELECT c.outcome, c.earlier_id INTO outcome, schedule_id
+      FROM claim_idempotency_key_v1(p_owner_id, p_idempotency_key, p_fingerprint, p_replay_window_seconds,
+                                    'schedule') c;
+    IF outcome IS NOT NULL THEN
+        RETURN;
+    END IF;
+    IF (SELECT count(*) FROM export_schedules s WHERE s.owner_id = p_owner_id) >= p_max_schedules THEN
+        outcome := 'quota';
+        RETURN;
+    END IF;
+    INSERT INTO export_schedules (schedule_id, owner_id, conversation_id, every, start_at, mode, request,
+                                  next_run_at, watermark, traceparent)
+    VALUES (p_schedule_id, p_owner_id, p_conversation_id, p_every, coalesce(p_start_at, now()), p_mode, p_request,
+            coalesce(p_start_at, now()), coalesce((p_request->>'after_seq')::bigint, 0), p_traceparent);
+    INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, schedule_id)
+    VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_schedule_id);
+    schedule_id := p_schedule_id;
+    outcome := 'created';
+END;
+$$;
+
+CREATE FUNCTION public.create_operation_v1(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, OUT outcome public.submit_outcome, OUT operation_id text) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM conversation_members m
+                   WHERE m.conversation_id = p_conversation_id AND m.user_id = p_owner_id) THEN
+        outcome := 'not_member';
+        RETURN;
+    END IF;
+    IF p_idempotency_key IS NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('submit:' || p_owner_id, 0));
+    ELSE
+        SELECT c.outcome, c.earlier_id INTO outcome, operation_id
+          FROM claim_idempotency_key_v1(p_owner_id, p_idempotency_key, p_fingerprint, p_replay_window_seconds,
+                                        'operation') c;
+        IF outcome IS NOT NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot both
+    -- take the last slot.
+    IF (SELECT count(*) FROM operations o WHERE o.owner_id = p_owner_id AND o.state = ANY(p_active_states))
+       >= p_max_active THEN
+        outcome := 'quota';
+        RETURN;
+    END IF;
+    -- jsonb_populate_record reads each member as its column's type; a static statement, so its plan is kept.
+    INSERT INTO operations (operation_id, owner_id, conversation_id, state, format, before_seq, after_seq,
+                            notify_url, since, until, senders, compression, max_part_bytes,
+                            schedule_id, due_at, created_at, updated_at, traceparent)
+    SELECT p_operation_id, p_owner_id, p_conversation_id, 'QUEUED', r.format, r.before_seq, r.after_seq,
+           r.notify_url, r.since, r.until, r.senders, r.compression, r.max_part_bytes,
+           p_schedule_id, p_due_at, coalesce(p_created_at, now()), coalesce(p_created_at, now()), p_traceparent
+      FROM jsonb_populate_record(NULL::operations, p_request) r
+    ON CONFLICT (schedule_id, due_at) DO NOTHING;
+    IF NOT FOUND THEN
+        SELECT o.operation_id INTO operation_id FROM operations o
+         WHERE o.schedule_id = p_schedule_id AND o.due_at = p_due_at;
+        outcome := 'replayed';
+        RETURN;
+    END IF;
+    IF p_idempotency_key IS NOT NULL THEN
+        INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, operation_id)
+        VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_operation_id);
+    END IF;
+    PERFORM enqueue_wake_up_v1(p_operation_id, p_routing_key, NULL, 0, p_payload_version);
+    operation_id := p_operation_id;
+    outcome := 'created';
+END;
+$$;
+
+CREATE FUNCTION public.enqueue_wake_up_v1(p_operation_id text, p_routing_key text, p_chunk_no integer, p_delay_seconds double precision, p_payload_version integer) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO outbox (operation_id, routing_key, payload, not_before, payload_version)
+    VALUES (p_operation_id, p_routing_key,
+            jsonb_build_object('operation_id', p_operation_id)
+                || CASE WHEN p_chunk_no IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('chunk', p_chunk_no) END,
+            now() + make_interval(secs => p_delay_seconds), p_payload_version);
+$$;
+
+CREATE FUNCTION public.extend_chunk_v1(p_operation_id text, p_chunk_no integer, p_generation bigint, p_lease_seconds double precision, p_messages_written bigint, p_bytes_written bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE export_chunks c SET lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+        messages_written = p_messages_written, bytes_written = p_bytes_written, updated_at = now()
+     WHERE c.operation_id = p_operation_id AND c.chunk_no = p_chunk_no AND c.generation = p_generation
+       AND c.state = 'RUNNING'
+       AND EXISTS (SELECT 1 FROM operations o WHERE o.operation_id = p_operation_id AND o.state = 'RUNNING');
+    RETURN FOUND;
+END;
+$$;
+
+CREATE FUNCTION public.finish_chunk_v1(p_operation_id text, p_chunk_no integer, p_generation bigint, p_size_bytes bigint, p_sha256 text, p_message_count bigint, p_first_message_seq bigint, p_last_message_seq bigint, p_ended_at_seq bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    was export_chunks;
+BEGIN
+    IF p_ended_at_seq IS NOT NULL THEN
+        PERFORM 1 FROM operations o WHERE o.operation_id = p_operation_id FOR UPDATE;
+    END IF;
+    -- The fence on the row itself, so that a claim committed while this waited for the row is seen.
+    SELECT c.* INTO was FROM export_chunks c
+     WHERE c.operation_id = p_operation_id AND c.chunk_no = p_chunk_no AND c.generation = p_generation
+       AND c.state = 'RUNNING'
+       AND EXISTS (SELECT 1 FROM operations o WHERE o.operation_id = p_operation_id AND o.state = 'RUNNING')
+       FOR UPDATE OF c;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE export_chunks c SET state = 'DONE', size_bytes = p_size_bytes, sha256 = p_sha256,
+        message_count = p_message_count, messages_written = p_message_count, bytes_written = p_size_bytes,
+        first_message_seq = p_first_message_seq, last_message_seq = p_last_message_seq,
+        last_seq = coalesce(p_ended_at_seq, was.last_seq),
+        estimated_bytes = was.estimated_bytes * (coalesce(p_ended_at_seq, was.last_seq) - was.after_seq)
+            / (was.last_seq - was.after_seq),
+        lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+     WHERE c.operation_id = p_operation_id AND c.chunk_no = p_chunk_no;
+    IF p_ended_at_seq IS NOT NULL AND p_ended_at_seq < was.last_seq THEN
+        INSERT INTO export_chunks (operation_id, chunk_no, after_seq, last_seq, estimated_bytes)
+        SELECT p_operation_id, max(c.chunk_no) + 1, p_ended_at_seq, was.last_seq,
+               was.estimated_bytes * (was.last_seq - p_ended_at_seq) / (was.last_seq - was.after_seq)
+          FROM export_chunks c WHERE c.operation_id = p_operation_id;
+    END IF;
+    RETURN true;
 END;
 $$;
 
@@ -268,6 +520,44 @@ BEGIN
     WHERE operation_id = p_operation_id AND generation = p_generation AND state = 'COMPLETE';
     RETURN FOUND;
 END;
+$$;
+
+CREATE FUNCTION public.record_webhook_attempts_v1(p_delivery_ids bigint[], p_generations bigint[], p_delivered boolean[], p_status_codes integer[], p_durations_ms integer[], p_errors text[], p_retry_seconds double precision[], p_attempted_at timestamp with time zone[]) RETURNS SETOF bigint
+    LANGUAGE sql
+    AS $$
+    WITH outcome AS (
+        SELECT * FROM unnest(p_delivery_ids, p_generations, p_delivered, p_status_codes, p_durations_ms, p_errors,
+                             p_retry_seconds, p_attempted_at)
+            AS o(delivery_id, generation, delivered, status_code, duration_ms, error, retry_seconds, attempted_at)
+    ), recorded AS (
+        UPDATE webhook_deliveries d SET attempts = d.attempts + 1,
+            delivered_at = CASE WHEN o.delivered THEN now() END,
+            gave_up_at = CASE WHEN NOT o.delivered AND o.retry_seconds IS NULL THEN now() END,
+            next_attempt_at = CASE WHEN o.retry_seconds IS NULL THEN d.next_attempt_at
+                                   ELSE now() + make_interval(secs => o.retry_seconds) END
+          FROM outcome o
+         WHERE d.delivery_id = o.delivery_id AND d.generation = o.generation
+        RETURNING d.delivery_id, d.attempts
+    )
+    INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, status_code, duration_ms, error)
+    SELECT r.delivery_id, r.attempts, o.attempted_at, o.status_code, o.duration_ms, o.error
+      FROM recorded r JOIN outcome o USING (delivery_id)
+    RETURNING delivery_id;
+$$;
+
+CREATE FUNCTION public.release_chunk_v1(p_operation_id text, p_chunk_no integer, p_generation bigint, p_retry_delay_seconds double precision, p_error_code text, p_error_message text, p_max_attempts integer) RETURNS text
+    LANGUAGE sql
+    AS $$
+    UPDATE export_chunks c SET
+        attempts = c.attempts + (CASE WHEN p_retry_delay_seconds IS NULL THEN 0 ELSE 1 END),
+        state = CASE WHEN p_retry_delay_seconds IS NOT NULL AND c.attempts + 1 >= p_max_attempts THEN 'FAILED'
+                     ELSE 'PENDING' END,
+        not_before = now() + make_interval(secs => coalesce(p_retry_delay_seconds, 0)),
+        error_code = p_error_code, error_message = p_error_message, lease_owner = NULL, lease_expires_at = NULL,
+        updated_at = now()
+     WHERE c.operation_id = p_operation_id AND c.chunk_no = p_chunk_no AND c.generation = p_generation
+       AND c.state = 'RUNNING'
+    RETURNING c.state;
 $$;
 
 CREATE FUNCTION public.schedule_run_changed() RETURNS trigger
@@ -406,6 +696,21 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.submit_export_v3(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_traceparent text, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    SELECT c.outcome, c.operation_id INTO outcome, operation_id
+      FROM create_operation_v1(p_operation_id, p_owner_id, p_conversation_id, p_request, p_max_active,
+                               p_active_states, p_routing_key, p_payload_version, p_idempotency_key,
+                               p_fingerprint, p_replay_window_seconds, NULL, NULL, NULL, p_traceparent) c;
+    IF outcome IN ('created', 'replayed') THEN
+        SELECT r.* INTO accepted FROM operation_representations r
+         WHERE r.operation_id = submit_export_v3.operation_id;
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION public.succeed_export(p_conversation_id text, p_owner_id text, p_artifact_generation bigint, p_operation_id text, p_generation bigint, p_key text, p_size_bytes bigint, p_sha256 text, p_message_count bigint, p_parts jsonb, p_ttl_seconds double precision, p_bytes_written bigint) RETURNS text
     LANGUAGE plpgsql
     AS $$
@@ -514,35 +819,6 @@ CREATE TABLE public.conversations (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
-CREATE TABLE public.export_chunks (
-    operation_id text NOT NULL,
-    chunk_no integer NOT NULL,
-    after_seq bigint NOT NULL,
-    last_seq bigint NOT NULL,
-    estimated_bytes bigint NOT NULL,
-    state text DEFAULT 'PENDING'::text NOT NULL,
-    generation bigint DEFAULT 0 NOT NULL,
-    attempts integer DEFAULT 0 NOT NULL,
-    lease_owner text,
-    lease_expires_at timestamp with time zone,
-    not_before timestamp with time zone,
-    object_key text,
-    messages_written bigint DEFAULT 0 NOT NULL,
-    bytes_written bigint DEFAULT 0 NOT NULL,
-    size_bytes bigint,
-    sha256 text,
-    message_count bigint,
-    error_code text,
-    error_message text,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    first_message_seq bigint,
-    last_message_seq bigint,
-    CONSTRAINT export_chunks_check CHECK ((last_seq > after_seq)),
-    CONSTRAINT export_chunks_chunk_no_check CHECK ((chunk_no >= 1)),
-    CONSTRAINT export_chunks_state_check CHECK ((state = ANY (ARRAY['PENDING'::text, 'QUEUED'::text, 'RUNNING'::text, 'DONE'::text, 'FAILED'::text])))
-);
-
 CREATE TABLE public.export_schedules (
     schedule_id text NOT NULL,
     owner_id text NOT NULL,
@@ -624,24 +900,6 @@ CREATE TABLE public.webhook_attempts (
     status_code integer,
     duration_ms integer NOT NULL,
     error text
-);
-
-CREATE TABLE public.webhook_deliveries (
-    delivery_id bigint NOT NULL,
-    webhook_id text NOT NULL,
-    operation_id text,
-    owner_id text NOT NULL,
-    event_type text NOT NULL,
-    url text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
-    attempts integer DEFAULT 0 NOT NULL,
-    delivered_at timestamp with time zone,
-    gave_up_at timestamp with time zone,
-    schedule_id text,
-    generation bigint DEFAULT 0 NOT NULL,
-    CONSTRAINT webhook_deliveries_event_type_check CHECK ((event_type = ANY (ARRAY['export.succeeded'::text, 'export.failed'::text, 'export.canceled'::text, 'export.needs_repair'::text, 'schedule.paused'::text]))),
-    CONSTRAINT webhook_deliveries_one_subject CHECK ((num_nonnulls(operation_id, schedule_id) = 1))
 );
 
 CREATE SEQUENCE public.webhook_deliveries_delivery_id_seq

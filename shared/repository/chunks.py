@@ -163,6 +163,19 @@ class ClaimedChunk(Row):
         return {"operation_id": self.operation_id, "chunk": self.chunk_no, "chunk_generation": self.generation, **more}
 
 
+# A claim's row (claim_chunk_v1, migration 0021): the chunk's range, lease and object, what the earlier
+# generation left, the chunk's place in the plan, and the operation's owner and request.
+_CLAIMED = ", ".join(
+    [
+        "(c.chunk).operation_id, (c.chunk).chunk_no, (c.chunk).after_seq AS range_after_seq",
+        "(c.chunk).last_seq AS range_last_seq, (c.chunk).generation, (c.chunk).attempts, (c.chunk).object_key",
+        "c.previous_key, c.took_over, c.first_chunk, c.last_chunk",
+        "(c.operation).owner_id, (c.operation).conversation_id",
+        *(f"(c.operation).{name}" for name in FIELDS),
+    ]
+)
+
+
 async def claim(
     conn: asyncpg.Connection,
     *,
@@ -178,26 +191,7 @@ async def claim(
     waiting for its retry time, or its operation is not RUNNING (a cancel reaches every chunk).
     """
     row = await conn.fetchrow(
-        f"""
-        UPDATE export_chunks c SET
-            state = 'RUNNING', generation = c.generation + 1, lease_owner = $3,
-            lease_expires_at = now() + make_interval(secs => $4),
-            object_key = $5 || (c.generation + 1) || '.' || $6,
-            messages_written = 0, bytes_written = 0, error_code = NULL, error_message = NULL, updated_at = now()
-        FROM operations o,
-             (SELECT object_key AS previous_key, lease_owner IS NOT NULL AS took_over
-              FROM export_chunks WHERE operation_id = $1 AND chunk_no = $2) earlier
-        WHERE c.operation_id = $1 AND c.chunk_no = $2 AND o.operation_id = c.operation_id AND o.state = 'RUNNING'
-          AND c.state = ANY($7::text[]) AND (c.state <> 'RUNNING' OR c.lease_expires_at < now())
-          AND (c.not_before IS NULL OR c.not_before <= now())
-        RETURNING c.operation_id, c.chunk_no, c.after_seq AS range_after_seq, c.last_seq AS range_last_seq,
-                  c.generation, c.attempts, c.object_key,
-                  earlier.previous_key, earlier.took_over,
-                  c.after_seq = (SELECT min(after_seq) FROM export_chunks WHERE operation_id = $1) AS first_chunk,
-                  c.last_seq = (SELECT max(last_seq) FROM export_chunks WHERE operation_id = $1) AS last_chunk,
-                  o.owner_id, o.conversation_id,
-                  {", ".join(f"o.{name}" for name in FIELDS)}
-        """,
+        f"SELECT {_CLAIMED} FROM claim_chunk_v1($1, $2, $3, $4, $5, $6, $7) c WHERE (c.chunk).operation_id IS NOT NULL",
         operation_id,
         chunk_no,
         worker_id,
@@ -222,13 +216,6 @@ async def claim_visible(conn: asyncpg.Connection, *, operation_id: str, chunk_no
     return found
 
 
-# The fence of every write of a chunk's holder: its generation, the chunk held, the operation RUNNING.
-_HELD = """
-    c.operation_id = $1 AND c.chunk_no = $2 AND c.generation = $3 AND c.state = 'RUNNING'
-    AND EXISTS (SELECT 1 FROM operations o WHERE o.operation_id = $1 AND o.state = 'RUNNING')
-"""
-
-
 async def extend(
     conn: asyncpg.Connection,
     *,
@@ -242,12 +229,8 @@ async def extend(
     """Heartbeat and progress of a chunk's holder: push its lease end to now + ``lease_seconds`` and record
     its counts so far; False when the lease is lost or the export is no longer RUNNING.
     """
-    status = await conn.execute(
-        f"""
-        UPDATE export_chunks c SET lease_expires_at = now() + make_interval(secs => $4),
-            messages_written = $5, bytes_written = $6, updated_at = now()
-        WHERE {_HELD}
-        """,
+    extended: bool = await conn.fetchval(
+        "SELECT extend_chunk_v1($1, $2, $3, $4, $5, $6)",
         operation_id,
         chunk_no,
         generation,
@@ -255,7 +238,7 @@ async def extend(
         messages_written,
         bytes_written,
     )
-    return status != "UPDATE 0"
+    return extended
 
 
 async def finish(
@@ -276,32 +259,12 @@ async def finish(
 
     ``ended_at_seq``: the output ends at that seq, short of the range (a split result's part is full,
     docs/chunks.md: Split results): the chunk's range ends there and the rest becomes a new PENDING chunk.
-    Run it in a transaction then: the operation's row is locked so that two chunks ending early at once
-    number their new chunks apart.
+    The operation's row is locked then, so that two chunks ending early at once number their new chunks apart
+    (``finish_chunk_v1``, one statement).
     """
-    if ended_at_seq is not None:
-        await conn.execute("SELECT 1 FROM operations WHERE operation_id = $1 FOR UPDATE", operation_id)
     first, last = message_seqs or (None, None)
-    count = await conn.fetchval(
-        f"""
-        WITH done AS (
-            UPDATE export_chunks c SET state = 'DONE', size_bytes = $4, sha256 = $5, message_count = $6,
-                messages_written = $6, bytes_written = $4, first_message_seq = $7, last_message_seq = $8,
-                last_seq = coalesce($9::bigint, c.last_seq),
-                estimated_bytes = c.estimated_bytes * (coalesce($9::bigint, c.last_seq) - c.after_seq)
-                    / (c.last_seq - c.after_seq),
-                lease_owner = NULL, lease_expires_at = NULL,
-                updated_at = now()
-            FROM export_chunks was
-            WHERE was.operation_id = c.operation_id AND was.chunk_no = c.chunk_no AND {_HELD}
-            RETURNING was.after_seq, was.last_seq, was.estimated_bytes),
-        rest AS (
-            INSERT INTO export_chunks (operation_id, chunk_no, after_seq, last_seq, estimated_bytes)
-            SELECT $1, (SELECT max(chunk_no) + 1 FROM export_chunks WHERE operation_id = $1), $9, done.last_seq,
-                   done.estimated_bytes * (done.last_seq - $9) / (done.last_seq - done.after_seq)
-            FROM done WHERE $9 IS NOT NULL AND $9 < done.last_seq)
-        SELECT count(*) FROM done
-        """,
+    finished: bool = await conn.fetchval(
+        "SELECT finish_chunk_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         operation_id,
         chunk_no,
         generation,
@@ -312,7 +275,7 @@ async def finish(
         last,
         ended_at_seq,
     )
-    return bool(count)
+    return finished
 
 
 async def release(
@@ -331,15 +294,7 @@ async def release(
     ``max_attempts`` are spent. Returns the new state, None when the lease was no longer held.
     """
     state = await conn.fetchval(
-        """
-        UPDATE export_chunks c SET
-            attempts = c.attempts + (CASE WHEN $4::float8 IS NULL THEN 0 ELSE 1 END),
-            state = CASE WHEN $4::float8 IS NOT NULL AND c.attempts + 1 >= $7 THEN 'FAILED' ELSE 'PENDING' END,
-            not_before = now() + make_interval(secs => coalesce($4, 0)),
-            error_code = $5, error_message = $6, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-        WHERE c.operation_id = $1 AND c.chunk_no = $2 AND c.generation = $3 AND c.state = 'RUNNING'
-        RETURNING c.state
-        """,
+        "SELECT release_chunk_v1($1, $2, $3, $4, $5, $6, $7)",
         operation_id,
         chunk_no,
         generation,

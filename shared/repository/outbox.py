@@ -10,7 +10,6 @@ limit: ``dead_lettered_at`` set and ``not_before`` at infinity, so that no relay
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import asyncpg
@@ -25,27 +24,25 @@ async def enqueue_run(conn: asyncpg.Connection, *, operation_id: str, delay_seco
 
     Runs in the caller's transaction, so the intent commits or vanishes together with the state change.
     """
-    await _enqueue(conn, operation_id, EXPORT_ROUTING_KEY, {"operation_id": operation_id}, delay_seconds)
+    await _enqueue(conn, operation_id, EXPORT_ROUTING_KEY, None, delay_seconds)
 
 
 async def enqueue_chunk(conn: asyncpg.Connection, *, operation_id: str, chunk_no: int) -> None:
     """Add an outbox row that wakes a worker for chunk ``chunk_no`` of ``operation_id`` on the chunk queue
     (``shared.broker.CHUNK_ROUTING_KEY``), in the caller's transaction.
     """
-    await _enqueue(conn, operation_id, CHUNK_ROUTING_KEY, {"operation_id": operation_id, "chunk": chunk_no}, 0.0)
+    await _enqueue(conn, operation_id, CHUNK_ROUTING_KEY, chunk_no, 0.0)
 
 
 async def _enqueue(
-    conn: asyncpg.Connection, operation_id: str, routing_key: str, payload: dict[str, object], delay_seconds: float
+    conn: asyncpg.Connection, operation_id: str, routing_key: str, chunk_no: int | None, delay_seconds: float
 ) -> None:
+    # The payload is built by the database function that the submit and a schedule's run use too (migration 0020).
     await conn.execute(
-        """
-        INSERT INTO outbox (operation_id, routing_key, payload, not_before, payload_version)
-        VALUES ($1, $2, $3::jsonb, now() + make_interval(secs => $4), $5)
-        """,
+        "SELECT enqueue_wake_up_v1($1, $2, $3, $4, $5)",
         operation_id,
         routing_key,
-        json.dumps(payload),
+        chunk_no,
         delay_seconds,
         PAYLOAD_VERSION,
     )

@@ -14,9 +14,7 @@ from enum import StrEnum
 import asyncpg
 
 from shared.export.cadence import Cadence
-from shared.export.request import FIELDS
-from shared.repository import outbox
-from shared.repository.message_store import is_member
+from shared.repository.submissions import SubmitOutcome, create_run
 from shared.states import ACTIVE, PauseReason, WaitingReason, values
 
 _ACTIVE_STATES = values(ACTIVE)
@@ -87,19 +85,23 @@ async def fire(
     conn: asyncpg.Connection, *, schedule_id: str, operation_id: str, max_active: int, traceparent: str | None = None
 ) -> FireResult:
     """Create the schedule's run as ``operation_id`` if it is due, in one transaction: the schedule row locked,
-    then the submit's checks in the submit's order (membership: else the schedule pauses with ACCESS_REVOKED;
-    the owner's active exports under the submit's per-user lock: at ``max_active`` the run waits, the schedule
-    showing why), then the operation and its outbox row. The run is keyed by the latest due time at or before
-    now, every missed one coalesced into it; the next run is due at the first due time after now. Safe to call
-    from several processes at once, and after a pause in the middle (a frozen process): the row lock orders
-    them, and the unique (schedule_id, due_at) refuses a second run for one due time. The run is stored with
-    ``traceparent`` (the fire's span; docs/monitoring.md: Monitoring, Traces).
+    then the run created as a submit creates an export (``submissions.create_run``: membership, else the
+    schedule pauses with ACCESS_REVOKED; the owner's active exports under the submit's per-user lock: at
+    ``max_active`` the run waits, the schedule showing why; then the operation and its outbox row). The run is
+    keyed by the latest due time at or before now, every missed one coalesced into it; the next run is due at
+    the first due time after now. Safe to call from several processes at once, and after a pause in the middle
+    (a frozen process): the row lock orders them, and the unique (schedule_id, due_at) refuses a second run for
+    one due time. The run is stored with ``traceparent`` (the fire's span; docs/monitoring.md: Monitoring,
+    Traces).
     """
     async with conn.transaction():
         # The clock as this statement runs, after its snapshot, not the transaction's start: a run's created_at
         # follows the end of every run it saw finished, even when this process froze between BEGIN and here.
+        # An incremental schedule's run starts at its watermark.
         row = await conn.fetchrow(
-            "SELECT clock_timestamp() AS now, s.every, s.start_at, s.owner_id, s.conversation_id"
+            "SELECT clock_timestamp() AS now, s.every, s.start_at, s.owner_id, s.conversation_id,"
+            " CASE s.mode WHEN 'incremental' THEN s.request || jsonb_build_object('after_seq', s.watermark)"
+            " ELSE s.request END::text AS run_request"
             f" {_DUE} AND s.schedule_id = $2 FOR UPDATE OF s",
             _ACTIVE_STATES,
             schedule_id,
@@ -109,16 +111,28 @@ async def fire(
         every, now = Cadence.parse(row["every"]), row["now"]
         # Due, so the anchor has passed: there is a latest due time.
         due_at = every.latest_due(row["start_at"], now) or row["start_at"]
-        owner_id = row["owner_id"]
-        if not await is_member(conn, conversation_id=row["conversation_id"], user_id=owner_id):
-            await conn.execute("SELECT pause_export_schedule($1, $2)", schedule_id, PauseReason.ACCESS_REVOKED.value)
-            return FireResult(FireOutcome.ACCESS_REVOKED, due_at)
-        if await _at_quota(conn, owner_id=owner_id, max_active=max_active):
-            await _set_waiting(conn, schedule_id, WaitingReason.ACTIVE_EXPORT_QUOTA)
-            return FireResult(FireOutcome.WAITING_FOR_QUOTA, due_at)
-        created = await _insert_run(
-            conn, schedule_id=schedule_id, operation_id=operation_id, due_at=due_at, now=now, traceparent=traceparent
+        run = await create_run(
+            conn,
+            operation_id=operation_id,
+            owner_id=row["owner_id"],
+            conversation_id=row["conversation_id"],
+            request_json=row["run_request"],
+            max_active=max_active,
+            schedule_id=schedule_id,
+            due_at=due_at,
+            created_at=now,
+            traceparent=traceparent,
         )
+        match run.outcome:
+            case SubmitOutcome.NOT_MEMBER:
+                await conn.execute(
+                    "SELECT pause_export_schedule($1, $2)", schedule_id, PauseReason.ACCESS_REVOKED.value
+                )
+                return FireResult(FireOutcome.ACCESS_REVOKED, due_at)
+            case SubmitOutcome.QUOTA:
+                await _set_waiting(conn, schedule_id, WaitingReason.ACTIVE_EXPORT_QUOTA)
+                return FireResult(FireOutcome.WAITING_FOR_QUOTA, due_at)
+        created = run.outcome is SubmitOutcome.CREATED
         await conn.execute(
             """
             UPDATE export_schedules SET next_run_at = $2, waiting_reason = NULL,
@@ -134,21 +148,6 @@ async def fire(
     return FireResult(FireOutcome.CREATED, due_at, operation_id)
 
 
-async def _at_quota(conn: asyncpg.Connection, *, owner_id: str, max_active: int) -> bool:
-    """True when ``owner_id`` has ``max_active`` active exports; under the submit's per-user lock (migration 0009),
-    so that a submit and a run cannot both take the last slot.
-    """
-    # Two statements: the count's snapshot must be taken after the lock is granted (READ COMMITTED).
-    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('submit:' || $1, 0))", owner_id)
-    at_quota: bool = await conn.fetchval(
-        "SELECT count(*) >= $3 FROM operations o WHERE o.owner_id = $1 AND o.state = ANY($2::text[])",
-        owner_id,
-        _ACTIVE_STATES,
-        max_active,
-    )
-    return at_quota
-
-
 async def _set_waiting(conn: asyncpg.Connection, schedule_id: str, reason: WaitingReason) -> None:
     await conn.execute(
         """
@@ -158,45 +157,6 @@ async def _set_waiting(conn: asyncpg.Connection, schedule_id: str, reason: Waiti
         schedule_id,
         reason.value,
     )
-
-
-# A run's operation: the schedule's request, starting at the watermark when incremental. The column list is the
-# request's fields, so a new field of the request reaches runs without a change here.
-_INSERT_RUN = f"""
-    INSERT INTO operations (
-        operation_id, owner_id, conversation_id, state, schedule_id, due_at, created_at, updated_at, traceparent, {
-    ", ".join(FIELDS)
-})
-    SELECT $2, s.owner_id, s.conversation_id, 'QUEUED', s.schedule_id, $3, $4, $4, $5, {
-    ", ".join(
-        "CASE s.mode WHEN 'incremental' THEN s.watermark ELSE r.after_seq END" if name == "after_seq" else f"r.{name}"
-        for name in FIELDS
-    )
-}
-    FROM export_schedules s CROSS JOIN LATERAL jsonb_populate_record(NULL::operations, s.request) r
-    WHERE s.schedule_id = $1
-    ON CONFLICT (schedule_id, due_at) DO NOTHING
-    RETURNING operation_id
-"""
-
-
-async def _insert_run(
-    conn: asyncpg.Connection,
-    *,
-    schedule_id: str,
-    operation_id: str,
-    due_at: datetime,
-    now: datetime,
-    traceparent: str | None,
-) -> bool:
-    """Insert the run, created at ``now``, and the outbox row that wakes a worker for it; False when a run for
-    ``due_at`` exists.
-    """
-    inserted = await conn.fetchval(_INSERT_RUN, schedule_id, operation_id, due_at, now, traceparent)
-    if inserted is None:
-        return False
-    await outbox.enqueue_run(conn, operation_id=operation_id)
-    return True
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ Every function runs on the caller's connection.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -116,38 +115,32 @@ async def create_schedule(
     traceparent: str | None = None,
 ) -> CreateResult:
     """Create ``schedule_id`` unless membership, an earlier use of ``idempotency_key`` (the submit's key space)
-    or the limit of ``max_schedules`` decides otherwise (the server-side ``create_export_schedule``, migration
-    0013).
+    or the limit of ``max_schedules`` decides otherwise (the server-side ``create_export_schedule_v2``, migration
+    0020, which claims the key as a submit does).
     ``start_at`` None anchors the schedule at its creation (the database's clock); its first run is due at the
     anchor. ``request.before_seq`` and ``request.until`` must be None (the caller refuses them). A conversation id
     that breaks the id syntax is ``NOT_MEMBER`` without a query, as for a submit. A created schedule is stored
-    with ``traceparent`` (the creating request's span), in the same transaction.
+    with ``traceparent`` (the creating request's span), in the same statement.
     """
     if not is_valid_id(conversation_id):
         return CreateResult(SubmitOutcome.NOT_MEMBER, None)
-    # The transaction only when there is a context to store: without tracing a create stays one statement.
-    async with conn.transaction() if traceparent else contextlib.nullcontext():
-        row = await conn.fetchrow(
-            "SELECT outcome::text, schedule_id"
-            " FROM create_export_schedule($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            schedule_id,
-            owner_id,
-            conversation_id,
-            idempotency_key,
-            fingerprint,
-            float(replay_window_seconds),
-            max_schedules,
-            every.text,
-            start_at,
-            mode,
-            request.as_json(),
-        )
-        result = CreateResult(SubmitOutcome(row["outcome"]), row["schedule_id"])
-        if result.outcome is SubmitOutcome.CREATED and traceparent:
-            await conn.execute(
-                "UPDATE export_schedules SET traceparent = $2 WHERE schedule_id = $1", schedule_id, traceparent
-            )
-    return result
+    row = await conn.fetchrow(
+        "SELECT outcome::text, schedule_id"
+        " FROM create_export_schedule_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        schedule_id,
+        owner_id,
+        conversation_id,
+        idempotency_key,
+        fingerprint,
+        float(replay_window_seconds),
+        max_schedules,
+        every.text,
+        start_at,
+        mode,
+        request.as_json(),
+        traceparent,
+    )
+    return CreateResult(SubmitOutcome(row["outcome"]), row["schedule_id"])
 
 
 async def read_schedule(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> ScheduleView | None:

@@ -1,18 +1,20 @@
-"""The submit's transaction (docs/api.md: Submitting an export, Submit): the server-side function ``submit_export_v2``
-(migration 0009) checks membership, takes the per-user lock, looks the Idempotency-Key up, applies the quota
-and writes the operation, its idempotency record and its outbox row, in one round trip; called through
-``submit_export_answered`` (migration 0018), which adds the accepted operation as the status monitor shows
-it, so that the 202 needs no second round trip.
+"""Creating work (docs/architecture.md: One way to create work): the server-side function ``create_operation_v1``
+(migration 0020) checks membership, takes the per-user lock, claims the Idempotency-Key when there is one,
+applies the quota and writes the operation and the outbox row that wakes a worker, in one round trip. A submit
+calls it through ``submit_export_v3`` (docs/api.md: Submitting an export, Submit), which adds the accepted
+operation as the status monitor shows it, so that the 202 needs no second round trip; a schedule's run calls
+it through ``create_operation`` (``shared.repository.schedule_runs``).
 
-It is the only code that writes ``idempotency_keys`` (a user's keys, going with their operation by ``ON
-DELETE CASCADE``), and writes the first row of an operation and its first outbox row, which ``operations``
-and ``outbox`` go on to change: one call because a submit's ten round trips bounded how many a process
-could answer (docs/benchmark.md: Benchmark).
+With the schedule's creation (``create_export_schedule_v2``, which claims its key with the same function) it
+is the only code that writes ``idempotency_keys`` (a user's keys, going with what they created by ``ON DELETE
+CASCADE``) and the first row of an operation: one call because a submit's ten round trips bounded how many a
+process could answer (docs/benchmark.md: Benchmark).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 import asyncpg
@@ -20,6 +22,7 @@ import asyncpg
 from shared.broker import EXPORT_ROUTING_KEY
 from shared.export.request import ExportRequest
 from shared.ids import is_valid_id
+from shared.payloads import PAYLOAD_VERSION
 from shared.repository.operation_view import OperationView
 from shared.states import ACTIVE
 
@@ -27,14 +30,15 @@ _ACTIVE_STATES = sorted(state.value for state in ACTIVE)
 
 
 class SubmitOutcome(StrEnum):
-    """What the submit decided, as the SQL type ``submit_outcome`` (migration 0009) names it."""
+    """What creating work under a key decided, as the SQL type ``submit_outcome`` (migration 0009) names it."""
 
     NOT_MEMBER = "not_member"
-    # The key's earlier operation, for a different request.
+    # The key's earlier use, for a different request (or for the other kind of thing).
     REUSED = "reused"
-    # The key's earlier operation, past the replay window.
+    # The key's earlier use, past the replay window.
     EXPIRED = "expired"
     QUOTA = "quota"
+    # The key's earlier use for the same request; for a schedule's run: the run of that due time exists.
     REPLAYED = "replayed"
     CREATED = "created"
 
@@ -78,18 +82,56 @@ async def submit_export(
         return SubmitResult(SubmitOutcome.NOT_MEMBER, None)
     row = await conn.fetchrow(
         "SELECT outcome::text, operation_id AS submitted_id, (accepted).*"
-        " FROM submit_export_answered($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11)",
+        " FROM submit_export_v3($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12)",
         operation_id,
         owner_id,
         conversation_id,
+        request.as_json(),
         idempotency_key,
         fingerprint,
         float(replay_window_seconds),
         max_active,
         _ACTIVE_STATES,
         EXPORT_ROUTING_KEY,
-        request.as_json(),
+        PAYLOAD_VERSION,
         traceparent,
     )
     accepted = None if row["operation_id"] is None else OperationView.from_row(row)
     return SubmitResult(SubmitOutcome(row["outcome"]), row["submitted_id"], accepted)
+
+
+async def create_run(
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    owner_id: str,
+    conversation_id: str,
+    request_json: str,
+    max_active: int,
+    schedule_id: str,
+    due_at: datetime,
+    created_at: datetime,
+    traceparent: str | None,
+) -> SubmitResult:
+    """Create ``operation_id``, schedule ``schedule_id``'s run for ``due_at``, as a submit creates an export
+    (``request_json``: the request as JSON text), with the run's due time in place of an Idempotency-Key:
+    ``NOT_MEMBER``, ``QUOTA``, ``REPLAYED`` (the run for ``due_at`` exists; its id) or ``CREATED``. Runs in the
+    caller's transaction; stored as created at ``created_at``, with ``traceparent``.
+    """
+    row = await conn.fetchrow(
+        "SELECT outcome::text, operation_id"
+        " FROM create_operation_v1($1, $2, $3, $4::jsonb, $5, $6, $7, $8, NULL, NULL, NULL, $9, $10, $11, $12)",
+        operation_id,
+        owner_id,
+        conversation_id,
+        request_json,
+        max_active,
+        _ACTIVE_STATES,
+        EXPORT_ROUTING_KEY,
+        PAYLOAD_VERSION,
+        schedule_id,
+        due_at,
+        created_at,
+        traceparent,
+    )
+    return SubmitResult(SubmitOutcome(row["outcome"]), row["operation_id"])

@@ -40,35 +40,22 @@ class Delivery(Row):
     generation: int
 
 
+# What the claim computes beside the delivery's own columns (migration 0021).
+_COMPUTED = ("age_seconds", "created_at_epoch", "traceparent")
+_CLAIMED = ", ".join(
+    [
+        *(f"(c.delivery).{name}" for name in Delivery.__dataclass_fields__ if name not in _COMPUTED),
+        *(f"c.{name}" for name in _COMPUTED),
+    ]
+)
+
+
 async def claim_due(conn: asyncpg.Connection, *, limit: int, lease_seconds: float) -> list[Delivery]:
-    """Claim up to ``limit`` due deliveries, oldest first, in one statement: each is leased for
-    ``lease_seconds`` (it is due again after that unless its attempt is recorded) and its fencing generation
-    bumped. Subqueries, not joins, read the trace context: only the deliveries are locked, and only until the
-    statement commits.
+    """Claim up to ``limit`` due deliveries, oldest first, in one statement (``claim_webhook_deliveries_v1``):
+    each is leased for ``lease_seconds`` (it is due again after that unless its attempt is recorded) and its
+    fencing generation bumped.
     """
-    rows = await conn.fetch(
-        """
-        WITH due AS (
-            SELECT delivery_id FROM webhook_deliveries
-            WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()
-            ORDER BY next_attempt_at, delivery_id
-            LIMIT $1
-            FOR UPDATE SKIP LOCKED
-        )
-        UPDATE webhook_deliveries d
-        SET next_attempt_at = now() + make_interval(secs => $2), generation = d.generation + 1
-        FROM due WHERE d.delivery_id = due.delivery_id
-        RETURNING d.delivery_id, d.webhook_id, d.operation_id, d.schedule_id, d.owner_id, d.event_type, d.url,
-               d.attempts, extract(epoch FROM now() - d.created_at)::float8 AS age_seconds,
-               extract(epoch FROM d.created_at)::bigint AS created_at_epoch,
-               coalesce((SELECT o.traceparent FROM operations o WHERE o.operation_id = d.operation_id),
-                        (SELECT s.traceparent FROM export_schedules s WHERE s.schedule_id = d.schedule_id))
-                   AS traceparent,
-               d.generation
-        """,
-        limit,
-        lease_seconds,
-    )
+    rows = await conn.fetch(f"SELECT {_CLAIMED} FROM claim_webhook_deliveries_v1($1, $2) c", limit, lease_seconds)
     deliveries = [Delivery.from_row(row) for row in rows]
     return sorted(deliveries, key=lambda delivery: delivery.delivery_id)
 
@@ -101,33 +88,13 @@ def is_delivered(status_code: int | None) -> bool:
 
 
 async def record_attempts(conn: asyncpg.Connection, attempts: list[Attempt]) -> list[int]:
-    """Record ``attempts`` in one statement: each delivery delivered on a 2xx, else due again after its
-    ``retry_seconds`` or given up when that is None, and one ``webhook_attempts`` row each. An attempt whose
-    delivery was claimed again since (its lease ran out: another generation) changes nothing. Returns the
-    delivery ids recorded.
+    """Record ``attempts`` in one statement (``record_webhook_attempts_v1``): each delivery delivered on a
+    2xx, else due again after its ``retry_seconds`` or given up when that is None, and one ``webhook_attempts``
+    row each. An attempt whose delivery was claimed again since (its lease ran out: another generation)
+    changes nothing. Returns the delivery ids recorded.
     """
     rows = await conn.fetch(
-        """
-        WITH outcome AS (
-            SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::boolean[], $4::integer[], $5::integer[],
-                                 $6::text[], $7::float8[], $8::timestamptz[])
-                AS o(delivery_id, generation, delivered, status_code, duration_ms, error, retry_seconds,
-                     attempted_at)
-        ), recorded AS (
-            UPDATE webhook_deliveries d SET attempts = d.attempts + 1,
-                delivered_at = CASE WHEN o.delivered THEN now() END,
-                gave_up_at = CASE WHEN NOT o.delivered AND o.retry_seconds IS NULL THEN now() END,
-                next_attempt_at = CASE WHEN o.retry_seconds IS NULL THEN d.next_attempt_at
-                                       ELSE now() + make_interval(secs => o.retry_seconds) END
-            FROM outcome o
-            WHERE d.delivery_id = o.delivery_id AND d.generation = o.generation
-            RETURNING d.delivery_id, d.attempts
-        )
-        INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, status_code, duration_ms, error)
-        SELECT r.delivery_id, r.attempts, o.attempted_at, o.status_code, o.duration_ms, o.error
-        FROM recorded r JOIN outcome o USING (delivery_id)
-        RETURNING delivery_id
-        """,
+        "SELECT delivery_id FROM record_webhook_attempts_v1($1, $2, $3, $4, $5, $6, $7, $8) AS r(delivery_id)",
         [attempt.delivery.delivery_id for attempt in attempts],
         [attempt.delivery.generation for attempt in attempts],
         [attempt.delivered for attempt in attempts],

@@ -11,8 +11,7 @@ from typing import assert_never
 
 import asyncpg
 
-from services.api.exporting.submission import key_conflict
-from services.api.http.metrics import IDEMPOTENCY_REPLAYS
+from services.api.exporting.outcomes import SCHEDULE, answer
 from services.api.http.problems import ProblemError, not_found
 from services.api.http.schemas import ExportScheduleSubmission
 from shared import tracing
@@ -21,10 +20,8 @@ from shared.export.cadence import Cadence, CadenceError
 from shared.export.fingerprint import schedule_fingerprint
 from shared.export.request import ExportRequest
 from shared.ids import is_operation_id, new_schedule_id
-from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository import schedules
 from shared.repository.schedules import ResumeOutcome, ScheduleView
-from shared.repository.submissions import SubmitOutcome
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -119,32 +116,15 @@ async def create(
         traceparent=tracing.current_traceparent(),
         max_schedules=settings.max_schedules_per_user,
     )
-    match result.outcome:
-        case SubmitOutcome.CREATED | SubmitOutcome.REPLAYED:
-            assert result.schedule_id is not None
-            replayed = result.outcome is SubmitOutcome.REPLAYED
-            if replayed:
-                # As a submit's replay: answered only once the synchronous standbys hold the schedule.
-                await await_replication(conn)
-                IDEMPOTENCY_REPLAYS.inc()
-            else:
-                log.info(
-                    "export schedule created",
-                    extra={"schedule_id": result.schedule_id, "conversation_id": conversation_id},
-                )
-            return AcceptedSchedule(result.schedule_id, replayed=replayed)
-        case SubmitOutcome.NOT_MEMBER:
-            AUTHORIZATION_REFUSALS.labels("schedule").inc()
-            raise not_found()
-        case SubmitOutcome.REUSED | SubmitOutcome.EXPIRED:
-            raise key_conflict(result.outcome, anew="create a new schedule")
-        case SubmitOutcome.QUOTA:
-            raise ProblemError(
-                "TOO_MANY_SCHEDULES",
-                f"You already have {settings.max_schedules_per_user} export schedules; delete one to create another.",
-            )
-        case _:
-            assert_never(result.outcome)
+    replayed = answer(result.outcome, SCHEDULE, settings)
+    assert result.schedule_id is not None
+    if replayed:
+        # As a submit's replay: answered only once the synchronous standbys hold the schedule.
+        await await_replication(conn)
+    else:
+        created = {"schedule_id": result.schedule_id, "conversation_id": conversation_id}
+        log.info("export schedule created", extra=created)
+    return AcceptedSchedule(result.schedule_id, replayed=replayed)
 
 
 async def read_or_404(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> ScheduleView:

@@ -6,25 +6,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import assert_never
 
 import asyncpg
 
-from services.api.http.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
-from services.api.http.problems import ProblemError, not_found
+from services.api.exporting.outcomes import EXPORT, answer
 from shared import tracing
 from shared.db import await_replication
 from shared.export.fingerprint import fingerprint
 from shared.export.request import ExportRequest
 from shared.ids import new_operation_id
-from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository.operation_view import OperationView
-from shared.repository.submissions import SubmitOutcome, SubmitResult, submit_export
+from shared.repository.submissions import submit_export
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-QUOTA_RETRY_AFTER_SECONDS = 10
 # The 202's Retry-After, also on a replay: a new export may end within a second (docs/api.md: Submitting an export,
 # Submit).
 FIRST_POLL_AFTER_SECONDS = 1
@@ -71,53 +67,12 @@ async def submit(
         max_active=settings.max_active_exports,
         traceparent=tracing.current_traceparent(),
     )
-    if result.outcome is SubmitOutcome.CREATED:
-        log.info("export submitted", extra={"operation_id": result.operation_id, "conversation_id": conversation_id})
-    elif result.outcome is SubmitOutcome.REPLAYED:
+    replayed = answer(result.outcome, EXPORT, settings)
+    if replayed:
         # The operation may be one whose commit held on the primary only (its submit answered 503): the
         # replay answers 202 only once the synchronous standbys hold it.
         await await_replication(conn)
-    return _answer(result, settings)
-
-
-def _answer(result: SubmitResult, settings: Settings) -> AcceptedSubmission:
-    """Every outcome's answer and count, in one place (docs/api.md: Submitting an export, Submit; docs/api.md: Error
-    codes)."""
-    match result.outcome:
-        case SubmitOutcome.CREATED | SubmitOutcome.REPLAYED:
-            assert result.accepted is not None
-            replayed = result.outcome is SubmitOutcome.REPLAYED
-            if replayed:
-                IDEMPOTENCY_REPLAYS.inc()
-            return AcceptedSubmission(result.accepted, replayed=replayed)
-        case SubmitOutcome.NOT_MEMBER:
-            AUTHORIZATION_REFUSALS.labels("submit").inc()
-            raise not_found()
-        case SubmitOutcome.REUSED | SubmitOutcome.EXPIRED:
-            raise key_conflict(result.outcome, anew="start a new export")
-        case SubmitOutcome.QUOTA:
-            raise ProblemError(
-                "TOO_MANY_ACTIVE_EXPORTS",
-                f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
-                headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)},
-            )
-        case _:
-            assert_never(result.outcome)
-
-
-def key_conflict(outcome: SubmitOutcome, *, anew: str) -> ProblemError:
-    """The 409 of a key whose earlier use decides (docs/api.md: Error codes), counted: IDEMPOTENCY_KEY_REUSED for
-    ``REUSED``, IDEMPOTENCY_KEY_EXPIRED for ``EXPIRED``, whose detail tells to use a new key to ``anew``.
-    """
-    if outcome is SubmitOutcome.REUSED:
-        code, detail = (
-            "IDEMPOTENCY_KEY_REUSED",
-            "This Idempotency-Key was already used for a different request; use a new key.",
-        )
     else:
-        code, detail = (
-            "IDEMPOTENCY_KEY_EXPIRED",
-            f"This Idempotency-Key is past its replay window; use a new key to {anew}.",
-        )
-    IDEMPOTENCY_CONFLICTS.labels(code).inc()
-    return ProblemError(code, detail)
+        log.info("export submitted", extra={"operation_id": result.operation_id, "conversation_id": conversation_id})
+    assert result.accepted is not None
+    return AcceptedSubmission(result.accepted, replayed=replayed)

@@ -1,0 +1,80 @@
+"""How creating work under an Idempotency-Key is answered (docs/api.md: Error codes): one table for an export's
+submit and a schedule's creation, whose outcomes (``shared.repository.submissions.SubmitOutcome``) mean the same
+and differ only in the words and the quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import assert_never
+
+from services.api.http.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
+from services.api.http.problems import ProblemError, not_found
+from shared.metrics import AUTHORIZATION_REFUSALS
+from shared.repository.submissions import SubmitOutcome
+from shared.settings import Settings
+
+QUOTA_RETRY_AFTER_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Creation:
+    """What one kind of created work changes in the answers: the ``chatexport_authorization_refusals_total``
+    label of a caller who is not a member, the end of an expired key's detail, and the quota's problem.
+    """
+
+    refusal_label: str
+    anew: str
+    quota: Callable[[Settings], ProblemError]
+
+
+EXPORT = Creation(
+    "submit",
+    "start a new export",
+    lambda settings: ProblemError(
+        "TOO_MANY_ACTIVE_EXPORTS",
+        f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
+        headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)},
+    ),
+)
+SCHEDULE = Creation(
+    "schedule",
+    "create a new schedule",
+    lambda settings: ProblemError(
+        "TOO_MANY_SCHEDULES",
+        f"You already have {settings.max_schedules_per_user} export schedules; delete one to create another.",
+    ),
+)
+
+
+def answer(outcome: SubmitOutcome, creation: Creation, settings: Settings) -> bool:
+    """Count ``outcome`` and return whether it was a replay (``REPLAYED``: True, ``CREATED``: False).
+
+    Raises ``ProblemError`` for every other outcome: NOT_FOUND (not a member, or no such conversation),
+    IDEMPOTENCY_KEY_REUSED / IDEMPOTENCY_KEY_EXPIRED (409), or ``creation``'s quota problem.
+    """
+    match outcome:
+        case SubmitOutcome.CREATED:
+            return False
+        case SubmitOutcome.REPLAYED:
+            IDEMPOTENCY_REPLAYS.inc()
+            return True
+        case SubmitOutcome.NOT_MEMBER:
+            AUTHORIZATION_REFUSALS.labels(creation.refusal_label).inc()
+            raise not_found()
+        case SubmitOutcome.REUSED:
+            detail = "This Idempotency-Key was already used for a different request; use a new key."
+            raise _conflict("IDEMPOTENCY_KEY_REUSED", detail)
+        case SubmitOutcome.EXPIRED:
+            detail = f"This Idempotency-Key is past its replay window; use a new key to {creation.anew}."
+            raise _conflict("IDEMPOTENCY_KEY_EXPIRED", detail)
+        case SubmitOutcome.QUOTA:
+            raise creation.quota(settings)
+        case _:
+            assert_never(outcome)
+
+
+def _conflict(code: str, detail: str) -> ProblemError:
+    IDEMPOTENCY_CONFLICTS.labels(code).inc()
+    return ProblemError(code, detail)
