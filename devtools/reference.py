@@ -73,13 +73,20 @@ def settings_page() -> str:
     return f"# Settings\n\n{RULES}\n\n{table}"
 
 
+# The units a setting's name gives (docs/reference/settings.md: Settings): durations in seconds, sizes in bytes.
+UNITS_BY_SUFFIX = {"_seconds": "s", "_bytes": "bytes"}
+
+
 def setting_unit(name: str) -> str:
-    """The unit of the setting ``name`` (a field of ``shared.settings.Settings``): its
-    ``json_schema_extra["unit"]``, or ``""`` when it has none. Raises ``KeyError`` for an unknown name.
+    """The unit of the setting ``name`` (a field of ``shared.settings.Settings``): the one its name's suffix
+    gives (``UNITS_BY_SUFFIX``), else its ``json_schema_extra["unit"]``, or ``""`` when it has none. Raises
+    ``KeyError`` for an unknown name.
     """
     extra = Settings.model_fields[name].json_schema_extra
-    unit = extra.get("unit", "") if isinstance(extra, dict) else ""
-    return str(unit)
+    for suffix, unit in UNITS_BY_SUFFIX.items():
+        if name.endswith(suffix):
+            return unit
+    return str(extra.get("unit", "") if isinstance(extra, dict) else "")
 
 
 def problems_page() -> str:

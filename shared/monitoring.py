@@ -23,10 +23,10 @@ from aio_pika.abc import AbstractRobustConnection
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, disable_created_metrics, generate_latest
 
-from shared.db import probing_connection, require_writable
+from shared.db import create_pool_when_ready, probing_connection, require_writable
 from shared.lifecycle import listening_site
 from shared.metrics import REFRESH_FAILURES
-from shared.migrator import check_schema
+from shared.migrator import check_schema, require_schema
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,28 @@ def storage_check(s3: Any, bucket: str) -> Check:
         await s3.head_bucket(Bucket=bucket)
 
     return check
+
+
+@contextlib.asynccontextmanager
+async def serving_with_database(
+    monitor: Monitor, settings: Settings, *, stop: asyncio.Event
+) -> AsyncIterator[asyncpg.Pool]:
+    """A part's start, written once: ``monitor`` served first (``serving``), so that an orchestrator sees a live
+    but not-ready part while it waits for a dependency; then the database pool, once the database answers,
+    checked on ``/readyz`` (``database_check``) and against this release's schema (``require_schema``;
+    docs/deploy.md: Upgrading). Yields the pool; closes it, then the endpoint, on exit.
+
+    Raises ``Stopped`` when ``stop`` is set while waiting, ``SchemaOutOfRange`` when the schema is outside
+    this release's range, ``OSError`` when the monitoring port is taken.
+    """
+    async with serving(monitor, settings):
+        pool = await create_pool_when_ready(settings, stop=stop)
+        try:
+            monitor.checks["database"] = database_check(pool)
+            await require_schema(pool)
+            yield pool
+        finally:
+            await pool.close()
 
 
 @contextlib.asynccontextmanager

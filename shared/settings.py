@@ -6,10 +6,10 @@ needs. Build it once in ``main()`` and pass it down: nothing imports a global in
 
 The class documents itself: the site's Settings page is generated from it (``devtools.reference``), so a
 setting is added here and nowhere else. Each field carries ``description=`` (markdown, a fragment without a
-final full stop: what the setting does and what refuses it) and, when a unit helps, ``json_schema_extra=
-{"unit": ...}``: ``s`` for every ``*_seconds`` setting, ``bytes`` for every ``*_bytes`` one, otherwise what
-the number counts (``connections``, ``B/s``, ...) or what the value is (``secret``, ``flag``, ``URL``). The
-naming rule is held by ``tests/project/test_reference.py``. ``RULES`` is the page's prose above its table.
+final full stop: what the setting does and what refuses it). Its unit comes from its name: a ``*_seconds``
+setting is in seconds and a ``*_bytes`` one in bytes (``setting_unit``); any other says, when a unit helps,
+``json_schema_extra={"unit": ...}``: what the number counts (``connections``, ``B/s``, ...) or what the value
+is (``secret``, ``flag``, ``URL``). ``RULES`` is the page's prose above its table.
 """
 
 from __future__ import annotations
@@ -68,15 +68,12 @@ class Settings(BaseSettings):
     database_pool_max: int = Field(
         10, ge=1, description="pool size per process", json_schema_extra={"unit": "connections"}
     )
-    database_timeout_seconds: float = Field(
-        10.0, gt=0, description="statement timeout (client side)", json_schema_extra={"unit": "s"}
-    )
+    database_timeout_seconds: float = Field(10.0, gt=0, description="statement timeout (client side)")
     database_connect_timeout_seconds: float = Field(
         DATABASE_CONNECT_TIMEOUT_SECONDS,
         gt=0,
         description="timeout of one connection attempt to one host of `database_url`; hosts are tried in turn,"
         " each with this timeout",
-        json_schema_extra={"unit": "s"},
     )
     database_read_url: str | None = Field(
         None,
@@ -89,7 +86,6 @@ class Settings(BaseSettings):
         ge=0,
         description="how long an attempt or chunk waits for the standby to replay past its claim before it"
         " reads from the primary instead",
-        json_schema_extra={"unit": "s"},
     )
 
     amqp_url: str = Field(
@@ -110,7 +106,6 @@ class Settings(BaseSettings):
         gt=0,
         description="timeout of one broker connection attempt (to one node); parts retry with backoff until the"
         " broker answers",
-        json_schema_extra={"unit": "s"},
     )
     amqp_quorum_initial_group_size: int | None = Field(
         None,
@@ -134,7 +129,6 @@ class Settings(BaseSettings):
         ge=1,
         description="AMQP heartbeat interval asked of the broker; a broker that hangs without closing the"
         " connection is noticed after two or three (readiness 503, then a reconnect)",
-        json_schema_extra={"unit": "s"},
     )
 
     s3_endpoint_url: str | None = Field(
@@ -168,13 +162,11 @@ class Settings(BaseSettings):
         description="S3 connect and read timeout; an upload request may take this long plus its size at 256"
         " KiB/s, then counts as a storage failure (a server that accepts the connection and stops"
         " reading would otherwise hold it)",
-        json_schema_extra={"unit": "s"},
     )
     s3_part_size_bytes: int = Field(
         8 * 1024 * 1024,
         ge=5 * 1024 * 1024,
         description="multipart part size (at least 5 MiB); bounds the worker's memory",
-        json_schema_extra={"unit": "bytes"},
     )
 
     jwt_secret: str = Field(
@@ -192,13 +184,11 @@ class Settings(BaseSettings):
         ge=0,
         le=300,
         description="clock skew allowed on `iat`, `nbf` and `exp` (0-300)",
-        json_schema_extra={"unit": "s"},
     )
     jwt_max_lifetime_seconds: int = Field(
         24 * 3600,
         ge=60,
         description="a token whose `exp` is further ahead (plus the leeway) is refused",
-        json_schema_extra={"unit": "s"},
     )
 
     api_host: str = Field("127.0.0.1", description="API listen address")
@@ -215,11 +205,8 @@ class Settings(BaseSettings):
         ge=1,
         description="largest message body on `POST /v2/.../messages` (UTF-8; 6 is the message store contract's"
         " own default, imports have their own limit)",
-        json_schema_extra={"unit": "bytes"},
     )
-    message_request_max_bytes: int = Field(
-        4096, ge=1, description="largest request body on `POST /v2/.../messages`", json_schema_extra={"unit": "bytes"}
-    )
+    message_request_max_bytes: int = Field(4096, ge=1, description="largest request body on `POST /v2/.../messages`")
     # The largest valid export request fits even with every character of its 100 senders and its notify URL
     # written as a \u escape (about 45 KiB; docs/api.md: Submitting an export, Export options).
     export_request_max_bytes: int = Field(
@@ -227,14 +214,9 @@ class Settings(BaseSettings):
         ge=1,
         description="largest request body on export submit and cancel; the default fits the largest valid submit"
         " (100 senders of 64 characters and a notify URL, even with every character `\\u`-escaped)",
-        json_schema_extra={"unit": "bytes"},
     )
-    import_request_max_bytes: int = Field(
-        64 * 1024 * 1024, ge=1, description="largest NDJSON import request", json_schema_extra={"unit": "bytes"}
-    )
-    import_body_max_bytes: int = Field(
-        64 * 1024, ge=1, description="largest imported message body", json_schema_extra={"unit": "bytes"}
-    )
+    import_request_max_bytes: int = Field(64 * 1024 * 1024, ge=1, description="largest NDJSON import request")
+    import_body_max_bytes: int = Field(64 * 1024, ge=1, description="largest imported message body")
     # A client that trickles its request line and headers would otherwise hold its connection, without a token,
     # for the whole keep-alive timeout (docs/security.md: Slow clients).
     request_header_timeout_seconds: float = Field(
@@ -242,7 +224,6 @@ class Settings(BaseSettings):
         gt=0,
         description="a request line and header fields not complete this long after the request's first byte"
         " arrived close the connection without an answer",
-        json_schema_extra={"unit": "s"},
     )
     # A client that stops sending mid-body would otherwise hold its connection open with no answer.
     request_body_timeout_seconds: float = Field(
@@ -250,21 +231,15 @@ class Settings(BaseSettings):
         gt=0,
         description="a request body not complete this long after its route began reading it is `408"
         " REQUEST_TIMEOUT`, and the connection is closed",
-        json_schema_extra={"unit": "s"},
     )
 
-    idempotency_replay_window_seconds: int = Field(
-        24 * 3600, ge=1, description="replay window of an Idempotency-Key", json_schema_extra={"unit": "s"}
-    )
+    idempotency_replay_window_seconds: int = Field(24 * 3600, ge=1, description="replay window of an Idempotency-Key")
     operation_retention_seconds: int = Field(
         30 * 24 * 3600,
         ge=1,
         description="how long operation records (and their keys) are kept",
-        json_schema_extra={"unit": "s"},
     )
-    result_ttl_seconds: int = Field(
-        7 * 24 * 3600, ge=1, description="how long a result can be downloaded", json_schema_extra={"unit": "s"}
-    )
+    result_ttl_seconds: int = Field(7 * 24 * 3600, ge=1, description="how long a result can be downloaded")
     max_active_exports: int = Field(
         5, ge=1, description="non-terminal exports per user before `429`", json_schema_extra={"unit": "operations"}
     )
@@ -273,7 +248,6 @@ class Settings(BaseSettings):
         ge=1,
         description="the shortest interval a schedule may have (its `every`, a month counting as 28 days); below"
         f" {DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS} for development and tests only (refused elsewhere)",
-        json_schema_extra={"unit": "s"},
     )
     max_schedules_per_user: int = Field(
         20, ge=1, description="export schedules per user before `409`", json_schema_extra={"unit": "schedules"}
@@ -282,7 +256,6 @@ class Settings(BaseSettings):
         1.0,
         gt=0,
         description="how often the leading janitor looks for due schedules and creates their runs",
-        json_schema_extra={"unit": "s"},
     )
     download_concurrency: int = Field(
         32,
@@ -301,13 +274,11 @@ class Settings(BaseSettings):
         ge=1,
         le=604800,
         description="lifetime of the presigned storage URL a download redirect answers with (at most S3's 7 days)",
-        json_schema_extra={"unit": "s"},
     )
     download_write_timeout_seconds: float = Field(
         30.0,
         gt=0,
         description="a download client that accepts no data this long is disconnected",
-        json_schema_extra={"unit": "s"},
     )
     # A download slower than this over a whole window is cut, so a slow reader cannot hold a slot for hours.
     download_min_bytes_per_second: int = Field(
@@ -317,7 +288,7 @@ class Settings(BaseSettings):
         json_schema_extra={"unit": "B/s"},
     )
     download_rate_window_seconds: float = Field(
-        30.0, gt=0, description="the window over which a download's rate is judged", json_schema_extra={"unit": "s"}
+        30.0, gt=0, description="the window over which a download's rate is judged"
     )
     # Long polls and event streams waiting at once in one API process, and per user.
     wait_concurrency: int = Field(
@@ -334,7 +305,7 @@ class Settings(BaseSettings):
         json_schema_extra={"unit": "requests"},
     )
     event_heartbeat_seconds: float = Field(
-        15.0, gt=0, description="the interval of an event stream's heartbeat comments", json_schema_extra={"unit": "s"}
+        15.0, gt=0, description="the interval of an event stream's heartbeat comments"
     )
     # Completion callbacks (docs/api.md: Completion callbacks).
     webhook_signing_key: str = Field(
@@ -359,20 +330,17 @@ class Settings(BaseSettings):
         gt=0,
         description="the one deadline of a callback attempt, from resolving its host through the TLS handshake to"
         " the last byte read",
-        json_schema_extra={"unit": "s"},
     )
     webhook_retry_seconds: float = Field(
         24 * 3600.0,
         gt=0,
         description="how long after its event a callback is retried before it is given up",
-        json_schema_extra={"unit": "s"},
     )
     webhook_first_retry_seconds: float = Field(
         5.0,
         gt=0,
         description="the longest wait before a failed callback's first retry (the wait is drawn from half of it"
         " to all of it and doubles with each try, at most an hour)",
-        json_schema_extra={"unit": "s"},
     )
     # An egress proxy every callback goes through, http://[user:password@]host:port; secret for its password.
     webhook_proxy_url: SecretStr | None = Field(
@@ -383,12 +351,8 @@ class Settings(BaseSettings):
         json_schema_extra={"unit": "URL"},
     )
 
-    lease_seconds: float = Field(
-        30.0, gt=0, description="worker lease length (database clock)", json_schema_extra={"unit": "s"}
-    )
-    heartbeat_seconds: float = Field(
-        10.0, gt=0, description="lease renewal interval; shorter than the lease", json_schema_extra={"unit": "s"}
-    )
+    lease_seconds: float = Field(30.0, gt=0, description="worker lease length (database clock)")
+    heartbeat_seconds: float = Field(10.0, gt=0, description="lease renewal interval; shorter than the lease")
     worker_concurrency: int = Field(
         4,
         ge=1,
@@ -403,10 +367,8 @@ class Settings(BaseSettings):
         " 1,000 seqs); cancellation and lease loss are noticed between ranges",
         json_schema_extra={"unit": "seqs"},
     )
-    retry_base_seconds: float = Field(
-        2.0, gt=0, description="first retry delay (exponential backoff with jitter)", json_schema_extra={"unit": "s"}
-    )
-    retry_cap_seconds: float = Field(300.0, gt=0, description="largest retry delay", json_schema_extra={"unit": "s"})
+    retry_base_seconds: float = Field(2.0, gt=0, description="first retry delay (exponential backoff with jitter)")
+    retry_cap_seconds: float = Field(300.0, gt=0, description="largest retry delay")
     max_attempts: int = Field(
         5, ge=1, description="attempt budget before FAILED_REPAIR", json_schema_extra={"unit": "attempts"}
     )
@@ -418,14 +380,12 @@ class Settings(BaseSettings):
         ge=0,
         description="an export whose messages are estimated above this size is written in chunks by many workers;"
         " `0` turns chunking off",
-        json_schema_extra={"unit": "bytes"},
     )
     chunk_target_bytes: int = Field(
         64 * 1024 * 1024,
         ge=1,
         description=f"the estimated size of one chunk (more, when an export would otherwise have over {MAX_CHUNKS:,}"
         " chunks)",
-        json_schema_extra={"unit": "bytes"},
     )
     chunks_per_export: int = Field(
         4, ge=1, description="the most chunks of one export that run at once", json_schema_extra={"unit": "chunks"}
@@ -441,22 +401,15 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(
         100, ge=1, description="outbox rows claimed per relay transaction", json_schema_extra={"unit": "rows"}
     )
-    relay_poll_seconds: float = Field(
-        1.0, gt=0, description="relay polling interval besides LISTEN/NOTIFY", json_schema_extra={"unit": "s"}
-    )
-    publish_timeout_seconds: float = Field(
-        5.0, gt=0, description="timeout of one publish, confirm included", json_schema_extra={"unit": "s"}
-    )
+    relay_poll_seconds: float = Field(1.0, gt=0, description="relay polling interval besides LISTEN/NOTIFY")
+    publish_timeout_seconds: float = Field(5.0, gt=0, description="timeout of one publish, confirm included")
 
-    janitor_interval_seconds: float = Field(
-        30.0, gt=0, description="time between janitor passes", json_schema_extra={"unit": "s"}
-    )
+    janitor_interval_seconds: float = Field(30.0, gt=0, description="time between janitor passes")
     janitor_requeue_after_seconds: float = Field(
         60.0,
         gt=0,
         description="a QUEUED operation, a due retry or an expired lease whose last wake-up is this old gets a"
         " new one (an expired lease also at once when its last wake-up predates the expiry)",
-        json_schema_extra={"unit": "s"},
     )
     janitor_batch_size: int = Field(
         500,
@@ -469,12 +422,9 @@ class Settings(BaseSettings):
         ge=0,
         description="age before an unpublishable artifact (by its record's last change), an object without a live"
         " record (by LastModified) or a stale upload (by Initiated) is removed",
-        json_schema_extra={"unit": "s"},
     )
 
-    shutdown_grace_seconds: float = Field(
-        20.0, ge=0, description="on SIGTERM, how long in-flight work may finish", json_schema_extra={"unit": "s"}
-    )
+    shutdown_grace_seconds: float = Field(20.0, ge=0, description="on SIGTERM, how long in-flight work may finish")
 
     # Every part serves /metrics, /healthz and /readyz here; parts sharing a host need a port each.
     metrics_host: str = Field(

@@ -13,11 +13,10 @@ from services.janitor import leadership, metrics
 from services.janitor.janitor import Janitor
 from services.janitor.scheduler import Scheduler
 from shared import tracing
-from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect, create_pool_when_ready
+from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
 from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
-from shared.migrator import require_schema
-from shared.monitoring import Monitor, database_check, serving, storage_check
+from shared.monitoring import Monitor, serving_with_database, storage_check
 from shared.settings import Settings
 from shared.storage import open_s3_client
 
@@ -36,10 +35,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     by state), read from Postgres at each scrape.
     """
     monitor = Monitor("janitor", needs=("database", "storage"))
-    async with serving(monitor, settings):
-        pool = await create_pool_when_ready(settings, stop=stop)
-        monitor.checks["database"] = database_check(pool)
-        await require_schema(pool)
+    async with serving_with_database(monitor, settings, stop=stop) as pool:
         monitor.before_scrape.append(lambda: metrics.observe_system(pool))
         await _run(settings, pool, monitor, stop=stop)
 

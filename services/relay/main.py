@@ -10,11 +10,9 @@ import os
 from services.relay.relay import Relay
 from services.relay.webhooks import WebhookSender
 from shared import broker, tracing
-from shared.db import create_pool_when_ready
 from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
-from shared.migrator import require_schema
-from shared.monitoring import Monitor, broker_check, database_check, serving
+from shared.monitoring import Monitor, broker_check, serving_with_database
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -28,11 +26,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     """
     monitor = Monitor("relay", needs=("database", "broker"))
     async with contextlib.AsyncExitStack() as resources:
-        await resources.enter_async_context(serving(monitor, settings))
-        pool = await create_pool_when_ready(settings, stop=stop)
-        resources.push_async_callback(pool.close)
-        monitor.checks["database"] = database_check(pool)
-        await require_schema(pool)
+        pool = await resources.enter_async_context(serving_with_database(monitor, settings, stop=stop))
         session = await broker.open_session_when_ready(
             settings, name=f"relay {os.getpid()}", stop=stop, on_return_raises=True
         )

@@ -18,11 +18,10 @@ from services.worker.queue.consumer import Consumer
 from services.worker.queue.members import watching_queue_members
 from services.worker.writing.read_source import ReadSource
 from shared import broker, tracing
-from shared.db import create_pool, create_pool_when_ready
+from shared.db import create_pool
 from shared.lifecycle import drain, keep_trying, run_until_signalled
 from shared.logs import configure_logging
-from shared.migrator import require_schema
-from shared.monitoring import Monitor, Unavailable, broker_check, database_check, serving, storage_check
+from shared.monitoring import Monitor, Unavailable, broker_check, serving_with_database, storage_check
 from shared.settings import Settings
 from shared.storage import STORAGE_ERRORS, ensure_bucket, open_s3_client
 
@@ -38,12 +37,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
     monitor = Monitor("worker", needs=("database", "broker", "storage", "consumer"))
     async with contextlib.AsyncExitStack() as resources:
-        # Up first, so that an orchestrator sees a live but not-ready worker while it waits for a dependency.
-        await resources.enter_async_context(serving(monitor, settings))
-        pool = await create_pool_when_ready(settings, stop=stop)
-        resources.push_async_callback(pool.close)
-        monitor.checks["database"] = database_check(pool)
-        await require_schema(pool)
+        pool = await resources.enter_async_context(serving_with_database(monitor, settings, stop=stop))
         session = await broker.open_session_when_ready(
             settings, name=f"worker {worker_id}", stop=stop, prefetch_count=settings.worker_concurrency
         )

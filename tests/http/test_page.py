@@ -46,6 +46,11 @@ def operation_state(driver: WebDriver, operation_id: str) -> str:
     return cells[0].text if cells else ""
 
 
+def _click(driver: WebDriver, selector: str) -> bool:
+    driver.find_element(By.CSS_SELECTOR, selector).click()
+    return True
+
+
 async def insert_queued(conn: asyncpg.Connection, user: str, cid: str) -> str:
     """A QUEUED export of ``user``'s without its wake-up: nobody runs it before the janitor's requeue, long
     after the test. Returns its id.
@@ -112,9 +117,10 @@ async def test_cancel_in_the_browser(
 
     driver = browser.driver
     sign_in(driver, system, live_auth, user)
-    row = driver.find_element(By.CSS_SELECTOR, f'tr[data-operation-id="{operation_id}"]')
-    assert operation_state(driver, operation_id) == "QUEUED"
-    row.find_element(By.CSS_SELECTOR, "button.cancel").click()
+    # The list is fetched after the sign-in shows, and re-rendered as it changes: wait for the row, and click in
+    # a wait that retries a row replaced meanwhile.
+    settle(driver).until(lambda found: operation_state(found, operation_id) == "QUEUED")
+    settle(driver).until(lambda found: _click(found, f'tr[data-operation-id="{operation_id}"] button.cancel'))
     settle(driver).until(lambda found: operation_state(found, operation_id) in ("CANCEL_REQUESTED", "CANCELED"))
 
 

@@ -21,29 +21,35 @@ QUOTA_RETRY_AFTER_SECONDS = 10
 @dataclass(frozen=True)
 class Creation:
     """What one kind of created work changes in the answers: the ``chatexport_authorization_refusals_total``
-    label of a caller who is not a member, the end of an expired key's detail, and the quota's problem.
+    label of a caller who is not a member, the end of an expired key's detail, and the quota's problem (its
+    code, its detail for the settings, and a ``Retry-After`` when waiting helps).
     """
 
     refusal_label: str
     anew: str
-    quota: Callable[[Settings], ProblemError]
+    quota_code: str
+    quota_detail: Callable[[Settings], str]
+    quota_retry_after_seconds: int | None = None
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """The problem codes ``answer`` raises for this kind, in the order a route declares them."""
+        return ("NOT_FOUND", "IDEMPOTENCY_KEY_REUSED", "IDEMPOTENCY_KEY_EXPIRED", self.quota_code)
 
 
 EXPORT = Creation(
     "submit",
     "start a new export",
-    lambda settings: ProblemError(
-        "TOO_MANY_ACTIVE_EXPORTS",
-        f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
-        headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)},
-    ),
+    "TOO_MANY_ACTIVE_EXPORTS",
+    lambda settings: f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
+    QUOTA_RETRY_AFTER_SECONDS,
 )
 SCHEDULE = Creation(
     "schedule",
     "create a new schedule",
-    lambda settings: ProblemError(
-        "TOO_MANY_SCHEDULES",
-        f"You already have {settings.max_schedules_per_user} export schedules; delete one to create another.",
+    "TOO_MANY_SCHEDULES",
+    lambda settings: (
+        f"You already have {settings.max_schedules_per_user} export schedules; delete one to create another."
     ),
 )
 
@@ -52,7 +58,8 @@ def answer(outcome: SubmitOutcome, creation: Creation, settings: Settings) -> bo
     """Count ``outcome`` and return whether it was a replay (``REPLAYED``: True, ``CREATED``: False).
 
     Raises ``ProblemError`` for every other outcome: NOT_FOUND (not a member, or no such conversation),
-    IDEMPOTENCY_KEY_REUSED / IDEMPOTENCY_KEY_EXPIRED (409), or ``creation``'s quota problem.
+    IDEMPOTENCY_KEY_REUSED / IDEMPOTENCY_KEY_EXPIRED (409), or ``creation``'s quota problem: the codes of
+    ``creation.problems``.
     """
     match outcome:
         case SubmitOutcome.CREATED:
@@ -70,7 +77,9 @@ def answer(outcome: SubmitOutcome, creation: Creation, settings: Settings) -> bo
             detail = f"This Idempotency-Key is past its replay window; use a new key to {creation.anew}."
             raise _conflict("IDEMPOTENCY_KEY_EXPIRED", detail)
         case SubmitOutcome.QUOTA:
-            raise creation.quota(settings)
+            retry_after = creation.quota_retry_after_seconds
+            headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+            raise ProblemError(creation.quota_code, creation.quota_detail(settings), headers=headers)
         case _:
             assert_never(outcome)
 

@@ -10,6 +10,8 @@ from services.api.http.fields import RepeatedField, only_field
 from services.api.http.problems import ProblemError
 
 HEADER = "Idempotency-Key"
+# What parse_idempotency_key raises, for the declaration of a route that reads the header.
+KEY_PROBLEMS = ("IDEMPOTENCY_KEY_MISSING", "IDEMPOTENCY_KEY_INVALID")
 _VISIBLE = re.compile(r"[\x21-\x7e]{1,255}")
 # RFC 8941 sf-string: printable ASCII, with only \" and \\ as escapes.
 _SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')

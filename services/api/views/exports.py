@@ -13,6 +13,7 @@ import asyncpg
 from aiohttp import hdrs, web
 from botocore.exceptions import BotoCoreError, ClientError
 
+from services.api.exporting.outcomes import EXPORT
 from services.api.exporting.results import DOWNLOAD_SAFETY, ResultFile, content_disposition, result_file
 from services.api.exporting.submission import FIRST_POLL_AFTER_SECONDS, submit
 from services.api.exporting.transfer import TransferCut, stream
@@ -28,7 +29,7 @@ from services.api.http.contract import (
     retry_after,
 )
 from services.api.http.fields import sole_field
-from services.api.http.idempotency import HEADER, parse_idempotency_key
+from services.api.http.idempotency import HEADER, KEY_PROBLEMS, parse_idempotency_key
 from services.api.http.keys import DOWNLOAD_SLOTS, POOL, PRESIGNER, PRINCIPAL, SETTINGS, s3_client
 from services.api.http.metrics import DOWNLOADS, DOWNLOADS_STREAMING
 from services.api.http.preconditions import PreconditionOutcome, Validators
@@ -365,16 +366,7 @@ SUBMIT = Endpoint(
             },
         ),
     ),
-    problems=(
-        "IDEMPOTENCY_KEY_MISSING",
-        "IDEMPOTENCY_KEY_INVALID",
-        *JSON_BODY_PROBLEMS,
-        "NOT_FOUND",
-        "IDEMPOTENCY_KEY_REUSED",
-        "IDEMPOTENCY_KEY_EXPIRED",
-        "TOO_MANY_ACTIVE_EXPORTS",
-        "NOTIFY_URL_REFUSED",
-    ),
+    problems=(*KEY_PROBLEMS, *JSON_BODY_PROBLEMS, *EXPORT.problems, "NOTIFY_URL_REFUSED"),
 )
 
 # The result's validators (RFC 9110 section 8.8), sent with the file and with a 304.

@@ -11,9 +11,10 @@ from typing import Any
 from aiohttp import web
 
 from services.api.exporting import scheduling
+from services.api.exporting.outcomes import SCHEDULE
 from services.api.http.bodies import JSON_BODY_PROBLEMS, read_empty_input, read_model, validate_query
 from services.api.http.contract import NO_STORE_HEADER, Answer, Body, Endpoint, header
-from services.api.http.idempotency import parse_idempotency_key
+from services.api.http.idempotency import KEY_PROBLEMS, parse_idempotency_key
 from services.api.http.keys import POOL, PRINCIPAL, SETTINGS
 from services.api.http.pagination import Keyset, decode_cursor, page_endpoint, split_keyset_page
 from services.api.http.problems import not_found
@@ -198,17 +199,13 @@ ENDPOINTS = (
             ),
         ),
         problems=(
-            "IDEMPOTENCY_KEY_MISSING",
-            "IDEMPOTENCY_KEY_INVALID",
+            *KEY_PROBLEMS,
             *JSON_BODY_PROBLEMS,
             "SCHEDULE_OPTION_REFUSED",
             "SCHEDULE_INTERVAL_INVALID",
             "SCHEDULE_INTERVAL_TOO_SHORT",
             "NOTIFY_URL_REFUSED",
-            "NOT_FOUND",
-            "IDEMPOTENCY_KEY_REUSED",
-            "IDEMPOTENCY_KEY_EXPIRED",
-            "TOO_MANY_SCHEDULES",
+            *SCHEDULE.problems,
         ),
     ),
     page_endpoint(

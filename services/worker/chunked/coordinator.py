@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -35,6 +36,7 @@ Progress = Callable[[Phase, tuple[int, int]], Awaitable[None]]
 OnUpload = Callable[[str], Awaitable[None]]
 
 
+@dataclass(kw_only=True)
 class ChunkedExport:
     """The chunked path of one attempt for ``claimed``, once its ``ChunkPlanner`` has planned the chunks.
 
@@ -42,14 +44,11 @@ class ChunkedExport:
     on a cancel or a takeover); ``on_upload(upload_id)`` records the assembly's upload.
     """
 
-    def __init__(
-        self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, claimed: ClaimedOperation, progress: Progress
-    ) -> None:
-        self._pool = pool
-        self._s3 = s3
-        self._settings = settings
-        self._claimed = claimed
-        self._progress = progress
+    pool: asyncpg.Pool
+    s3: Any
+    settings: Settings
+    claimed: ClaimedOperation
+    progress: Progress
 
     async def write(self, destination: Destination, *, on_upload: OnUpload) -> ArtifactFiles:
         """Wake the chunks and assemble the files of ``destination`` from them, each chunk as soon as it and
@@ -61,12 +60,12 @@ class ChunkedExport:
         totals = (0, 0)
 
         async def after_part() -> None:
-            await self._progress(Phase.WRITING, totals)
+            await self.progress(Phase.WRITING, totals)
 
         def assembly(key: str) -> Assembly:
             content_type = destination.kind.content_type
             return Assembly(
-                self._s3, self._settings, key=key, content_type=content_type, on_upload=on_upload, after_part=after_part
+                self.s3, self.settings, key=key, content_type=content_type, on_upload=on_upload, after_part=after_part
             )
 
         done: asyncio.Queue[Chunk | None] = asyncio.Queue()
@@ -77,7 +76,7 @@ class ChunkedExport:
             while True:
                 now = await self._look()
                 totals = _totals(now)
-                await self._progress(Phase.WRITING, totals)
+                await self.progress(Phase.WRITING, totals)
                 # A chunk that ends early adds the rest of its range after itself, so ``added`` stays valid.
                 while added < len(now) and now[added].state == ChunkState.DONE:
                     done.put_nowait(now[added])
@@ -89,7 +88,7 @@ class ChunkedExport:
                 if assembling.done():
                     break
             if not assembling.done():
-                await self._progress(Phase.UPLOADING, totals)  # every chunk is written: the last parts remain
+                await self.progress(Phase.UPLOADING, totals)  # every chunk is written: the last parts remain
             return await assembling
         finally:
             assembling.cancel()
@@ -97,13 +96,13 @@ class ChunkedExport:
 
     async def _look(self) -> list[Chunk]:
         """Wake what the cap allows and return every chunk as it is now; raises for a FAILED chunk."""
-        operation_id = self._claimed.operation_id
-        async with self._pool.acquire() as conn, conn.transaction():
+        operation_id = self.claimed.operation_id
+        async with self.pool.acquire() as conn, conn.transaction():
             woken = await chunks.wake(
                 conn,
                 operation_id=operation_id,
-                running_at_most=self._settings.chunks_per_export,
-                requeue_after_seconds=self._settings.janitor_requeue_after_seconds,
+                running_at_most=self.settings.chunks_per_export,
+                requeue_after_seconds=self.settings.janitor_requeue_after_seconds,
             )
             for chunk_no in woken:
                 await outbox.enqueue_chunk(conn, operation_id=operation_id, chunk_no=chunk_no)

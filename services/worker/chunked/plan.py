@@ -6,6 +6,7 @@ generation keeps that plan (the same snapshot, the same ranges).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -22,27 +23,25 @@ from shared.states import ChunkState
 SPLIT_CHUNK_SHARE = 0.75
 
 
+@dataclass(kw_only=True)
 class ChunkPlanner:
     """Plans the chunks of one attempt for ``claimed``, whose snapshot ends at ``last_seq``; the plan weighs
     the messages through ``reads`` (the standby or the primary, ``services.worker.writing.read_source``).
     """
 
-    def __init__(
-        self, *, pool: asyncpg.Pool, settings: Settings, claimed: ClaimedOperation, last_seq: int, reads: ReadSource
-    ) -> None:
-        self._pool = pool
-        self._reads = reads
-        self._settings = settings
-        self._claimed = claimed
-        self._last_seq = last_seq
+    pool: asyncpg.Pool
+    settings: Settings
+    claimed: ClaimedOperation
+    last_seq: int
+    reads: ReadSource
 
     def applies(self) -> bool:
         """Whether this export may be chunked at all: chunking is on, and it is not a split result with a
         filter (the plan weighs every message, so such a result's parts would each hold a filter's share of
         a part: many small ones where one stream writes few).
         """
-        request = self._claimed.request
-        return self._settings.chunk_threshold_bytes > 0 and not (
+        request = self.claimed.request
+        return self.settings.chunk_threshold_bytes > 0 and not (
             request.max_part_bytes is not None and request.selects_messages
         )
 
@@ -51,22 +50,22 @@ class ChunkPlanner:
         a new attempt), or a new plan when the messages are estimated above ``chunk_threshold_bytes``;
         empty when the export is written in one stream. Raises ``LeaseLost`` when the plan's fence fails.
         """
-        claimed = self._claimed
+        claimed = self.claimed
         after = claimed.request.after_seq
         # A small export costs no query: the same snapshot and settings never planned it either.
-        if not self.applies() or not self._may_exceed_threshold(self._last_seq - after):
+        if not self.applies() or not self._may_exceed_threshold(self.last_seq - after):
             return []
-        async with self._pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             existing = await chunks.chunks_of(conn, operation_id=claimed.operation_id)
             if existing:
                 if any(chunk.state == ChunkState.FAILED for chunk in existing):
                     await chunks.retry_failed(conn, operation_id=claimed.operation_id)
                 return await chunks.chunks_of(conn, operation_id=claimed.operation_id)
         # Weighing reads every message of the export: not on the primary when a standby can serve it.
-        ranges = await (await self._reads.begin()).run(self._weigh)
+        ranges = await (await self.reads.begin()).run(self._weigh)
         if len(ranges) < 2:
             return []
-        async with self._pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             if not await chunks.plan(
                 conn, operation_id=claimed.operation_id, generation=claimed.generation, ranges=ranges
             ):
@@ -77,17 +76,17 @@ class ChunkPlanner:
         """The ranges of the chunks the export's messages would make; none when they are estimated at or
         below ``chunk_threshold_bytes``.
         """
-        conversation_id, after = self._claimed.conversation_id, self._claimed.request.after_seq
+        conversation_id, after = self.claimed.conversation_id, self.claimed.request.after_seq
         total = await export_reader.range_bytes(
-            conn, conversation_id=conversation_id, after_seq=after, last_seq=self._last_seq, recalled=False
+            conn, conversation_id=conversation_id, after_seq=after, last_seq=self.last_seq, recalled=False
         )
-        if total <= self._settings.chunk_threshold_bytes:
+        if total <= self.settings.chunk_threshold_bytes:
             return []
         return await export_reader.plan_ranges(
             conn,
             conversation_id=conversation_id,
             after_seq=after,
-            last_seq=self._last_seq,
+            last_seq=self.last_seq,
             target_bytes=self._target_bytes(total),
         )
 
@@ -95,8 +94,8 @@ class ChunkPlanner:
         """The estimated bytes of each chunk of ``total``: ``chunk_target_bytes``, more when the chunks of one
         upload would be too many, less for a split result's parts.
         """
-        max_part_bytes = self._claimed.request.max_part_bytes
-        target = self._settings.chunk_target_bytes
+        max_part_bytes = self.claimed.request.max_part_bytes
+        target = self.settings.chunk_target_bytes
         if max_part_bytes is not None:
             target = min(target, int(max_part_bytes * SPLIT_CHUNK_SHARE))
         return max(target, math.ceil(total / MAX_CHUNKS))
@@ -105,7 +104,7 @@ class ChunkPlanner:
         """False when ``seqs`` messages cannot reach the threshold even at the largest body a message may
         have: a small export then costs no estimate at all.
         """
-        settings = self._settings
+        settings = self.settings
         largest = (
             max(settings.message_body_max_bytes, settings.import_body_max_bytes) + export_reader.LINE_OVERHEAD_BYTES
         )
