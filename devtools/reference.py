@@ -33,7 +33,7 @@ from chatexport.cli import PARTS, build_parser
 from services.api.http.problems import ABOUT_CODES, CODES
 from services.api.openapi import ENDPOINTS
 from shared.routes import ROUTES
-from shared.settings import RULES, Settings
+from shared.settings import GROUPS, RULES, Settings
 
 # The service's own metrics are named so; the client library's process and platform collectors are not.
 METRIC_PREFIX = "chatexport_"
@@ -53,24 +53,27 @@ ADMIN_PREFIX = "/admin/"
 
 
 def settings_page() -> str:
-    """The Settings page: ``shared.settings.RULES``, then one table row per field of ``Settings`` in the
-    class's order: its environment variable (``env_prefix`` and the name in capitals), its default as the
-    variable would be written (``none`` for ``None``, ``true``/``false`` for a flag, secrets' development
-    placeholders as they are; each row carries the anchor ``#chatexport_<name>``), its unit
-    (``json_schema_extra["unit"]``, blank when the field has none) and its ``description``.
-    Raises ``ValueError`` for a field without a description.
+    """The Settings page: ``shared.settings.RULES``, then a section per group of ``shared.settings.GROUPS``
+    (its docstring, then a table of its settings in the group's order): each row the environment variable
+    (``env_prefix`` and the name in capitals), its default as the variable would be written (``none`` for
+    ``None``, ``true``/``false`` for a flag, secrets' development placeholders as they are; each row carries
+    the anchor ``#chatexport_<name>``), its unit (``setting_unit``, blank when it has none) and its
+    ``description``. Raises ``ValueError`` for a field without a description.
     """
     prefix = str(Settings.model_config.get("env_prefix", ""))
-    rows = []
-    for name, field in Settings.model_fields.items():
-        if not field.description:
-            raise ValueError(f"the setting {name} has no description")
-        variable = f"{prefix}{name}".upper()
-        # An anchor per row, so that an operator can link to one setting: settings.md#chatexport_jwt_secret.
-        cell = f'<a id="{variable.lower()}"></a>{_code(variable)}'
-        rows.append([cell, _code(_shown_default(field.default)), setting_unit(name), field.description])
-    table = _table(["setting", "default", "unit", "meaning"], rows)
-    return f"# Settings\n\n{RULES}\n\n{table}"
+    sections = []
+    for group in GROUPS:
+        rows = []
+        for name, field in group.model_fields.items():
+            if not field.description:
+                raise ValueError(f"the setting {name} has no description")
+            variable = f"{prefix}{name}".upper()
+            # An anchor per row, so that an operator can link to one setting: settings.md#chatexport_jwt_secret.
+            cell = f'<a id="{variable.lower()}"></a>{_code(variable)}'
+            rows.append([cell, _code(_shown_default(field.default)), setting_unit(name), field.description])
+        title = group.__name__.removesuffix("Settings")
+        sections.append(f"## {title}\n\n{group.__doc__}\n\n{_table(['setting', 'default', 'unit', 'meaning'], rows)}")
+    return "# Settings\n\n" + RULES + "\n\n" + "\n\n".join(sections)
 
 
 # The units a setting's name gives (docs/reference/settings.md: Settings): durations in seconds, sizes in bytes.

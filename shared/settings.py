@@ -1,20 +1,22 @@
 """Settings of every chatexport part, read from ``CHATEXPORT_*`` environment variables (docs/reference/settings.md:
 Settings).
 
-One class serves all parts so that a deployment configures them alike; each part reads only what it
-needs. Build it once in ``main()`` and pass it down: nothing imports a global instance.
+The settings come in groups, one class per concern (``GROUPS``: database, broker, storage, tokens, ...), and
+``Settings`` is all of them, so that a deployment configures every part alike; a group is no part of a
+setting's environment name. Build ``Settings`` once in ``main()`` and pass it down: nothing imports a global
+instance. A duration is declared with ``seconds`` and a size with ``size``.
 
-The class documents itself: the site's Settings page is generated from it (``devtools.reference``), so a
-setting is added here and nowhere else. Each field carries ``description=`` (markdown, a fragment without a
-final full stop: what the setting does and what refuses it). Its unit comes from its name: a ``*_seconds``
-setting is in seconds and a ``*_bytes`` one in bytes (``setting_unit``); any other says, when a unit helps,
-``json_schema_extra={"unit": ...}``: what the number counts (``connections``, ``B/s``, ...) or what the value
-is (``secret``, ``flag``, ``URL``). ``RULES`` is the page's prose above its table.
+The classes document themselves: the site's Settings page is generated from them (``devtools.reference``), a
+section per group, so a setting is added here and nowhere else. Each field carries ``description=``
+(markdown, a fragment without a final full stop: what the setting does and what refuses it). Its unit comes
+from its name: a ``*_seconds`` setting is in seconds and a ``*_bytes`` one in bytes (``setting_unit``); any
+other says, when a unit helps, ``json_schema_extra={"unit": ...}``: what the number counts (``connections``,
+``B/s``, ...) or what the value is (``secret``, ``flag``, ``URL``). ``RULES`` is the page's prose above its tables.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, model_validator
@@ -43,20 +45,40 @@ idempotency replay window may not exceed the record retention, and the heartbeat
 lease. A command given a bad value exits with code 2, naming the setting on stderr but not its value."""
 
 
-class Settings(BaseSettings):
-    """Typed configuration; durations are in seconds, sizes in bytes.
+_CONFIG = SettingsConfigDict(env_prefix="CHATEXPORT_", extra="ignore")
 
-    Raises ``pydantic.ValidationError`` on a bad value, and refuses to build outside development with the
-    placeholder JWT secret (docs/reference/settings.md: Settings).
+
+def seconds(default: float | None, description: str, *, ge: float | None = None, le: float | None = None) -> Any:
+    """A duration setting (its name ends in ``_seconds``, which gives the reference page its unit): above 0,
+    or at least ``ge``, and at most ``le`` when given.
     """
+    return Field(default, description=description, gt=0 if ge is None else None, ge=ge, le=le)
 
-    model_config = SettingsConfigDict(env_prefix="CHATEXPORT_", extra="ignore")
+
+def size(default: int | None, description: str, *, ge: int = 1) -> Any:
+    """A size setting in bytes (its name ends in ``_bytes``): at least ``ge``."""
+    return Field(default, description=description, ge=ge)
+
+
+class CommonSettings(BaseSettings):
+    """What every part reads: its environment, its logging and its shutdown."""
+
+    model_config = _CONFIG
 
     environment: Literal["development", "production"] = Field(
         "development",
         description="`development` or `production`; outside development the placeholder keys are refused (see above)",
     )
+
     log_level: str = Field("INFO", description="log level of every part (JSON lines on stderr)")
+
+    shutdown_grace_seconds: float = seconds(20.0, "on SIGTERM, how long in-flight work may finish", ge=0)
+
+
+class DatabaseSettings(BaseSettings):
+    """PostgreSQL: the primary, the pool and its timeouts, and a standby for export reads."""
+
+    model_config = _CONFIG
 
     database_url: str = Field(
         "postgresql://postgres@127.0.0.1:5432/chatexport",
@@ -65,28 +87,38 @@ class Settings(BaseSettings):
         " them in order and keeps the first that takes writes (see A primary with standbys on the Deployment page)",
         json_schema_extra={"unit": "URL"},
     )
+
     database_pool_max: int = Field(
         10, ge=1, description="pool size per process", json_schema_extra={"unit": "connections"}
     )
-    database_timeout_seconds: float = Field(10.0, gt=0, description="statement timeout (client side)")
-    database_connect_timeout_seconds: float = Field(
+
+    database_timeout_seconds: float = seconds(10.0, "statement timeout (client side)")
+
+    database_connect_timeout_seconds: float = seconds(
         DATABASE_CONNECT_TIMEOUT_SECONDS,
-        gt=0,
-        description="timeout of one connection attempt to one host of `database_url`; hosts are tried in turn,"
+        "timeout of one connection attempt to one host of `database_url`; hosts are tried in turn,"
         " each with this timeout",
     )
+
     database_read_url: str | None = Field(
         None,
         description="DSN of a hot standby for the worker's reads of an export's messages; unset: every read"
         " goes to `database_url`. Membership checks and writes always go to `database_url`",
         json_schema_extra={"unit": "URL"},
     )
-    database_read_wait_seconds: float = Field(
+
+    database_read_wait_seconds: float = seconds(
         2.0,
-        ge=0,
-        description="how long an attempt or chunk waits for the standby to replay past its claim before it"
+        "how long an attempt or chunk waits for the standby to replay past its claim before it"
         " reads from the primary instead",
+        ge=0,
     )
+
+
+class BrokerSettings(BaseSettings):
+    """RabbitMQ: its nodes, the work exchange and queue, and the connection's timeouts."""
+
+    model_config = _CONFIG
 
     amqp_url: str = Field(
         "amqp://guest:guest@127.0.0.1:5672/",
@@ -94,19 +126,22 @@ class Settings(BaseSettings):
         " `amqps://`): a part connects to the first node that answers and, when its node goes, to the next",
         json_schema_extra={"unit": "URL"},
     )
+
     amqp_exchange: str = Field(
         "chatexport", description="work exchange (direct); its dead-letter exchange is `<name>.dlx`"
     )
+
     amqp_queue: str = Field("chatexport.exports", description="work queue (quorum); dead letters go to `<name>.dead`")
+
     amqp_delivery_limit: int = Field(
         20, ge=1, description="`x-delivery-limit` of the work queue", json_schema_extra={"unit": "deliveries"}
     )
-    amqp_connect_timeout_seconds: float = Field(
+
+    amqp_connect_timeout_seconds: float = seconds(
         15.0,
-        gt=0,
-        description="timeout of one broker connection attempt (to one node); parts retry with backoff until the"
-        " broker answers",
+        "timeout of one broker connection attempt (to one node); parts retry with backoff until the broker answers",
     )
+
     amqp_quorum_initial_group_size: int | None = Field(
         None,
         ge=1,
@@ -116,6 +151,7 @@ class Settings(BaseSettings):
         " on the Deployment page before changing it",
         json_schema_extra={"unit": "nodes"},
     )
+
     # Member lists of quorum queues are not visible over AMQP, only through the management plugin's HTTP API.
     amqp_management_url: SecretStr | None = Field(
         None,
@@ -124,28 +160,39 @@ class Settings(BaseSettings):
         " the credentials are never logged",
         json_schema_extra={"unit": "URL"},
     )
-    amqp_heartbeat_seconds: int = Field(
+
+    amqp_heartbeat_seconds: int = seconds(
         15,
-        ge=1,
-        description="AMQP heartbeat interval asked of the broker; a broker that hangs without closing the"
+        "AMQP heartbeat interval asked of the broker; a broker that hangs without closing the"
         " connection is noticed after two or three (readiness 503, then a reconnect)",
+        ge=1,
     )
+
+
+class StorageSettings(BaseSettings):
+    """S3: where export files are stored, and how long a request to it may take."""
+
+    model_config = _CONFIG
 
     s3_endpoint_url: str | None = Field(
         "http://127.0.0.1:9000", description="S3 endpoint; `make run` starts moto here if nothing answers"
     )
+
     s3_region: str = Field("us-east-1", description="S3 region")
+
     s3_public_endpoint_url: str | None = Field(
         None,
         description="S3 endpoint that download redirects' presigned URLs name, as clients reach it; unset:"
         " `s3_endpoint_url`",
     )
+
     s3_bucket: str = Field(
         "chatexport-exports",
         min_length=3,
         max_length=63,
         description="bucket of the export files (3-63 characters); created on start-up if missing",
     )
+
     # The janitor deletes what no live record names under it: it must name a folder of the service's own.
     s3_prefix: str = Field(
         "exports/",
@@ -154,45 +201,58 @@ class Settings(BaseSettings):
         " end with `/` and not start with one. The janitor deletes old objects under it that no record names,"
         " so give the service a folder (or bucket) of its own",
     )
+
     s3_access_key_id: str = Field("testing", description="S3 credentials")
+
     s3_secret_access_key: str = Field("testing", description="S3 credentials")
-    s3_timeout_seconds: float = Field(
+
+    s3_timeout_seconds: float = seconds(
         20.0,
-        gt=0,
-        description="S3 connect and read timeout; an upload request may take this long plus its size at 256"
+        "S3 connect and read timeout; an upload request may take this long plus its size at 256"
         " KiB/s, then counts as a storage failure (a server that accepts the connection and stops"
         " reading would otherwise hold it)",
     )
-    s3_part_size_bytes: int = Field(
-        8 * 1024 * 1024,
-        ge=5 * 1024 * 1024,
-        description="multipart part size (at least 5 MiB); bounds the worker's memory",
+
+    s3_part_size_bytes: int = size(
+        8 * 1024 * 1024, "multipart part size (at least 5 MiB); bounds the worker's memory", ge=5 * 1024 * 1024
     )
+
+
+class TokenSettings(BaseSettings):
+    """How the API verifies bearer tokens."""
+
+    model_config = _CONFIG
 
     jwt_secret: str = Field(
         PLACEHOLDER_JWT_SECRET, description="HS256 secret for verifying (and, in development, minting) tokens"
     )
+
     jwt_public_key: str | None = Field(
         None, description="PEM public key; when set, RS256/ES256 tokens are verified with it instead"
     )
+
     jwt_issuer: str | None = Field(None, description="required `iss`, when set")
+
     jwt_audience: str | None = Field(None, description="required `aud`, when set")
+
     # Clock skew allowed between token issuers and the API, on iat, nbf and exp (docs/api.md: Tokens and keys,
     # Authentication).
-    jwt_leeway_seconds: float = Field(
-        30.0,
-        ge=0,
-        le=300,
-        description="clock skew allowed on `iat`, `nbf` and `exp` (0-300)",
-    )
-    jwt_max_lifetime_seconds: int = Field(
-        24 * 3600,
-        ge=60,
-        description="a token whose `exp` is further ahead (plus the leeway) is refused",
+    jwt_leeway_seconds: float = seconds(30.0, "clock skew allowed on `iat`, `nbf` and `exp` (0-300)", ge=0, le=300)
+
+    jwt_max_lifetime_seconds: int = seconds(
+        24 * 3600, "a token whose `exp` is further ahead (plus the leeway) is refused", ge=60
     )
 
+
+class HttpSettings(BaseSettings):
+    """The API's listener and the limits of a request to it."""
+
+    model_config = _CONFIG
+
     api_host: str = Field("127.0.0.1", description="API listen address")
+
     api_port: int = Field(8080, ge=0, le=65535, description="API listen port")
+
     api_socket_fd: int | None = Field(
         None,
         ge=0,
@@ -200,86 +260,111 @@ class Settings(BaseSettings):
         " `api_host:api_port`: a supervisor that holds the port across restarts hands it over",
     )
 
-    message_body_max_bytes: int = Field(
+    message_body_max_bytes: int = size(
         6,
-        ge=1,
-        description="largest message body on `POST /v2/.../messages` (UTF-8; 6 is the message store contract's"
+        "largest message body on `POST /v2/.../messages` (UTF-8; 6 is the message store contract's"
         " own default, imports have their own limit)",
     )
-    message_request_max_bytes: int = Field(4096, ge=1, description="largest request body on `POST /v2/.../messages`")
+
+    message_request_max_bytes: int = size(4096, "largest request body on `POST /v2/.../messages`")
+
     # The largest valid export request fits even with every character of its 100 senders and its notify URL
     # written as a \u escape (about 45 KiB; docs/api.md: Submitting an export, Export options).
-    export_request_max_bytes: int = Field(
+    export_request_max_bytes: int = size(
         64 * 1024,
-        ge=1,
-        description="largest request body on export submit and cancel; the default fits the largest valid submit"
+        "largest request body on export submit and cancel; the default fits the largest valid submit"
         " (100 senders of 64 characters and a notify URL, even with every character `\\u`-escaped)",
     )
-    import_request_max_bytes: int = Field(64 * 1024 * 1024, ge=1, description="largest NDJSON import request")
-    import_body_max_bytes: int = Field(64 * 1024, ge=1, description="largest imported message body")
+
+    import_request_max_bytes: int = size(64 * 1024 * 1024, "largest NDJSON import request")
+
+    import_body_max_bytes: int = size(64 * 1024, "largest imported message body")
+
     # A client that trickles its request line and headers would otherwise hold its connection, without a token,
     # for the whole keep-alive timeout (docs/security.md: Slow clients).
-    request_header_timeout_seconds: float = Field(
+    request_header_timeout_seconds: float = seconds(
         10.0,
-        gt=0,
-        description="a request line and header fields not complete this long after the request's first byte"
+        "a request line and header fields not complete this long after the request's first byte"
         " arrived close the connection without an answer",
     )
+
     # A client that stops sending mid-body would otherwise hold its connection open with no answer.
-    request_body_timeout_seconds: float = Field(
+    request_body_timeout_seconds: float = seconds(
         30.0,
-        gt=0,
-        description="a request body not complete this long after its route began reading it is `408"
+        "a request body not complete this long after its route began reading it is `408"
         " REQUEST_TIMEOUT`, and the connection is closed",
     )
 
-    idempotency_replay_window_seconds: int = Field(24 * 3600, ge=1, description="replay window of an Idempotency-Key")
-    operation_retention_seconds: int = Field(
-        30 * 24 * 3600,
-        ge=1,
-        description="how long operation records (and their keys) are kept",
+
+class ExportSettings(BaseSettings):
+    """How long records, keys and results are kept, and how many exports a user may run at once."""
+
+    model_config = _CONFIG
+
+    idempotency_replay_window_seconds: int = seconds(24 * 3600, "replay window of an Idempotency-Key", ge=1)
+
+    operation_retention_seconds: int = seconds(
+        30 * 24 * 3600, "how long operation records (and their keys) are kept", ge=1
     )
-    result_ttl_seconds: int = Field(7 * 24 * 3600, ge=1, description="how long a result can be downloaded")
+
+    result_ttl_seconds: int = seconds(7 * 24 * 3600, "how long a result can be downloaded", ge=1)
+
     max_active_exports: int = Field(
         5, ge=1, description="non-terminal exports per user before `429`", json_schema_extra={"unit": "operations"}
     )
-    schedule_min_interval_seconds: int = Field(
+
+
+class ScheduleSettings(BaseSettings):
+    """Export schedules: their shortest interval, how many a user may have, how often due ones are fired."""
+
+    model_config = _CONFIG
+
+    schedule_min_interval_seconds: int = seconds(
         DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS,
-        ge=1,
-        description="the shortest interval a schedule may have (its `every`, a month counting as 28 days); below"
+        "the shortest interval a schedule may have (its `every`, a month counting as 28 days); below"
         f" {DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS} for development and tests only (refused elsewhere)",
+        ge=1,
     )
+
     max_schedules_per_user: int = Field(
         20, ge=1, description="export schedules per user before `409`", json_schema_extra={"unit": "schedules"}
     )
-    scheduler_interval_seconds: float = Field(
-        1.0,
-        gt=0,
-        description="how often the leading janitor looks for due schedules and creates their runs",
+
+    scheduler_interval_seconds: float = seconds(
+        1.0, "how often the leading janitor looks for due schedules and creates their runs"
     )
+
+
+class DownloadSettings(BaseSettings):
+    """Downloads of results: how many at once, and how slow a reader may be."""
+
+    model_config = _CONFIG
+
     download_concurrency: int = Field(
         32,
         ge=1,
         description="downloads one API process streams at once; `503` beyond",
         json_schema_extra={"unit": "downloads"},
     )
+
     download_per_user_concurrency: int = Field(
         4,
         ge=1,
         description="downloads one user may have open in one API process; `429 TOO_MANY_DOWNLOADS` beyond",
         json_schema_extra={"unit": "downloads"},
     )
-    download_redirect_seconds: int = Field(
+
+    download_redirect_seconds: int = seconds(
         60,
+        "lifetime of the presigned storage URL a download redirect answers with (at most S3's 7 days)",
         ge=1,
         le=604800,
-        description="lifetime of the presigned storage URL a download redirect answers with (at most S3's 7 days)",
     )
-    download_write_timeout_seconds: float = Field(
-        30.0,
-        gt=0,
-        description="a download client that accepts no data this long is disconnected",
+
+    download_write_timeout_seconds: float = seconds(
+        30.0, "a download client that accepts no data this long is disconnected"
     )
+
     # A download slower than this over a whole window is cut, so a slow reader cannot hold a slot for hours.
     download_min_bytes_per_second: int = Field(
         4096,
@@ -287,9 +372,15 @@ class Settings(BaseSettings):
         description="a download moving less over a whole rate window is cut off",
         json_schema_extra={"unit": "B/s"},
     )
-    download_rate_window_seconds: float = Field(
-        30.0, gt=0, description="the window over which a download's rate is judged"
-    )
+
+    download_rate_window_seconds: float = seconds(30.0, "the window over which a download's rate is judged")
+
+
+class WaitSettings(BaseSettings):
+    """Long polls and event streams: how many at once, and how often a stream says it is alive."""
+
+    model_config = _CONFIG
+
     # Long polls and event streams waiting at once in one API process, and per user.
     wait_concurrency: int = Field(
         1000,
@@ -297,6 +388,7 @@ class Settings(BaseSettings):
         description="long polls and event streams one API process holds at once; `503` beyond",
         json_schema_extra={"unit": "requests"},
     )
+
     wait_per_user_concurrency: int = Field(
         10,
         ge=1,
@@ -304,9 +396,15 @@ class Settings(BaseSettings):
         " TOO_MANY_WAITERS` beyond",
         json_schema_extra={"unit": "requests"},
     )
-    event_heartbeat_seconds: float = Field(
-        15.0, gt=0, description="the interval of an event stream's heartbeat comments"
-    )
+
+    event_heartbeat_seconds: float = seconds(15.0, "the interval of an event stream's heartbeat comments")
+
+
+class WebhookSettings(BaseSettings):
+    """Completion callbacks: their signing keys, which receivers they may reach, their timeouts and retries."""
+
+    model_config = _CONFIG
+
     # Completion callbacks (docs/api.md: Completion callbacks).
     webhook_signing_key: str = Field(
         PLACEHOLDER_WEBHOOK_SIGNING_KEY,
@@ -314,34 +412,36 @@ class Settings(BaseSettings):
         " `development` while it is the placeholder",
         json_schema_extra={"unit": "secret"},
     )
+
     webhook_previous_signing_key: str | None = Field(
         None,
         description="during a key rotation, the previous key: callbacks carry a second signature made with it",
         json_schema_extra={"unit": "secret"},
     )
+
     webhook_allow_private: bool = Field(
         False,
         description="for development and tests only (refused elsewhere): callbacks may go to http URLs and"
         " private addresses",
         json_schema_extra={"unit": "flag"},
     )
-    webhook_timeout_seconds: float = Field(
+
+    webhook_timeout_seconds: float = seconds(
         5.0,
-        gt=0,
-        description="the one deadline of a callback attempt, from resolving its host through the TLS handshake to"
+        "the one deadline of a callback attempt, from resolving its host through the TLS handshake to"
         " the last byte read",
     )
-    webhook_retry_seconds: float = Field(
-        24 * 3600.0,
-        gt=0,
-        description="how long after its event a callback is retried before it is given up",
+
+    webhook_retry_seconds: float = seconds(
+        24 * 3600.0, "how long after its event a callback is retried before it is given up"
     )
-    webhook_first_retry_seconds: float = Field(
+
+    webhook_first_retry_seconds: float = seconds(
         5.0,
-        gt=0,
-        description="the longest wait before a failed callback's first retry (the wait is drawn from half of it"
+        "the longest wait before a failed callback's first retry (the wait is drawn from half of it"
         " to all of it and doubles with each try, at most an hour)",
     )
+
     # An egress proxy every callback goes through, http://[user:password@]host:port; secret for its password.
     webhook_proxy_url: SecretStr | None = Field(
         None,
@@ -351,14 +451,23 @@ class Settings(BaseSettings):
         json_schema_extra={"unit": "URL"},
     )
 
-    lease_seconds: float = Field(30.0, gt=0, description="worker lease length (database clock)")
-    heartbeat_seconds: float = Field(10.0, gt=0, description="lease renewal interval; shorter than the lease")
+
+class LeaseSettings(BaseSettings):
+    """The worker's lease of an operation, how much it runs at once, and its attempts."""
+
+    model_config = _CONFIG
+
+    lease_seconds: float = seconds(30.0, "worker lease length (database clock)")
+
+    heartbeat_seconds: float = seconds(10.0, "lease renewal interval; shorter than the lease")
+
     worker_concurrency: int = Field(
         4,
         ge=1,
         description="exports one worker process runs at once (and its prefetch)",
         json_schema_extra={"unit": "exports"},
     )
+
     export_batch_rows: int = Field(
         20000,
         ge=1,
@@ -367,29 +476,40 @@ class Settings(BaseSettings):
         " 1,000 seqs); cancellation and lease loss are noticed between ranges",
         json_schema_extra={"unit": "seqs"},
     )
-    retry_base_seconds: float = Field(2.0, gt=0, description="first retry delay (exponential backoff with jitter)")
-    retry_cap_seconds: float = Field(300.0, gt=0, description="largest retry delay")
+
+    retry_base_seconds: float = seconds(2.0, "first retry delay (exponential backoff with jitter)")
+
+    retry_cap_seconds: float = seconds(300.0, "largest retry delay")
+
     max_attempts: int = Field(
         5, ge=1, description="attempt budget before FAILED_REPAIR", json_schema_extra={"unit": "attempts"}
     )
+
+
+class ChunkSettings(BaseSettings):
+    """Chunked exports: when an export is chunked, how big a chunk is, and how many run at once."""
+
+    model_config = _CONFIG
+
     # Chunked exports (docs/chunks.md: Chunked exports). Below the threshold one worker writes the file in about
     # ten seconds (a 200 MB export takes 9 s here), less than planning, assembling and reading the file back
     # for its digest would save.
-    chunk_threshold_bytes: int = Field(
+    chunk_threshold_bytes: int = size(
         256 * 1024 * 1024,
-        ge=0,
-        description="an export whose messages are estimated above this size is written in chunks by many workers;"
+        "an export whose messages are estimated above this size is written in chunks by many workers;"
         " `0` turns chunking off",
+        ge=0,
     )
-    chunk_target_bytes: int = Field(
+
+    chunk_target_bytes: int = size(
         64 * 1024 * 1024,
-        ge=1,
-        description=f"the estimated size of one chunk (more, when an export would otherwise have over {MAX_CHUNKS:,}"
-        " chunks)",
+        f"the estimated size of one chunk (more, when an export would otherwise have over {MAX_CHUNKS:,} chunks)",
     )
+
     chunks_per_export: int = Field(
         4, ge=1, description="the most chunks of one export that run at once", json_schema_extra={"unit": "chunks"}
     )
+
     worker_chunk_concurrency: int = Field(
         2,
         ge=1,
@@ -398,33 +518,53 @@ class Settings(BaseSettings):
         json_schema_extra={"unit": "chunks"},
     )
 
+
+class RelaySettings(BaseSettings):
+    """The relay: how many outbox rows it claims at once, how often it looks, how long a publish may take."""
+
+    model_config = _CONFIG
+
     relay_batch_size: int = Field(
         100, ge=1, description="outbox rows claimed per relay transaction", json_schema_extra={"unit": "rows"}
     )
-    relay_poll_seconds: float = Field(1.0, gt=0, description="relay polling interval besides LISTEN/NOTIFY")
-    publish_timeout_seconds: float = Field(5.0, gt=0, description="timeout of one publish, confirm included")
 
-    janitor_interval_seconds: float = Field(30.0, gt=0, description="time between janitor passes")
-    janitor_requeue_after_seconds: float = Field(
+    relay_poll_seconds: float = seconds(1.0, "relay polling interval besides LISTEN/NOTIFY")
+
+    publish_timeout_seconds: float = seconds(5.0, "timeout of one publish, confirm included")
+
+
+class JanitorSettings(BaseSettings):
+    """The janitor: how often it passes, when it requeues stranded work and removes orphans."""
+
+    model_config = _CONFIG
+
+    janitor_interval_seconds: float = seconds(30.0, "time between janitor passes")
+
+    janitor_requeue_after_seconds: float = seconds(
         60.0,
-        gt=0,
-        description="a QUEUED operation, a due retry or an expired lease whose last wake-up is this old gets a"
+        "a QUEUED operation, a due retry or an expired lease whose last wake-up is this old gets a"
         " new one (an expired lease also at once when its last wake-up predates the expiry)",
     )
+
     janitor_batch_size: int = Field(
         500,
         ge=1,
         description="operations handled per step of a pass, and objects and uploads listed per pass",
         json_schema_extra={"unit": "rows"},
     )
-    janitor_orphan_grace_seconds: float = Field(
+
+    janitor_orphan_grace_seconds: float = seconds(
         900.0,
-        ge=0,
-        description="age before an unpublishable artifact (by its record's last change), an object without a live"
+        "age before an unpublishable artifact (by its record's last change), an object without a live"
         " record (by LastModified) or a stale upload (by Initiated) is removed",
+        ge=0,
     )
 
-    shutdown_grace_seconds: float = Field(20.0, ge=0, description="on SIGTERM, how long in-flight work may finish")
+
+class MonitoringSettings(BaseSettings):
+    """Every part's monitoring endpoint (/metrics, /healthz, /readyz)."""
+
+    model_config = _CONFIG
 
     # Every part serves /metrics, /healthz and /readyz here; parts sharing a host need a port each.
     metrics_host: str = Field(
@@ -432,6 +572,7 @@ class Settings(BaseSettings):
         description="address of each part's monitoring endpoint (`/metrics`, `/healthz`, `/readyz`); `0.0.0.0` in"
         " a container",
     )
+
     metrics_port: int = Field(
         9100,
         ge=0,
@@ -439,12 +580,40 @@ class Settings(BaseSettings):
         description="its port; parts sharing a host need one each (`make run` gives api, relay, workers, janitor"
         " consecutive ports from this one); `0` picks a free port and logs it",
     )
+
     metrics_socket_fd: int | None = Field(
         None,
         ge=0,
         description="serve the monitoring endpoint on this inherited listening socket (a file descriptor) instead"
         " of binding `metrics_host:metrics_port`, as `api_socket_fd` does for the API",
     )
+
+
+class Settings(
+    MonitoringSettings,
+    JanitorSettings,
+    RelaySettings,
+    ChunkSettings,
+    LeaseSettings,
+    WebhookSettings,
+    WaitSettings,
+    DownloadSettings,
+    ScheduleSettings,
+    ExportSettings,
+    HttpSettings,
+    TokenSettings,
+    StorageSettings,
+    BrokerSettings,
+    DatabaseSettings,
+    CommonSettings,
+):
+    """Typed configuration of every part: the groups above, one per concern, each read from its own
+    ``CHATEXPORT_<name>`` variables (the names stay flat: a group is no part of them); durations are in
+    seconds, sizes in bytes.
+
+    Raises ``pydantic.ValidationError`` on a bad value, and refuses to build outside development with the
+    placeholder JWT secret or a rule between groups broken (docs/reference/settings.md: Settings).
+    """
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Settings:
@@ -482,6 +651,10 @@ class Settings(BaseSettings):
         if self.idempotency_replay_window_seconds > self.operation_retention_seconds:
             raise ValueError("the idempotency replay window must not exceed the operation retention")
         return self
+
+
+# The groups in the order the Settings page shows them.
+GROUPS: tuple[type[BaseSettings], ...] = tuple(reversed(Settings.__bases__))
 
 
 def amqp_node_urls(amqp_url: str) -> list[str]:
