@@ -72,7 +72,7 @@ def _add_token(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = commands.add_parser("token", help="print a development JWT signed with CHATEXPORT_JWT_SECRET")
     sub.add_argument("--sub", required=True, type=_user_id, help="user id (the token's sub)")
     sub.add_argument("--admin", action="store_true", help="add the admin scope")
-    sub.add_argument("--ttl", type=_positive_int, default=3600, metavar="SECONDS", help="lifetime (default 3600)")
+    sub.add_argument("--ttl", type=client.positive_int, default=3600, metavar="SECONDS", help="lifetime (default 3600)")
     sub.set_defaults(handler=_cmd_token)
 
 
@@ -83,13 +83,13 @@ def _add_import(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--language", action="append", metavar="NAME", help="a corpus language; repeatable (default: all)"
     )
     which.add_argument("--all", action="store_true", help="every language of the corpus (the default)")
-    sub.add_argument("--limit-files", type=_positive_int, metavar="N", help="at most N files per language")
+    sub.add_argument("--limit-files", type=client.positive_int, metavar="N", help="at most N files per language")
     sub.set_defaults(handler=_cmd_import)
 
 
 def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub = commands.add_parser("dev", help="run every part locally with moto and demo data (make run)")
-    sub.add_argument("--workers", type=_positive_int, default=2, metavar="N", help="worker processes (default 2)")
+    sub.add_argument("--workers", type=client.positive_int, default=2, metavar="N", help="worker processes (default 2)")
     sub.add_argument(
         "--language", action="append", metavar="NAME", help="demo corpus language; repeatable (default: all)"
     )
@@ -143,16 +143,6 @@ def _user_id(value: str) -> str:
     if not is_valid_id(value):
         raise argparse.ArgumentTypeError("must be 1-64 characters of [A-Za-z0-9_.:-]")
     return value
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return number
 
 
 def load_settings() -> Settings:

@@ -9,6 +9,34 @@ CREATE TYPE public.submit_outcome AS ENUM (
     'created'
 );
 
+CREATE FUNCTION public.begin_creation_v1(p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_creates text, OUT outcome public.submit_outcome, OUT earlier_id text) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    earlier record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM conversation_members m
+                   WHERE m.conversation_id = p_conversation_id AND m.user_id = p_owner_id) THEN
+        outcome := 'not_member';
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('submit:' || p_owner_id, 0));
+    IF p_idempotency_key IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT k.fingerprint,
+           CASE p_creates WHEN 'operation' THEN k.operation_id ELSE k.schedule_id END AS created_id,
+           k.created_at + make_interval(secs => p_replay_window_seconds) <= now() AS expired
+      INTO earlier FROM idempotency_keys k
+     WHERE k.owner_id = p_owner_id AND k.idempotency_key = p_idempotency_key;
+    IF FOUND THEN
+        earlier_id := earlier.created_id;
+        outcome := CASE WHEN earlier.fingerprint <> p_fingerprint OR earlier.created_id IS NULL THEN 'reused'
+                        WHEN earlier.expired THEN 'expired' ELSE 'replayed' END;
+    END IF;
+END;
+$$;
+
 CREATE TABLE public.export_chunks (
     operation_id text NOT NULL,
     chunk_no integer NOT NULL,
@@ -129,26 +157,6 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION public.claim_idempotency_key_v1(p_owner_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_creates text, OUT outcome public.submit_outcome, OUT earlier_id text) RETURNS record
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    earlier record;
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('submit:' || p_owner_id, 0));
-    SELECT k.fingerprint,
-           CASE p_creates WHEN 'operation' THEN k.operation_id ELSE k.schedule_id END AS created_id,
-           k.created_at + make_interval(secs => p_replay_window_seconds) <= now() AS expired
-      INTO earlier FROM idempotency_keys k
-     WHERE k.owner_id = p_owner_id AND k.idempotency_key = p_idempotency_key;
-    IF FOUND THEN
-        earlier_id := earlier.created_id;
-        outcome := CASE WHEN earlier.fingerprint <> p_fingerprint OR earlier.created_id IS NULL THEN 'reused'
-                        WHEN earlier.expired THEN 'expired' ELSE 'replayed' END;
-    END IF;
-END;
-$$;
-
 CREATE FUNCTION public.claim_lease(p_operation_id text, p_worker_id text, p_lease_seconds double precision, OUT took_over boolean, OUT claimed public.operations) RETURNS record
     LANGUAGE plpgsql
     AS $$
@@ -255,14 +263,9 @@ CREATE FUNCTION public.create_export_schedule_v2(p_schedule_id text, p_owner_id 
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM conversation_members m
-                   WHERE m.conversation_id = p_conversation_id AND m.user_id = p_owner_id) THEN
-        outcome := 'not_member';
-        RETURN;
-    END IF;
-    SELECT c.outcome, c.earlier_id INTO outcome, schedule_id
-      FROM claim_idempotency_key_v1(p_owner_id, p_idempotency_key, p_fingerprint, p_replay_window_seconds,
-                                    'schedule') c;
+    SELECT b.outcome, b.earlier_id INTO outcome, schedule_id
+      FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
+                             p_replay_window_seconds, 'schedule') b;
     IF outcome IS NOT NULL THEN
         RETURN;
     END IF;
@@ -285,20 +288,11 @@ CREATE FUNCTION public.create_operation_v1(p_operation_id text, p_owner_id text,
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM conversation_members m
-                   WHERE m.conversation_id = p_conversation_id AND m.user_id = p_owner_id) THEN
-        outcome := 'not_member';
+    SELECT b.outcome, b.earlier_id INTO outcome, operation_id
+      FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
+                             p_replay_window_seconds, 'operation') b;
+    IF outcome IS NOT NULL THEN
         RETURN;
-    END IF;
-    IF p_idempotency_key IS NULL THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended('submit:' || p_owner_id, 0));
-    ELSE
-        SELECT c.outcome, c.earlier_id INTO outcome, operation_id
-          FROM claim_idempotency_key_v1(p_owner_id, p_idempotency_key, p_fingerprint, p_replay_window_seconds,
-                                        'operation') c;
-        IF outcome IS NOT NULL THEN
-            RETURN;
-        END IF;
     END IF;
     -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot both
     -- take the last slot.

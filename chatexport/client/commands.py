@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import aiohttp
 from rich.console import Console
@@ -183,15 +183,39 @@ def _api_url(value: str) -> str:
     return value
 
 
-def positive_seconds(value: str) -> float:
-    """``value`` as a positive, finite number of seconds, for argparse; raises ``ArgumentTypeError``."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError("must be a positive number of seconds")
-    return seconds
+Number = TypeVar("Number", int, float)
+
+
+def positive(parse: Callable[[str], Number], what: str, refusal: str) -> Callable[[str], Number]:
+    """An argparse type: ``value`` read with ``parse`` (``int``, ``float``) when it is above 0 and finite; else
+    ``ArgumentTypeError`` saying that it is not ``what``, or ``refusal``.
+    """
+
+    def read(value: str) -> Number:
+        try:
+            number = parse(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
+        if not 0 < number < float("inf"):
+            raise argparse.ArgumentTypeError(refusal)
+        return number
+
+    return read
+
+
+def matching(pattern: re.Pattern[str], refusal: str) -> Callable[[str], str]:
+    """An argparse type: ``value`` when ``pattern`` matches all of it; else ``ArgumentTypeError(refusal)``."""
+
+    def read(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise argparse.ArgumentTypeError(refusal)
+        return value
+
+    return read
+
+
+positive_seconds = positive(float, "a number of seconds", "must be a positive number of seconds")
+positive_int = positive(int, "a whole number", "must be at least 1")
 
 
 def interval_seconds(value: str) -> float:
@@ -204,10 +228,7 @@ def interval_seconds(value: str) -> float:
     return seconds
 
 
-def _operation_id(value: str) -> str:
-    if not OPERATION_ID.fullmatch(value):
-        raise argparse.ArgumentTypeError("not an operation id (1-64 of A-Z a-z 0-9 _ -)")
-    return value
+_operation_id = matching(OPERATION_ID, "not an operation id (1-64 of A-Z a-z 0-9 _ -)")
 
 
 def _output(value: str) -> Path:
@@ -240,16 +261,8 @@ def rfc3339_time(value: str) -> datetime:
     raise argparse.ArgumentTypeError("not an RFC 3339 date-time with an offset, such as 2024-05-01T08:00:00Z")
 
 
-def _format_name(value: str) -> str:
-    if not FORMAT_NAME.fullmatch(value):
-        raise argparse.ArgumentTypeError("not a format name (1-16 of a-z 0-9)")
-    return value
-
-
-def _sender(value: str) -> str:
-    if not USER_ID.fullmatch(value):
-        raise argparse.ArgumentTypeError("not a user id (1-64 of A-Z a-z 0-9 _ . : -)")
-    return value
+_format_name = matching(FORMAT_NAME, "not a format name (1-16 of a-z 0-9)")
+_sender = matching(USER_ID, "not a user id (1-64 of A-Z a-z 0-9 _ . : -)")
 
 
 def _part_bytes(value: str) -> int:

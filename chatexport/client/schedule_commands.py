@@ -27,6 +27,7 @@ from chatexport.client.commands import (
     api_timestamp,
     connection_arguments,
     export_request,
+    matching,
     print_written,
     rfc3339_time,
     senders_problem,
@@ -98,11 +99,8 @@ def _add_create_arguments(create: argparse.ArgumentParser) -> None:
     )
 
 
-def _schedule_id(value: str) -> str:
-    # A schedule id has an operation id's syntax (docs/api.md: Export schedules, Who sees what).
-    if not OPERATION_ID.fullmatch(value):
-        raise argparse.ArgumentTypeError("not a schedule id (1-64 of A-Z a-z 0-9 _ -)")
-    return value
+# A schedule id has an operation id's syntax (docs/api.md: Export schedules, Who sees what).
+_schedule_id = matching(OPERATION_ID, "not a schedule id (1-64 of A-Z a-z 0-9 _ -)")
 
 
 def _folder(value: str) -> Path:

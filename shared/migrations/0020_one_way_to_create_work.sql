@@ -1,10 +1,10 @@
 -- step: pre
 -- One way to create work (docs/architecture.md: One way to create work). A submit and a schedule's run create
--- their operation through create_operation_v1: the membership check, the owner's lock (migration 0009), the
--- Idempotency-Key when there is one, the quota of active exports, the operation, and the outbox row that
--- wakes a worker. That row is written by enqueue_wake_up_v1, which every other wake-up uses too, so the
--- payload is built in one place. A schedule's creation claims its key through claim_idempotency_key_v1, as
--- create_operation_v1 does. Rolling deploys: the previous release calls submit_export_v2,
+-- their operation through create_operation_v1: the membership check, the owner's lock (migration 0009) and
+-- the Idempotency-Key when there is one (begin_creation_v1), the quota of active exports, the operation, and
+-- the outbox row that wakes a worker. That row is written by enqueue_wake_up_v1, which every other wake-up
+-- uses too, so the payload is built in one place. A schedule's creation makes the same checks through
+-- begin_creation_v1. Rolling deploys: the previous release calls submit_export_v2,
 -- submit_export_answered and create_export_schedule, which stay (and keep writing payload version 1).
 
 CREATE FUNCTION enqueue_wake_up_v1(
@@ -17,18 +17,28 @@ RETURNS void LANGUAGE sql AS $$
             now() + make_interval(secs => p_delay_seconds), p_payload_version);
 $$;
 
--- Under the owner's lock, what an earlier use of the key decides: NULL when the key is unused; else
--- 'replayed' (the same request within the window), 'expired' (past it) or 'reused' (another request, or a key
--- that created the other kind of thing), with what the earlier use created (p_creates: 'operation' or
--- 'schedule').
-CREATE FUNCTION claim_idempotency_key_v1(
-    p_owner_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds float8, p_creates text,
-    OUT outcome submit_outcome, OUT earlier_id text)
+-- The checks before anything is created, in this order: the owner is a member of the conversation (else
+-- 'not_member'), the owner's lock (migration 0009: a submit and a run never both take the last slot of the
+-- quota), and, when p_idempotency_key is given, what an earlier use of it decides: 'replayed' (the same
+-- request within the window), 'expired' (past it) or 'reused' (another request, or a key that created the
+-- other kind of thing), with what the earlier use created (p_creates: 'operation' or 'schedule'). outcome is
+-- NULL when creation may go on.
+CREATE FUNCTION begin_creation_v1(
+    p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text,
+    p_replay_window_seconds float8, p_creates text, OUT outcome submit_outcome, OUT earlier_id text)
 LANGUAGE plpgsql AS $$
 DECLARE
     earlier record;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM conversation_members m
+                   WHERE m.conversation_id = p_conversation_id AND m.user_id = p_owner_id) THEN
+        outcome := 'not_member';
+        RETURN;
+    END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended('submit:' || p_owner_id, 0));
+    IF p_idempotency_key IS NULL THEN
+        RETURN;
+    END IF;
     SELECT k.fingerprint,
            CASE p_creates WHEN 'operation' THEN k.operation_id ELSE k.schedule_id END AS created_id,
            k.created_at + make_interval(secs => p_replay_window_seconds) <= now() AS expired
@@ -53,20 +63,11 @@ CREATE FUNCTION create_operation_v1(
     OUT outcome submit_outcome, OUT operation_id text)
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM conversation_members m
-                   WHERE m.conversation_id = p_conversation_id AND m.user_id = p_owner_id) THEN
-        outcome := 'not_member';
+    SELECT b.outcome, b.earlier_id INTO outcome, operation_id
+      FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
+                             p_replay_window_seconds, 'operation') b;
+    IF outcome IS NOT NULL THEN
         RETURN;
-    END IF;
-    IF p_idempotency_key IS NULL THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended('submit:' || p_owner_id, 0));
-    ELSE
-        SELECT c.outcome, c.earlier_id INTO outcome, operation_id
-          FROM claim_idempotency_key_v1(p_owner_id, p_idempotency_key, p_fingerprint, p_replay_window_seconds,
-                                        'operation') c;
-        IF outcome IS NOT NULL THEN
-            RETURN;
-        END IF;
     END IF;
     -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot both
     -- take the last slot.
@@ -121,7 +122,7 @@ BEGIN
 END;
 $$;
 
--- create_export_schedule (migration 0013) with the key claimed as a submit claims it, and the creating
+-- create_export_schedule (migration 0013) with its checks those of a submit (begin_creation_v1), and the creating
 -- request's trace context stored in the same statement.
 CREATE FUNCTION create_export_schedule_v2(
     p_schedule_id text, p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text,
@@ -129,14 +130,9 @@ CREATE FUNCTION create_export_schedule_v2(
     p_request jsonb, p_traceparent text, OUT outcome submit_outcome, OUT schedule_id text)
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM conversation_members m
-                   WHERE m.conversation_id = p_conversation_id AND m.user_id = p_owner_id) THEN
-        outcome := 'not_member';
-        RETURN;
-    END IF;
-    SELECT c.outcome, c.earlier_id INTO outcome, schedule_id
-      FROM claim_idempotency_key_v1(p_owner_id, p_idempotency_key, p_fingerprint, p_replay_window_seconds,
-                                    'schedule') c;
+    SELECT b.outcome, b.earlier_id INTO outcome, schedule_id
+      FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
+                             p_replay_window_seconds, 'schedule') b;
     IF outcome IS NOT NULL THEN
         RETURN;
     END IF;
