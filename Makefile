@@ -80,9 +80,10 @@ prerequisites: install
 test: prerequisites lint docs
 	@$(MAKE) --no-print-directory pytest MARKERS="not cluster"
 
-# One test at a time: the cluster tests freeze, kill and time nodes, which a second test's load would skew.
+# Two processes: the tests on the RabbitMQ cluster on one, those on PostgreSQL clusters on the other, each
+# group one test at a time, since its tests freeze, kill and time nodes (tests/clusters/conftest.py).
 test-clusters: prerequisites
-	@$(MAKE) --no-print-directory pytest MARKERS="cluster" WORKERS=0
+	@$(MAKE) --no-print-directory pytest MARKERS="cluster" WORKERS=2 DIST=loadgroup
 
 # The developer's loop, under a minute: what needs no PostgreSQL, RabbitMQ, moto or processes of the system.
 test-quick: lint
@@ -94,8 +95,9 @@ test-quick: lint
 MARKERS ?=
 DURATIONS ?= 25
 WORKERS ?= 4
+DIST ?= loadfile
 pytest:
-	@status=0; $(BIN)/pytest -m "$(MARKERS)" -n $(WORKERS) --dist loadfile --durations=$(DURATIONS) \
+	@status=0; $(BIN)/pytest -m "$(MARKERS)" -n $(WORKERS) --dist $(DIST) --durations=$(DURATIONS) \
 		-p devtools.test_times --time-table || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status

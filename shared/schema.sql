@@ -277,8 +277,10 @@ BEGIN
                                   next_run_at, watermark, traceparent)
     VALUES (p_schedule_id, p_owner_id, p_conversation_id, p_every, coalesce(p_start_at, now()), p_mode, p_request,
             coalesce(p_start_at, now()), coalesce((p_request->>'after_seq')::bigint, 0), p_traceparent);
-    INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, schedule_id)
-    VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_schedule_id);
+    IF p_idempotency_key IS NOT NULL THEN
+        INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, schedule_id)
+        VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_schedule_id);
+    END IF;
     schedule_id := p_schedule_id;
     outcome := 'created';
 END;
@@ -327,13 +329,15 @@ END;
 $$;
 
 CREATE FUNCTION public.enqueue_wake_up_v1(p_operation_id text, p_routing_key text, p_chunk_no integer, p_delay_seconds double precision, p_payload_version integer) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+BEGIN
     INSERT INTO outbox (operation_id, routing_key, payload, not_before, payload_version)
     VALUES (p_operation_id, p_routing_key,
             jsonb_build_object('operation_id', p_operation_id)
                 || CASE WHEN p_chunk_no IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('chunk', p_chunk_no) END,
             now() + make_interval(secs => p_delay_seconds), p_payload_version);
+END;
 $$;
 
 CREATE FUNCTION public.extend_chunk_v1(p_operation_id text, p_chunk_no integer, p_generation bigint, p_lease_seconds double precision, p_messages_written bigint, p_bytes_written bigint) RETURNS boolean
@@ -540,8 +544,11 @@ CREATE FUNCTION public.record_webhook_attempts_v1(p_delivery_ids bigint[], p_gen
 $$;
 
 CREATE FUNCTION public.release_chunk_v1(p_operation_id text, p_chunk_no integer, p_generation bigint, p_retry_delay_seconds double precision, p_error_code text, p_error_message text, p_max_attempts integer) RETURNS text
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+DECLARE
+    released text;
+BEGIN
     UPDATE export_chunks c SET
         attempts = c.attempts + (CASE WHEN p_retry_delay_seconds IS NULL THEN 0 ELSE 1 END),
         state = CASE WHEN p_retry_delay_seconds IS NOT NULL AND c.attempts + 1 >= p_max_attempts THEN 'FAILED'
@@ -551,7 +558,9 @@ CREATE FUNCTION public.release_chunk_v1(p_operation_id text, p_chunk_no integer,
         updated_at = now()
      WHERE c.operation_id = p_operation_id AND c.chunk_no = p_chunk_no AND c.generation = p_generation
        AND c.state = 'RUNNING'
-    RETURNING c.state;
+    RETURNING c.state INTO released;
+    RETURN released;
+END;
 $$;
 
 CREATE FUNCTION public.schedule_run_changed() RETURNS trigger

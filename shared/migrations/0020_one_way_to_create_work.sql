@@ -7,14 +7,18 @@
 -- begin_creation_v1. Rolling deploys: the previous release calls submit_export_v2,
 -- submit_export_answered and create_export_schedule, which stay (and keep writing payload version 1).
 
+-- PL/pgSQL, not SQL: a session keeps the INSERT's plan, where an SQL function that cannot be inlined plans it
+-- again on every call (every submit calls this one).
 CREATE FUNCTION enqueue_wake_up_v1(
     p_operation_id text, p_routing_key text, p_chunk_no integer, p_delay_seconds float8, p_payload_version integer)
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO outbox (operation_id, routing_key, payload, not_before, payload_version)
     VALUES (p_operation_id, p_routing_key,
             jsonb_build_object('operation_id', p_operation_id)
                 || CASE WHEN p_chunk_no IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('chunk', p_chunk_no) END,
             now() + make_interval(secs => p_delay_seconds), p_payload_version);
+END;
 $$;
 
 -- The checks before anything is created, in this order: the owner is a member of the conversation (else
@@ -144,8 +148,10 @@ BEGIN
                                   next_run_at, watermark, traceparent)
     VALUES (p_schedule_id, p_owner_id, p_conversation_id, p_every, coalesce(p_start_at, now()), p_mode, p_request,
             coalesce(p_start_at, now()), coalesce((p_request->>'after_seq')::bigint, 0), p_traceparent);
-    INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, schedule_id)
-    VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_schedule_id);
+    IF p_idempotency_key IS NOT NULL THEN
+        INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, schedule_id)
+        VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_schedule_id);
+    END IF;
     schedule_id := p_schedule_id;
     outcome := 'created';
 END;

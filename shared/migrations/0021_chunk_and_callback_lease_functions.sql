@@ -103,7 +103,10 @@ $$;
 CREATE FUNCTION release_chunk_v1(
     p_operation_id text, p_chunk_no integer, p_generation bigint, p_retry_delay_seconds float8,
     p_error_code text, p_error_message text, p_max_attempts integer)
-RETURNS text LANGUAGE sql AS $$
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    released text;
+BEGIN
     UPDATE export_chunks c SET
         attempts = c.attempts + (CASE WHEN p_retry_delay_seconds IS NULL THEN 0 ELSE 1 END),
         state = CASE WHEN p_retry_delay_seconds IS NOT NULL AND c.attempts + 1 >= p_max_attempts THEN 'FAILED'
@@ -113,12 +116,15 @@ RETURNS text LANGUAGE sql AS $$
         updated_at = now()
      WHERE c.operation_id = p_operation_id AND c.chunk_no = p_chunk_no AND c.generation = p_generation
        AND c.state = 'RUNNING'
-    RETURNING c.state;
+    RETURNING c.state INTO released;
+    RETURN released;
+END;
 $$;
 
 -- Up to p_limit due callback deliveries, oldest first, each leased for p_lease_seconds (due again after that
 -- unless its attempt is recorded) with its fencing generation bumped, in one statement. Subqueries, not
--- joins, read the trace context: only the deliveries are locked, and only until the statement commits.
+-- joins, read the trace context: only the deliveries are locked, and only until the statement commits. This
+-- and the next are SQL functions, planned at each call: one call serves a whole batch of deliveries.
 CREATE FUNCTION claim_webhook_deliveries_v1(p_limit integer, p_lease_seconds float8)
 RETURNS TABLE (delivery webhook_deliveries, age_seconds float8, created_at_epoch bigint, traceparent text)
 LANGUAGE sql AS $$

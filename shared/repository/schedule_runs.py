@@ -27,6 +27,7 @@ _DUE = """
     WHERE s.state = 'ACTIVE' AND s.next_run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.schedule_id = s.schedule_id AND o.state = ANY($1::text[]))
 """
+_UNFINISHED_RUN = "SELECT EXISTS (SELECT 1 FROM operations o WHERE o.schedule_id = $1 AND o.state = ANY($2::text[]))"
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,10 @@ async def fire(
             schedule_id,
         )
         if row is None:
+            return FireResult(FireOutcome.NOT_DUE)
+        # The lock may have waited for another fire's commit, whose run that statement's snapshot could not
+        # see (READ COMMITTED re-checks only the locked row): a new statement sees it, and the due time waits.
+        if await conn.fetchval(_UNFINISHED_RUN, schedule_id, _ACTIVE_STATES):
             return FireResult(FireOutcome.NOT_DUE)
         every, now = Cadence.parse(row["every"]), row["now"]
         # Due, so the anchor has passed: there is a latest due time.

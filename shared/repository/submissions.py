@@ -3,7 +3,7 @@
 applies the quota and writes the operation and the outbox row that wakes a worker, in one round trip. A submit
 calls it through ``submit_export_v3`` (docs/api.md: Submitting an export, Submit), which adds the accepted
 operation as the status monitor shows it, so that the 202 needs no second round trip; a schedule's run calls
-it through ``create_operation`` (``shared.repository.schedule_runs``).
+it through ``create_run`` (called by ``shared.repository.schedule_runs.fire``).
 
 With the schedule's creation (``create_export_schedule_v2``, which claims its key with the same function) it
 is the only code that writes ``idempotency_keys`` (a user's keys, going with what they created by ``ON DELETE

@@ -15,14 +15,26 @@ from devtools.clusters import PostgresCluster, RabbitCluster
 HERE = Path(__file__).parent
 
 
+# The modules on PostgreSQL clusters alone: `make test-clusters` runs them on a process of their own, beside
+# those on the RabbitMQ cluster (the chaos sample, on both, goes with the latter, which forms the cluster once).
+POSTGRES_ONLY = {
+    "test_database_failover.py",
+    "test_failover_drain.py",
+    "test_postgres_cluster.py",
+    "test_standby_reads.py",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test collected from this folder ``cluster`` and ``e2e`` (a conftest's ``pytestmark`` would
-    not).
+    not), and put it in the xdist group of its cluster (``--dist loadgroup``: one group, one process).
     """
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.cluster)
             item.add_marker(pytest.mark.e2e)
+            group = "postgres-clusters" if item.path.name in POSTGRES_ONLY else "rabbitmq-cluster"
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

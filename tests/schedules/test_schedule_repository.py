@@ -20,6 +20,7 @@ from shared.repository.schedule_runs import FireOutcome
 from shared.repository.schedules import ResumeOutcome
 from shared.repository.submissions import SubmitOutcome, submit_export
 from shared.states import PauseReason, ScheduleState, WaitingReason
+from tests.support import wait_for
 
 pytestmark = pytest.mark.module_database
 
@@ -188,6 +189,38 @@ async def test_concurrent_fires_create_one_run_and_a_stale_due_time_is_refused(
     await conn.execute("UPDATE export_schedules SET every = 'P1D'")
     assert (await fire(conn, schedule_id)).outcome is FireOutcome.DUPLICATE
     assert len(await runs(conn, schedule_id)) == 1
+
+
+async def test_a_fire_that_waited_for_another_sees_its_run_and_leaves_the_due_time_waiting(
+    pool: asyncpg.Pool, conn: asyncpg.Connection
+) -> None:
+    schedule_id = await create(conn)
+    assert schedule_id is not None
+    async with pool.acquire() as first, pool.acquire() as second:
+        held = first.transaction()
+        await held.start()
+        try:
+            # The first fire's run is written, its lock held until the commit below.
+            assert (await fire(first, schedule_id)).outcome is FireOutcome.CREATED
+            next_due = await first.fetchval(
+                "SELECT next_run_at FROM export_schedules WHERE schedule_id = $1", schedule_id
+            )
+            # The next due time passes before the second fire begins, so the schedule row it waits for is due.
+            await wait_for(lambda: second.fetchval("SELECT clock_timestamp() > $1", next_due), timeout=10)
+            waiting = asyncio.create_task(fire(second, schedule_id))
+            blocked_pid = second.get_server_pid()
+            await wait_for(lambda: _waits_for_a_lock(conn, blocked_pid), timeout=10)
+        finally:
+            await held.commit()
+        assert (await waiting).outcome is FireOutcome.NOT_DUE
+    assert len(await runs(conn, schedule_id)) == 1
+
+
+async def _waits_for_a_lock(conn: asyncpg.Connection, pid: int) -> bool:
+    waiting: bool = await conn.fetchval(
+        "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1", pid
+    )
+    return waiting
 
 
 async def test_the_watermark_moves_only_from_the_run_that_started_at_it(conn: asyncpg.Connection) -> None:
