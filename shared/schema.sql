@@ -286,7 +286,47 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION public.create_operation_v1(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, OUT outcome public.submit_outcome, OUT operation_id text) RETURNS record
+CREATE VIEW public.operation_representations AS
+ SELECT operations.operation_id,
+    operations.kind,
+    operations.owner_id,
+    operations.conversation_id,
+    operations.format,
+    operations.before_seq,
+    operations.after_seq,
+    operations.state,
+    operations.created_at,
+    operations.updated_at,
+    operations.attempt,
+    operations.generation,
+    operations.progress_phase,
+    operations.messages_written,
+    operations.bytes_written,
+    operations.snapshot_max_seq,
+    operations.retry_at,
+    operations.error_code,
+    operations.error_message,
+    operations.result_key,
+    operations.result_size_bytes,
+    operations.result_sha256,
+    operations.result_message_count,
+    operations.result_expires_at,
+    operations.finished_at,
+    operations.lease_owner,
+    operations.lease_expires_at,
+    (EXTRACT(epoch FROM (now() - operations.created_at)))::double precision AS age_seconds,
+    operations.version,
+    operations.since,
+    operations.until,
+    operations.senders,
+    operations.compression,
+    operations.max_part_bytes,
+    operations.result_parts,
+    operations.schedule_id,
+    operations.due_at
+   FROM public.operations;
+
+CREATE FUNCTION public.create_operation_v1(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
     LANGUAGE plpgsql
     AS $$
 BEGIN
@@ -294,6 +334,10 @@ BEGIN
       FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
                              p_replay_window_seconds, 'operation') b;
     IF outcome IS NOT NULL THEN
+        IF outcome = 'replayed' AND p_answered THEN
+            SELECT r.* INTO accepted FROM operation_representations r
+             WHERE r.operation_id = create_operation_v1.operation_id;
+        END IF;
         RETURN;
     END IF;
     -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot both
@@ -325,6 +369,9 @@ BEGIN
     PERFORM enqueue_wake_up_v1(p_operation_id, p_routing_key, NULL, 0, p_payload_version);
     operation_id := p_operation_id;
     outcome := 'created';
+    IF p_answered THEN
+        SELECT r.* INTO accepted FROM operation_representations r WHERE r.operation_id = p_operation_id;
+    END IF;
 END;
 $$;
 
@@ -599,46 +646,6 @@ CREATE FUNCTION public.submit_export(p_operation_id text, p_owner_id text, p_con
                                                'compression', p_compression, 'max_part_bytes', p_max_part_bytes)) s
 $$;
 
-CREATE VIEW public.operation_representations AS
- SELECT operations.operation_id,
-    operations.kind,
-    operations.owner_id,
-    operations.conversation_id,
-    operations.format,
-    operations.before_seq,
-    operations.after_seq,
-    operations.state,
-    operations.created_at,
-    operations.updated_at,
-    operations.attempt,
-    operations.generation,
-    operations.progress_phase,
-    operations.messages_written,
-    operations.bytes_written,
-    operations.snapshot_max_seq,
-    operations.retry_at,
-    operations.error_code,
-    operations.error_message,
-    operations.result_key,
-    operations.result_size_bytes,
-    operations.result_sha256,
-    operations.result_message_count,
-    operations.result_expires_at,
-    operations.finished_at,
-    operations.lease_owner,
-    operations.lease_expires_at,
-    (EXTRACT(epoch FROM (now() - operations.created_at)))::double precision AS age_seconds,
-    operations.version,
-    operations.since,
-    operations.until,
-    operations.senders,
-    operations.compression,
-    operations.max_part_bytes,
-    operations.result_parts,
-    operations.schedule_id,
-    operations.due_at
-   FROM public.operations;
-
 CREATE FUNCTION public.submit_export_answered(p_operation_id text, p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_active integer, p_active_states text[], p_routing_key text, p_request jsonb, p_traceparent text, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
     LANGUAGE plpgsql
     AS $$
@@ -696,21 +703,6 @@ BEGIN
     VALUES (p_operation_id, p_routing_key, jsonb_build_object('operation_id', p_operation_id));
     operation_id := p_operation_id;
     outcome := 'created';
-END;
-$$;
-
-CREATE FUNCTION public.submit_export_v3(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_traceparent text, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    SELECT c.outcome, c.operation_id INTO outcome, operation_id
-      FROM create_operation_v1(p_operation_id, p_owner_id, p_conversation_id, p_request, p_max_active,
-                               p_active_states, p_routing_key, p_payload_version, p_idempotency_key,
-                               p_fingerprint, p_replay_window_seconds, NULL, NULL, NULL, p_traceparent) c;
-    IF outcome IN ('created', 'replayed') THEN
-        SELECT r.* INTO accepted FROM operation_representations r
-         WHERE r.operation_id = submit_export_v3.operation_id;
-    END IF;
 END;
 $$;
 

@@ -56,21 +56,28 @@ BEGIN
 END;
 $$;
 
--- A submit passes its key (p_idempotency_key and the rest) and no schedule; a schedule's run passes no key,
--- its schedule and due time (the run's own key: a second run for one due time is 'replayed', with the first
--- one's id) and the time it was created.
+-- A submit passes its key (p_idempotency_key and the rest) and no schedule, and p_answered: the accepted
+-- operation (created or replayed) comes back as the status monitor shows it, read after the writes, so that
+-- the 202 needs no second round trip (as submit_export_answered, migration 0018, did). A schedule's run passes
+-- no key, its schedule and due time (the run's own key: a second run for one due time is 'replayed', with the
+-- first one's id) and the time it was created. The OUT row has the view's type: a migration that drops the
+-- view must drop and create this function again.
 CREATE FUNCTION create_operation_v1(
     p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb,
     p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer,
     p_idempotency_key text, p_fingerprint text, p_replay_window_seconds float8,
-    p_schedule_id text, p_due_at timestamptz, p_created_at timestamptz, p_traceparent text,
-    OUT outcome submit_outcome, OUT operation_id text)
+    p_schedule_id text, p_due_at timestamptz, p_created_at timestamptz, p_traceparent text, p_answered boolean,
+    OUT outcome submit_outcome, OUT operation_id text, OUT accepted operation_representations)
 LANGUAGE plpgsql AS $$
 BEGIN
     SELECT b.outcome, b.earlier_id INTO outcome, operation_id
       FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
                              p_replay_window_seconds, 'operation') b;
     IF outcome IS NOT NULL THEN
+        IF outcome = 'replayed' AND p_answered THEN
+            SELECT r.* INTO accepted FROM operation_representations r
+             WHERE r.operation_id = create_operation_v1.operation_id;
+        END IF;
         RETURN;
     END IF;
     -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot both
@@ -102,26 +109,8 @@ BEGIN
     PERFORM enqueue_wake_up_v1(p_operation_id, p_routing_key, NULL, 0, p_payload_version);
     operation_id := p_operation_id;
     outcome := 'created';
-END;
-$$;
-
--- The submit and its answer in one round trip, as submit_export_answered (migration 0018) was: the accepted
--- operation as the status monitor shows it, read after the writes. The OUT row has the view's type: a
--- migration that drops the view must drop and create this function again.
-CREATE FUNCTION submit_export_v3(
-    p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_idempotency_key text,
-    p_fingerprint text, p_replay_window_seconds float8, p_max_active integer, p_active_states text[],
-    p_routing_key text, p_payload_version integer, p_traceparent text,
-    OUT outcome submit_outcome, OUT operation_id text, OUT accepted operation_representations)
-LANGUAGE plpgsql AS $$
-BEGIN
-    SELECT c.outcome, c.operation_id INTO outcome, operation_id
-      FROM create_operation_v1(p_operation_id, p_owner_id, p_conversation_id, p_request, p_max_active,
-                               p_active_states, p_routing_key, p_payload_version, p_idempotency_key,
-                               p_fingerprint, p_replay_window_seconds, NULL, NULL, NULL, p_traceparent) c;
-    IF outcome IN ('created', 'replayed') THEN
-        SELECT r.* INTO accepted FROM operation_representations r
-         WHERE r.operation_id = submit_export_v3.operation_id;
+    IF p_answered THEN
+        SELECT r.* INTO accepted FROM operation_representations r WHERE r.operation_id = p_operation_id;
     END IF;
 END;
 $$;
