@@ -73,44 +73,40 @@ BEGIN
     SELECT b.outcome, b.earlier_id INTO outcome, operation_id
       FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
                              p_replay_window_seconds, 'operation') b;
-    IF outcome IS NOT NULL THEN
-        IF outcome = 'replayed' AND p_answered THEN
-            SELECT r.* INTO accepted FROM operation_representations r
-             WHERE r.operation_id = create_operation_v1.operation_id;
+    IF outcome IS NULL THEN
+        -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot
+        -- both take the last slot.
+        IF (SELECT count(*) FROM operations o WHERE o.owner_id = p_owner_id AND o.state = ANY(p_active_states))
+           >= p_max_active THEN
+            outcome := 'quota';
+            RETURN;
         END IF;
-        RETURN;
+        -- jsonb_populate_record reads each member as its column's type; a static statement, so its plan is kept.
+        INSERT INTO operations (operation_id, owner_id, conversation_id, state, format, before_seq, after_seq,
+                                notify_url, since, until, senders, compression, max_part_bytes,
+                                schedule_id, due_at, created_at, updated_at, traceparent)
+        SELECT p_operation_id, p_owner_id, p_conversation_id, 'QUEUED', r.format, r.before_seq, r.after_seq,
+               r.notify_url, r.since, r.until, r.senders, r.compression, r.max_part_bytes,
+               p_schedule_id, p_due_at, coalesce(p_created_at, now()), coalesce(p_created_at, now()), p_traceparent
+          FROM jsonb_populate_record(NULL::operations, p_request) r
+        ON CONFLICT (schedule_id, due_at) DO NOTHING;
+        IF FOUND THEN
+            IF p_idempotency_key IS NOT NULL THEN
+                INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, operation_id)
+                VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_operation_id);
+            END IF;
+            PERFORM enqueue_wake_up_v1(p_operation_id, p_routing_key, NULL, 0, p_payload_version);
+            operation_id := p_operation_id;
+            outcome := 'created';
+        ELSE
+            SELECT o.operation_id INTO operation_id FROM operations o
+             WHERE o.schedule_id = p_schedule_id AND o.due_at = p_due_at;
+            outcome := 'replayed';
+        END IF;
     END IF;
-    -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot both
-    -- take the last slot.
-    IF (SELECT count(*) FROM operations o WHERE o.owner_id = p_owner_id AND o.state = ANY(p_active_states))
-       >= p_max_active THEN
-        outcome := 'quota';
-        RETURN;
-    END IF;
-    -- jsonb_populate_record reads each member as its column's type; a static statement, so its plan is kept.
-    INSERT INTO operations (operation_id, owner_id, conversation_id, state, format, before_seq, after_seq,
-                            notify_url, since, until, senders, compression, max_part_bytes,
-                            schedule_id, due_at, created_at, updated_at, traceparent)
-    SELECT p_operation_id, p_owner_id, p_conversation_id, 'QUEUED', r.format, r.before_seq, r.after_seq,
-           r.notify_url, r.since, r.until, r.senders, r.compression, r.max_part_bytes,
-           p_schedule_id, p_due_at, coalesce(p_created_at, now()), coalesce(p_created_at, now()), p_traceparent
-      FROM jsonb_populate_record(NULL::operations, p_request) r
-    ON CONFLICT (schedule_id, due_at) DO NOTHING;
-    IF NOT FOUND THEN
-        SELECT o.operation_id INTO operation_id FROM operations o
-         WHERE o.schedule_id = p_schedule_id AND o.due_at = p_due_at;
-        outcome := 'replayed';
-        RETURN;
-    END IF;
-    IF p_idempotency_key IS NOT NULL THEN
-        INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, operation_id)
-        VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_operation_id);
-    END IF;
-    PERFORM enqueue_wake_up_v1(p_operation_id, p_routing_key, NULL, 0, p_payload_version);
-    operation_id := p_operation_id;
-    outcome := 'created';
-    IF p_answered THEN
-        SELECT r.* INTO accepted FROM operation_representations r WHERE r.operation_id = p_operation_id;
+    IF p_answered AND outcome IN ('created', 'replayed') THEN
+        SELECT r.* INTO accepted FROM operation_representations r
+         WHERE r.operation_id = create_operation_v1.operation_id;
     END IF;
 END;
 $$;

@@ -22,12 +22,14 @@ _ACTIVE_STATES = values(ACTIVE)
 
 # An ACTIVE schedule whose next run is due and that has no unfinished run: the scheduler's work. One with an
 # unfinished run waits for it, its missed due times to be coalesced (docs/schedules.md: Runs).
-_DUE = """
+# A run not ended of the schedule named by {schedule}, the unended states passed as $1.
+_UNFINISHED_RUN_OF = "SELECT 1 FROM operations o WHERE o.schedule_id = {schedule} AND o.state = ANY($1::text[])"
+_DUE = f"""
     FROM export_schedules s
     WHERE s.state = 'ACTIVE' AND s.next_run_at <= now()
-      AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.schedule_id = s.schedule_id AND o.state = ANY($1::text[]))
+      AND NOT EXISTS ({_UNFINISHED_RUN_OF.format(schedule="s.schedule_id")})
 """
-_UNFINISHED_RUN = "SELECT EXISTS (SELECT 1 FROM operations o WHERE o.schedule_id = $1 AND o.state = ANY($2::text[]))"
+_HAS_UNFINISHED_RUN = f"SELECT EXISTS ({_UNFINISHED_RUN_OF.format(schedule='$2')})"
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ async def fire(
             return FireResult(FireOutcome.NOT_DUE)
         # The lock may have waited for another fire's commit, whose run that statement's snapshot could not
         # see (READ COMMITTED re-checks only the locked row): a new statement sees it, and the due time waits.
-        if await conn.fetchval(_UNFINISHED_RUN, schedule_id, _ACTIVE_STATES):
+        if await conn.fetchval(_HAS_UNFINISHED_RUN, _ACTIVE_STATES, schedule_id):
             return FireResult(FireOutcome.NOT_DUE)
         every, now = Cadence.parse(row["every"]), row["now"]
         # Due, so the anchor has passed: there is a latest due time.

@@ -22,7 +22,7 @@ from devtools.localsystem import LocalSystem
 from devtools.servers import PrivateRabbitMQ, TcpProxy
 from shared.auth import mint_token
 from shared.settings import Settings
-from shared.states import TERMINAL
+from shared.states import TERMINAL, values
 from shared.storage import artifact_prefix, ensure_bucket, open_s3_client
 from tests.support import AMQP_URL, cloned_database, wait_for
 from tests.support.api_calls import expected_file, metric_samples, read_all, submit
@@ -179,7 +179,7 @@ async def _nothing_runs(faulty: Faulty) -> bool:
     unended: int = await faulty.pool.fetchval(
         "SELECT (SELECT count(*) FROM operations WHERE NOT state = ANY($1::text[]))"
         " + (SELECT count(*) FROM export_chunks WHERE state = 'RUNNING')",
-        [state.value for state in TERMINAL],
+        values(TERMINAL),
     )
     return unended == 0
 
