@@ -1,8 +1,9 @@
 """The ``chatexport`` command: run one part, migrate, mint a development token, import demo data, ``dev``,
 requeue, and ``health`` for container healthchecks.
 
-Every subcommand builds ``Settings`` from the ``CHATEXPORT_*`` environment. The parts are imported as
-modules, so that the type checker checks each ``main(settings)``; the developer tooling (``devtools``) only
+Every subcommand builds its settings from the ``CHATEXPORT_*`` environment: a part only the groups it uses
+(``ApiPartSettings``, ...), any other command all of them (``Settings``). The parts are imported as modules,
+so that the type checker checks each ``main(settings)`` against its settings; the developer tooling (``devtools``) only
 by ``import`` and ``dev``, since the demo corpus and its YAML parser are an optional extra that the
 production image does not carry (docs/architecture.md: How it works).
 
@@ -17,6 +18,8 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 import pydantic
@@ -33,14 +36,32 @@ from shared.ids import is_operation_id, is_valid_id
 from shared.lifecycle import follow_parent
 from shared.migrator import BadMigration, SchemaOutOfRange, Step, migrate_database
 from shared.repair import Requeue, requeue
-from shared.settings import Settings, local_url
+from shared.settings import (
+    ApiPartSettings,
+    JanitorPartSettings,
+    PartSettings,
+    RelayPartSettings,
+    Settings,
+    WorkerPartSettings,
+    local_url,
+)
 
-# The ``main(settings)`` that runs each long-running part until SIGTERM/SIGINT.
-PARTS: dict[str, Callable[[Settings], None]] = {
-    "api": api.main,
-    "relay": relay.main,
-    "worker": worker.main,
-    "janitor": janitor.main,
+SettingsOf = TypeVar("SettingsOf", bound=PartSettings)
+
+
+@dataclass(frozen=True)
+class Part(Generic[SettingsOf]):
+    """A long-running part: the settings it builds and the ``main(settings)`` that runs it until SIGTERM/SIGINT."""
+
+    settings: type[SettingsOf]
+    main: Callable[[SettingsOf], None]
+
+
+PARTS: dict[str, Part[Any]] = {
+    "api": Part(ApiPartSettings, api.main),
+    "relay": Part(RelayPartSettings, relay.main),
+    "worker": Part(WorkerPartSettings, worker.main),
+    "janitor": Part(JanitorPartSettings, janitor.main),
 }
 
 
@@ -173,10 +194,11 @@ def _without_values(exc: pydantic.ValidationError) -> str:
 
 
 def _cmd_part(args: argparse.Namespace) -> int:
-    settings = load_settings()
+    part = PARTS[args.part]
+    settings = part.settings()
     follow_parent()
     try:
-        PARTS[args.part](settings)
+        part.main(settings)
     except SchemaOutOfRange:
         return 1  # the part logged why (docs/deploy.md: Upgrading)
     return 0

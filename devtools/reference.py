@@ -54,11 +54,11 @@ ADMIN_PREFIX = "/admin/"
 
 def settings_page() -> str:
     """The Settings page: ``shared.settings.RULES``, then a section per group of ``shared.settings.GROUPS``
-    (its docstring, then a table of its settings in the group's order): each row the environment variable
-    (``env_prefix`` and the name in capitals), its default as the variable would be written (``none`` for
-    ``None``, ``true``/``false`` for a flag, secrets' development placeholders as they are; each row carries
-    the anchor ``#chatexport_<name>``), its unit (``setting_unit``, blank when it has none) and its
-    ``description``. Raises ``ValueError`` for a field without a description.
+    (its docstring, the parts that read it, then a table of its settings in the group's order): each row the
+    environment variable (``env_prefix`` and the name in capitals), its default as the variable would be
+    written (``none`` for ``None``, ``true``/``false`` for a flag, secrets' development placeholders as they
+    are; each row carries the anchor ``#chatexport_<name>``), its unit (``setting_unit``, blank when it has
+    none) and its ``description``. Raises ``ValueError`` for a field without a description.
     """
     prefix = str(Settings.model_config.get("env_prefix", ""))
     sections = []
@@ -72,7 +72,9 @@ def settings_page() -> str:
             cell = f'<a id="{variable.lower()}"></a>{_code(variable)}'
             rows.append([cell, _code(_shown_default(field.default)), setting_unit(name), field.description])
         title = group.__name__.removesuffix("Settings")
-        sections.append(f"## {title}\n\n{group.__doc__}\n\n{_table(['setting', 'default', 'unit', 'meaning'], rows)}")
+        readers = ", ".join(f"`{name}`" for name, part in PARTS.items() if issubclass(part.settings, group))
+        table = _table(["setting", "default", "unit", "meaning"], rows)
+        sections.append(f"## {title}\n\n{group.__doc__}\n\nRead by: {readers}.\n\n{table}")
     return "# Settings\n\n" + RULES + "\n\n" + "\n\n".join(sections)
 
 
@@ -138,7 +140,7 @@ def served_metrics(registry: CollectorRegistry = REGISTRY) -> list[ServedMetric]
     ``LookupError`` for a family no module holds, since its parts cannot be told: define metrics at module
     level.
     """
-    part_packages = {part: main.__module__.rpartition(".")[0] for part, main in PARTS.items()}
+    part_packages = {name: part.main.__module__.rpartition(".")[0] for name, part in PARTS.items()}
     holders = _metric_holders()
     served = []
     for family in registry.collect():

@@ -15,7 +15,7 @@ from typing import Any, TypeGuard
 import jwt
 
 from shared.ids import is_valid_id
-from shared.settings import Settings
+from shared.settings import TokenSettings
 
 
 class InvalidToken(Exception):
@@ -61,7 +61,7 @@ class TokenVerifier:
     new verifier (a restart).
     """
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: TokenSettings, *, clock: Callable[[], float] = time.time) -> None:
         if settings.jwt_public_key:
             self._key: str = settings.jwt_public_key
             self._algorithms = ["RS256", "ES256"]
@@ -183,7 +183,9 @@ def _scopes(scope: str) -> frozenset[str]:
     return frozenset(token for token in scope.split(" ") if token)
 
 
-def mint_token(settings: Settings, *, user_id: str, scopes: list[str] | None = None, ttl_seconds: int = 3600) -> str:
+def mint_token(
+    settings: TokenSettings, *, user_id: str, scopes: list[str] | None = None, ttl_seconds: int = 3600
+) -> str:
     """Sign an HS256 development token for ``user_id`` valid for ``ttl_seconds`` (docs/command-line.md: Command line).
 
     Raises ``ValueError`` when ``ttl_seconds`` is over ``jwt_max_lifetime_seconds``: the API would refuse it.

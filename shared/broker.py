@@ -28,7 +28,7 @@ from aio_pika.abc import (
 from yarl import URL
 
 from shared.lifecycle import keep_trying
-from shared.settings import Settings, amqp_node_urls
+from shared.settings import BrokerSettings, amqp_node_urls
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,12 @@ START_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def dead_letter_exchange_name(settings: Settings) -> str:
+def dead_letter_exchange_name(settings: BrokerSettings) -> str:
     """The dead-letter exchange of the work queue: ``<exchange>.dlx``."""
     return f"{settings.amqp_exchange}.dlx"
 
 
-def chunk_queue_name(settings: Settings) -> str:
+def chunk_queue_name(settings: BrokerSettings) -> str:
     """The chunk queue: ``<queue>.chunks``."""
     return f"{settings.amqp_queue}.chunks"
 
@@ -101,24 +101,24 @@ class NodeRotatingConnection(aio_pika.RobustConnection):
         log.info("broker connected", extra={"node": node_label(self.url), "connection": name})
 
 
-def node_urls(settings: Settings) -> list[URL]:
+def node_urls(settings: BrokerSettings) -> list[URL]:
     """The node URLs of ``amqp_url``, each asking for heartbeats every ``amqp_heartbeat_seconds``."""
     return [
         URL(url).update_query(heartbeat=settings.amqp_heartbeat_seconds) for url in amqp_node_urls(settings.amqp_url)
     ]
 
 
-def dead_queue_name(settings: Settings) -> str:
+def dead_queue_name(settings: BrokerSettings) -> str:
     """The dead-letter queue: ``<queue>.dead``."""
     return f"{settings.amqp_queue}.dead"
 
 
-def queue_names(settings: Settings) -> tuple[str, str, str]:
+def queue_names(settings: BrokerSettings) -> tuple[str, str, str]:
     """The quorum queues ``declare_topology`` declares: work, chunk and dead-letter queue."""
     return settings.amqp_queue, chunk_queue_name(settings), dead_queue_name(settings)
 
 
-def quorum_arguments(settings: Settings) -> dict[str, Any]:
+def quorum_arguments(settings: BrokerSettings) -> dict[str, Any]:
     """The arguments every quorum queue of ours is declared with: ``x-queue-type``, and
     ``x-quorum-initial-group-size`` only when ``amqp_quorum_initial_group_size`` is set (RabbitMQ refuses a
     redeclaration that adds, drops or changes it: docs/deploy.md: Broker clusters).
@@ -129,7 +129,7 @@ def quorum_arguments(settings: Settings) -> dict[str, Any]:
     return arguments
 
 
-async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
+async def connect(settings: BrokerSettings, *, name: str) -> AbstractRobustConnection:
     """Open a robust connection named ``name`` (shown in the broker's management UI) to the first node of
     ``amqp_url`` that answers, each tried for ``amqp_connect_timeout_seconds`` in turn; when that node goes
     later, the connection reconnects to the next ones (``NodeRotatingConnection``; docs/deploy.md: Broker
@@ -154,7 +154,7 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
     return await _connect_from(nodes, len(nodes) - 1, settings, name=name)
 
 
-async def _connect_from(nodes: list[URL], start: int, settings: Settings, *, name: str) -> NodeRotatingConnection:
+async def _connect_from(nodes: list[URL], start: int, settings: BrokerSettings, *, name: str) -> NodeRotatingConnection:
     """A ``NodeRotatingConnection`` whose first attempt goes to ``nodes[start]``; closed again when it fails."""
     connection = NodeRotatingConnection([*nodes[start:], *nodes[:start]], client_properties={"connection_name": name})
     try:
@@ -179,7 +179,7 @@ class BrokerSession:
 
 
 async def open_session(
-    settings: Settings, *, name: str, prefetch_count: int | None = None, on_return_raises: bool = False
+    settings: BrokerSettings, *, name: str, prefetch_count: int | None = None, on_return_raises: bool = False
 ) -> BrokerSession:
     """``connect``, open a channel with publisher confirms (``on_return_raises``: an unroutable publish
     raises; ``prefetch_count``: at most that many unacknowledged deliveries) and ``declare_topology``. The
@@ -199,7 +199,7 @@ async def open_session(
 
 
 async def open_session_when_ready(
-    settings: Settings,
+    settings: BrokerSettings,
     *,
     name: str,
     stop: asyncio.Event,
@@ -219,7 +219,7 @@ async def open_session_when_ready(
 
 
 async def declare_topology(
-    channel: AbstractChannel, settings: Settings
+    channel: AbstractChannel, settings: BrokerSettings
 ) -> tuple[AbstractExchange, AbstractQueue, AbstractQueue]:
     """Declare the work exchange, the quorum work and chunk queues and their dead-letter queue; return
     (exchange, work queue, chunk queue).
@@ -248,7 +248,7 @@ class MembersUnknown(Exception):
     """The management API answered, but not with a quorum queue's member list."""
 
 
-async def queue_members(settings: Settings, queue: str) -> list[str]:
+async def queue_members(settings: BrokerSettings, queue: str) -> list[str]:
     """The nodes holding a replica of the quorum queue ``queue`` (in the virtual host of ``amqp_url``), as
     the management API at ``amqp_management_url`` lists them (``GET /api/queues/{vhost}/{name}``); AMQP
     cannot tell them (docs/deploy.md: Broker clusters).

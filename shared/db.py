@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from shared.lifecycle import keep_trying
-from shared.settings import DATABASE_CONNECT_TIMEOUT_SECONDS, Settings
+from shared.settings import DATABASE_CONNECT_TIMEOUT_SECONDS, DatabaseSettings
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ async def _discard_if_read_only(
 
 
 async def create_pool(
-    settings: Settings, *, min_size: int = 1, refuse_unreplicated: bool = False, writable: bool = True
+    settings: DatabaseSettings, *, min_size: int = 1, refuse_unreplicated: bool = False, writable: bool = True
 ) -> asyncpg.Pool:
     """Open a pool to ``settings.database_url`` through ``open_connection``; statements time out after
     ``database_timeout_seconds``. With ``refuse_unreplicated`` (a pool whose commits are acknowledged to
@@ -222,7 +222,7 @@ class AcknowledgingPool(asyncpg.Pool):
             raise UnreplicatedCommit("a commit holds on the primary only")
 
 
-async def connect(settings: Settings, **server_settings: str) -> asyncpg.Connection:
+async def connect(settings: DatabaseSettings, **server_settings: str) -> asyncpg.Connection:
     """One connection of its own, outside the pool, with the pool's timeouts: for a session that holds
     state (LISTEN, an advisory lock) or a one-off command. ``server_settings`` are Postgres parameters set
     for the session (e.g. ``idle_session_timeout``). Raises what ``open_connection`` raises.
@@ -296,7 +296,7 @@ async def probing_connection(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connec
         await pool.release(conn)
 
 
-async def create_pool_when_ready(settings: Settings, *, stop: asyncio.Event) -> asyncpg.Pool:
+async def create_pool_when_ready(settings: DatabaseSettings, *, stop: asyncio.Event) -> asyncpg.Pool:
     """``create_pool``, retried with backoff while the database is unreachable; raises ``Stopped`` on
     ``stop``.
     """

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from shared.settings import Settings
+from shared.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ async def drain(tasks: set[asyncio.Task[None]], *, grace_seconds: float) -> None
         await asyncio.wait(pending)
 
 
-async def run_until_signalled(serve: Callable[..., Awaitable[None]], settings: Settings) -> None:
+async def run_until_signalled(serve: Callable[..., Awaitable[None]], settings: CommonSettings) -> None:
     """Run ``serve(settings, stop=event)``; SIGINT or SIGTERM sets the event so that it drains and returns."""
     stop = asyncio.Event()
     with stop_on_signals(stop), contextlib.suppress(Stopped):

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from aiohttp.http_exceptions import HttpProcessingError
 
 from shared import jsontext, tracing
-from shared.settings import Settings
+from shared.settings import CommonSettings
 
 # Fields every line logged inside a ``log_fields`` block carries, from its task and the tasks started in
 # it. Each block has a dict of its own, shared with those tasks, so a change (a new phase) reaches them.
@@ -88,7 +88,7 @@ class RedactRequestParseErrors(logging.Filter):
         return True
 
 
-def configure_logging(settings: Settings, *, service: str) -> None:
+def configure_logging(settings: CommonSettings, *, service: str) -> None:
     """Send every logger's records to stderr as JSON lines at ``settings.log_level``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))

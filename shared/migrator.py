@@ -31,7 +31,7 @@ from importlib import resources
 import asyncpg
 
 from shared.db import ensure_database, open_connection
-from shared.settings import DATABASE_CONNECT_TIMEOUT_SECONDS, Settings
+from shared.settings import DATABASE_CONNECT_TIMEOUT_SECONDS, DatabaseSettings
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,9 @@ async def _prepare_table(conn: asyncpg.Connection) -> None:
     )
 
 
-async def migrate_database(settings: Settings, *, steps: Collection[Step] = tuple(Step)) -> tuple[bool, list[str]]:
+async def migrate_database(
+    settings: DatabaseSettings, *, steps: Collection[Step] = tuple(Step)
+) -> tuple[bool, list[str]]:
     """Create the database if missing, then apply the pending migrations of ``steps``; return (created,
     versions applied by this call).
 

@@ -27,7 +27,7 @@ from shared.db import create_pool_when_ready, probing_connection, require_writab
 from shared.lifecycle import listening_site
 from shared.metrics import REFRESH_FAILURES
 from shared.migrator import check_schema, require_schema
-from shared.settings import Settings
+from shared.settings import MonitoringSettings, PartSettings
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def storage_check(s3: Any, bucket: str) -> Check:
 
 @contextlib.asynccontextmanager
 async def serving_with_database(
-    monitor: Monitor, settings: Settings, *, stop: asyncio.Event
+    monitor: Monitor, settings: PartSettings, *, stop: asyncio.Event
 ) -> AsyncIterator[asyncpg.Pool]:
     """A part's start, written once: ``monitor`` served first (``serving``), so that an orchestrator sees a live
     but not-ready part while it waits for a dependency; then the database pool, once the database answers,
@@ -203,7 +203,7 @@ async def serving_with_database(
 
 
 @contextlib.asynccontextmanager
-async def serving(monitor: Monitor, settings: Settings) -> AsyncIterator[int]:
+async def serving(monitor: Monitor, settings: MonitoringSettings) -> AsyncIterator[int]:
     """Serve ``monitor`` on ``settings.metrics_host:metrics_port`` (or the inherited ``metrics_socket_fd``)
     while inside; yield the bound port (``metrics_port`` 0 picks a free one). Raises ``OSError`` when the port
     is taken.

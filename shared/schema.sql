@@ -396,6 +396,18 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.extend_webhook_deliveries_v1(p_delivery_ids bigint[], p_generations bigint[], p_attempts integer[], p_lease_seconds double precision) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    WITH extended AS (
+        UPDATE webhook_deliveries d SET next_attempt_at = now() + make_interval(secs => p_lease_seconds)
+          FROM unnest(p_delivery_ids, p_generations, p_attempts) AS held(delivery_id, generation, attempts)
+         WHERE d.delivery_id = held.delivery_id AND d.generation = held.generation AND d.attempts = held.attempts
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM extended;
+$$;
+
 CREATE FUNCTION public.finish_chunk_v1(p_operation_id text, p_chunk_no integer, p_generation bigint, p_size_bytes bigint, p_sha256 text, p_message_count bigint, p_first_message_seq bigint, p_last_message_seq bigint, p_ended_at_seq bigint) RETURNS boolean
     LANGUAGE plpgsql
     AS $$

@@ -2,9 +2,10 @@
 Settings).
 
 The settings come in groups, one class per concern (``GROUPS``: database, broker, storage, tokens, ...), and
-``Settings`` is all of them, so that a deployment configures every part alike; a group is no part of a
-setting's environment name. Build ``Settings`` once in ``main()`` and pass it down: nothing imports a global
-instance. A duration is declared with ``seconds`` and a size with ``size``.
+each part builds only the groups it uses (``ApiPartSettings``, ...); ``Settings`` is all of them, for the
+commands that are no part and for the tests. A group is no part of a setting's environment name, so a
+deployment may give every part the same environment. Build the settings once in ``main()`` and pass them
+down: nothing imports a global instance. A duration is declared with ``seconds`` and a size with ``size``.
 
 The classes document themselves: the site's Settings page is generated from them (``devtools.reference``), a
 section per group, so a setting is added here and nowhere else. Each field carries ``description=``
@@ -42,7 +43,9 @@ secret shorter than {MIN_JWT_SECRET_BYTES} bytes (RFC 7518 3.2), unless a public
 the placeholder webhook signing key, `CHATEXPORT_WEBHOOK_ALLOW_PRIVATE` and a schedule minimum interval below an
 hour. The result retention and the
 idempotency replay window may not exceed the record retention, and the heartbeat must be shorter than the
-lease. A command given a bad value exits with code 2, naming the setting on stderr but not its value."""
+lease. Each part reads only the groups that name it below, and refuses only their bad values; the other commands
+(`migrate`, `token`, `dev`, ...) read every group. A command given a bad value exits with code 2, naming the
+setting on stderr but not its value."""
 
 
 _CONFIG = SettingsConfigDict(env_prefix="CHATEXPORT_", extra="ignore")
@@ -168,6 +171,17 @@ class BrokerSettings(BaseSettings):
         ge=1,
     )
 
+    @model_validator(mode="after")
+    def _check_broker_urls(self) -> BrokerSettings:
+        if not all(_is_url(url, ("amqp", "amqps")) for url in amqp_node_urls(self.amqp_url)):
+            # Not the value itself: it holds the broker's password.
+            raise ValueError("CHATEXPORT_AMQP_URL must be amqp:// or amqps:// URLs separated by commas")
+        if self.amqp_management_url is not None and not _is_url(
+            self.amqp_management_url.get_secret_value(), ("http", "https")
+        ):
+            raise ValueError("CHATEXPORT_AMQP_MANAGEMENT_URL must be an http:// or https:// URL")
+        return self
+
 
 class StorageSettings(BaseSettings):
     """S3: where export files are stored, and how long a request to it may take."""
@@ -243,6 +257,16 @@ class TokenSettings(BaseSettings):
         24 * 3600, "a token whose `exp` is further ahead (plus the leeway) is refused", ge=60
     )
 
+    @model_validator(mode="after")
+    def _check_secret(self) -> TokenSettings:
+        if _outside_development(self) and self.jwt_public_key is None:
+            if self.jwt_secret == PLACEHOLDER_JWT_SECRET:
+                raise ValueError("CHATEXPORT_JWT_SECRET is the development placeholder; set a real secret")
+            if len(self.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
+                # RFC 7518 3.2: an HS256 key must be at least as long as the hash output.
+                raise ValueError(f"CHATEXPORT_JWT_SECRET must be at least {MIN_JWT_SECRET_BYTES} bytes")
+        return self
+
 
 class HttpSettings(BaseSettings):
     """The API's listener and the limits of a request to it."""
@@ -313,6 +337,14 @@ class ExportSettings(BaseSettings):
         5, ge=1, description="non-terminal exports per user before `429`", json_schema_extra={"unit": "operations"}
     )
 
+    @model_validator(mode="after")
+    def _check_retention(self) -> ExportSettings:
+        if self.result_ttl_seconds > self.operation_retention_seconds:
+            raise ValueError("CHATEXPORT_RESULT_TTL_SECONDS must not exceed the operation retention")
+        if self.idempotency_replay_window_seconds > self.operation_retention_seconds:
+            raise ValueError("the idempotency replay window must not exceed the operation retention")
+        return self
+
 
 class ScheduleSettings(BaseSettings):
     """Export schedules: their shortest interval, how many a user may have, how often due ones are fired."""
@@ -333,6 +365,15 @@ class ScheduleSettings(BaseSettings):
     scheduler_interval_seconds: float = seconds(
         1.0, "how often the leading janitor looks for due schedules and creates their runs"
     )
+
+    @model_validator(mode="after")
+    def _check_min_interval(self) -> ScheduleSettings:
+        if _outside_development(self) and self.schedule_min_interval_seconds < DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS:
+            raise ValueError(
+                "CHATEXPORT_SCHEDULE_MIN_INTERVAL_SECONDS below "
+                f"{DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS} is for development and tests only"
+            )
+        return self
 
 
 class DownloadSettings(BaseSettings):
@@ -451,15 +492,28 @@ class WebhookSettings(BaseSettings):
         json_schema_extra={"unit": "URL"},
     )
 
+    @model_validator(mode="after")
+    def _check_webhooks(self) -> WebhookSettings:
+        if _outside_development(self) and self.webhook_signing_key == PLACEHOLDER_WEBHOOK_SIGNING_KEY:
+            raise ValueError("CHATEXPORT_WEBHOOK_SIGNING_KEY is the development placeholder; set a real key")
+        if _outside_development(self) and self.webhook_allow_private:
+            raise ValueError("CHATEXPORT_WEBHOOK_ALLOW_PRIVATE is for development and tests only")
+        if self.webhook_proxy_url is not None and not _is_http_proxy(self.webhook_proxy_url.get_secret_value()):
+            raise ValueError("CHATEXPORT_WEBHOOK_PROXY_URL must be http://[user:password@]host[:port]")
+        return self
+
 
 class LeaseSettings(BaseSettings):
-    """The worker's lease of an operation, how much it runs at once, and its attempts."""
+    """Leases: an operation's length, the heartbeat of every lease (an operation's, a chunk's, a batch of
+    callbacks'), how much a worker runs at once, and an operation's attempts."""
 
     model_config = _CONFIG
 
     lease_seconds: float = seconds(30.0, "worker lease length (database clock)")
 
-    heartbeat_seconds: float = seconds(10.0, "lease renewal interval; shorter than the lease")
+    heartbeat_seconds: float = seconds(
+        10.0, "renewal interval of every lease (an export's, a chunk's, a batch of callbacks'); shorter than the lease"
+    )
 
     worker_concurrency: int = Field(
         4,
@@ -484,6 +538,12 @@ class LeaseSettings(BaseSettings):
     max_attempts: int = Field(
         5, ge=1, description="attempt budget before FAILED_REPAIR", json_schema_extra={"unit": "attempts"}
     )
+
+    @model_validator(mode="after")
+    def _check_heartbeat(self) -> LeaseSettings:
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError("CHATEXPORT_HEARTBEAT_SECONDS must be shorter than CHATEXPORT_LEASE_SECONDS")
+        return self
 
 
 class ChunkSettings(BaseSettings):
@@ -589,12 +649,17 @@ class MonitoringSettings(BaseSettings):
     )
 
 
-class Settings(
-    MonitoringSettings,
-    JanitorSettings,
-    RelaySettings,
-    ChunkSettings,
-    LeaseSettings,
+def _outside_development(group: BaseSettings) -> bool:
+    # A group's refusals that depend on the environment read it from CommonSettings, which every part's
+    # settings hold.
+    return isinstance(group, CommonSettings) and group.environment != "development"
+
+
+class PartSettings(MonitoringSettings, DatabaseSettings, CommonSettings):
+    """What every part builds: its environment, its database and its monitoring endpoint."""
+
+
+class ApiPartSettings(
     WebhookSettings,
     WaitSettings,
     DownloadSettings,
@@ -603,58 +668,51 @@ class Settings(
     HttpSettings,
     TokenSettings,
     StorageSettings,
-    BrokerSettings,
-    DatabaseSettings,
-    CommonSettings,
+    PartSettings,
 ):
-    """Typed configuration of every part: the groups above, one per concern, each read from its own
-    ``CHATEXPORT_<name>`` variables (the names stay flat: a group is no part of them); durations are in
-    seconds, sizes in bytes.
+    """The groups the API builds (``chatexport api``)."""
 
-    Raises ``pydantic.ValidationError`` on a bad value, and refuses to build outside development with the
-    placeholder JWT secret or a rule between groups broken (docs/reference/settings.md: Settings).
+
+class RelayPartSettings(LeaseSettings, RelaySettings, WebhookSettings, BrokerSettings, PartSettings):
+    """The groups the relay builds (``chatexport relay``): the outbox, the broker, completion callbacks and
+    their lease's heartbeat."""
+
+
+class WorkerPartSettings(
+    JanitorSettings,
+    ChunkSettings,
+    LeaseSettings,
+    ExportSettings,
+    HttpSettings,
+    StorageSettings,
+    BrokerSettings,
+    PartSettings,
+):
+    """The groups a worker builds (``chatexport worker``)."""
+
+
+class JanitorPartSettings(JanitorSettings, ScheduleSettings, ExportSettings, StorageSettings, PartSettings):
+    """The groups the janitor builds (``chatexport janitor``)."""
+
+
+# pydantic's mypy plugin gives each part its own ``model_construct`` signature and then finds the four
+# incompatible; the classes' method resolution order is consistent (every part lists its groups in one order).
+class Settings(JanitorPartSettings, WorkerPartSettings, RelayPartSettings, ApiPartSettings):  # type: ignore[misc]
+    """Typed configuration of every part: every group, each read from its own ``CHATEXPORT_<name>`` variables
+    (the names stay flat: a group is no part of them); durations are in seconds, sizes in bytes. The
+    commands that are no part (``migrate``, ``token``, ``dev``, ...) and the tests build it; a part builds
+    only its own groups (``ApiPartSettings``, ...), of which this is a subclass.
+
+    Raises ``pydantic.ValidationError`` on a bad value; each group refuses what its own rules forbid
+    (docs/reference/settings.md: Settings).
     """
 
-    @model_validator(mode="after")
-    def _check_consistency(self) -> Settings:
-        if self.environment != "development" and self.jwt_public_key is None:
-            if self.jwt_secret == PLACEHOLDER_JWT_SECRET:
-                raise ValueError("CHATEXPORT_JWT_SECRET is the development placeholder; set a real secret")
-            if len(self.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
-                # RFC 7518 3.2: an HS256 key must be at least as long as the hash output.
-                raise ValueError(f"CHATEXPORT_JWT_SECRET must be at least {MIN_JWT_SECRET_BYTES} bytes")
-        if self.environment != "development" and self.webhook_signing_key == PLACEHOLDER_WEBHOOK_SIGNING_KEY:
-            raise ValueError("CHATEXPORT_WEBHOOK_SIGNING_KEY is the development placeholder; set a real key")
-        if self.environment != "development" and self.webhook_allow_private:
-            raise ValueError("CHATEXPORT_WEBHOOK_ALLOW_PRIVATE is for development and tests only")
-        if (
-            self.environment != "development"
-            and self.schedule_min_interval_seconds < DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS
-        ):
-            raise ValueError(
-                "CHATEXPORT_SCHEDULE_MIN_INTERVAL_SECONDS below "
-                f"{DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS} is for development and tests only"
-            )
-        if self.webhook_proxy_url is not None and not _is_http_proxy(self.webhook_proxy_url.get_secret_value()):
-            raise ValueError("CHATEXPORT_WEBHOOK_PROXY_URL must be http://[user:password@]host[:port]")
-        if not all(_is_url(url, ("amqp", "amqps")) for url in amqp_node_urls(self.amqp_url)):
-            # Not the value itself: it holds the broker's password.
-            raise ValueError("CHATEXPORT_AMQP_URL must be amqp:// or amqps:// URLs separated by commas")
-        if self.amqp_management_url is not None and not _is_url(
-            self.amqp_management_url.get_secret_value(), ("http", "https")
-        ):
-            raise ValueError("CHATEXPORT_AMQP_MANAGEMENT_URL must be an http:// or https:// URL")
-        if self.heartbeat_seconds >= self.lease_seconds:
-            raise ValueError("CHATEXPORT_HEARTBEAT_SECONDS must be shorter than CHATEXPORT_LEASE_SECONDS")
-        if self.result_ttl_seconds > self.operation_retention_seconds:
-            raise ValueError("CHATEXPORT_RESULT_TTL_SECONDS must not exceed the operation retention")
-        if self.idempotency_replay_window_seconds > self.operation_retention_seconds:
-            raise ValueError("the idempotency replay window must not exceed the operation retention")
-        return self
 
-
-# The groups in the order the Settings page shows them.
-GROUPS: tuple[type[BaseSettings], ...] = tuple(reversed(Settings.__bases__))
+# The groups in the order the Settings page shows them, which is the order of ``Settings.model_fields``: each
+# class that declares settings of its own, base first.
+GROUPS: tuple[type[BaseSettings], ...] = tuple(
+    group for group in reversed(Settings.__mro__) if BaseSettings in group.__bases__
+)
 
 
 def amqp_node_urls(amqp_url: str) -> list[str]:

@@ -18,11 +18,11 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
 
-from shared.settings import Settings
+from shared.settings import StorageSettings
 
 # What an unreachable, failing or misconfigured S3 raises.
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
-# Pooled S3 connections beyond the download cap, for uploads, verification and deletes.
+# Pooled S3 connections beyond what a part's own work holds at once, for verification, deletes and the rest.
 S3_SPARE_CONNECTIONS = 16
 # The most entries one listing page or one DeleteObjects request holds (S3 API limit).
 S3_BATCH_MAX = 1000
@@ -30,12 +30,12 @@ S3_BATCH_MAX = 1000
 MIN_UPLOAD_BYTES_PER_SECOND = 256 * 1024
 
 
-def artifact_prefix(settings: Settings, operation_id: str) -> str:
+def artifact_prefix(settings: StorageSettings, operation_id: str) -> str:
     """Every object of one operation lives under ``<s3_prefix><operation_id>/``."""
     return f"{settings.s3_prefix}{operation_id}/"
 
 
-def artifact_key(settings: Settings, operation_id: str, generation: int, *, extension: str, split: bool) -> str:
+def artifact_key(settings: StorageSettings, operation_id: str, generation: int, *, extension: str, split: bool) -> str:
     """The key of one attempt's artifact, derived from (operation, fencing generation): the object
     ``<op>/g<gen>.<extension>``, or for a split result the folder ``<op>/g<gen>/`` of its parts (``part_key``).
     """
@@ -47,7 +47,7 @@ def artifact_key(settings: Settings, operation_id: str, generation: int, *, exte
 CHUNK_EXTENSION = "part"
 
 
-def chunk_key_stem(settings: Settings, operation_id: str, chunk_no: int) -> str:
+def chunk_key_stem(settings: StorageSettings, operation_id: str, chunk_no: int) -> str:
     """The start of the keys of chunk ``chunk_no``'s objects (docs/chunks.md: Chunked exports): generation
     ``g`` of the chunk writes ``<op>/chunks/<chunk_no>-g<g>.part``.
     """
@@ -65,13 +65,15 @@ def is_folder(key: str) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def open_s3_client(settings: Settings) -> AsyncIterator[Any]:
-    """Yield an aiobotocore S3 client with timeouts and a bounded pool; closed on exit."""
+async def open_s3_client(settings: StorageSettings, *, held: int = 0) -> AsyncIterator[Any]:
+    """Yield an aiobotocore S3 client with timeouts and a pool of ``held`` connections (what the caller's
+    own work holds at once: the API's downloads, the worker's exports and chunks) plus
+    ``S3_SPARE_CONNECTIONS`` for everything else; closed on exit.
+    """
     config = AioConfig(
         connect_timeout=settings.s3_timeout_seconds,
         read_timeout=settings.s3_timeout_seconds,
-        # Downloads hold a connection while a client reads; keep room for everything else.
-        max_pool_connections=settings.download_concurrency + S3_SPARE_CONNECTIONS,
+        max_pool_connections=held + S3_SPARE_CONNECTIONS,
         retries={"max_attempts": 2, "mode": "standard"},
         s3={"addressing_style": "path"},
     )
@@ -80,7 +82,7 @@ async def open_s3_client(settings: Settings) -> AsyncIterator[Any]:
 
 
 @contextlib.asynccontextmanager
-async def open_presigner(settings: Settings) -> AsyncIterator[Any]:
+async def open_presigner(settings: StorageSettings) -> AsyncIterator[Any]:
     """Yield an aiobotocore S3 client that signs URLs for ``s3_public_endpoint_url`` (else ``s3_endpoint_url``)
     with Signature Version 4 (so that a URL carries its ``X-Amz-Expires``); it never opens a connection.
     """
@@ -101,7 +103,7 @@ def _session() -> AioSession:
     return get_session()
 
 
-def _client(settings: Settings, *, endpoint_url: str | None, config: AioConfig) -> Any:
+def _client(settings: StorageSettings, *, endpoint_url: str | None, config: AioConfig) -> Any:
     """The context manager of an S3 client for ``endpoint_url`` with the credentials of ``settings``."""
     return _session().create_client(
         "s3",

@@ -31,7 +31,7 @@ from shared.lifecycle import listening_site, run_until_signalled
 from shared.logs import configure_logging
 from shared.migrator import require_schema
 from shared.monitoring import Monitor, database_check, serving, storage_check
-from shared.settings import Settings
+from shared.settings import ApiPartSettings
 from shared.storage import open_presigner, open_s3_client
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,10 @@ async def _s3_context(app: web.Application) -> AsyncIterator[None]:
     # The API only reads results that workers wrote, so it neither creates the bucket nor needs S3 up to
     # start: a download while S3 is unreachable is a 5xx problem, not a dead API. Readiness still reports
     # S3, so that an orchestrator sees a replica that cannot serve downloads.
-    async with open_s3_client(app[SETTINGS]) as client, open_presigner(app[SETTINGS]) as presigner:
+    async with (
+        open_s3_client(app[SETTINGS], held=app[SETTINGS].download_concurrency) as client,
+        open_presigner(app[SETTINGS]) as presigner,
+    ):
         app[S3] = client
         app[PRESIGNER] = presigner
         app[MONITOR].checks["storage"] = storage_check(client, app[SETTINGS].s3_bucket)
@@ -78,7 +81,7 @@ async def _monitoring_context(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def init_app(settings: Settings) -> web.Application:
+def init_app(settings: ApiPartSettings) -> web.Application:
     """Build the API application; Postgres, S3 and the monitoring endpoint (``metrics_port``) are opened
     on start-up and closed on cleanup.
     """
@@ -114,7 +117,7 @@ def init_app(settings: Settings) -> web.Application:
 
 
 @contextlib.asynccontextmanager
-async def listening(settings: Settings) -> AsyncIterator[web.AppRunner]:
+async def listening(settings: ApiPartSettings) -> AsyncIterator[web.AppRunner]:
     """Serve the API on ``api_host:api_port`` (or the inherited ``api_socket_fd``) for the duration of the
     block, as ``main`` does, and yield its runner (``runner.addresses`` names the bound sockets: port 0 picks a
     free one). On exit the listener closes, in-flight requests get ``shutdown_grace_seconds`` to finish and the
@@ -129,13 +132,13 @@ async def listening(settings: Settings) -> AsyncIterator[web.AppRunner]:
         await runner.cleanup()
 
 
-async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
+async def serve(settings: ApiPartSettings, *, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set, then drain as ``listening`` does."""
     async with listening(settings):
         await stop.wait()
 
 
-def main(settings: Settings) -> None:
+def main(settings: ApiPartSettings) -> None:
     """Serve on ``api_host:api_port`` until SIGINT/SIGTERM; in-flight requests get the grace period."""
     configure_logging(settings, service="api")
     log.info("api starting", extra={"host": settings.api_host, "port": settings.api_port})

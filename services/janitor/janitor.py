@@ -34,7 +34,7 @@ from shared.repository.access_events import record_access_event
 from shared.repository.artifacts import LiveArtifact, StaleArtifact
 from shared.repository.leases import finish_cancel
 from shared.repository.outbox import enqueue_run
-from shared.settings import Settings
+from shared.settings import JanitorPartSettings
 from shared.states import ArtifactState, ChunkState
 from shared.storage import (
     STORAGE_ERRORS,
@@ -81,7 +81,7 @@ class Janitor:
     ``janitor_batch_size`` is swept in turn rather than always from its first key.
     """
 
-    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings) -> None:
+    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: JanitorPartSettings) -> None:
         self._pool = pool
         self._s3 = s3
         self._settings = settings

@@ -17,7 +17,7 @@ from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
 from shared.lifecycle import run_until_signalled, sleep_unless_stopped
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, serving_with_database, storage_check
-from shared.settings import Settings
+from shared.settings import JanitorPartSettings
 from shared.storage import open_s3_client
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ LEADER_IDLE_PASSES = 4
 LEADER_IDLE_MIN_SECONDS = 10.0
 
 
-async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
+async def serve(settings: JanitorPartSettings, *, stop: asyncio.Event) -> None:
     """Run passes and the scheduler until ``stop`` is set. Only the holder of the leader lock acts (Postgres
     advisory lock held by a dedicated connection); a failed pass or round is logged and the next one tries again.
 
@@ -40,7 +40,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         await _run(settings, pool, monitor, stop=stop)
 
 
-async def _run(settings: Settings, pool: asyncpg.Pool, monitor: Monitor, *, stop: asyncio.Event) -> None:
+async def _run(settings: JanitorPartSettings, pool: asyncpg.Pool, monitor: Monitor, *, stop: asyncio.Event) -> None:
     session = LeaderSession(settings)
     try:
         async with open_s3_client(settings) as s3:
@@ -57,7 +57,9 @@ async def _run(settings: Settings, pool: asyncpg.Pool, monitor: Monitor, *, stop
         await pool.close()
 
 
-async def _run_passes(janitor: Janitor, session: LeaderSession, settings: Settings, *, stop: asyncio.Event) -> None:
+async def _run_passes(
+    janitor: Janitor, session: LeaderSession, settings: JanitorPartSettings, *, stop: asyncio.Event
+) -> None:
     while not stop.is_set():
         if await session.lead():
             await _pass(janitor)
@@ -65,7 +67,7 @@ async def _run_passes(janitor: Janitor, session: LeaderSession, settings: Settin
 
 
 async def _run_scheduler(
-    scheduler: Scheduler, session: LeaderSession, settings: Settings, *, stop: asyncio.Event
+    scheduler: Scheduler, session: LeaderSession, settings: JanitorPartSettings, *, stop: asyncio.Event
 ) -> None:
     while not stop.is_set():
         if await session.confirm():
@@ -79,7 +81,7 @@ class LeaderSession:
     (``confirm``), so a standby asks for the lock at the passes' pace, not at every round of the scheduler.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: JanitorPartSettings) -> None:
         self._settings = settings
         self._session: asyncpg.Connection | None = None
         self._turn = asyncio.Lock()
@@ -112,7 +114,7 @@ class LeaderSession:
         return self._session is not None
 
 
-async def _lead(settings: Settings, leader: asyncpg.Connection | None) -> asyncpg.Connection | None:
+async def _lead(settings: JanitorPartSettings, leader: asyncpg.Connection | None) -> asyncpg.Connection | None:
     """Return the connection holding the leader lock, taking it if free; None when another janitor leads.
 
     The lock lasts as long as its session, and the server ends a session idle for ``_leader_idle_ms``: a
@@ -152,7 +154,7 @@ async def _kept(leader: asyncpg.Connection) -> asyncpg.Connection | None:
     return None
 
 
-def _leader_idle_ms(settings: Settings) -> int:
+def _leader_idle_ms(settings: JanitorPartSettings) -> int:
     """How long the leader's session may stay idle: ``LEADER_IDLE_PASSES`` intervals, at least
     ``LEADER_IDLE_MIN_SECONDS``; in milliseconds, as Postgres takes it.
     """
@@ -177,7 +179,7 @@ async def _round(scheduler: Scheduler, *, stop: asyncio.Event) -> None:
         log.warning("scheduler round failed; next round retries", extra={"error": type(exc).__name__})
 
 
-def main(settings: Settings) -> None:
+def main(settings: JanitorPartSettings) -> None:
     """Run the janitor until SIGINT or SIGTERM."""
     configure_logging(settings, service="janitor")
     with tracing.traced("janitor"):

@@ -21,7 +21,7 @@ from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import new_operation_id
 from shared.repository import schedule_runs
 from shared.repository.schedule_runs import FireOutcome
-from shared.settings import Settings
+from shared.settings import JanitorPartSettings
 from shared.timefmt import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ _LOGGED = frozenset({FireOutcome.CREATED, FireOutcome.ACCESS_REVOKED})
 class Scheduler:
     """Fires due schedules with the janitor's pool and settings; ``run_round`` is one round."""
 
-    def __init__(self, *, pool: asyncpg.Pool, settings: Settings) -> None:
+    def __init__(self, *, pool: asyncpg.Pool, settings: JanitorPartSettings) -> None:
         self._pool = pool
         self._settings = settings
 

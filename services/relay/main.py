@@ -13,12 +13,12 @@ from shared import broker, tracing
 from shared.lifecycle import run_until_signalled
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, broker_check, serving_with_database
-from shared.settings import Settings
+from shared.settings import RelayPartSettings
 
 log = logging.getLogger(__name__)
 
 
-async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
+async def serve(settings: RelayPartSettings, *, stop: asyncio.Event) -> None:
     """Relay outbox rows and send completion callbacks until ``stop`` is set. A batch in flight completes
     before the relay exits.
 
@@ -42,7 +42,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
             group.create_task(webhooks.run(stop=stop))
 
 
-def main(settings: Settings) -> None:
+def main(settings: RelayPartSettings) -> None:
     """Run the relay until SIGINT or SIGTERM."""
     configure_logging(settings, service="relay")
     with tracing.traced("relay"):

@@ -22,7 +22,7 @@ from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
 from shared.payloads import PAYLOAD_VERSION_HEADER, readable
 from shared.repository import outbox
-from shared.settings import Settings
+from shared.settings import RelayPartSettings
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Relay:
     """
 
     def __init__(
-        self, *, pool: asyncpg.Pool, channel: AbstractChannel, exchange: AbstractExchange, settings: Settings
+        self, *, pool: asyncpg.Pool, channel: AbstractChannel, exchange: AbstractExchange, settings: RelayPartSettings
     ) -> None:
         self._pool = pool
         self._channel = channel

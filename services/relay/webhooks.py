@@ -2,7 +2,8 @@
 schedule paused by the system (docs/schedules.md: When a run cannot go on), at least once, driven from
 Postgres like the outbox: due deliveries are claimed with ``SKIP LOCKED`` and a lease longer than one
 attempt's deadline, sent with no database connection or row lock held, and every attempt is recorded under
-the claim's fencing generation; a failed one is retried with exponential backoff and jitter until
+the claim's fencing generation (the lease extended by the heartbeat every lease uses while a batch is still
+being sent); a failed one is retried with exponential backoff and jitter until
 ``webhook_retry_seconds`` after the event, and one whose relay died is sent again once its lease ends.
 
 Each URL is checked again right before it is sent, with the very rules of the submit
@@ -41,11 +42,12 @@ from yarl import URL
 from services.relay import metrics
 from shared import jsontext, tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.lease import heartbeating
 from shared.payloads import PAYLOAD_VERSION, PAYLOAD_VERSION_FIELD
 from shared.repository import schedules, status_monitor, webhook_deliveries
 from shared.repository.webhook_deliveries import Attempt, Delivery
 from shared.representation import represent, represent_schedule
-from shared.settings import Settings
+from shared.settings import RelayPartSettings
 from shared.webhooks.signing import signature_header, user_secret
 from shared.webhooks.targets import IPAddress, RefusedTarget, Target, check_addresses, check_url
 
@@ -131,7 +133,7 @@ class WebhookSender:
         self,
         *,
         pool: asyncpg.Pool,
-        settings: Settings,
+        settings: RelayPartSettings,
         resolve: Resolve | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -194,7 +196,8 @@ class WebhookSender:
     async def send_due(self) -> int:
         """Claim one batch of due deliveries with a lease, send them at once with no database connection
         held, and record each attempt as soon as it ends (with those that ended meanwhile); return how many
-        were claimed.
+        were claimed. While any is still being sent, the batch's lease is extended every
+        ``heartbeat_seconds`` (``shared.lease.heartbeating``), under the generation of the claim.
         """
         lease_seconds = self._settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS
         async with self._pool.acquire() as conn:
@@ -202,13 +205,27 @@ class WebhookSender:
             # The bodies one by one (one connection runs one statement at a time), then the requests at once.
             bodies = [await self._body(conn, delivery) for delivery in due]
             metrics.WEBHOOK_OLDEST_UNDELIVERED_AGE.set(await webhook_deliveries.oldest_undelivered_age(conn))
+        if not due:
+            return 0
+
+        async def extend() -> bool:
+            async with self._pool.acquire() as conn:
+                return await webhook_deliveries.extend(conn, due, lease_seconds=lease_seconds) > 0
+
         sending = {
             asyncio.create_task(self._attempt(delivery, body)) for delivery, body in zip(due, bodies, strict=True)
         }
+        beating = heartbeating(
+            extend,
+            every_seconds=self._settings.heartbeat_seconds,
+            name="webhook-heartbeat",
+            log_extra={"webhook_ids": [delivery.webhook_id for delivery in due]},
+        )
         try:
-            while sending:
-                ended, sending = await asyncio.wait(sending, return_when=FIRST_COMPLETED)
-                await self._record([attempt.result() for attempt in ended])
+            async with beating:
+                while sending:
+                    ended, sending = await asyncio.wait(sending, return_when=FIRST_COMPLETED)
+                    await self._record([attempt.result() for attempt in ended])
         finally:
             await _cancel_all(sending)
         return len(due)

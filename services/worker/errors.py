@@ -16,7 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from services.worker.writing.object_writer import StoredBytesDiffer
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.repository import message_store
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 from shared.states import State
 
 
@@ -106,7 +106,7 @@ def is_missing_bucket(exc: BaseException) -> bool:
     return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "NoSuchBucket"
 
 
-def classify(exc: BaseException, *, attempt: int, settings: Settings) -> Verdict:
+def classify(exc: BaseException, *, attempt: int, settings: WorkerPartSettings) -> Verdict:
     """Decide how attempt number ``attempt`` (1-based) that raised ``exc`` ends."""
     if isinstance(exc, PermanentError):
         return Verdict(State.FAILED, exc.code, exc.message)
@@ -119,7 +119,7 @@ def classify(exc: BaseException, *, attempt: int, settings: Settings) -> Verdict
     return Verdict(State.RETRY_AT, code, f"{cause}; the export will be retried.", backoff_seconds(attempt, settings))
 
 
-def backoff_seconds(attempt: int, settings: Settings) -> float:
+def backoff_seconds(attempt: int, settings: WorkerPartSettings) -> float:
     """Exponential backoff with equal jitter: half of min(cap, base * 2^(attempt-1)) plus a random half."""
     ceiling = min(settings.retry_cap_seconds, settings.retry_base_seconds * 2 ** (attempt - 1))
     return ceiling / 2 + random.uniform(0, ceiling / 2)

@@ -22,13 +22,13 @@ from shared.db import create_pool
 from shared.lifecycle import drain, keep_trying, run_until_signalled
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, Unavailable, broker_check, serving_with_database, storage_check
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 from shared.storage import STORAGE_ERRORS, ensure_bucket, open_s3_client
 
 log = logging.getLogger(__name__)
 
 
-async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
+async def serve(settings: WorkerPartSettings, *, stop: asyncio.Event) -> None:
     """Consume until ``stop`` is set; then stop taking work and give in-flight exports the grace period.
 
     Exports still running after ``shutdown_grace_seconds`` are cancelled and hand their lease back, so
@@ -44,7 +44,9 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         resources.push_async_callback(session.connection.close)
         monitor.checks["broker"] = broker_check(session.connection)
         await resources.enter_async_context(watching_queue_members(settings))
-        s3 = await resources.enter_async_context(open_s3_client(settings))
+        s3 = await resources.enter_async_context(
+            open_s3_client(settings, held=settings.worker_concurrency + settings.worker_chunk_concurrency)
+        )
         monitor.checks["storage"] = storage_check(s3, settings.s3_bucket)
         await keep_trying(
             lambda: ensure_bucket(s3, settings.s3_bucket), what="file store", errors=STORAGE_ERRORS, stop=stop
@@ -81,7 +83,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event) -> None:
         await drain(running, grace_seconds=settings.shutdown_grace_seconds)
 
 
-async def _standby_pool(settings: Settings, resources: contextlib.AsyncExitStack) -> asyncpg.Pool | None:
+async def _standby_pool(settings: WorkerPartSettings, resources: contextlib.AsyncExitStack) -> asyncpg.Pool | None:
     """The pool of ``database_read_url``, closed with ``resources``; None when it is unset. It connects on
     first use: a standby that is down delays no start-up, and its reads go to the primary meanwhile.
     """
@@ -99,7 +101,7 @@ async def _consuming(consumers: tuple[Consumer[Any], ...]) -> None:
         raise Unavailable("no consumer registered on a queue")
 
 
-def main(settings: Settings) -> None:
+def main(settings: WorkerPartSettings) -> None:
     """Run the worker until SIGINT or SIGTERM."""
     configure_logging(settings, service="worker")
     with tracing.traced("worker"):

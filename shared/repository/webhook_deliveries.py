@@ -60,6 +60,21 @@ async def claim_due(conn: asyncpg.Connection, *, limit: int, lease_seconds: floa
     return sorted(deliveries, key=lambda delivery: delivery.delivery_id)
 
 
+async def extend(conn: asyncpg.Connection, deliveries: list[Delivery], *, lease_seconds: float) -> int:
+    """Extend the lease of ``deliveries``, as claimed, to ``lease_seconds`` from now, in one statement
+    (``extend_webhook_deliveries_v1``); one whose attempt was recorded since, or that was claimed again, is left
+    as it is. Returns how many were extended: 0 once every attempt is recorded.
+    """
+    extended: int = await conn.fetchval(
+        "SELECT extend_webhook_deliveries_v1($1, $2, $3, $4)",
+        [delivery.delivery_id for delivery in deliveries],
+        [delivery.generation for delivery in deliveries],
+        [delivery.attempts for delivery in deliveries],
+        lease_seconds,
+    )
+    return extended
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One attempt to send ``delivery``, begun at ``attempted_at`` (the sender's clock, aware): ``status_code``

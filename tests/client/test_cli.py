@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_settings import BaseSettings
 
 from chatexport import cli
 from shared.auth import InvalidToken, TokenVerifier
@@ -100,13 +101,23 @@ def test_a_settings_error_never_shows_the_proxy_password(
 
 @pytest.mark.parametrize("part", ["api", "relay", "worker", "janitor"])
 def test_part_subcommands_call_the_parts_main_with_settings(part: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[Settings] = []
-    monkeypatch.setitem(cli.PARTS, part, calls.append)
-    monkeypatch.setenv("CHATEXPORT_API_PORT", "18099")
+    calls: list[BaseSettings] = []
+    settings_class = cli.PARTS[part].settings
+    monkeypatch.setitem(cli.PARTS, part, cli.Part(settings_class, calls.append))
+    monkeypatch.setenv("CHATEXPORT_METRICS_PORT", "18099")
 
     assert cli.main([part]) == 0
-    assert len(calls) == 1 and isinstance(calls[0], Settings)
-    assert calls[0].api_port == 18099
+    assert len(calls) == 1 and type(calls[0]) is settings_class
+    assert calls[0].metrics_port == 18099  # type: ignore[attr-defined]
+
+
+def test_each_part_builds_only_the_groups_it_uses() -> None:
+    # The worker never verifies a token, the relay serves no HTTP API: neither reads those settings.
+    fields = {part: set(cli.PARTS[part].settings.model_fields) for part in cli.PARTS}
+    assert "jwt_secret" in fields["api"] and "jwt_secret" not in fields["worker"] | fields["relay"] | fields["janitor"]
+    assert "api_port" not in fields["relay"] | fields["janitor"]
+    assert all(issubclass(Settings, cli.PARTS[part].settings) for part in cli.PARTS)
+    assert set().union(*fields.values()) == set(Settings.model_fields)
 
 
 def test_import_refuses_an_unknown_language_before_connecting(

@@ -326,6 +326,46 @@ async def test_a_lease_that_ran_out_is_claimed_again_and_the_late_record_changes
     assert await pool.fetchval("SELECT count(*) FROM webhook_attempts") == 1
 
 
+async def test_a_batch_still_being_sent_keeps_its_lease_by_the_heartbeat(
+    pool: asyncpg.Pool, receiver: Receiver, settings: Settings
+) -> None:
+    receiver.release = asyncio.Event()
+    await ended_with_callback(pool, "op_lease_kept", receiver.url)
+    beating = settings.model_copy(update={"heartbeat_seconds": 0.2})
+    sending = asyncio.create_task(send_due(pool, beating))
+    await wait_for(lambda: receiver.received)
+    claimed = await pool.fetchrow("SELECT generation, next_attempt_at FROM webhook_deliveries")
+
+    async def extended() -> bool:
+        row = await pool.fetchrow("SELECT generation, next_attempt_at FROM webhook_deliveries")
+        return bool(row["next_attempt_at"] > claimed["next_attempt_at"] and row["generation"] == claimed["generation"])
+
+    await wait_for(extended)
+    receiver.release.set()
+    assert await asyncio.wait_for(sending, 20) == 1
+    row = await pool.fetchrow("SELECT generation, delivered_at FROM webhook_deliveries")
+    assert (row["generation"], row["delivered_at"] is not None) == (claimed["generation"], True)
+
+
+async def test_an_extension_leaves_a_delivery_recorded_or_claimed_again_as_it_is(pool: asyncpg.Pool) -> None:
+    for operation_id in ("op_extend_held", "op_extend_retry", "op_extend_lost"):
+        await ended_with_callback(pool, operation_id, "https://hooks.example.com/hook")
+    async with pool.acquire() as conn:
+        claimed = {d.operation_id: d for d in await webhook_deliveries.claim_due(conn, limit=10, lease_seconds=5)}
+        retry = Attempt(claimed["op_extend_retry"], datetime.now(UTC), 503, 10, "HTTP 503", 2.0)
+        assert await webhook_deliveries.record_attempts(conn, [retry]) == [retry.delivery.delivery_id]
+        await conn.execute(
+            "UPDATE webhook_deliveries SET generation = generation + 1 WHERE operation_id = 'op_extend_lost'"
+        )
+        before = dict(await conn.fetch("SELECT operation_id, next_attempt_at FROM webhook_deliveries"))
+
+        assert await webhook_deliveries.extend(conn, list(claimed.values()), lease_seconds=600) == 1
+        after = dict(await conn.fetch("SELECT operation_id, next_attempt_at FROM webhook_deliveries"))
+    assert after["op_extend_held"] > before["op_extend_held"]
+    assert after["op_extend_retry"] == before["op_extend_retry"]
+    assert after["op_extend_lost"] == before["op_extend_lost"]
+
+
 async def test_one_sender_reuses_the_receivers_connection(
     pool: asyncpg.Pool, receiver: Receiver, settings: Settings
 ) -> None:

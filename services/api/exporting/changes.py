@@ -27,7 +27,7 @@ import asyncpg
 from aiohttp import web
 
 from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
-from shared.settings import Settings
+from shared.settings import ApiPartSettings
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class OperationChanges:
     (which wakes every waiter as ``closed``).
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ApiPartSettings) -> None:
         self._settings = settings
         self._subscriptions: defaultdict[str, set[Subscription]] = defaultdict(set)
         self._connection: asyncpg.Connection | None = None

@@ -13,7 +13,7 @@ from services.api.http.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
 from services.api.http.problems import ProblemError, not_found
 from shared.metrics import AUTHORIZATION_REFUSALS
 from shared.repository.submissions import SubmitOutcome
-from shared.settings import Settings
+from shared.settings import ApiPartSettings
 
 QUOTA_RETRY_AFTER_SECONDS = 10
 
@@ -28,7 +28,7 @@ class Creation:
     refusal_label: str
     anew: str
     quota_code: str
-    quota_detail: Callable[[Settings], str]
+    quota_detail: Callable[[ApiPartSettings], str]
     quota_retry_after_seconds: int | None = None
 
     @property
@@ -54,7 +54,7 @@ SCHEDULE = Creation(
 )
 
 
-def answer(outcome: SubmitOutcome, creation: Creation, settings: Settings) -> bool:
+def answer(outcome: SubmitOutcome, creation: Creation, settings: ApiPartSettings) -> bool:
     """Count ``outcome`` and return whether it was a replay (``REPLAYED``: True, ``CREATED``: False).
 
     Raises ``ProblemError`` for every other outcome: NOT_FOUND (not a member, or no such conversation),

@@ -22,7 +22,7 @@ from shared.export.request import ExportRequest
 from shared.ids import is_operation_id, new_schedule_id
 from shared.repository import schedules
 from shared.repository.schedules import ResumeOutcome, ScheduleView
-from shared.settings import Settings
+from shared.settings import ApiPartSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class AcceptedSchedule:
     replayed: bool
 
 
-def checked_interval(body: ExportScheduleSubmission, settings: Settings) -> Cadence:
+def checked_interval(body: ExportScheduleSubmission, settings: ApiPartSettings) -> Cadence:
     """The body's interval, once no option is refused and the interval is one (docs/api.md: Export schedules).
 
     Raises ``ProblemError`` 422, in this order: SCHEDULE_OPTION_REFUSED (``before_seq`` or ``until`` given),
@@ -75,7 +75,7 @@ def _interval_problem(code: str, detail: str, msg: str) -> ProblemError:
 
 async def create(
     conn: asyncpg.Connection,
-    settings: Settings,
+    settings: ApiPartSettings,
     *,
     owner_id: str,
     conversation_id: str,

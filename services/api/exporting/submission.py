@@ -17,7 +17,7 @@ from shared.export.request import ExportRequest
 from shared.ids import new_operation_id
 from shared.repository.operation_view import OperationView
 from shared.repository.submissions import submit_export
-from shared.settings import Settings
+from shared.settings import ApiPartSettings
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class AcceptedSubmission:
 
 async def submit(
     conn: asyncpg.Connection,
-    settings: Settings,
+    settings: ApiPartSettings,
     *,
     owner_id: str,
     conversation_id: str,

@@ -10,9 +10,9 @@ from aiohttp import web
 from services.api.http.slots import ConnectionSlots
 from shared.auth import Principal, TokenVerifier
 from shared.monitoring import Monitor
-from shared.settings import Settings
+from shared.settings import ApiPartSettings
 
-SETTINGS = web.AppKey("settings", Settings)
+SETTINGS = web.AppKey("settings", ApiPartSettings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 VERIFIER = web.AppKey("verifier", TokenVerifier)
 S3 = web.AppKey("s3", object)  # an aiobotocore S3 client; typed loosely because botocore is dynamic

@@ -34,7 +34,7 @@ from services.api.http.bodies import unsupported_content_encoding
 from services.api.http.keys import SETTINGS
 from services.api.http.metrics import HEAD_TIMEOUTS
 from services.api.http.problems import ProblemError
-from shared.settings import Settings
+from shared.settings import ApiPartSettings
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class ApiRunner(web.AppRunner):
         return server
 
 
-def api_runner(app: web.Application, settings: Settings, **kwargs: Any) -> ApiRunner:
+def api_runner(app: web.Application, settings: ApiPartSettings, **kwargs: Any) -> ApiRunner:
     """The runner that serves the API ``app``: on cleanup, in-flight requests get
     ``settings.shutdown_grace_seconds``; no access log; request bodies are never decoded (the routes that
     read one refuse a ``Content-Encoding`` other than ``identity``, docs/api.md: API reference). ``kwargs`` go to

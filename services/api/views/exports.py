@@ -46,7 +46,7 @@ from shared.repository.access_events import record_access_event
 from shared.repository.message_store import is_member
 from shared.repository.operation_view import OperationView
 from shared.routes import path
-from shared.settings import Settings
+from shared.settings import ApiPartSettings
 from shared.states import State
 from shared.storage import STORAGE_ERRORS, presigned_download
 from shared.webhooks.targets import RefusedTarget, check_url
@@ -97,7 +97,7 @@ _STATE_REFUSALS: dict[str, tuple[str, str]] = {
 }
 
 
-def checked_notify_url(url: str, settings: Settings) -> str:
+def checked_notify_url(url: str, settings: ApiPartSettings) -> str:
     """``url`` once it may receive callbacks; else 422 ``NOTIFY_URL_REFUSED`` saying why, never quoting it."""
     try:
         return check_url(url, allow_private=settings.webhook_allow_private).url
@@ -352,7 +352,7 @@ SUBMIT = Endpoint(
     tag="exports",
     description="Checks in this order: token, query (none is taken), Idempotency-Key, body, membership, "
     "idempotency, quota. The body is at most `CHATEXPORT_EXPORT_REQUEST_MAX_BYTES` bytes (by default "
-    f"{Settings.model_fields['export_request_max_bytes'].default}, which fits the largest valid body).",
+    f"{ApiPartSettings.model_fields['export_request_max_bytes'].default}, which fits the largest valid body).",
     parameters=(IDEMPOTENCY_KEY_PARAMETER,),
     body=Body(ExportSubmission, "What to export."),
     answers=(

@@ -23,7 +23,7 @@ from services.worker.writing.object_writer import StoredBytesDiffer, check_etag
 from shared.export.formats import MIN_PART_BYTES
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.chunks import Chunk
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 from shared.storage import upload_deadline
 
 # Each chunk is read in ranges of this size, this many at once (so at most 32 MiB held): against a store that
@@ -42,7 +42,7 @@ class Assembly:
     def __init__(
         self,
         s3: Any,
-        settings: Settings,
+        settings: WorkerPartSettings,
         *,
         key: str,
         content_type: str,

@@ -36,7 +36,7 @@ from shared.logs import log_fields
 from shared.repository import chunks, export_reader
 from shared.repository.chunks import ClaimedChunk
 from shared.repository.export_reader import ExportRow
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 from shared.states import ChunkState
 from shared.storage import CHUNK_EXTENSION, chunk_key_stem
 
@@ -54,7 +54,13 @@ class ChunkDeliveries:
     what = "chunk"
 
     def __init__(
-        self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, worker_id: str, reads: ReadSource | None = None
+        self,
+        *,
+        pool: asyncpg.Pool,
+        s3: Any,
+        settings: WorkerPartSettings,
+        worker_id: str,
+        reads: ReadSource | None = None,
     ) -> None:
         self._pool = pool
         self._s3 = s3
@@ -117,7 +123,7 @@ class ChunkRunner:
     """
 
     def __init__(
-        self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, claimed: ClaimedChunk, reads: ReadSource
+        self, *, pool: asyncpg.Pool, s3: Any, settings: WorkerPartSettings, claimed: ClaimedChunk, reads: ReadSource
     ) -> None:
         self._pool = pool
         self._s3 = s3

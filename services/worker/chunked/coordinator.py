@@ -25,7 +25,7 @@ from shared.repository import chunks, outbox
 from shared.repository.artifacts import ArtifactFiles, StoredPart
 from shared.repository.chunks import Chunk
 from shared.repository.leases import ClaimedOperation
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 from shared.states import ChunkState
 
 # How often the coordinator looks at its chunks (the database is the only channel between the workers).
@@ -46,7 +46,7 @@ class ChunkedExport:
 
     pool: asyncpg.Pool
     s3: Any
-    settings: Settings
+    settings: WorkerPartSettings
     claimed: ClaimedOperation
     progress: Progress
 

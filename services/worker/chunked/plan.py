@@ -15,7 +15,7 @@ from shared.lease import LeaseLost
 from shared.repository import chunks, export_reader
 from shared.repository.chunks import Chunk, PlannedRange
 from shared.repository.leases import ClaimedOperation
-from shared.settings import MAX_CHUNKS, Settings
+from shared.settings import MAX_CHUNKS, WorkerPartSettings
 from shared.states import ChunkState
 
 # A split result's chunks are planned at this share of max_part_bytes: the plan estimates JSONL lines, and
@@ -30,7 +30,7 @@ class ChunkPlanner:
     """
 
     pool: asyncpg.Pool
-    settings: Settings
+    settings: WorkerPartSettings
     claimed: ClaimedOperation
     last_seq: int
     reads: ReadSource

@@ -18,7 +18,7 @@ from shared import tracing
 from shared.ids import is_operation_id
 from shared.repository import leases
 from shared.repository.leases import ClaimedOperation, current_state
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,9 @@ class OperationDeliveries:
 
     what = "export"
 
-    def __init__(self, *, pool: asyncpg.Pool, runner: LeaseRunner, settings: Settings, worker_id: str) -> None:
+    def __init__(
+        self, *, pool: asyncpg.Pool, runner: LeaseRunner, settings: WorkerPartSettings, worker_id: str
+    ) -> None:
         self._pool = pool
         self._runner = runner
         self._settings = settings

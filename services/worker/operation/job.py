@@ -29,7 +29,7 @@ from shared.logs import update_log_fields
 from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord
 from shared.repository.leases import ClaimedOperation
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 from shared.states import ArtifactState
 from shared.storage import artifact_key
 
@@ -62,7 +62,7 @@ class ExportJob:
         *,
         pool: asyncpg.Pool,
         s3: Any,
-        settings: Settings,
+        settings: WorkerPartSettings,
         claimed: ClaimedOperation,
         reads: ReadSource | None = None,
     ) -> None:

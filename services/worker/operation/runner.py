@@ -34,7 +34,7 @@ from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.repository import leases
 from shared.repository.leases import ClaimedOperation, CurrentState, SucceedOutcome, current_state, finish_cancel
 from shared.repository.outbox import enqueue_run
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 from shared.states import State
 from shared.storage import ensure_bucket
 
@@ -46,7 +46,9 @@ class LeaseRunner:
     through ``reads`` (default: the pool).
     """
 
-    def __init__(self, *, pool: asyncpg.Pool, s3: Any, settings: Settings, reads: ReadSource | None = None) -> None:
+    def __init__(
+        self, *, pool: asyncpg.Pool, s3: Any, settings: WorkerPartSettings, reads: ReadSource | None = None
+    ) -> None:
         self._pool = pool
         self._s3 = s3
         self._settings = settings

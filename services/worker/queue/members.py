@@ -18,7 +18,7 @@ import aiohttp
 
 from services.worker import metrics
 from shared import broker
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ MEMBER_CHECK_INTERVAL_SECONDS = 60.0
 MEMBER_CHECK_ERRORS = (aiohttp.ClientError, TimeoutError, ValueError, broker.MembersUnknown)
 
 
-async def check_queue_members(settings: Settings, counts: dict[str, int]) -> None:
+async def check_queue_members(settings: WorkerPartSettings, counts: dict[str, int]) -> None:
     """Ask for the members of each of our quorum queues and set ``chatexport_broker_queue_members``; log a
     WARNING for a queue with fewer than ``amqp_quorum_initial_group_size`` when its count differs from the
     one in ``counts`` (queue name -> members at the previous check, updated here), so a short queue is told
@@ -51,7 +51,7 @@ async def check_queue_members(settings: Settings, counts: dict[str, int]) -> Non
             )
 
 
-async def watch_queue_members(settings: Settings) -> None:
+async def watch_queue_members(settings: WorkerPartSettings) -> None:
     """``check_queue_members`` now and every ``MEMBER_CHECK_INTERVAL_SECONDS``, until cancelled."""
     if settings.amqp_quorum_initial_group_size is not None:
         metrics.BROKER_QUEUE_MEMBERS_WANTED.set(settings.amqp_quorum_initial_group_size)
@@ -62,7 +62,7 @@ async def watch_queue_members(settings: Settings) -> None:
 
 
 @contextlib.asynccontextmanager
-async def watching_queue_members(settings: Settings) -> AsyncIterator[None]:
+async def watching_queue_members(settings: WorkerPartSettings) -> AsyncIterator[None]:
     """Run ``watch_queue_members`` in a task while inside, when ``amqp_management_url`` is set; else nothing.
     On leaving, a check in flight is cancelled: shutdown never waits for the management API.
     """

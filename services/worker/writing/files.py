@@ -17,7 +17,7 @@ from shared.export.formats import FileKind
 from shared.export.rendering import Renderer
 from shared.repository.artifacts import StoredPart
 from shared.repository.export_reader import ExportRow
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 from shared.storage import part_key
 
 # wbits for zlib's gzip container (RFC 1952) with a 32 KiB window; the header's time is 0, so the same
@@ -114,7 +114,7 @@ class FileSet:
     and the message starts the next one (or, for a ``one_file`` destination, ``PartFull`` is raised).
     """
 
-    def __init__(self, s3: Any, settings: Settings, destination: Destination) -> None:
+    def __init__(self, s3: Any, settings: WorkerPartSettings, destination: Destination) -> None:
         self._s3 = s3
         self._settings = settings
         self._destination = destination

@@ -17,7 +17,7 @@ from services.worker.writing.read_source import ExportReads, ReadSource
 from shared.export.formats import FileKind
 from shared.export.request import ExportRequest
 from shared.repository import export_reader
-from shared.settings import Settings
+from shared.settings import WorkerPartSettings
 
 # Seqs in the first range an attempt reads, before it knows how many bytes a seq takes.
 FIRST_RANGE_SEQS = 1000
@@ -46,7 +46,7 @@ class RangeReader:
         self,
         *,
         source: ReadSource,
-        settings: Settings,
+        settings: WorkerPartSettings,
         conversation_id: str,
         request: ExportRequest,
         kind: FileKind,
