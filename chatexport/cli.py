@@ -33,6 +33,7 @@ from services.worker import main as worker
 from shared.auth import mint_token
 from shared.db import connect, create_pool
 from shared.ids import is_operation_id, is_valid_id
+from shared.jwks import KeySetError
 from shared.lifecycle import follow_parent
 from shared.migrator import BadMigration, SchemaOutOfRange, Step, migrate_database
 from shared.repair import Requeue, requeue
@@ -201,6 +202,9 @@ def _cmd_part(args: argparse.Namespace) -> int:
         part.main(settings)
     except SchemaOutOfRange:
         return 1  # the part logged why (docs/deploy.md: Upgrading)
+    except KeySetError as exc:
+        print(f"chatexport: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

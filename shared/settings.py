@@ -17,6 +17,7 @@ other says, when a unit helps, ``json_schema_extra={"unit": ...}``: what the num
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -35,6 +36,10 @@ DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS = 3600
 # The most chunks of one plan, whatever CHATEXPORT_CHUNK_TARGET_BYTES says: each chunk becomes at most two parts of
 # the assembled upload, which S3 allows 10,000 of (docs/chunks.md: The plan).
 MAX_CHUNKS = 5000
+# What a public key may verify (RFC 7518 3.1, RFC 8037): never an HS algorithm, whose key is a shared secret.
+PUBLIC_KEY_ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
 
 # Markdown; what ``Settings._check_consistency`` refuses, told before the table of every setting.
 RULES = f"""Every setting is an environment variable, `CHATEXPORT_` followed by the setting's name; durations
@@ -233,21 +238,64 @@ class StorageSettings(BaseSettings):
 
 
 class TokenSettings(BaseSettings):
-    """How the API verifies bearer tokens."""
+    """How the API verifies bearer tokens: one source of keys (the HS256 secret by default, static public keys,
+    a JWKS URL, or OIDC discovery), the algorithms, the claims required, and the JWKS cache."""
 
     model_config = _CONFIG
 
     jwt_secret: str = Field(
-        PLACEHOLDER_JWT_SECRET, description="HS256 secret for verifying (and, in development, minting) tokens"
+        PLACEHOLDER_JWT_SECRET,
+        description="HS256 secret for verifying (and, in development, minting) tokens; the key source when no"
+        " other is set",
     )
 
     jwt_public_key: str | None = Field(
-        None, description="PEM public key; when set, RS256/ES256 tokens are verified with it instead"
+        None, description="a PEM public key; when set, tokens are verified with it instead (one static key)"
     )
 
-    jwt_issuer: str | None = Field(None, description="required `iss`, when set")
+    jwt_key_files: str | None = Field(
+        None,
+        description="static public keys: paths of PEM files or of a JWKS file (`.json`), separated by commas,"
+        " so that two keys can overlap during a rotation; read at start-up",
+    )
 
-    jwt_audience: str | None = Field(None, description="required `aud`, when set")
+    jwt_jwks_url: str | None = Field(
+        None,
+        description="the identity provider's JWKS URL (https; http only to a loopback host in `development`):"
+        " its keys are fetched at start-up and kept fresh (see Connect your identity provider)",
+        json_schema_extra={"unit": "URL"},
+    )
+
+    jwt_oidc_discovery: bool = Field(
+        False,
+        description="read the JWKS URL from `CHATEXPORT_JWT_ISSUER`'s `/.well-known/openid-configuration`, whose"
+        " `issuer` must equal it",
+        json_schema_extra={"unit": "flag"},
+    )
+
+    jwt_algorithms: str = Field(
+        "RS256,ES256,EdDSA",
+        description="the algorithms a public key may verify, separated by commas (RS256/384/512, PS256/384/512,"
+        " ES256/384/512, EdDSA); never an HS algorithm, which only the secret verifies",
+    )
+
+    jwt_issuer: str | None = Field(None, description="required `iss`, when set; required with OIDC discovery")
+
+    jwt_audience: str | None = Field(None, description="required `aud`, when set: a token without `aud` is refused")
+
+    jwt_authorized_parties: str | None = Field(
+        None, description="when set, the `azp` values accepted, separated by commas: a token without `azp` is refused"
+    )
+
+    jwt_user_claim: str = Field("sub", description="the claim that names the user")
+
+    jwt_admin_claim: str = Field(
+        "scope",
+        description="the claim that grants the admin role, a path with dots into nested objects"
+        " (`realm_access.roles`): a string of names separated by spaces, or a list of names",
+    )
+
+    jwt_admin_value: str = Field("admin", description="the name in `CHATEXPORT_JWT_ADMIN_CLAIM` that grants it")
 
     # Clock skew allowed between token issuers and the API, on iat, nbf and exp (docs/api.md: Tokens and keys,
     # Authentication).
@@ -257,15 +305,67 @@ class TokenSettings(BaseSettings):
         24 * 3600, "a token whose `exp` is further ahead (plus the leeway) is refused", ge=60
     )
 
+    jwks_min_cache_seconds: float = seconds(60.0, "the shortest a fetched JWKS is kept, whatever its `max-age`")
+
+    jwks_max_cache_seconds: float = seconds(24 * 3600.0, "the longest a fetched JWKS is kept before a refresh")
+
+    jwks_default_cache_seconds: float = seconds(600.0, "how long a JWKS without `Cache-Control: max-age` is kept")
+
+    jwks_unknown_kid_cooldown_seconds: float = seconds(
+        30.0, "after a fetch for an unknown `kid`, how long before another: unknown `kid`s cost nothing meanwhile"
+    )
+
+    jwks_max_stale_seconds: float = seconds(
+        24 * 3600.0, "while the JWKS cannot be fetched, how long its last keys keep verifying"
+    )
+
+    jwks_fetch_timeout_seconds: float = seconds(10.0, "the deadline of one fetch of the JWKS or discovery document")
+
     @model_validator(mode="after")
-    def _check_secret(self) -> TokenSettings:
-        if _outside_development(self) and self.jwt_public_key is None:
+    def _check_keys(self) -> TokenSettings:
+        sources = [self.jwt_public_key, self.jwt_key_files, self.jwt_jwks_url or self.jwt_oidc_discovery or None]
+        if sum(source is not None for source in sources) > 1:
+            raise ValueError(
+                "set one key source: CHATEXPORT_JWT_PUBLIC_KEY, CHATEXPORT_JWT_KEY_FILES, CHATEXPORT_JWT_JWKS_URL"
+                " or CHATEXPORT_JWT_OIDC_DISCOVERY"
+            )
+        if self.jwt_oidc_discovery and (self.jwt_jwks_url or not self.jwt_issuer):
+            raise ValueError("CHATEXPORT_JWT_OIDC_DISCOVERY reads the JWKS URL from CHATEXPORT_JWT_ISSUER alone")
+        for name, url in (("JWKS_URL", self.jwt_jwks_url), ("ISSUER", self.remote_issuer)):
+            if url is not None and not is_remote_key_url(url, development=not outside_development(self)):
+                raise ValueError(f"CHATEXPORT_JWT_{name} must be https:// (http:// to a loopback host in development)")
+        algorithms = self.public_key_algorithms
+        if not algorithms or not set(algorithms) <= PUBLIC_KEY_ALGORITHMS:
+            raise ValueError(f"CHATEXPORT_JWT_ALGORITHMS must name some of {', '.join(sorted(PUBLIC_KEY_ALGORITHMS))}")
+        if self.jwks_min_cache_seconds > self.jwks_max_cache_seconds:
+            raise ValueError("CHATEXPORT_JWKS_MIN_CACHE_SECONDS must not exceed CHATEXPORT_JWKS_MAX_CACHE_SECONDS")
+        if outside_development(self) and not self.uses_public_keys:
             if self.jwt_secret == PLACEHOLDER_JWT_SECRET:
                 raise ValueError("CHATEXPORT_JWT_SECRET is the development placeholder; set a real secret")
             if len(self.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
                 # RFC 7518 3.2: an HS256 key must be at least as long as the hash output.
                 raise ValueError(f"CHATEXPORT_JWT_SECRET must be at least {MIN_JWT_SECRET_BYTES} bytes")
         return self
+
+    @property
+    def uses_public_keys(self) -> bool:
+        """True when tokens are verified with public keys (static or fetched), not the HS256 secret."""
+        return bool(self.jwt_public_key or self.jwt_key_files or self.jwt_jwks_url or self.jwt_oidc_discovery)
+
+    @property
+    def remote_issuer(self) -> str | None:
+        """The issuer whose discovery document names the JWKS URL, when OIDC discovery is on."""
+        return self.jwt_issuer if self.jwt_oidc_discovery else None
+
+    @property
+    def public_key_algorithms(self) -> list[str]:
+        """``jwt_algorithms`` as a list, in order."""
+        return _comma_list(self.jwt_algorithms)
+
+    @property
+    def authorized_parties(self) -> frozenset[str] | None:
+        """``jwt_authorized_parties`` as a set; None when any ``azp`` (or none) is accepted."""
+        return None if self.jwt_authorized_parties is None else frozenset(_comma_list(self.jwt_authorized_parties))
 
 
 class HttpSettings(BaseSettings):
@@ -368,7 +468,7 @@ class ScheduleSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_min_interval(self) -> ScheduleSettings:
-        if _outside_development(self) and self.schedule_min_interval_seconds < DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS:
+        if outside_development(self) and self.schedule_min_interval_seconds < DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS:
             raise ValueError(
                 "CHATEXPORT_SCHEDULE_MIN_INTERVAL_SECONDS below "
                 f"{DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS} is for development and tests only"
@@ -494,9 +594,9 @@ class WebhookSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_webhooks(self) -> WebhookSettings:
-        if _outside_development(self) and self.webhook_signing_key == PLACEHOLDER_WEBHOOK_SIGNING_KEY:
+        if outside_development(self) and self.webhook_signing_key == PLACEHOLDER_WEBHOOK_SIGNING_KEY:
             raise ValueError("CHATEXPORT_WEBHOOK_SIGNING_KEY is the development placeholder; set a real key")
-        if _outside_development(self) and self.webhook_allow_private:
+        if outside_development(self) and self.webhook_allow_private:
             raise ValueError("CHATEXPORT_WEBHOOK_ALLOW_PRIVATE is for development and tests only")
         if self.webhook_proxy_url is not None and not _is_http_proxy(self.webhook_proxy_url.get_secret_value()):
             raise ValueError("CHATEXPORT_WEBHOOK_PROXY_URL must be http://[user:password@]host[:port]")
@@ -649,9 +749,11 @@ class MonitoringSettings(BaseSettings):
     )
 
 
-def _outside_development(group: BaseSettings) -> bool:
-    # A group's refusals that depend on the environment read it from CommonSettings, which every part's
-    # settings hold.
+def outside_development(group: BaseSettings) -> bool:
+    """Whether ``group`` belongs to settings of another environment than ``development``: a group's rules that
+    depend on the environment read it from ``CommonSettings``, which every part's settings hold (a group built
+    alone counts as development).
+    """
     return isinstance(group, CommonSettings) and group.environment != "development"
 
 
@@ -742,6 +844,27 @@ def _is_http_proxy(url: str) -> bool:
         return False
     where = parts.path in ("", "/") and not (parts.query or parts.fragment)
     return parts.scheme == "http" and bool(parts.hostname) and port != 0 and where
+
+
+def is_remote_key_url(url: str, *, development: bool) -> bool:
+    """Whether keys may be fetched from ``url``: https with a host, or http to a loopback host (``localhost``,
+    127.0.0.0/8, ``::1``) in development (docs/keys.md: Connect your identity provider).
+    """
+    if not _is_url(url, ("http", "https")):
+        return False
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return True
+    host = parts.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return development and loopback
+
+
+def _comma_list(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def local_url(host: str, port: int) -> str:

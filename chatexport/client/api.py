@@ -14,6 +14,8 @@ from urllib.parse import quote
 
 import aiohttp
 
+from chatexport.client.tokens import Tokens
+
 # Time to connect, and between two reads of an answer; a stream's heartbeats come well within it.
 READ_TIMEOUT_SECONDS = 60.0
 
@@ -65,7 +67,8 @@ STORAGE_RETRIES = 3
 
 
 class Api:
-    """A session on the API at ``base_url`` with the bearer ``token``; use it as an async context manager.
+    """A session on the API at ``base_url`` with the bearer ``token`` (a token, or ``Tokens`` that renew it);
+    use it as an async context manager.
     Files above ``redirect_above_bytes`` are downloaded by redirect (None: never), from the storage through
     ``storage_session``, tried again up to ``storage_retries`` times when the storage's connection fails.
     """
@@ -73,13 +76,13 @@ class Api:
     def __init__(
         self,
         base_url: str,
-        token: str,
+        token: str | Tokens,
         *,
         redirect_above_bytes: int | None = REDIRECT_ABOVE_BYTES,
         storage_retries: int = STORAGE_RETRIES,
     ) -> None:
         self._base_url = base_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self.tokens = token if isinstance(token, Tokens) else Tokens(token)
         self.redirect_above_bytes = redirect_above_bytes
         self.storage_retries = storage_retries
         self._session: aiohttp.ClientSession | None = None
@@ -91,7 +94,7 @@ class Api:
     async def __aenter__(self) -> Api:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=READ_TIMEOUT_SECONDS, sock_read=READ_TIMEOUT_SECONDS)
         # Proxies from the environment are honoured as any HTTP client honours them (trust_env).
-        self._session = aiohttp.ClientSession(timeout=timeout, trust_env=True)
+        self._session = aiohttp.ClientSession(timeout=timeout, trust_env=True, middlewares=(self.tokens.authorize,))
         # The storage gets no credentials at all: a presigned URL is its own, and S3 refuses a request that
         # carries another. Not trusting the environment keeps ~/.netrc and a proxy's credentials away; a proxy
         # itself is still used, without them (``storage_proxy``).
@@ -117,18 +120,13 @@ class Api:
             raise RuntimeError("Api used outside its async with block")
         return self._storage_session
 
-    @property
-    def auth_headers(self) -> dict[str, str]:
-        """The ``Authorization`` header of every request."""
-        return dict(self._headers)
-
     def url(self, path: str) -> str:
         """The absolute URL of an API ``path`` such as ``/v3/operations/op_1``."""
         return f"{self._base_url}{path}"
 
     async def submit(self, conversation_id: str, request: dict[str, Any], *, idempotency_key: str) -> Submitted:
         """``POST /v3/conversations/{cid}/exports`` with ``idempotency_key``; raises ``ApiError``."""
-        headers = {**self._headers, "Idempotency-Key": idempotency_key}
+        headers = {"Idempotency-Key": idempotency_key}
         async with self.session.post(
             self.url(f"/v3/conversations/{quote(conversation_id, safe='')}/exports"), json=request, headers=headers
         ) as response:
@@ -143,7 +141,7 @@ class Api:
         """
         params = {"wait": str(wait_seconds)} if wait_seconds else None
         held = self._held.get(operation_id)
-        headers = self._headers if held is None else {**self._headers, "If-None-Match": held[0]}
+        headers = {} if held is None else {"If-None-Match": held[0]}
         async with self.session.get(
             self.url(f"/v3/operations/{quote(operation_id, safe='')}"), params=params, headers=headers
         ) as response:
@@ -161,7 +159,7 @@ class Api:
     async def operations(self, *, state: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The caller's newest ``limit`` operations (one page), in ``state`` when given."""
         params = {"limit": str(limit), **({"state": state} if state else {})}
-        async with self.session.get(self.url("/v3/operations"), params=params, headers=self._headers) as response:
+        async with self.session.get(self.url("/v3/operations"), params=params) as response:
             page = await _json(response)
         operations: list[dict[str, Any]] = page["operations"]
         return operations
@@ -169,7 +167,7 @@ class Api:
     async def cancel(self, operation_id: str) -> dict[str, Any]:
         """``POST /v3/operations/{id}/cancel``; raises ``ApiError`` (409 ``ALREADY_TERMINAL`` and others)."""
         async with self.session.post(
-            self.url(f"/v3/operations/{quote(operation_id, safe='')}/cancel"), json={}, headers=self._headers
+            self.url(f"/v3/operations/{quote(operation_id, safe='')}/cancel"), json={}
         ) as response:
             return await _json(response)
 
@@ -179,7 +177,7 @@ class Api:
         """``POST /v3/conversations/{cid}/export-schedules`` with ``idempotency_key`` (docs/api.md: Export
         schedules); raises ``ApiError``.
         """
-        headers = {**self._headers, "Idempotency-Key": idempotency_key}
+        headers = {"Idempotency-Key": idempotency_key}
         async with self.session.post(
             self.url(f"/v3/conversations/{quote(conversation_id, safe='')}/export-schedules"),
             json=request,
@@ -194,7 +192,7 @@ class Api:
 
     async def schedule(self, schedule_id: str) -> dict[str, Any]:
         """``GET /v3/export-schedules/{id}``; raises ``ApiError`` (404 ``NOT_FOUND`` for anyone but its owner)."""
-        async with self.session.get(self.url(_schedule_path(schedule_id)), headers=self._headers) as response:
+        async with self.session.get(self.url(_schedule_path(schedule_id))) as response:
             return await _json(response)
 
     def schedule_runs(self, schedule_id: str) -> AsyncIterator[dict[str, Any]]:
@@ -205,14 +203,12 @@ class Api:
         """``POST /v3/export-schedules/{id}/{action}``, ``action`` ``pause`` or ``resume``: the schedule after it;
         raises ``ApiError`` (for a resume 422 ``SCHEDULE_NEEDS_REPAIR`` and 403 ``ACCESS_REVOKED``, and others).
         """
-        async with self.session.post(
-            self.url(f"{_schedule_path(schedule_id)}/{action}"), json={}, headers=self._headers
-        ) as response:
+        async with self.session.post(self.url(f"{_schedule_path(schedule_id)}/{action}"), json={}) as response:
             return await _json(response)
 
     async def delete_schedule(self, schedule_id: str) -> None:
         """``DELETE /v3/export-schedules/{id}``; its runs and their results stay. Raises ``ApiError``."""
-        async with self.session.delete(self.url(_schedule_path(schedule_id)), headers=self._headers) as response:
+        async with self.session.delete(self.url(_schedule_path(schedule_id))) as response:
             if response.status != 204:
                 raise await problem_of(response)
 
@@ -220,7 +216,7 @@ class Api:
         """The items under ``key`` of every page of the list at ``path``, following ``next_cursor``."""
         params = {"limit": str(PAGE_LIMIT)}
         while True:
-            async with self.session.get(self.url(path), params=params, headers=self._headers) as response:
+            async with self.session.get(self.url(path), params=params) as response:
                 page = await _json(response)
             for item in page[key]:
                 yield item
@@ -232,9 +228,7 @@ class Api:
         """The operation's representations from ``GET /v3/operations/{id}/events`` until the stream ends;
         raises ``ApiError`` when refused and ``aiohttp.ClientError`` when the stream breaks.
         """
-        async with self.session.get(
-            self.url(f"/v3/operations/{quote(operation_id, safe='')}/events"), headers=self._headers
-        ) as response:
+        async with self.session.get(self.url(f"/v3/operations/{quote(operation_id, safe='')}/events")) as response:
             if response.status != 200:
                 await _json(response)
             data: list[str] = []

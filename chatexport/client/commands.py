@@ -38,6 +38,7 @@ from chatexport.client.download import (
 from chatexport.client.exporting import ExportOutcome, export, export_incrementally
 from chatexport.client.progress import DEFAULT_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, ProgressDisplay, human_bytes
 from chatexport.client.statefiles import UnusableStateFile
+from chatexport.client.tokens import COMMAND_TIMEOUT_SECONDS, Tokens, TokenUnavailable
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 EXIT_ENDED_BADLY, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_NOT_VERIFIED, EXIT_LOCAL_FILE = 1, 2, 3, 4, 5, 6
@@ -155,6 +156,21 @@ def connection_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--token", default=os.environ.get("CHATEXPORT_TOKEN"), help="bearer token (default: $CHATEXPORT_TOKEN)"
+    )
+    parser.add_argument(
+        "--token-command",
+        default=os.environ.get("CHATEXPORT_TOKEN_COMMAND"),
+        metavar="COMMAND",
+        help="a command that prints a bearer token, run when the token is missing, about to expire or refused"
+        " (default: $CHATEXPORT_TOKEN_COMMAND)",
+    )
+    parser.add_argument(
+        "--token-command-timeout",
+        type=positive_seconds,
+        default=os.environ.get("CHATEXPORT_TOKEN_COMMAND_TIMEOUT_SECONDS", str(COMMAND_TIMEOUT_SECONDS)),
+        metavar="SECONDS",
+        help="how long the token command may take (default: $CHATEXPORT_TOKEN_COMMAND_TIMEOUT_SECONDS, else"
+        " %(default)s)",
     )
     parser.add_argument(
         "--storage-retries",
@@ -400,18 +416,22 @@ async def _download(api: Api, args: argparse.Namespace) -> int:
 
 def run_on_api(args: argparse.Namespace, work: Callable[[Api], Awaitable[int]]) -> int:
     """Run ``work`` on a session with the arguments' API and token; map every failure to its exit code."""
-    if not args.token:
-        print("chatexport: no token: pass --token or set CHATEXPORT_TOKEN", file=sys.stderr)
+    if not args.token and not args.token_command:
+        print("chatexport: no token: pass --token or set CHATEXPORT_TOKEN or CHATEXPORT_TOKEN_COMMAND", file=sys.stderr)
         return EXIT_USAGE
 
     async def session() -> int:
-        async with Api(args.api, args.token, storage_retries=args.storage_retries) as api:
+        tokens = Tokens(args.token, command=args.token_command, timeout_seconds=args.token_command_timeout)
+        async with Api(args.api, tokens, storage_retries=args.storage_retries) as api:
             return await work(api)
 
     try:
         return asyncio.run(session())
     except ApiError as exc:
         print(f"chatexport: the API refused: {exc.code}: {exc.detail}", *exc.errors, sep="\n  ", file=sys.stderr)
+        return EXIT_REFUSED
+    except TokenUnavailable as exc:
+        print(f"chatexport: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except (aiohttp.ClientError, TimeoutError) as exc:
         print(

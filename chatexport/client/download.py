@@ -144,7 +144,7 @@ async def _fetch(api: Api, file: dict[str, Any], part: Path, have: int) -> None:
         await _fetch_by_redirect(api, file, part, have)
         return
     headers = {"Range": f"bytes={have}-", "If-Range": f'"{file["sha256"]}"'} if have else {}
-    async with api.session.get(api.url(file["url"]), headers={**api.auth_headers, **headers}) as response:
+    async with api.session.get(api.url(file["url"]), headers=headers) as response:
         await _write(response, part)
 
 
@@ -159,7 +159,7 @@ async def _fetch_by_redirect(api: Api, file: dict[str, Any], part: Path, have: i
     while True:
         headers = {"Range": f"bytes={have}-", "If-Range": f'"{file["sha256"]}"'} if have else {}
         url = api.url(file["url"]) + "?delivery=redirect"
-        async with api.session.get(url, headers={**api.auth_headers, **headers}, allow_redirects=False) as response:
+        async with api.session.get(url, headers=headers, allow_redirects=False) as response:
             if response.status != 303:
                 await _write(response, part)  # an API without redirects streams the file
                 return

@@ -27,6 +27,7 @@ from services.api.routes import setup_routes
 from shared import tracing
 from shared.auth import TokenVerifier
 from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool
+from shared.jwks import RemoteKeys
 from shared.lifecycle import listening_site, run_until_signalled
 from shared.logs import configure_logging
 from shared.migrator import require_schema
@@ -76,6 +77,26 @@ async def _release_waiters(app: web.Application) -> None:
     await app[CHANGES].close()
 
 
+async def _keys_context(app: web.Application) -> AsyncIterator[None]:
+    # Keys fetched from the identity provider are loaded and refreshed in the background; until the first
+    # set is in, tokens are refused and readiness says so (docs/keys.md: Connect your identity provider).
+    keys = app[VERIFIER].keys
+    if not isinstance(keys, RemoteKeys):
+        app[MONITOR].checks["keys"] = _static_keys
+        yield
+        return
+    app[MONITOR].checks["keys"] = keys.check
+    refreshing = asyncio.create_task(keys.run(), name="jwks-refresh")
+    yield
+    refreshing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await refreshing
+
+
+async def _static_keys() -> None:
+    """Static keys are ready from the start."""
+
+
 async def _monitoring_context(app: web.Application) -> AsyncIterator[None]:
     async with serving(app[MONITOR], app[SETTINGS]):
         yield
@@ -106,7 +127,8 @@ def init_app(settings: ApiPartSettings) -> web.Application:
         what="waiting requests",
         code="TOO_MANY_WAITERS",
     )
-    app[MONITOR] = Monitor("api", needs=("database", "storage"))
+    app[MONITOR] = Monitor("api", needs=("database", "storage", "keys"))
+    app.cleanup_ctx.append(_keys_context)
     app.cleanup_ctx.append(_pg_context)
     app.cleanup_ctx.append(_changes_context)
     app.on_shutdown.append(_release_waiters)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def verify(token: str) -> Any:
-    return TokenVerifier(Settings()).verify(f"Bearer {token}")
+    return asyncio.run(TokenVerifier(Settings()).verify(f"Bearer {token}"))
 
 
 def test_token_prints_a_jwt_the_verifier_accepts(capsys: pytest.CaptureFixture[str]) -> None:

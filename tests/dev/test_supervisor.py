@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import socket
 import threading
@@ -39,7 +40,7 @@ def test_the_printed_example_sets_up_the_client_for_alice() -> None:
     settings_line = next(line for line in lines if line.startswith("  export CHATEXPORT_API_URL="))
     assert "CHATEXPORT_API_URL='http://127.0.0.1:8123' CHATEXPORT_TOKEN='" in settings_line
     token = settings_line.split("CHATEXPORT_TOKEN='", 1)[1].split("'", 1)[0]
-    assert TokenVerifier(settings).verify(f"Bearer {token}").user_id == "alice"
+    assert asyncio.run(TokenVerifier(settings).verify(f"Bearer {token}")).user_id == "alice"
     assert "The web page (paste the token there): http://127.0.0.1:8123/ui/" in lines
     command = lines[lines.index(settings_line) + 4]
     assert command == "  .venv/bin/chatexport export corpus-chinese-greetings -o corpus-chinese-greetings.jsonl"

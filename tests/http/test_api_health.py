@@ -21,7 +21,7 @@ async def test_healthz_and_readyz(api: Client) -> None:
     assert (health.status, await health.json()) == (200, {"status": "ok"})
     assert (ready.status, await ready.json()) == (
         200,
-        {"status": "ready", "checks": {"database": "ok", "storage": "ok"}},
+        {"status": "ready", "checks": {"database": "ok", "storage": "ok", "keys": "ok"}},
     )
 
 

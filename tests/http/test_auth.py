@@ -31,13 +31,13 @@ def valid_claims(**changes: Any) -> dict[str, Any]:
     return {key: value for key, value in claims.items() if value is not None}
 
 
-def test_a_minted_token_verifies_with_its_scopes() -> None:
+async def test_a_minted_token_verifies_with_its_scopes() -> None:
     verifier = TokenVerifier(SETTINGS)
-    principal = verifier.verify(f"Bearer {mint_token(SETTINGS, user_id='u.1:x-y_z', scopes=['admin', 'read'])}")
+    principal = await verifier.verify(f"Bearer {mint_token(SETTINGS, user_id='u.1:x-y_z', scopes=['admin', 'read'])}")
     assert principal.user_id == "u.1:x-y_z"
     assert principal.is_admin
     assert principal.scopes == {"admin", "read"}
-    assert not verifier.verify(f"bearer {mint_token(SETTINGS, user_id='bob')}").is_admin
+    assert not (await verifier.verify(f"bearer {mint_token(SETTINGS, user_id='bob')}")).is_admin
 
 
 @pytest.mark.parametrize(
@@ -51,8 +51,8 @@ def test_a_minted_token_verifies_with_its_scopes() -> None:
         ("user\u2003admin\u3000x", {"user\u2003admin\u3000x"}),
     ],
 )
-def test_scopes_are_split_on_the_space_alone(scope: str, scopes: set[str]) -> None:
-    principal = TokenVerifier(SETTINGS).verify(f"Bearer {token(valid_claims(scope=scope))}")
+async def test_scopes_are_split_on_the_space_alone(scope: str, scopes: set[str]) -> None:
+    principal = await TokenVerifier(SETTINGS).verify(f"Bearer {token(valid_claims(scope=scope))}")
     assert principal.scopes == scopes
     assert principal.is_admin == ("admin" in scopes)
 
@@ -80,31 +80,31 @@ INVALID_HEADERS = {
 
 
 @pytest.mark.parametrize("header", list(INVALID_HEADERS.values()), ids=list(INVALID_HEADERS))
-def test_invalid_tokens_are_refused(header: str | None) -> None:
+async def test_invalid_tokens_are_refused(header: str | None) -> None:
     with pytest.raises(InvalidToken):
-        TokenVerifier(SETTINGS).verify(header)
+        await TokenVerifier(SETTINGS).verify(header)
 
 
-def test_issuer_and_audience_are_checked_when_configured() -> None:
+async def test_issuer_and_audience_are_checked_when_configured() -> None:
     settings = Settings(
         jwt_secret="unit-test-secret-of-at-least-32-bytes", jwt_issuer="https://issuer", jwt_audience="chatexport"
     )
     verifier = TokenVerifier(settings)
-    assert verifier.verify(f"Bearer {mint_token(settings, user_id='alice')}").user_id == "alice"
+    assert (await verifier.verify(f"Bearer {mint_token(settings, user_id='alice')}")).user_id == "alice"
     for claims in (valid_claims(iss="https://other", aud="chatexport"), valid_claims(iss="https://issuer")):
         with pytest.raises(InvalidToken):
-            verifier.verify(f"Bearer {token(claims)}")
+            await verifier.verify(f"Bearer {token(claims)}")
 
 
-def test_es256_with_a_configured_public_key() -> None:
+async def test_es256_with_a_configured_public_key() -> None:
     private = ec.generate_private_key(ec.SECP256R1())
     public_pem = private.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     verifier = TokenVerifier(Settings(jwt_public_key=public_pem.decode()))
-    assert verifier.verify(f"Bearer {token(valid_claims(), key=private, algorithm='ES256')}").user_id == "alice"
+    assert (await verifier.verify(f"Bearer {token(valid_claims(), key=private, algorithm='ES256')}")).user_id == "alice"
     with pytest.raises(InvalidToken):
-        verifier.verify(f"Bearer {token(valid_claims())}")  # HS256 is not accepted once a key is configured
+        await verifier.verify(f"Bearer {token(valid_claims())}")  # HS256 is not accepted once a key is configured
 
 
 def _encode_raw(header: str, payload: str) -> str:
@@ -119,51 +119,51 @@ def _encode_raw(header: str, payload: str) -> str:
 
 
 @pytest.mark.parametrize("skew", [1, 3, 29])
-def test_iat_and_nbf_a_little_ahead_of_our_clock_are_within_the_leeway(skew: int) -> None:
+async def test_iat_and_nbf_a_little_ahead_of_our_clock_are_within_the_leeway(skew: int) -> None:
     ahead = int(time.time()) + skew
     verifier = TokenVerifier(SETTINGS)
     assert SETTINGS.jwt_leeway_seconds == 30
-    assert verifier.verify(f"Bearer {token(valid_claims(iat=ahead, nbf=ahead))}").user_id == "alice"
+    assert (await verifier.verify(f"Bearer {token(valid_claims(iat=ahead, nbf=ahead))}")).user_id == "alice"
 
 
 @pytest.mark.parametrize("claim", ["iat", "nbf"])
 @pytest.mark.parametrize("skew", [35, 3600])
-def test_iat_or_nbf_beyond_the_leeway_is_refused(claim: str, skew: int) -> None:
+async def test_iat_or_nbf_beyond_the_leeway_is_refused(claim: str, skew: int) -> None:
     with pytest.raises(InvalidToken) as refused:
-        TokenVerifier(SETTINGS).verify(f"Bearer {token(valid_claims(**{claim: int(time.time()) + skew}))}")
+        await TokenVerifier(SETTINGS).verify(f"Bearer {token(valid_claims(**{claim: int(time.time()) + skew}))}")
     assert not refused.value.expired
 
 
-def test_exp_just_past_is_within_the_leeway_and_beyond_it_is_expired() -> None:
+async def test_exp_just_past_is_within_the_leeway_and_beyond_it_is_expired() -> None:
     now = int(time.time())
     verifier = TokenVerifier(SETTINGS)
-    assert verifier.verify(f"Bearer {token(valid_claims(exp=now - 10))}").user_id == "alice"
+    assert (await verifier.verify(f"Bearer {token(valid_claims(exp=now - 10))}")).user_id == "alice"
     with pytest.raises(InvalidToken) as refused:
-        verifier.verify(f"Bearer {token(valid_claims(exp=now - 40))}")
+        await verifier.verify(f"Bearer {token(valid_claims(exp=now - 40))}")
     assert refused.value.expired
 
 
-def test_without_leeway_a_token_expired_ten_seconds_ago_is_refused() -> None:
+async def test_without_leeway_a_token_expired_ten_seconds_ago_is_refused() -> None:
     strict = Settings(jwt_secret=SECRET, jwt_leeway_seconds=0)
     with pytest.raises(InvalidToken):
-        TokenVerifier(strict).verify(f"Bearer {token(valid_claims(exp=int(time.time()) - 10))}")
+        await TokenVerifier(strict).verify(f"Bearer {token(valid_claims(exp=int(time.time()) - 10))}")
 
 
-def test_only_a_genuine_token_is_called_expired() -> None:
+async def test_only_a_genuine_token_is_called_expired() -> None:
     old = valid_claims(exp=int(time.time()) - 3600)
     with pytest.raises(InvalidToken) as forged:
-        TokenVerifier(SETTINGS).verify(f"Bearer {token(old, key='another-secret-also-at-least-32-bytes')}")
+        await TokenVerifier(SETTINGS).verify(f"Bearer {token(old, key='another-secret-also-at-least-32-bytes')}")
     assert not forged.value.expired
     with pytest.raises(InvalidToken) as genuine:
-        TokenVerifier(SETTINGS).verify(f"Bearer {token(old)}")
+        await TokenVerifier(SETTINGS).verify(f"Bearer {token(old)}")
     assert genuine.value.expired
 
 
 @pytest.mark.parametrize("exp", [False, True, "1000", 1000.0, [1000]])
-def test_an_exp_that_is_not_a_numeric_date_is_invalid_not_expired(exp: Any) -> None:
+async def test_an_exp_that_is_not_a_numeric_date_is_invalid_not_expired(exp: Any) -> None:
     """PyJWT reads false, true and "1000" as long-past times; RFC 7519 section 2 makes exp a JSON number."""
     with pytest.raises(InvalidToken) as refused:
-        TokenVerifier(SETTINGS).verify(f"Bearer {token(valid_claims(exp=exp))}")
+        await TokenVerifier(SETTINGS).verify(f"Bearer {token(valid_claims(exp=exp))}")
     assert refused.value.expired is (type(exp) is float)
 
 
@@ -176,27 +176,27 @@ def test_an_exp_that_is_not_a_numeric_date_is_invalid_not_expired(exp: Any) -> N
         ('{"alg":"HS256","typ":"JWT"}', '{"sub":"alice","exp":EXP,"x":{"a":1,"a":2}}'),
     ],
 )
-def test_repeated_names_in_header_or_claims_are_refused(header: str, payload: str) -> None:
+async def test_repeated_names_in_header_or_claims_are_refused(header: str, payload: str) -> None:
     raw = _encode_raw(header, payload.replace("EXP", str(int(time.time()) + 60)))
     with pytest.raises(InvalidToken) as refused:
-        TokenVerifier(SETTINGS).verify(f"Bearer {raw}")
+        await TokenVerifier(SETTINGS).verify(f"Bearer {raw}")
     assert refused.value.reason == "repeated member name"
 
 
-def test_the_raw_encoder_makes_tokens_that_verify_without_repeats() -> None:
+async def test_the_raw_encoder_makes_tokens_that_verify_without_repeats() -> None:
     raw = _encode_raw('{"alg":"HS256","typ":"JWT"}', f'{{"sub":"alice","exp":{int(time.time()) + 60}}}')
-    assert TokenVerifier(SETTINGS).verify(f"Bearer {raw}").user_id == "alice"
+    assert (await TokenVerifier(SETTINGS).verify(f"Bearer {raw}")).user_id == "alice"
 
 
-def test_a_token_living_longer_than_the_maximum_is_refused() -> None:
+async def test_a_token_living_longer_than_the_maximum_is_refused() -> None:
     now = int(time.time())
     verifier = TokenVerifier(SETTINGS)
     longest = SETTINGS.jwt_max_lifetime_seconds
     assert longest == 24 * 3600
-    assert verifier.verify(f"Bearer {token(valid_claims(exp=now + longest))}").user_id == "alice"
+    assert (await verifier.verify(f"Bearer {token(valid_claims(exp=now + longest))}")).user_id == "alice"
     for exp in (now + longest + 3600, 10**30):
         with pytest.raises(InvalidToken) as refused:
-            verifier.verify(f"Bearer {token(valid_claims(exp=exp))}")
+            await verifier.verify(f"Bearer {token(valid_claims(exp=exp))}")
         assert refused.value.reason == "lifetime over the maximum"
 
 
@@ -215,7 +215,7 @@ class Clock:
         return self.now
 
 
-def test_a_remembered_token_skips_the_signature_only_before_its_exp(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_remembered_token_skips_the_signature_only_before_its_exp(monkeypatch: pytest.MonkeyPatch) -> None:
     decodes: list[str] = []
     real_decode = jwt.decode
 
@@ -228,10 +228,10 @@ def test_a_remembered_token_skips_the_signature_only_before_its_exp(monkeypatch:
     verifier = TokenVerifier(SETTINGS, clock=clock)
     exp = int(clock.now) + 60
     header = f"Bearer {token(valid_claims(exp=exp))}"
-    assert verifier.verify(header).user_id == verifier.verify(header).user_id == "alice"
+    assert (await verifier.verify(header)).user_id == (await verifier.verify(header)).user_id == "alice"
     assert len(decodes) == 1
     clock.now = exp  # at exp the remembered answer no longer counts: every check runs again
-    verifier.verify(header)
+    await verifier.verify(header)
     assert len(decodes) == 2
 
 
@@ -239,22 +239,22 @@ async def test_a_remembered_token_is_refused_once_it_has_expired() -> None:
     verifier = TokenVerifier(Settings(jwt_secret=SECRET, jwt_leeway_seconds=0))
     exp = int(time.time()) + 1
     header = f"Bearer {token(valid_claims(exp=exp))}"
-    assert verifier.verify(header).user_id == "alice"
+    assert (await verifier.verify(header)).user_id == "alice"
     await wait_for(lambda: time.time() > exp + 0.01, timeout=5)
     with pytest.raises(InvalidToken) as refused:
-        verifier.verify(header)
+        await verifier.verify(header)
     assert refused.value.expired
 
 
-def test_refusals_are_never_remembered() -> None:
+async def test_refusals_are_never_remembered() -> None:
     clock = Clock()
     verifier = TokenVerifier(SETTINGS, clock=clock)
     header = f"Bearer {token(valid_claims(nbf=int(clock.now) + 3600))}"
     with pytest.raises(InvalidToken):
-        verifier.verify(header)
+        await verifier.verify(header)
     with pytest.raises(InvalidToken):
-        verifier.verify(header)
+        await verifier.verify(header)
     forged = f"Bearer {token(valid_claims(), key='another-secret-also-at-least-32-bytes')}"
     for _ in range(2):
         with pytest.raises(InvalidToken):
-            verifier.verify(forged)
+            await verifier.verify(forged)

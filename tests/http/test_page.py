@@ -158,3 +158,28 @@ async def test_without_a_stream_the_page_polls_with_the_version_it_shows(
         settle(driver).until(lambda found: operation_state(found, operation_id) == "RUNNING")
     finally:
         await conn.close()
+
+
+async def test_a_refused_token_asks_for_a_new_one_and_the_export_goes_on(
+    browser: Browser, system: LocalSystem, live_api: aiohttp.ClientSession, live_auth: Headers
+) -> None:
+    user, cid = unique("page-user"), unique("page-conversation")
+    await make_conversation(live_api, live_auth, cid, [user])
+    await import_lines(live_api, live_auth, cid, [{"message_id": "m1", "sender_id": user, "body": "hello"}])
+    driver = browser.driver
+    sign_in(driver, system, live_auth, user)
+    # The token the page holds is refused from now on, as an expired one or one of a rotated key would be.
+    driver.execute_script("token = 'refused.token.value';")
+
+    driver.find_element(By.CSS_SELECTOR, f'tr[data-cid="{cid}"] button.export').click()
+    settle(driver).until(lambda found: "token was refused" in found.find_element(By.ID, "message").text)
+    assert driver.find_element(By.ID, "signed-in").is_displayed()  # what the user was doing stays on the page
+    assert (await (await live_api.get("/v3/operations", headers=live_auth(user))).json())["operations"] == []
+
+    driver.find_element(By.ID, "token").send_keys(live_auth(user)["Authorization"].removeprefix("Bearer "))
+    driver.find_element(By.ID, "use-token").click()
+    settle(driver).until(
+        lambda found: "SUCCEEDED" in [cell.text for cell in found.find_elements(By.CSS_SELECTOR, "td.state")]
+    )
+    operations = (await (await live_api.get("/v3/operations", headers=live_auth(user))).json())["operations"]
+    assert [operation["conversation_id"] for operation in operations] == [cid]

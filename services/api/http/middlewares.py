@@ -172,7 +172,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if not path.startswith(PROTECTED_PREFIXES) or path in PUBLIC_PATHS:
         return await handler(request)
     try:
-        principal = request.app[VERIFIER].verify(_authorization(request))
+        principal = await request.app[VERIFIER].verify(_authorization(request))
     except InvalidToken as refusal:
         log.info("token refused", extra={"reason": refusal.reason, "route": request.path})
         description = "expired" if refusal.expired else "invalid"

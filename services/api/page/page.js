@@ -6,6 +6,8 @@
 
 let token = null;
 const watched = new Map();
+// Requests that were refused with a 401 after sign-in wait here for the next token the user pastes.
+let waitingForToken = [];
 
 function element(tag, text, attributes) {
   const node = document.createElement(tag);
@@ -18,10 +20,28 @@ function say(text) {
   document.getElementById("message").textContent = text;
 }
 
+function signedIn() {
+  return !document.getElementById("signed-in").hidden;
+}
+
+// A token refused after sign-in (it expired, or the identity provider rotated its key): ask for a new one and
+// keep everything as it is; the refused request is sent again with it.
+function askForToken() {
+  say("Your token was refused (it may have expired). Paste a new one and choose Use token to go on.");
+  document.getElementById("token").focus();
+  return new Promise((resolve) => waitingForToken.push(resolve));
+}
+
 async function call(path, options) {
   const init = Object.assign({}, options || {});
-  init.headers = Object.assign({ Authorization: "Bearer " + token }, init.headers || {});
-  const response = await fetch(path, init);
+  const sent = token;
+  init.headers = Object.assign({}, init.headers || {}, { Authorization: "Bearer " + sent });
+  let response = await fetch(path, init);
+  if (response.status === 401 && signedIn()) {
+    if (token === sent) await askForToken();
+    init.headers.Authorization = "Bearer " + token;
+    response = await fetch(path, init);
+  }
   // A 304 answers only a request that sent If-None-Match, and the caller keeps what it showed.
   if (!response.ok && response.status !== 304) {
     let problem = { code: "HTTP_" + response.status, detail: response.statusText };
@@ -220,6 +240,13 @@ async function deleteSchedule(id, row) {
 document.getElementById("use-token").addEventListener("click", async () => {
   token = document.getElementById("token").value.trim();
   document.getElementById("token").value = "";
+  if (waitingForToken.length) {
+    const waiting = waitingForToken;
+    waitingForToken = [];
+    say("");
+    for (const resume of waiting) resume();
+    return;
+  }
   try {
     await loadConversations();
     await loadOperations();

@@ -1,0 +1,118 @@
+"""A local identity provider for the tests: it publishes a JWKS (and an OpenID discovery document) on
+127.0.0.1, counts the requests it gets, can be taken down, and signs tokens with its keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import jwt
+from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+JWKS_PATH = "/keys"
+DISCOVERY_PATH = "/.well-known/openid-configuration"
+
+
+@dataclass
+class SigningKey:
+    """A private key of the provider, its ``kid`` and ``alg``."""
+
+    kid: str
+    alg: str
+    private: Any
+
+    def public_jwk(self) -> dict[str, Any]:
+        """The public half as a JWK, naming its ``kid``, ``alg`` and ``use``."""
+        algorithm = jwt.get_algorithm_by_name(self.alg)
+        jwk: dict[str, Any] = json.loads(algorithm.to_jwk(self.private.public_key()))
+        return {**jwk, "kid": self.kid, "alg": self.alg, "use": "sig"}
+
+
+def new_key(kid: str, alg: str = "RS256") -> SigningKey:
+    """A fresh key for ``alg`` (RS256, ES256 or EdDSA)."""
+    private: Any
+    if alg == "ES256":
+        private = ec.generate_private_key(ec.SECP256R1())
+    elif alg == "EdDSA":
+        private = ed25519.Ed25519PrivateKey.generate()
+    else:
+        private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return SigningKey(kid, alg, private)
+
+
+@dataclass
+class IdentityProvider:
+    """What the provider publishes and what it was asked: ``published`` keys, the ``cache_control`` of its
+    JWKS, ``down`` (then it answers 503), and ``requests``, the paths asked, in order. ``url`` is its base.
+    """
+
+    published: list[SigningKey] = field(default_factory=list)
+    cache_control: str | None = "max-age=300"
+    down: bool = False
+    requests: list[str] = field(default_factory=list)
+    url: str = ""
+    issuer: str = ""
+
+    @property
+    def jwks_url(self) -> str:
+        """Where the JWKS is."""
+        return self.url + JWKS_PATH
+
+    def fetches(self) -> int:
+        """How many times the JWKS was asked for."""
+        return self.requests.count(JWKS_PATH)
+
+    def token(self, key: SigningKey, *, headers: dict[str, Any] | None = None, **claims: Any) -> str:
+        """A token signed by ``key`` (its ``kid`` in the header unless ``headers`` says otherwise) for ``alice``,
+        issued by this provider, valid for a minute; ``claims`` change or (as None) remove claims.
+        """
+        now = int(time.time())
+        values: dict[str, Any] = {"sub": "alice", "iss": self.issuer, "aud": "chatexport", "iat": now, "exp": now + 60}
+        values.update(claims)
+        body = {name: value for name, value in values.items() if value is not None}
+        header = {name: value for name, value in {"kid": key.kid, **(headers or {})}.items() if value is not None}
+        return jwt.encode(body, key.private, algorithm=key.alg, headers=header)
+
+    def _app(self) -> web.Application:
+        async def jwks(request: web.Request) -> web.Response:
+            self.requests.append(request.path)
+            if self.down:
+                return web.Response(status=503)
+            headers = {"Cache-Control": self.cache_control} if self.cache_control else {}
+            return web.json_response({"keys": [key.public_jwk() for key in self.published]}, headers=headers)
+
+        async def discovery(request: web.Request) -> web.Response:
+            self.requests.append(request.path)
+            return web.json_response({"issuer": self.issuer, "jwks_uri": self.jwks_url})
+
+        async def other(request: web.Request) -> web.Response:
+            self.requests.append(request.path)
+            return web.json_response({"keys": [key.public_jwk() for key in self.published]})
+
+        app = web.Application()
+        app.router.add_get(JWKS_PATH, jwks)
+        app.router.add_get(DISCOVERY_PATH, discovery)
+        app.router.add_get("/{anything:.*}", other)
+        return app
+
+
+@contextlib.asynccontextmanager
+async def identity_provider(*keys: SigningKey) -> AsyncIterator[IdentityProvider]:
+    """An identity provider publishing ``keys`` on a port of 127.0.0.1 chosen by the system, while inside."""
+    provider = IdentityProvider(published=list(keys))
+    runner = web.AppRunner(provider._app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    provider.url = provider.issuer = f"http://127.0.0.1:{port}"
+    try:
+        yield provider
+    finally:
+        await runner.cleanup()
