@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install prerequisites run test test-quick test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts chaos clusters replay-standby-conflicts clean
+.PHONY: help install prerequisites run test test-quick test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts bench-tokens chaos clusters replay-standby-conflicts clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -27,7 +27,7 @@ help:
 	@echo "make bench      the benchmarks: polls, submits, the drain and latency beside a bare pipeline, the"
 	@echo "                1M-message export, recovery, downloads by redirect, chunked exports, tracing's cost,"
 	@echo "                callbacks, waiters, counts per export (make bench-http, -drain, -export, -redirect,"
-	@echo "                -chunks, -tracing, -callbacks, -waiters, -counts run one)"
+	@echo "                -chunks, -tracing, -callbacks, -waiters, -counts, -tokens run one)"
 	@echo "make chaos      the fault harness: ROUNDS=1000 rounds of random faults, SEED=S (default random),"
 	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once, CLUSTER=1 on a"
 	@echo "                RabbitMQ cluster and a PostgreSQL primary with standbys (node kills, failovers)"
@@ -138,6 +138,10 @@ bench-waiters: install
 
 bench-counts: install
 	$(BIN)/python bench/counts.py
+
+bench-tokens: install
+	@command -v wrk >/dev/null || apt-get install -y wrk || sudo apt-get install -y wrk
+	$(BIN)/python bench/token_keys.py
 
 # The long run of the fault harness; a short fixed-seed sample of it is part of `make test`.
 ROUNDS ?= 1000

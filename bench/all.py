@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import callbacks, drain, export_1m, http_load, tracing_cost, waiters
+from bench import callbacks, drain, export_1m, http_load, token_keys, tracing_cost, waiters
 from bench.table import Figure, print_table
 
 
@@ -21,6 +21,7 @@ async def figures(messages: int, exports: int) -> list[Figure]:
     return [
         *await http_load.figures(seconds=10),
         *await tracing_cost.figures(seconds=10),
+        *await token_keys.figures(seconds=10),
         *await drain.figures(exports, samples=100),
         *await callbacks.figures(callbacks.BACKLOG),
         *await waiters.figures(),

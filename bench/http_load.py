@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,15 +104,19 @@ def _lua_table(headers: dict[str, str]) -> str:
     return ", ".join(f"[{json.dumps(name)}] = {json.dumps(value)}" for name, value in headers.items())
 
 
-async def prepare(system: LocalSystem) -> list[tuple[str, str, str]]:
-    """Every user's (token, conversation, finished operation)."""
+async def prepare(
+    system: LocalSystem, *, token_for: Callable[[str], str] | None = None, admin: dict[str, str] | None = None
+) -> list[tuple[str, str, str]]:
+    """Every user's (token, conversation, finished operation); ``token_for(user)`` gives the tokens and
+    ``admin`` the admin's headers (by default both signed with ``system``'s secret).
+    """
     settings = system.settings()
-    admin = admin_headers(system)
+    admin = admin or admin_headers(system)
     prepared = []
     async with aiohttp.ClientSession(base_url=system.base_url) as api:
         for number in range(USERS):
             user, cid = f"user-{number}", f"bench-c{number}"
-            token = mint_token(settings, user_id=user, ttl_seconds=3600)
+            token = token_for(user) if token_for else mint_token(settings, user_id=user, ttl_seconds=3600)
             await member_conversation(api, admin, user=user, cid=cid, messages=100, body="message")
             headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "prepare"}
             async with api.post(f"/v3/conversations/{cid}/exports", json={}, headers=headers) as r:

@@ -22,13 +22,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography.hazmat.primitives import serialization
 
 from devtools.broker import delete_broker_objects
+from devtools.identity_provider import IdentityProvider, identity_provider, new_key
 from services.api.app import init_app
 from shared.auth import InvalidToken, TokenVerifier
 from shared.jwks import KeysUnavailable, RemoteKeys, max_age_of
 from shared.settings import Settings
 from shared.storage import ensure_bucket, open_s3_client
 from tests.support import make_settings, wait_for
-from tests.support.identity_provider import IdentityProvider, identity_provider, new_key
 
 OLD = new_key("key-2026-11")
 NEW = new_key("key-2026-12")

@@ -19,11 +19,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from devtools.broker import delete_broker_objects
+from devtools.identity_provider import IdentityProvider, SigningKey, identity_provider, new_key
 from devtools.localsystem import LocalSystem
 from shared.storage import ensure_bucket, open_s3_client
 from tests.support import AMQP_URL, cloned_database, unique, wait_for
 from tests.support.api_calls import import_lines, make_conversation
-from tests.support.identity_provider import IdentityProvider, SigningKey, identity_provider, new_key
 
 pytestmark = pytest.mark.e2e
 

@@ -1,13 +1,16 @@
-"""A local identity provider for the tests: it publishes a JWKS (and an OpenID discovery document) on
-127.0.0.1, counts the requests it gets, can be taken down, and signs tokens with its keys.
+"""A local identity provider for the tests and the benchmarks: it publishes a JWKS (and an OpenID discovery
+document) on 127.0.0.1, counts the requests it gets, can be taken down, and signs tokens with its keys.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,3 +119,27 @@ async def identity_provider(*keys: SigningKey) -> AsyncIterator[IdentityProvider
         yield provider
     finally:
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def identity_provider_thread(*keys: SigningKey) -> Iterator[IdentityProvider]:
+    """``identity_provider`` on an event loop of its own in a thread, for callers whose own loop blocks (a
+    benchmark starting a system, which waits for the api to be ready, and so for its keys).
+    """
+    started: concurrent.futures.Future[tuple[IdentityProvider, asyncio.AbstractEventLoop, asyncio.Event]]
+    started = concurrent.futures.Future()
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        async with identity_provider(*keys) as provider:
+            started.set_result((provider, asyncio.get_running_loop(), stop))
+            await stop.wait()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), name="identity-provider", daemon=True)
+    thread.start()
+    provider, loop, stop = started.result(timeout=30)
+    try:
+        yield provider
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
