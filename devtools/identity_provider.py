@@ -58,6 +58,10 @@ class IdentityProvider:
     published: list[SigningKey] = field(default_factory=list)
     cache_control: str | None = "max-age=300"
     down: bool = False
+    # Instead of the set: these bytes as the JWKS's body (a document that is no usable set).
+    raw: bytes | None = None
+    # Send the set in two pieces a moment apart, as a long answer over a real network arrives.
+    in_pieces: bool = False
     requests: list[str] = field(default_factory=list)
     url: str = ""
     issuer: str = ""
@@ -88,7 +92,16 @@ class IdentityProvider:
             if self.down:
                 return web.Response(status=503)
             headers = {"Cache-Control": self.cache_control} if self.cache_control else {}
-            return web.json_response({"keys": [key.public_jwk() for key in self.published]}, headers=headers)
+            body = self.raw or json.dumps({"keys": [key.public_jwk() for key in self.published]}).encode()
+            if not self.in_pieces:
+                return web.Response(body=body, headers=headers, content_type="application/json")
+            response = web.StreamResponse(headers={**headers, "Content-Type": "application/json"})
+            await response.prepare(request)
+            await response.write(body[: len(body) // 2])
+            await asyncio.sleep(0.05)  # the second piece comes later, in its own packet
+            await response.write(body[len(body) // 2 :])
+            await response.write_eof()
+            return response
 
         async def discovery(request: web.Request) -> web.Response:
             self.requests.append(request.path)

@@ -181,7 +181,8 @@ class TokenVerifier:
             raise InvalidToken("bad exp")
         if exp > latest_exp:
             raise InvalidToken("lifetime over the maximum")
-        if self._parties is not None and claims.get("azp") not in self._parties:
+        azp = claims.get("azp")
+        if self._parties is not None and not (isinstance(azp, str) and azp in self._parties):
             raise InvalidToken("azp not allowed")
         user = claims.get(self._user_claim)
         if not isinstance(user, str) or not is_valid_id(user):

@@ -4,10 +4,11 @@ public keys (PEM files or a JWKS file), or a JWKS fetched from the identity prov
 A fetched JWKS is kept for its ``Cache-Control: max-age`` clamped to ``jwks_min_cache_seconds`` ..
 ``jwks_max_cache_seconds`` (``jwks_default_cache_seconds`` without one) and refreshed in the background before
 then. A ``kid`` the set does not hold triggers a fetch, one at a time (single flight) and at most one per
-``jwks_unknown_kid_cooldown_seconds``; a ``kid`` still unknown after it is remembered for the cool-down, so
-forged ones cost nothing. A failed fetch keeps the keys it had, for at most ``jwks_max_stale_seconds`` after
-the last good one: an identity provider's blip is no outage. A key the provider removed stops verifying at
-the next refresh. PyJWT parses the set and verifies; the fetching is aiohttp's, on the event loop.
+``jwks_unknown_kid_cooldown_seconds``: within the cool-down every unknown ``kid`` is refused at once, so
+forged ones cost nothing, and nothing is kept per ``kid``. A failed fetch keeps the keys it had, for at most
+``jwks_max_stale_seconds`` after the last good one: an identity provider's blip is no outage. A key the
+provider removed stops verifying at the next refresh. PyJWT parses the set and verifies; the fetching is
+aiohttp's, on the event loop.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ JWKS_FETCHES = Counter(
 JWKS_AGE = Gauge("chatexport_jwks_age_seconds", "Seconds since the JWKS in use was fetched; 0 for static keys")
 JWKS_KEYS = Gauge("chatexport_jwks_keys", "Keys the API verifies tokens with")
 
+# The members of a private JWK (RFC 7518 6.2.2, 6.3.2, 6.4.1; RFC 8037 2): a published set never holds them.
+PRIVATE_MEMBERS = frozenset({"d", "p", "q", "dp", "dq", "qi", "oth", "k"})
 # The largest JWKS or discovery document read; real ones are a few KiB.
 MAX_DOCUMENT_BYTES = 1024 * 1024
 # A refresh is due this share of the way through the set's lifetime, so that it lands before the end.
@@ -130,17 +133,18 @@ def parse_jwks(document: object) -> tuple[VerificationKey, ...]:
         raise KeySetError("not a JWKS: no keys list")
     keys = []
     for member in members:
-        if not isinstance(member, dict) or member.get("kty") == "oct":
-            continue
-        try:
-            parsed = jwt.PyJWK(member)
-        except jwt.PyJWTError:
+        if not isinstance(member, dict) or member.get("kty") == "oct" or PRIVATE_MEMBERS & member.keys():
             continue
         kid, alg, use, crv = (member.get(name) for name in ("kid", "alg", "use", "crv"))
         if not all(value is None or isinstance(value, str) for value in (kid, alg, use, crv)):
             continue
-        public = {name: value for name, value in sorted(member.items()) if name not in ("kid", "alg", "use")}
-        fingerprint = _digest(json.dumps(public, sort_keys=True).encode())
+        try:
+            parsed = jwt.PyJWK(member)
+        except Exception:  # noqa: S112 - a member PyJWT cannot read, whatever it raises, is left out
+            continue
+        # The whole member, so that a key republished with another kid, alg or use verifies nothing the API
+        # remembered under the old one.
+        fingerprint = _digest(json.dumps(member, sort_keys=True).encode())
         keys.append(VerificationKey(kid, str(member["kty"]), crv, alg, use, parsed.key, fingerprint))
     if not keys:
         raise KeySetError("the JWKS holds no usable public key")
@@ -159,7 +163,7 @@ def read_key_files(paths: Iterable[str]) -> tuple[VerificationKey, ...]:
                 keys.extend(parse_jwks(json.loads(data)))
             else:
                 keys.append(_pem_key(data))
-        except (OSError, ValueError, KeySetError) as exc:
+        except Exception as exc:  # whatever a file holds, it is refused with its name
             raise KeySetError(f"the key file {path} cannot be used: {type(exc).__name__}") from None
     return tuple(keys)
 
@@ -239,7 +243,6 @@ class RemoteKeys:
         self._set = KeySet(())
         self._refresh_at = 0.0
         self._last_kid_fetch: float | None = None  # when a kid the set did not hold last caused a fetch
-        self._unknown: dict[str, float] = {}  # kid -> until when it is known to be unknown
         self._fetching: asyncio.Future[None] | None = None
 
     async def keys_for(self, kid: str | None) -> list[VerificationKey]:
@@ -252,20 +255,15 @@ class RemoteKeys:
         if keys or kid is None:
             return keys
         now = self._clock()
-        if self._unknown.get(kid, 0.0) > now:
-            return []
-        cooldown = self._settings.jwks_unknown_kid_cooldown_seconds
         if self._fetching is not None:
             await self.refresh()
-        elif self._last_kid_fetch is None or now - self._last_kid_fetch >= cooldown:
+        elif (
+            self._last_kid_fetch is None
+            or now - self._last_kid_fetch >= self._settings.jwks_unknown_kid_cooldown_seconds
+        ):
             self._last_kid_fetch = now
             await self.refresh()
-        keys = self._current().with_kid(kid)
-        if not keys:
-            # Bounded by what one cool-down lets in: a forged kid is forgotten once its cool-down is over.
-            self._unknown = {known: until for known, until in self._unknown.items() if until > now}
-            self._unknown[kid] = now + cooldown
-        return keys
+        return self._current().with_kid(kid)
 
     @property
     def next_refresh_at(self) -> float:
@@ -290,7 +288,7 @@ class RemoteKeys:
             self._fetching.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
             await asyncio.shield(self._fetching)
-        except (KeySetError, aiohttp.ClientError, TimeoutError, ValueError):
+        except Exception:  # counted and logged where it was raised; the old keys stay
             return False
         return True
 
@@ -326,7 +324,9 @@ class RemoteKeys:
             JWKS_FETCHES.labels("refused").inc()
             log.warning("key set refused", extra={"error": str(exc)})
             raise
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except Exception as exc:
+            # Whatever the answer or the connection did, the background refresh must go on: only the
+            # cancellation of a stopping part ends it (CancelledError is no Exception).
             JWKS_FETCHES.labels("failed").inc()
             log.warning("key set fetch failed; the cached keys stay", extra={"error": type(exc).__name__})
             raise
@@ -335,8 +335,9 @@ class RemoteKeys:
         JWKS_FETCHES.labels("ok").inc()
         now = self._clock()
         self._set = KeySet(keys, fetched_at=now)
-        self._refresh_at = now + self._lifetime(max_age) * REFRESH_AT
-        self._unknown.clear()
+        # Before the set would be too stale to use, whatever its max-age says.
+        lifetime = min(self._lifetime(max_age), self._settings.jwks_max_stale_seconds)
+        self._refresh_at = now + lifetime * REFRESH_AT
         JWKS_KEYS.set(len(keys))
         JWKS_AGE.set(0)
 
@@ -390,10 +391,16 @@ async def fetch_json(url: str, timeout_seconds: float) -> tuple[object, float | 
     ):
         if response.status != 200:
             raise ValueError(f"HTTP {response.status}")
-        body = await response.content.read(MAX_DOCUMENT_BYTES + 1)
-        if len(body) > MAX_DOCUMENT_BYTES:
-            raise ValueError("document too large")
-        return json.loads(body), max_age_of(response.headers.get("Cache-Control"))
+        body = bytearray()
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            body.extend(chunk)
+            if len(body) > MAX_DOCUMENT_BYTES:
+                raise ValueError("document too large")
+        try:
+            document = json.loads(body)
+        except RecursionError:
+            raise ValueError("document nested too deeply") from None
+        return document, max_age_of(response.headers.get("Cache-Control"))
 
 
 def key_source(settings: TokenSettings) -> StaticKeys | RemoteKeys:

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import shlex
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -20,6 +21,8 @@ from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
 RENEW_BEFORE_EXP_SECONDS = 30.0
 # The default deadline of the token command (CHATEXPORT_TOKEN_COMMAND_TIMEOUT_SECONDS).
 COMMAND_TIMEOUT_SECONDS = 30.0
+# The most a token command may print: real access tokens are a few KiB.
+MAX_TOKEN_BYTES = 64 * 1024
 
 
 class TokenUnavailable(Exception):
@@ -79,24 +82,29 @@ class Tokens:
         return await handler(request)
 
     async def _run(self) -> str:
+        """The token the command prints (at most ``MAX_TOKEN_BYTES`` read). Its output goes to a temporary
+        file, not a pipe: a program it leaves running may hold its output open, and the command's end is
+        what counts.
+        """
         assert self._command is not None
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *self._command,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-            )
-        except OSError as exc:
-            raise TokenUnavailable(f"the token command cannot be run ({type(exc).__name__})") from None
-        try:
-            async with asyncio.timeout(self._timeout):
-                out, _ = await process.communicate()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            raise TokenUnavailable(f"the token command gave no token within {self._timeout:g} s") from None
-        token = out.decode(errors="replace").strip()
-        if process.returncode != 0 or not token or any(c.isspace() for c in token):
+        with tempfile.TemporaryFile() as output:
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *self._command, stdin=asyncio.subprocess.DEVNULL, stdout=output
+                )
+            except OSError as exc:
+                raise TokenUnavailable(f"the token command cannot be run ({type(exc).__name__})") from None
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+                raise TokenUnavailable(f"the token command gave no token within {self._timeout:g} s") from None
+            output.seek(0)
+            printed = output.read(MAX_TOKEN_BYTES + 1)
+        token = printed.decode(errors="replace").strip()
+        if process.returncode != 0 or not token or len(printed) > MAX_TOKEN_BYTES or any(c.isspace() for c in token):
             raise TokenUnavailable(f"the token command failed (exit {process.returncode}) or printed no token")
         return token
 

@@ -91,3 +91,14 @@ async def test_without_a_command_a_refusal_is_the_apis_answer() -> None:
 async def test_a_command_that_fails_says_so_without_a_token(command: str, message: str) -> None:
     with pytest.raises(TokenUnavailable, match=message):
         await Tokens(None, command=command, timeout_seconds=0.5).current()
+
+
+async def test_a_command_that_leaves_a_program_behind_still_gives_its_token() -> None:
+    # The background sleep keeps the output pipe open long after the command printed its token and exited.
+    tokens = Tokens(None, command="sh -c 'sleep 30 & echo tok-123'", timeout_seconds=10)
+    assert await asyncio.wait_for(tokens.current(), 5) == "tok-123"
+
+
+async def test_a_command_that_prints_too_much_gives_no_token() -> None:
+    with pytest.raises(TokenUnavailable):
+        await Tokens(None, command=f"{shlex.quote(sys.executable)} -c 'print(\"x\" * 1_000_000)'").current()

@@ -332,3 +332,73 @@ async def test_the_api_is_not_ready_until_its_keys_are_in_and_a_401_names_the_to
     finally:
         await client.close()
         await delete_broker_objects(settings)
+
+
+async def test_a_set_that_arrives_in_pieces_is_read_whole(provider: IdentityProvider) -> None:
+    provider.in_pieces = True
+    verifier, _ = await loaded(provider)
+    assert (await verifier.verify(bearer(provider.token(OLD)))).user_id == "alice"
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        b"[" * 200_000,  # nested too deeply for the JSON parser
+        json.dumps({"keys": [{**NEW.public_jwk(), "alg": ["RS256"]}]}).encode(),
+        json.dumps({"keys": [{**NEW.public_jwk(), "alg": "none"}]}).encode(),
+        json.dumps({"keys": [{**NEW.public_jwk(), "d": "AQAB"}]}).encode(),  # a private key has no place here
+    ],
+)
+async def test_a_bad_set_keeps_the_old_keys_and_the_refresh_goes_on(
+    provider: IdentityProvider, document: bytes
+) -> None:
+    provider.cache_control = "max-age=0"
+    keys = RemoteKeys(settings_for(provider, jwks_min_cache_seconds=0.2, jwks_unknown_kid_cooldown_seconds=0.2))
+    verifier = TokenVerifier(settings_for(provider), keys=keys)
+    refreshing = asyncio.create_task(keys.run())
+    try:
+        await wait_for(lambda: provider.fetches() >= 1)
+        provider.raw = document
+        fetched = provider.fetches()
+        await wait_for(lambda: provider.fetches() >= fetched + 2)  # refused, and tried again
+        assert (await verifier.verify(bearer(provider.token(OLD)))).user_id == "alice"
+
+        provider.raw, provider.published = None, [NEW]
+
+        async def rotated() -> bool:
+            try:
+                await verifier.verify(bearer(provider.token(OLD)))
+            except InvalidToken:
+                return True
+            return False
+
+        await wait_for(rotated)
+        assert not refreshing.done()
+        assert (await verifier.verify(bearer(provider.token(NEW)))).user_id == "alice"
+    finally:
+        refreshing.cancel()
+
+
+async def test_the_set_is_refreshed_before_it_would_be_too_stale(provider: IdentityProvider) -> None:
+    clock = Clock()
+    keys = RemoteKeys(settings_for(provider, jwks_max_stale_seconds=3600), clock=clock)
+    provider.cache_control = "max-age=86400"
+    assert await keys.refresh()
+    assert keys.next_refresh_at - clock.now == pytest.approx(3600 * 0.8)
+
+
+async def test_a_key_republished_for_another_use_verifies_nothing_remembered(provider: IdentityProvider) -> None:
+    verifier, keys = await loaded(provider)
+    token = bearer(provider.token(OLD))
+    assert (await verifier.verify(token)).user_id == "alice"
+    provider.raw = json.dumps({"keys": [{**OLD.public_jwk(), "use": "enc"}]}).encode()
+    assert await keys.refresh()
+    with pytest.raises(InvalidToken):
+        await verifier.verify(token)
+
+
+async def test_an_azp_that_is_no_string_is_refused(provider: IdentityProvider) -> None:
+    verifier, _ = await loaded(provider, jwt_authorized_parties="chatexport-cli")
+    with pytest.raises(InvalidToken) as refusal:
+        await verifier.verify(bearer(provider.token(OLD, azp=["chatexport-cli"])))
+    assert refusal.value.kind == "claims"
