@@ -16,8 +16,8 @@ import asyncio
 import random
 import shutil
 import string
-import time
 import sys
+import time
 from pathlib import Path
 
 import aiohttp

@@ -46,6 +46,7 @@ from shared.settings import (
     WorkerPartSettings,
     local_url,
 )
+from shared.version import VERSION
 
 SettingsOf = TypeVar("SettingsOf", bound=PartSettings)
 
@@ -69,6 +70,7 @@ PARTS: dict[str, Part[Any]] = {
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand; each sets ``handler`` to a ``(args) -> int`` function."""
     parser = argparse.ArgumentParser(prog="chatexport", description="Asynchronous chat export service.")
+    parser.add_argument("--version", action="version", version=f"chatexport {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for part in PARTS:
         sub = commands.add_parser(part, help=f"run the {part} until SIGTERM/SIGINT")

@@ -153,9 +153,13 @@ def served_metrics(registry: CollectorRegistry = REGISTRY) -> list[ServedMetric]
         parts = tuple(part for part, package in part_packages.items() if any(_within(m, package) for m in modules))
         if not parts and not any(_within(module, SHARED_PACKAGE) for module in modules):
             continue
-        # prometheus-client has no public accessor for a metric's label names; its objects keep them here.
-        labels = tuple(held[0][1]._labelnames)
-        name = f"{family.name}_total" if family.type == "counter" else family.name
+        # prometheus-client has no public accessor for a metric's label names; its objects keep them here. An
+        # info metric's labels are its value, and its sample is named ``<name>_info``.
+        if family.type == "info":
+            labels, name = tuple(family.samples[0].labels), f"{family.name}_info"
+        else:
+            labels = tuple(held[0][1]._labelnames)
+            name = f"{family.name}_total" if family.type == "counter" else family.name
         served.append(ServedMetric(name, family.type, labels, family.documentation, parts))
     return sorted(served, key=lambda metric: metric.name)
 

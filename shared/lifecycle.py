@@ -16,6 +16,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from shared.settings import CommonSettings
+from shared.version import VERSION
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,10 @@ async def drain(tasks: set[asyncio.Task[None]], *, grace_seconds: float) -> None
 
 
 async def run_until_signalled(serve: Callable[..., Awaitable[None]], settings: CommonSettings) -> None:
-    """Run ``serve(settings, stop=event)``; SIGINT or SIGTERM sets the event so that it drains and returns."""
+    """Run ``serve(settings, stop=event)``; SIGINT or SIGTERM sets the event so that it drains and returns. Logs
+    the start with this release's version.
+    """
+    log.info("starting", extra={"version": VERSION})
     stop = asyncio.Event()
     with stop_on_signals(stop), contextlib.suppress(Stopped):
         await serve(settings, stop=stop)

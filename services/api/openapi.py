@@ -12,7 +12,6 @@ and are not part of this document.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 from collections import defaultdict
 from collections.abc import Iterable
@@ -28,6 +27,7 @@ from services.api.http.problems import CODES, PROBLEM_CONTENT_TYPE
 from services.api.views import document, exports, messages, operations, schedules, webhooks
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
 from shared.routes import ROUTES, Route
+from shared.version import VERSION
 
 ENDPOINTS: dict[str, Endpoint] = {
     endpoint.route: endpoint
@@ -227,7 +227,7 @@ def build_document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "chatexport",
-            "version": importlib.metadata.version("chatexport"),
+            "version": VERSION,
             "description": INFO_DESCRIPTION,
         },
         "security": [{"bearerAuth": []}],

@@ -143,8 +143,10 @@ def test_the_problem_codes_page_lists_each_code_once() -> None:
 
 def test_served_metrics_are_every_chatexport_family_of_the_registry() -> None:
     # chatexport.cli is imported above, so the default registry holds what every part serves.
+    # The names of their samples: a counter's end in _total, an info metric's in _info.
+    suffixes = {"counter": "_total", "info": "_info"}
     registered = {
-        f"{family.name}_total" if family.type == "counter" else family.name
+        family.name + suffixes.get(family.type, "")
         for family in REGISTRY.collect()
         if family.name.startswith("chatexport_") and not family.name.startswith("chatexport_test_")
     }
