@@ -87,7 +87,7 @@ class IdentityProvider:
         return jwt.encode(body, key.private, algorithm=key.alg, headers=header)
 
     def _app(self) -> web.Application:
-        async def jwks(request: web.Request) -> web.Response:
+        async def jwks(request: web.Request) -> web.StreamResponse:
             self.requests.append(request.path)
             if self.down:
                 return web.Response(status=503)
