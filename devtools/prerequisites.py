@@ -90,6 +90,7 @@ PREREQUISITES: tuple[Prerequisite, ...] = (
         for program in ("initdb", "postgres", "pg_basebackup", "psql")
     ),
     Prerequisite("pg_dump", "postgresql-client", "the schema snapshot's test", _on_path("pg_dump")),
+    Prerequisite("promtool", "prometheus", "the alert rules' test", _on_path("promtool")),
     *(
         Prerequisite(program, "rabbitmq-server", PRIVATE_SERVERS, _rabbitmq_program(program))
         for program in ("rabbitmq-server", "rabbitmqctl")

@@ -24,7 +24,11 @@ from tests.support.rows import insert_operation
 REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = REPO / "deploy" / "kubernetes" / "overlays"
 KUBERNETES_VERSION = "1.31.0"
-KEDA_SCHEMA = json.loads((Path(__file__).parent / "keda_scaledobject.schema.json").read_text())
+# Minimal schemas of the custom resources' fields used (KEDA 2.x, the Prometheus Operator), by API group.
+CUSTOM_SCHEMAS = {
+    "keda.sh": json.loads((Path(__file__).parent / "keda_scaledobject.schema.json").read_text()),
+    "monitoring.coreos.com": json.loads((Path(__file__).parent / "prometheusrule.schema.json").read_text()),
+}
 # The least the kubelet's grace must exceed CHATEXPORT_SHUTDOWN_GRACE_SECONDS by: the handing back of leases
 # and the closing of connections after the drain.
 GRACE_MARGIN_SECONDS = 10
@@ -36,8 +40,9 @@ def rendered(overlay: str) -> list[Resource]:
 
 def validate(resource: Resource) -> None:
     """Raise when ``resource`` is not valid for its kind (a kind without a schema is not valid)."""
-    if resource["apiVersion"].startswith("keda.sh/"):
-        jsonschema.validate(resource, KEDA_SCHEMA)
+    group = resource["apiVersion"].rpartition("/")[0]
+    if group in CUSTOM_SCHEMAS:
+        jsonschema.validate(resource, CUSTOM_SCHEMAS[group])
     else:
         kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
 
@@ -103,9 +108,15 @@ PROBES = {"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe
 @pytest.mark.parametrize("overlay", ["development", "production"])
 def test_every_resource_of_an_overlay_is_valid_in_strict_mode(overlay: str) -> None:
     resources = rendered(overlay)
-    assert {"Deployment", "Job", "Service", "PodDisruptionBudget", "ScaledObject", "NetworkPolicy"} <= {
-        resource["kind"] for resource in resources
-    }
+    assert {
+        "Deployment",
+        "Job",
+        "Service",
+        "PodDisruptionBudget",
+        "ScaledObject",
+        "NetworkPolicy",
+        "PrometheusRule",
+    } <= {resource["kind"] for resource in resources}
     for resource in resources:
         validate(resource)
 
