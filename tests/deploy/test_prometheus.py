@@ -1,10 +1,12 @@
-"""The runbook's alerts as Prometheus rules (docs/operations.md: Alerts and what to do): ``promtool test
-rules`` on synthetic series that fire and do not fire each alert, every metric a rule names exported by a
-part, every runbook link a heading of the runbook, and the PrometheusRule of the manifests the same rules.
+"""The runbook's alerts as Prometheus rules (docs/operations.md: Alerts and what to do) and the Grafana
+dashboard: ``promtool test rules`` on synthetic series that fire and do not fire each alert, every metric a
+rule or a panel names exported by a part (and each label a panel groups by carried by it), every runbook link
+a heading of the runbook, and the PrometheusRule of the manifests the same rules.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -70,3 +72,21 @@ def test_every_runbook_link_is_a_heading_of_the_runbook() -> None:
 def test_the_manifests_prometheus_rule_holds_the_same_rules() -> None:
     [resource] = load(REPO / "deploy" / "kubernetes" / "base" / "prometheus-rules.yaml")
     assert resource["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+
+
+def unknown_labels(expression: str) -> set[str]:
+    """The labels grouped ``by (...)`` in ``expression`` that none of the metrics it names carries."""
+    labels = {metric.name: set(metric.labels) for metric in reference.served_metrics()}
+    carried = set().union(*(labels.get(name, set()) for name in re.findall(r"\bchatexport_[a-z0-9_]+", expression)))
+    grouped = {label.strip() for group in re.findall(r"\bby \(([^)]*)\)", expression) for label in group.split(",")}
+    return grouped - carried
+
+
+def test_every_dashboard_query_names_exported_metrics_and_their_labels() -> None:
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "chatexport.json").read_text())
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(expressions) >= 10
+    for expression in expressions:
+        assert unknown_metrics(expression) == set(), expression
+        assert unknown_labels(expression) == set(), expression
+    assert unknown_labels("sum by (colour) (rate(chatexport_http_requests_total[5m]))") == {"colour"}
