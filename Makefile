@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install prerequisites run test test-quick test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts bench-tokens chaos clusters replay-standby-conflicts clean
+.PHONY: help install lock prerequisites run test test-quick test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts bench-tokens chaos clusters replay-standby-conflicts clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -34,16 +34,29 @@ help:
 	@echo "make clusters   start a 3-node RabbitMQ cluster and a PostgreSQL primary with a standby, print the"
 	@echo "                CHATEXPORT_* URLs that point at them, delete both on Ctrl-C"
 	@echo "make replay-standby-conflicts  EXPORTS=20 exports of 1M messages read on a standby kept in conflict"
-	@echo "make install    create $(VENV) and install the project with its dev extras"
+	@echo "make install    create $(VENV) and install the locked dependencies (requirements/dev.lock), then the project"
+	@echo "make lock       resolve pyproject.toml's dependencies again into requirements/*.lock (minutes)"
 	@echo "make prerequisites  check that this host has the programs the tests run (make test does first)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# One pip resolution for everything: aiobotocore pins botocore, and moto and boto3 must agree with it.
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev,demo]'
+# Exactly the locked versions, each checked against its hash, then the project itself without resolving
+# anything more (docs/development.md: Dependencies).
+$(STAMP): pyproject.toml requirements/dev.lock | $(BIN)/python
+	$(BIN)/python -m pip install --disable-pip-version-check --require-hashes -r requirements/dev.lock
+	$(BIN)/python -m pip install --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
+
+# One resolution for everything (aiobotocore pins botocore, and moto and boto3 must agree with it): the
+# runtime lock first, then the development lock constrained by it. Takes minutes: pip-tools asks the index
+# about every package.
+lock: install
+	$(BIN)/python -m pip install --disable-pip-version-check -q "pip-tools>=7.4,<8"
+	$(BIN)/pip-compile -q --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links \
+		--upgrade -o requirements/runtime.lock pyproject.toml
+	$(BIN)/pip-compile -q --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links \
+		--upgrade --extra dev --extra demo -c requirements/runtime.lock -o requirements/dev.lock pyproject.toml
 
 install: $(STAMP)
 
