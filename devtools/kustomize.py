@@ -19,6 +19,9 @@ import yaml
 
 KNOWN_FIELDS = {"apiVersion", "kind", "resources", "namespace", "labels", "images", "replicas", "patches"}
 
+# Kinds that live in no namespace, which ``namespace`` leaves as they are (the ones the manifests use).
+CLUSTER_SCOPED = {"Namespace"}
+
 Resource = dict[str, Any]
 
 
@@ -48,7 +51,8 @@ def render(folder: Path) -> list[Resource]:
             resource["metadata"].setdefault("labels", {}).update(labels["pairs"])
     if "namespace" in kustomization:
         for resource in resources:
-            resource["metadata"]["namespace"] = kustomization["namespace"]
+            if resource["kind"] not in CLUSTER_SCOPED:
+                resource["metadata"]["namespace"] = kustomization["namespace"]
     return resources
 
 

@@ -21,7 +21,7 @@ import ipaddress
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.webhooks.targets import RefusedTarget, normalise_host
@@ -194,15 +194,17 @@ class StorageSettings(BaseSettings):
     model_config = _CONFIG
 
     s3_endpoint_url: str | None = Field(
-        "http://127.0.0.1:9000", description="S3 endpoint; `make run` starts moto here if nothing answers"
+        "http://127.0.0.1:9000",
+        description="S3 endpoint; `make run` starts moto here if nothing answers. Empty: AWS S3's own endpoint"
+        " for `s3_region`",
     )
 
     s3_region: str = Field("us-east-1", description="S3 region")
 
     s3_public_endpoint_url: str | None = Field(
         None,
-        description="S3 endpoint that download redirects' presigned URLs name, as clients reach it; unset:"
-        " `s3_endpoint_url`",
+        description="S3 endpoint that download redirects' presigned URLs name, as clients reach it; unset or"
+        " empty: `s3_endpoint_url`",
     )
 
     s3_bucket: str = Field(
@@ -235,6 +237,12 @@ class StorageSettings(BaseSettings):
     s3_part_size_bytes: int = size(
         8 * 1024 * 1024, "multipart part size (at least 5 MiB); bounds the worker's memory", ge=5 * 1024 * 1024
     )
+
+    @field_validator("s3_endpoint_url", "s3_public_endpoint_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # An environment variable cannot be unset by a manifest that merges another over it: empty means none.
+        return None if value == "" else value
 
 
 class TokenSettings(BaseSettings):

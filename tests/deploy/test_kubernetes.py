@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from devtools.kustomize import Resource, render
+from devtools.kustomize import Resource, load, render
 from tests.support.rows import insert_operation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,6 +63,8 @@ def problems(resources: list[Resource]) -> list[str]:
         selector = deployment["spec"]["selector"]["matchLabels"]
         if not selector.items() <= template["metadata"]["labels"].items():
             found.append(f"{name}: the selector does not match the pod's labels")
+        if name in AUTOSCALED and "replicas" in deployment["spec"]:
+            found.append(f"{name}: replicas set while an autoscaler owns the count")
         spec = template["spec"]
         if spec.get("terminationGracePeriodSeconds", 30) < shutdown_grace + GRACE_MARGIN_SECONDS:
             found.append(f"{name}: the termination grace is not the shutdown grace plus {GRACE_MARGIN_SECONDS} s")
@@ -101,6 +104,9 @@ def container_problems(container: dict[str, Any]) -> list[str]:
     return found
 
 
+# The Deployments whose replica count an autoscaler owns (the api's HPA, KEDA for the workers).
+AUTOSCALED = {"chatexport-api", "chatexport-worker"}
+
 # Startup and readiness on the dependencies (/readyz); liveness on the part's own loop only (/healthz).
 PROBES = {"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
 
@@ -115,10 +121,24 @@ def test_every_resource_of_an_overlay_is_valid_in_strict_mode(overlay: str) -> N
         "PodDisruptionBudget",
         "ScaledObject",
         "NetworkPolicy",
-        "PrometheusRule",
+        "Namespace",
+        "HorizontalPodAutoscaler",
     } <= {resource["kind"] for resource in resources}
     for resource in resources:
         validate(resource)
+
+
+def test_the_monitoring_kustomization_is_valid_in_strict_mode() -> None:
+    resources = render(OVERLAYS.parent / "monitoring")
+    assert [resource["kind"] for resource in resources] == ["PrometheusRule"]
+    for resource in resources:
+        validate(resource)
+
+
+def test_the_image_is_this_releases_version() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    kustomization = load(OVERLAYS.parent / "base" / "kustomization.yaml")[0]
+    assert [image["newTag"] for image in kustomization["images"]] == [version]
 
 
 @pytest.mark.parametrize("overlay", ["development", "production"])
@@ -152,7 +172,13 @@ def _liveness_on_dependencies(resources: list[Resource]) -> None:
     container["livenessProbe"]["httpGet"]["path"] = "/readyz"
 
 
-@pytest.mark.parametrize("breaking", [_no_readiness, _short_grace, _latest, _liveness_on_dependencies])
+def _replicas_under_keda(resources: list[Resource]) -> None:
+    _worker(resources)["spec"]["replicas"] = 2
+
+
+@pytest.mark.parametrize(
+    "breaking", [_no_readiness, _short_grace, _latest, _liveness_on_dependencies, _replicas_under_keda]
+)
 def test_a_manifest_that_breaks_an_invariant_fails(breaking: Callable[[list[Resource]], None]) -> None:
     resources = copy.deepcopy(rendered("production"))
     breaking(resources)
@@ -162,7 +188,7 @@ def test_a_manifest_that_breaks_an_invariant_fails(breaking: Callable[[list[Reso
 def test_a_misspelt_keda_field_fails_validation() -> None:
     [scaled] = of_kind(copy.deepcopy(rendered("production")), "ScaledObject")
     validate(scaled)
-    scaled["spec"]["coolDownPeriod"] = scaled["spec"].pop("cooldownPeriod")
+    scaled["spec"]["pollinginterval"] = scaled["spec"].pop("pollingInterval")
     with pytest.raises(jsonschema.ValidationError):
         validate(scaled)
 

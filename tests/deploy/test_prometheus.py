@@ -70,7 +70,7 @@ def test_every_runbook_link_is_a_heading_of_the_runbook() -> None:
 
 
 def test_the_manifests_prometheus_rule_holds_the_same_rules() -> None:
-    [resource] = load(REPO / "deploy" / "kubernetes" / "base" / "prometheus-rules.yaml")
+    [resource] = load(REPO / "deploy" / "kubernetes" / "monitoring" / "prometheus-rules.yaml")
     assert resource["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
 
 
