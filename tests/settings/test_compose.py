@@ -203,7 +203,9 @@ def test_the_runtime_path_imports_no_dev_tooling_or_demo_package() -> None:
 def test_the_image_carries_the_runtime_packages_and_no_demo_extra() -> None:
     dockerfile = DOCKERFILE.read_text()
     copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
-    assert copied == {"pyproject.toml", "chatexport", "shared", "services"}
+    assert copied == {"requirements/runtime.lock", "pyproject.toml", "chatexport", "shared", "services"}
+    runtime_lock = (COMPOSE_FILE.parent.parent / "requirements" / "runtime.lock").read_text().lower()
+    assert "chatterbot" not in runtime_lock and "\npyyaml==" not in runtime_lock
     project = tomllib.loads((COMPOSE_FILE.parent.parent / "pyproject.toml").read_text())["project"]
     assert not any(dependency.lower().startswith(("chatterbot", "pyyaml")) for dependency in project["dependencies"])
     assert {"chatterbot-corpus==1.3.3", "PyYAML>=6.0,<7"} <= set(project["optional-dependencies"]["demo"])
