@@ -729,6 +729,36 @@ class JanitorSettings(BaseSettings):
     )
 
 
+class KubernetesSettings(BaseSettings):
+    """On Kubernetes: the worker's pod, whose deletion cost it keeps current so that a scale-down removes idle
+    workers first (docs/kubernetes.md: Stopping and scaling down); off unless the pod's name is given."""
+
+    model_config = _CONFIG
+
+    kubernetes_pod_name: str | None = Field(
+        None,
+        description="the worker's pod (from the downward API); when set, the worker keeps the pod's"
+        " `controller.kubernetes.io/pod-deletion-cost` annotation current, which needs RBAC to patch it",
+    )
+
+    kubernetes_namespace: str | None = Field(None, description="the pod's namespace (from the downward API)")
+
+    kubernetes_api_url: str = Field(
+        "https://kubernetes.default.svc",
+        description="the Kubernetes API, as a pod reaches it",
+        json_schema_extra={"unit": "URL"},
+    )
+
+    kubernetes_service_account_dir: str = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        description="where the pod's service account token (`token`) and the API's CA (`ca.crt`) are mounted",
+    )
+
+    pod_deletion_cost_interval_seconds: float = seconds(
+        5.0, "how often the worker brings its pod's deletion cost up to date"
+    )
+
+
 class MonitoringSettings(BaseSettings):
     """Every part's monitoring endpoint (/metrics, /healthz, /readyz)."""
 
@@ -789,6 +819,7 @@ class RelayPartSettings(LeaseSettings, RelaySettings, WebhookSettings, BrokerSet
 
 
 class WorkerPartSettings(
+    KubernetesSettings,
     JanitorSettings,
     ChunkSettings,
     LeaseSettings,

@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 
 from services.worker.chunked.chunk import ChunkDeliveries
+from services.worker.deletion_cost import keep_deletion_cost
 from services.worker.operation.deliveries import OperationDeliveries
 from services.worker.operation.runner import LeaseRunner
 from services.worker.queue.consumer import Consumer
@@ -76,7 +77,13 @@ async def serve(settings: WorkerPartSettings, *, stop: asyncio.Event) -> None:
             consumer.start()
         monitor.checks["consumer"] = lambda: _consuming(consumers)
         log.info("worker consuming", extra={"worker": worker_id, "queue": settings.amqp_queue})
+        exports, chunks = consumers
+        costing = asyncio.create_task(
+            keep_deletion_cost(settings, lambda: (len(exports.running), len(chunks.running)), stop=stop),
+            name="pod-deletion-cost",
+        )
         await stop.wait()
+        await costing
         for consumer in consumers:
             await consumer.stop()
         running = set().union(*(consumer.running for consumer in consumers))

@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 
 from devtools.kustomize import Resource, load, render
+from shared.settings import Settings
 from tests.support.rows import insert_operation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -214,3 +215,31 @@ async def test_the_autoscaling_query_counts_waiting_and_running_work(database_ur
         assert await pool.fetchval(query) == 3 + 2  # QUEUED and RUNNING operations, and chunks
     finally:
         await pool.close()
+
+
+def test_the_worker_may_patch_its_pods_deletion_cost_and_nothing_else() -> None:
+    resources = rendered("production")
+    spec = _worker(resources)["spec"]["template"]["spec"]
+    env = {
+        variable["name"]: variable["valueFrom"]["fieldRef"]["fieldPath"] for variable in spec["containers"][0]["env"]
+    }
+    assert env == {
+        "CHATEXPORT_KUBERNETES_POD_NAME": "metadata.name",
+        "CHATEXPORT_KUBERNETES_NAMESPACE": "metadata.namespace",
+    }
+    [binding] = of_kind(resources, "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"]}]
+    [role] = [r for r in of_kind(resources, "Role") if r["metadata"]["name"] == binding["roleRef"]["name"]]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+
+
+@pytest.mark.parametrize("overlay", ["development", "production"])
+def test_every_variable_the_manifests_set_is_a_setting(overlay: str) -> None:
+    known = {f"CHATEXPORT_{name.upper()}" for name in Settings.model_fields}
+    resources = rendered(overlay)
+    named = {name for config in of_kind(resources, "ConfigMap") for name in config["data"]}
+    named |= {name for secret in of_kind(resources, "Secret") for name in secret.get("stringData", {})}
+    for deployment in of_kind(resources, "Deployment"):
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            named |= {variable["name"] for variable in container.get("env", [])}
+    assert named and named <= known, named - known
