@@ -186,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except pydantic.ValidationError as exc:
         print(f"chatexport: invalid settings: {_without_values(exc)}", file=sys.stderr)
         return 2
+    except KeySetError as exc:  # a key file or public key that cannot be used (docs/keys.md)
+        print(f"chatexport: {exc}", file=sys.stderr)
+        return 2
 
 
 def _without_values(exc: pydantic.ValidationError) -> str:
@@ -204,9 +207,6 @@ def _cmd_part(args: argparse.Namespace) -> int:
         part.main(settings)
     except SchemaOutOfRange:
         return 1  # the part logged why (docs/deploy.md: Upgrading)
-    except KeySetError as exc:
-        print(f"chatexport: {exc}", file=sys.stderr)
-        return 2
     return 0
 
 

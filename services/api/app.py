@@ -38,6 +38,10 @@ from shared.storage import open_presigner, open_s3_client
 log = logging.getLogger(__name__)
 
 
+# What each kind of slot holds, and the problem code of a user's refusal (docs/api.md: Problem codes).
+SLOT_WORDS = {"download": ("downloads", "TOO_MANY_DOWNLOADS"), "wait": ("waiting requests", "TOO_MANY_WAITERS")}
+
+
 async def _pg_context(app: web.Application) -> AsyncIterator[None]:
     # No connection at start-up: an api started while the database is down (restarted with it, say) serves
     # 503 problems and is not ready until it is back, rather than dying.
@@ -113,20 +117,14 @@ def init_app(settings: ApiPartSettings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[VERIFIER] = TokenVerifier(settings)
-    app[DOWNLOAD_SLOTS] = ConnectionSlots(
-        total=settings.download_concurrency,
-        per_user=settings.download_per_user_concurrency,
-        name="download",
-        what="downloads",
-        code="TOO_MANY_DOWNLOADS",
-    )
-    app[WAIT_SLOTS] = ConnectionSlots(
-        total=settings.wait_concurrency,
-        per_user=settings.wait_per_user_concurrency,
-        name="wait",
-        what="waiting requests",
-        code="TOO_MANY_WAITERS",
-    )
+    # (total, per user, name) of each kind of long connection a process caps (docs/api.md: Downloads).
+    caps = {
+        DOWNLOAD_SLOTS: (settings.download_concurrency, settings.download_per_user_concurrency, "download"),
+        WAIT_SLOTS: (settings.wait_concurrency, settings.wait_per_user_concurrency, "wait"),
+    }
+    for key, (total, per_user, name) in caps.items():
+        what, code = SLOT_WORDS[name]
+        app[key] = ConnectionSlots(total=total, per_user=per_user, name=name, what=what, code=code)
     app[MONITOR] = Monitor("api", needs=("database", "storage", "keys"))
     app.cleanup_ctx.append(_keys_context)
     app.cleanup_ctx.append(_pg_context)
