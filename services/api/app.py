@@ -38,7 +38,7 @@ from shared.storage import open_presigner, open_s3_client
 log = logging.getLogger(__name__)
 
 
-# What each kind of slot holds, and the problem code of a user's refusal (docs/api.md: Problem codes).
+# What each kind of slot holds, and the problem code of a refusal at one user's cap.
 SLOT_WORDS = {"download": ("downloads", "TOO_MANY_DOWNLOADS"), "wait": ("waiting requests", "TOO_MANY_WAITERS")}
 
 
