@@ -14,6 +14,7 @@ aiohttp's, on the event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -112,9 +113,9 @@ class KeySet:
             return [key for key in self.keys if key.kid == kid or (static and key.kid is None)]
         return list(self.keys) if static or len(self.keys) == 1 else []
 
-    @property
+    @functools.cached_property
     def fingerprints(self) -> frozenset[str]:
-        """The fingerprints of the keys."""
+        """The fingerprints of the keys, computed once: every remembered token's request asks for them."""
         return frozenset(key.fingerprint for key in self.keys)
 
 
