@@ -25,8 +25,8 @@ from devtools.broker import delete_broker_objects
 from devtools.identity_provider import IdentityProvider, identity_provider, new_key
 from services.api.app import init_app
 from shared.auth import InvalidToken, TokenVerifier
-from shared.jwks import KeysUnavailable, RemoteKeys, max_age_of
-from shared.settings import Settings
+from shared.jwks import KEY_TYPES, KeysUnavailable, RemoteKeys, max_age_of
+from shared.settings import PUBLIC_KEY_ALGORITHMS, Settings
 from shared.storage import ensure_bucket, open_s3_client
 from tests.support import make_settings, wait_for
 
@@ -402,3 +402,8 @@ async def test_an_azp_that_is_no_string_is_refused(provider: IdentityProvider) -
     with pytest.raises(InvalidToken) as refusal:
         await verifier.verify(bearer(provider.token(OLD, azp=["chatexport-cli"])))
     assert refusal.value.kind == "claims"
+
+
+def test_every_allowed_public_key_algorithm_has_its_key_type() -> None:
+    # The settings' list of algorithms and the key cache's table of key types must name the same ones.
+    assert {alg for alg, (kty, _) in KEY_TYPES.items() if kty != "oct"} == PUBLIC_KEY_ALGORITHMS
