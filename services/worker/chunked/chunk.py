@@ -103,9 +103,15 @@ class ChunkDeliveries:
                     extension=CHUNK_EXTENSION,
                 )
 
+        def runner(claimed: ClaimedChunk) -> ChunkRunner:
+            return ChunkRunner(pool=self._pool, s3=self._s3, settings=settings, claimed=claimed, reads=self._reads)
+
+        async def hand_back(claimed: ClaimedChunk) -> None:
+            await runner(claimed).hand_back()
+
         try:
             claimed = await claim_or_requeue(
-                message, claim, log_extra={"operation_id": operation_id, "chunk": chunk_no}
+                message, claim, hand_back=hand_back, log_extra={"operation_id": operation_id, "chunk": chunk_no}
             )
         except NotClaimed:
             return
@@ -114,7 +120,7 @@ class ChunkDeliveries:
         if claimed.took_over:
             metrics.CHUNK_TAKEOVERS.inc()
         with metrics.CHUNKS_RUNNING.track_inprogress(), log_fields(**claimed.log_extra()):
-            await ChunkRunner(pool=self._pool, s3=self._s3, settings=settings, claimed=claimed, reads=self._reads).run()
+            await runner(claimed).run()
 
 
 class ChunkRunner:
@@ -212,10 +218,15 @@ class ChunkRunner:
             # Let go of a lease still ours (the export was canceled), so that the chunk shows nobody holds it.
             await asyncio.shield(self._end(retry_delay_seconds=None, counted=False))
         except asyncio.CancelledError:
-            await asyncio.shield(self._end(retry_delay_seconds=None))
+            await asyncio.shield(self.hand_back())
             raise
         except Exception as exc:
             await self._fail(exc)
+
+    async def hand_back(self) -> None:
+        """End the lease now, on a stop: the chunk is PENDING again with no attempt spent, and its coordinator
+        wakes it for another worker at once (``chunks.release``)."""
+        await self._end(retry_delay_seconds=None)
 
     async def _write(self) -> None:
         claimed = self._claimed

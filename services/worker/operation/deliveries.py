@@ -59,7 +59,10 @@ class OperationDeliveries:
     async def _handle(self, message: AbstractIncomingMessage, operation_id: str) -> None:
         try:
             work = await claim_or_requeue(
-                message, lambda: self._claim(operation_id), log_extra={"operation_id": operation_id}
+                message,
+                lambda: self._claim(operation_id),
+                hand_back=self._hand_back,
+                log_extra={"operation_id": operation_id},
             )
         except NotClaimed:
             return
@@ -74,6 +77,14 @@ class OperationDeliveries:
             await self._runner.refuse(claimed)
         else:
             await self._runner.finish_cancellation(claimed)
+
+    async def _hand_back(self, work: tuple[ClaimedOperation, LeasePurpose]) -> None:
+        """Give back a lease claimed as the worker stopped: an attempt's lease at once; a cancellation's
+        lease runs out, and the janitor finishes the cancel (docs/states.md: States and failure model, Cancel).
+        """
+        claimed, purpose = work
+        if purpose is not LeasePurpose.CANCEL:
+            await self._runner.hand_back(claimed)
 
     async def _claim(self, operation_id: str) -> tuple[ClaimedOperation, LeasePurpose] | None:
         """Claim the lease and check membership in one call (``leases.claim_export``); return the claimed

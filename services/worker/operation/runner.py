@@ -88,13 +88,13 @@ class LeaseRunner:
         except LeaseLost as lost:
             await self._after_lease_lost(claimed, write=lost.write)
         except asyncio.CancelledError:
-            await asyncio.shield(self._hand_back(claimed))
+            await asyncio.shield(self.hand_back(claimed))
             raise
         except Exception as exc:
             if _being_cancelled():
                 # A cancel can surface as the driver's own error (asyncpg interrupted mid-COPY raises
                 # InternalClientError): a shutdown still hands the lease back rather than spending an attempt.
-                await asyncio.shield(self._hand_back(claimed))
+                await asyncio.shield(self.hand_back(claimed))
                 raise asyncio.CancelledError from exc
             await self._end_failed_attempt(claimed, exc)
 
@@ -253,7 +253,11 @@ class LeaseRunner:
         else:
             metrics.ATTEMPTS_ENDED.labels(verdict.state).inc()
 
-    async def _hand_back(self, claimed: ClaimedOperation) -> None:
+    async def hand_back(self, claimed: ClaimedOperation) -> None:
+        """End the lease of ``claimed`` now, on a stop, with its attempt unspent, and wake the operation
+        again so another worker takes it at once (``leases.hand_back``); a lost database leaves the lease to
+        expire.
+        """
         handed_back = False
         with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
             async with self._pool.acquire() as conn, conn.transaction():

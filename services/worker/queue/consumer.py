@@ -172,12 +172,34 @@ class NotClaimed(Exception):
 
 
 async def claim_or_requeue(
-    message: AbstractIncomingMessage, claim: Callable[[], Awaitable[T]], *, log_extra: Mapping[str, Any]
-) -> T:
-    """Run ``claim`` (one transaction that takes a lease) and ack ``message`` once it committed; return what it
-    claimed. When the database cannot be reached the message goes back to its queue after
-    ``DATABASE_RETRY_SECONDS``, so that the queue does not spin, and ``NotClaimed`` is raised.
+    message: AbstractIncomingMessage,
+    claim: Callable[[], Awaitable[T | None]],
+    *,
+    hand_back: Callable[[T], Awaitable[None]],
+    log_extra: Mapping[str, Any],
+) -> T | None:
+    """Run ``claim`` (one transaction that takes a lease; None when it took nothing) and ack ``message`` once
+    it committed; return what it claimed. When the database cannot be reached the message goes back to its
+    queue after ``DATABASE_RETRY_SECONDS``, so that the queue does not spin, and ``NotClaimed`` is raised.
+
+    A shutdown that comes while the claim or the ack is in flight waits for them and gives what the claim
+    took to ``hand_back`` before ``CancelledError`` goes on: a lease committed at that moment would otherwise
+    be held by nobody until it expires (docs/kubernetes.md: Stopping and scaling down).
     """
+    taking = asyncio.ensure_future(_claim_and_settle(message, claim, log_extra))
+    try:
+        return await asyncio.shield(taking)
+    except asyncio.CancelledError:
+        with contextlib.suppress(NotClaimed):
+            claimed = await taking
+            if claimed is not None:
+                await asyncio.shield(hand_back(claimed))
+        raise
+
+
+async def _claim_and_settle(
+    message: AbstractIncomingMessage, claim: Callable[[], Awaitable[T | None]], log_extra: Mapping[str, Any]
+) -> T | None:
     try:
         claimed = await claim()
     except TRANSIENT_DATABASE_ERRORS as exc:
