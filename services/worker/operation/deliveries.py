@@ -5,6 +5,7 @@ owner's membership; the claim decides whether to run the export, refuse it or fi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from enum import Enum
 
@@ -28,20 +29,17 @@ WORKER_LOST_MESSAGE = (
 )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OperationDeliveries:
     """The work queue's deliveries, ``{"operation_id": ...}``: claim the operation's lease and check
     membership, then run, refuse or finish the cancel of the export with ``runner``.
     """
 
     what = "export"
-
-    def __init__(
-        self, *, pool: asyncpg.Pool, runner: LeaseRunner, settings: WorkerPartSettings, worker_id: str
-    ) -> None:
-        self._pool = pool
-        self._runner = runner
-        self._settings = settings
-        self._worker_id = worker_id
+    pool: asyncpg.Pool
+    runner: LeaseRunner
+    settings: WorkerPartSettings
+    worker_id: str
 
     def decode(self, body: bytes) -> str | None:
         """The operation a wake-up names, or None for anything that is not ``{"operation_id": <id>}``."""
@@ -71,12 +69,12 @@ class OperationDeliveries:
         claimed, purpose = work
         tracing.set_attributes(**claimed.span_attributes(), **{"chatexport.lease_purpose": purpose.value})
         if purpose is LeasePurpose.EXPORT:
-            log.info("lease taken", extra=claimed.log_extra(worker=self._worker_id))
-            await self._runner.run(claimed)
+            log.info("lease taken", extra=claimed.log_extra(worker=self.worker_id))
+            await self.runner.run(claimed)
         elif purpose is LeasePurpose.REFUSE:
-            await self._runner.refuse(claimed)
+            await self.runner.refuse(claimed)
         else:
-            await self._runner.finish_cancellation(claimed)
+            await self.runner.finish_cancellation(claimed)
 
     async def _hand_back(self, work: tuple[ClaimedOperation, LeasePurpose]) -> None:
         """Give back a lease claimed as the worker stopped: an attempt's lease at once; a cancellation's
@@ -84,7 +82,7 @@ class OperationDeliveries:
         """
         claimed, purpose = work
         if purpose is not LeasePurpose.CANCEL:
-            await self._runner.hand_back(claimed)
+            await self.runner.hand_back(claimed)
 
     async def _claim(self, operation_id: str) -> tuple[ClaimedOperation, LeasePurpose] | None:
         """Claim the lease and check membership in one call (``leases.claim_export``); return the claimed
@@ -94,13 +92,13 @@ class OperationDeliveries:
         An operation whose every attempt lost its worker is parked in FAILED_REPAIR instead of taken over; a
         cancellation nobody holds is taken to be finished here (docs/states.md: States and failure model, Cancel).
         """
-        async with self._pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             claim = await leases.claim_export(
                 conn,
                 operation_id=operation_id,
-                worker_id=self._worker_id,
-                lease_seconds=self._settings.lease_seconds,
-                max_attempts=self._settings.max_attempts,
+                worker_id=self.worker_id,
+                lease_seconds=self.settings.lease_seconds,
+                max_attempts=self.settings.max_attempts,
                 message=WORKER_LOST_MESSAGE,
             )
             if claim.parked:
@@ -120,7 +118,7 @@ class OperationDeliveries:
         operation (a purged one, or one from another deployment), when there is nothing to do.
         """
         claimed = await leases.claim_cancellation(
-            conn, operation_id=operation_id, worker_id=self._worker_id, lease_seconds=self._settings.lease_seconds
+            conn, operation_id=operation_id, worker_id=self.worker_id, lease_seconds=self.settings.lease_seconds
         )
         if claimed is not None:
             return claimed, LeasePurpose.CANCEL
