@@ -6,6 +6,9 @@ A migration is ``shared/migrations/NNNN_name.sql``. Its first comment lines say 
   indexes built ``CONCURRENTLY``, constraints added ``NOT VALID``), applied before the release that needs it
   rolls out, or ``-- step: post`` (what removes or tightens: drops, ``VALIDATE``, ``SET NOT NULL``), applied
   once no part of the previous release runs.
+- ``-- needed: before start`` (post migrations only) marks a removal that the release shipping it needs before
+  any of its parts starts: that release cannot run beside the previous one (docs/deploy.md: Upgrading, A
+  release that cannot run beside the previous one).
 - ``-- transaction: none`` runs it outside a transaction, one statement at a time (statements end with ``;``
   at the end of a line), as ``CREATE INDEX CONCURRENTLY`` needs; each statement must be safe to run again.
 
@@ -13,7 +16,8 @@ Migrations up to ``LAST_UNMARKED`` predate the steps and are recorded as they ar
 Every migration runs with ``lock_timeout`` set, so one that waits for a lock fails instead of queueing every
 query of the running parts behind it.
 
-A release runs on a schema that has every pre migration it ships, and no post migration it does not know:
+A release runs on a schema that has every pre migration it ships (and every post migration it needs before
+start), and no post migration it does not know:
 a later release's pre migrations only add, so they are within its range; a later post migration may remove
 what it uses.
 """
@@ -40,7 +44,8 @@ MIGRATION_LOCK_KEY = 0x63686578  # "chex"
 # The last migration written before migrations had steps: it and those before it carry no marks.
 LAST_UNMARKED = "0018"
 LOCK_TIMEOUT = "5s"
-_MARK = re.compile(r"^--\s*(step|transaction):\s*(\S+)\s*$")
+_MARK = re.compile(r"^--\s*(step|transaction|needed):\s*(.+?)\s*$")
+NEEDED_BEFORE_START = "before start"
 # A statement of a migration run outside a transaction ends with ";" at the end of a line.
 _STATEMENT_END = re.compile(r";[ \t]*\n")
 
@@ -60,6 +65,7 @@ class Migration:
     sql: str
     step: Step
     transactional: bool
+    needed_before_start: bool = False
 
     @property
     def number(self) -> str:
@@ -94,7 +100,10 @@ def parse(version: str, sql: str) -> Migration:
     transaction = marks.get("transaction", "required")
     if transaction not in ("required", "none"):
         raise BadMigration(f"{version}: `-- transaction:` takes `none` (or is left out), not {transaction!r}")
-    return Migration(version, sql, step, transactional=transaction == "required")
+    needed = marks.get("needed")
+    if needed is not None and (needed != NEEDED_BEFORE_START or step is not Step.POST):
+        raise BadMigration(f"{version}: `-- needed: {NEEDED_BEFORE_START}` is the one value, on a post migration")
+    return Migration(version, sql, step, transactional=transaction == "required", needed_before_start=bool(needed))
 
 
 @functools.cache
@@ -113,14 +122,20 @@ class SchemaOutOfRange(Exception):
 
 def check_range(applied: Mapping[str, Step], shipped: Sequence[Migration]) -> None:
     """Raise ``SchemaOutOfRange`` unless a release shipping ``shipped`` runs on a database where the
-    migrations ``applied`` (version to step) ran: every pre migration it ships must have run, and no post
-    migration it does not ship (docs/deploy.md: Upgrading).
+    migrations ``applied`` (version to step) ran: every pre migration it ships must have run, and every post
+    migration it needs before start, and no post migration it does not ship (docs/deploy.md: Upgrading).
     """
     missing = [m.version for m in shipped if m.step is Step.PRE and m.version not in applied]
     if missing:
         raise SchemaOutOfRange(
             f"the database schema is older than this release needs: migration {missing[0]} has not run"
             f" ({len(missing)} missing); run `chatexport migrate --pre`"
+        )
+    needed = [m.version for m in shipped if m.needed_before_start and m.version not in applied]
+    if needed:
+        raise SchemaOutOfRange(
+            f"this release cannot run beside the previous one: post migration {needed[0]} has not run; stop"
+            " every part of the previous release, then run `chatexport migrate`"
         )
     known = {m.version for m in shipped}
     unknown = sorted(version for version, step in applied.items() if step is Step.POST and version not in known)

@@ -156,6 +156,21 @@ def test_a_release_runs_on_later_pre_migrations_but_not_on_a_later_post_one() ->
     check_range({"9001_table": Step.PRE, "9002_drop_old": Step.POST}, SYNTHETIC[:2])
 
 
+def test_a_release_that_needs_its_post_migration_refuses_to_start_beside_the_previous_one() -> None:
+    # The schema the previous release runs on (its pre migrations, and this release's) is not enough: this
+    # release's parts refuse until its post migration ran, which the previous release's parts refuse in turn.
+    breaking = parse("9002_drop_old", "-- step: post\n-- needed: before start\nALTER TABLE things DROP COLUMN old;\n")
+    shipped = [SYNTHETIC[0], breaking]
+    with pytest.raises(SchemaOutOfRange, match="cannot run beside the previous one: post migration 9002_drop_old"):
+        check_range({"9001_table": Step.PRE}, shipped)
+    check_range({"9001_table": Step.PRE, "9002_drop_old": Step.POST}, shipped)
+    with pytest.raises(SchemaOutOfRange, match="newer than this release runs on: post migration 9002_drop_old"):
+        check_range({"9001_table": Step.PRE, "9002_drop_old": Step.POST}, SYNTHETIC[:1])
+    for marks in ("-- step: pre\n-- needed: before start\n", "-- step: post\n-- needed: soon\n"):
+        with pytest.raises(BadMigration, match="needed: before start"):
+            parse("9004_bad", marks + "SELECT 1;\n")
+
+
 async def test_a_part_on_a_database_one_migration_too_old_refuses_and_names_it(fresh_url: str) -> None:
     shipped = migrator.migrations()
     conn = await asyncpg.connect(fresh_url)
