@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock prerequisites run test test-quick test-clusters pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts bench-tokens chaos clusters replay-standby-conflicts clean
+.PHONY: help install lock prerequisites run test test-quick test-clusters test-upgrade pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts bench-tokens chaos clusters replay-standby-conflicts clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -21,6 +21,7 @@ help:
 	@echo "make test       lint, format check, type check and every test but the cluster group"
 	@echo "make test-quick the fast loop: lint, format check, type check and the tests that start no server"
 	@echo "make test-clusters  the tests on local RabbitMQ and PostgreSQL clusters (marked cluster)"
+	@echo "make test-upgrade   the previous release beside this one, live (marked upgrade)"
 	@echo "make lint       ruff check + ruff format --check + mypy"
 	@echo "make docs       build the documentation site into site/, every warning an error"
 	@echo "make fmt        ruff format + ruff check --fix"
@@ -88,19 +89,26 @@ prerequisites: install
 	$(BIN)/python -m devtools.prerequisites
 
 # pytest exits 5 when it collected no test: for us that is a failure, never a pass. The tests on local
-# clusters (marked `cluster`) start three RabbitMQ nodes and PostgreSQL standbys: they are a group of their
-# own, `make test-clusters`, which CI runs after `make test` with a time limit of its own.
+# clusters (marked `cluster`) start three RabbitMQ nodes and PostgreSQL standbys, and the upgrade tests (marked
+# `upgrade`) build and run the previous release: they are groups of their own, `make test-clusters` and `make
+# test-upgrade`, which CI runs after `make test`, each with a time limit of its own.
 test: prerequisites lint docs
-	@$(MAKE) --no-print-directory pytest MARKERS="not cluster"
+	@$(MAKE) --no-print-directory pytest MARKERS="not cluster and not upgrade"
 
 # Two processes: the tests on the RabbitMQ cluster on one, those on PostgreSQL clusters on the other, each
 # group one test at a time, since its tests freeze, kill and time nodes (tests/clusters/conftest.py).
 test-clusters: prerequisites
 	@$(MAKE) --no-print-directory pytest MARKERS="cluster" WORKERS=2 DIST=loadgroup
 
+# The live upgrade from the previous release and back, and the previous release's database tests on this
+# schema (docs/deploy.md: Upgrading, The live upgrade test); the first run on a machine also builds that
+# release (about a minute).
+test-upgrade: prerequisites
+	@$(MAKE) --no-print-directory pytest MARKERS="upgrade" WORKERS=2
+
 # The developer's loop, under a minute: what needs no PostgreSQL, RabbitMQ, moto or processes of the system.
 test-quick: lint
-	@$(MAKE) --no-print-directory pytest MARKERS="not integration and not e2e and not cluster" DURATIONS=10
+	@$(MAKE) --no-print-directory pytest MARKERS="not integration and not e2e and not cluster and not upgrade" DURATIONS=10
 
 # Each run ends with its slowest tests: where the time goes (docs/development.md: Where the time goes). The tests
 # run on WORKERS processes (pytest-xdist), each test file on one of them, so that a module's fixtures are set up

@@ -13,9 +13,14 @@ so that a restarted process serves on the same port and no other process can tak
 wait in the socket's queue while nothing serves it); the test's overrides come last. The file requires
 ``CHATEXPORT_JWT_SECRET``: the system supplies a random one, so tokens are minted with ``settings()``.
 
-Used by the end-to-end tests, the fault-injection tests and the benchmark. Processes are driven over HTTP
-and signals only; ``devtools.broker.delete_broker_objects(system.settings())`` removes the system's queues
-and exchanges once it has stopped.
+A system may run another release of the project (``devtools.releases``): its processes then run that
+release's interpreter in its worktree, from its own compose file. One started ``beside`` another shares its
+database, broker names, bucket, moto server and secrets, as two releases do during an upgrade; a release
+that does not take handed sockets binds ports reserved for it (``devtools.ports``).
+
+Used by the end-to-end tests, the fault-injection tests, the upgrade tests and the benchmark. Processes are driven
+over HTTP and signals only; ``devtools.broker.delete_broker_objects(system.settings())`` removes the system's
+queues and exchanges once it has stopped.
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from devtools.compose import SETTINGS_PREFIX, Service, load_compose, one_shots, parts, settings_from_environment
+from devtools.compose import COMPOSE_FILE, SETTINGS_PREFIX, Service, load_compose, parts, settings_from_environment
+from devtools.compose import one_shots as one_shot_services
 from devtools.moto import MotoServer, start_moto
+from devtools.ports import free_port
 from devtools.processes import ProcessGroup
+from devtools.releases import Release
 from shared.settings import Settings
 
 LOCAL_HOST = "127.0.0.1"
@@ -58,27 +66,45 @@ class LocalSystem:
     the process called ``api`` (``api_url`` names another's).
     """
 
-    def __init__(self, *, database_url: str, amqp_url: str, log_dir: Path, overrides: Mapping[str, str] | None = None):
-        secret, webhook_key = secrets.token_urlsafe(JWT_SECRET_BYTES), secrets.token_urlsafe(JWT_SECRET_BYTES)
-        self.services = load_compose(
-            variables={**os.environ, "CHATEXPORT_JWT_SECRET": secret, "CHATEXPORT_WEBHOOK_SIGNING_KEY": webhook_key}
-        )
-        self.moto: MotoServer | None = None
+    def __init__(
+        self,
+        *,
+        database_url: str,
+        amqp_url: str,
+        log_dir: Path,
+        overrides: Mapping[str, str] | None = None,
+        release: Release | None = None,
+        beside: LocalSystem | None = None,
+    ):
+        self.release = release
+        if beside is None:
+            secret, webhook_key = secrets.token_urlsafe(JWT_SECRET_BYTES), secrets.token_urlsafe(JWT_SECRET_BYTES)
+            self._variables = {"CHATEXPORT_JWT_SECRET": secret, "CHATEXPORT_WEBHOOK_SIGNING_KEY": webhook_key}
+        else:
+            self._variables = dict(beside._variables)
+        compose = COMPOSE_FILE if release is None else release.root / "deploy" / COMPOSE_FILE.name
+        self.services = load_compose(compose, variables={**os.environ, **self._variables})
+        self.moto: MotoServer | None = None if beside is None else beside.moto
         # (kind, process name) -> the listening socket handed to every process of that name ("api", "metrics")
         self._sockets: dict[tuple[str, str], socket.socket] = {}
+        # The same, for a release that binds its own ports: the reserved port
+        self._ports: dict[tuple[str, str], int] = {}
         self.base_url = self.api_url("api")
         tag = uuid.uuid4().hex[:10]
-        self.env: dict[str, str] = {
-            "CHATEXPORT_DATABASE_URL": database_url,
-            "CHATEXPORT_AMQP_URL": amqp_url,
-            # Every process shares one host here: loopback only, and a port each (monitoring: start_part).
-            "CHATEXPORT_API_HOST": LOCAL_HOST,
-            "CHATEXPORT_API_PORT": str(self._socket("api", "api").getsockname()[1]),
-            "CHATEXPORT_METRICS_HOST": LOCAL_HOST,
+        shared = {
             # The broker and the moto server may be shared with other tests: names of this system's own.
             "CHATEXPORT_AMQP_EXCHANGE": f"chatexport-e2e-{tag}",
             "CHATEXPORT_AMQP_QUEUE": f"chatexport-e2e-{tag}",
             "CHATEXPORT_S3_BUCKET": f"e2e-{tag}",
+        }
+        self.env: dict[str, str] = {
+            **(shared if beside is None else beside.env),
+            "CHATEXPORT_DATABASE_URL": database_url,
+            "CHATEXPORT_AMQP_URL": amqp_url,
+            # Every process shares one host here: loopback only, and a port each (monitoring: start_part).
+            "CHATEXPORT_API_HOST": LOCAL_HOST,
+            "CHATEXPORT_API_PORT": str(self._port("api", "api")),
+            "CHATEXPORT_METRICS_HOST": LOCAL_HOST,
             **(overrides or {}),
         }
         # A container sees only what the file passes: no CHATEXPORT_* of the shell that runs the tests.
@@ -92,12 +118,15 @@ class LocalSystem:
         self.start_storage()
         self.start_parts(workers=workers, janitors=janitors)
 
-    def start_storage(self) -> MotoServer:
-        """Start this system's own moto server in place of the ``minio`` service; the parts use it unless
-        ``env`` is changed before they start.
+    def start_storage(self, moto: MotoServer | None = None) -> MotoServer:
+        """Start this system's own moto server in place of the ``minio`` service, or use ``moto``, which the
+        caller stops; the parts use it unless ``env`` is changed before they start.
         """
-        self.moto = start_moto()
-        self.group.adopt("moto", self.moto.process)
+        if moto is None:
+            self.moto = start_moto()
+            self.group.adopt("moto", self.moto.process)
+        else:
+            self.moto = moto
         # Clients on this machine reach moto itself, so download redirects are signed for it too.
         endpoint = self.moto.endpoint_url
         self.env.update(
@@ -105,16 +134,17 @@ class LocalSystem:
         )
         return self.moto
 
-    def start_parts(self, *, workers: int | None = None, janitors: int | None = None) -> None:
-        """Run the file's one-shot services to completion, then start every replica of every part and wait
-        until each one is ready. ``workers`` and ``janitors`` replace the file's replica counts (0: none).
+    def start_parts(self, *, workers: int | None = None, janitors: int | None = None, one_shots: bool = True) -> None:
+        """Run the file's one-shot services to completion (unless not ``one_shots``: the migrations were run
+        apart), then start every replica of every part and wait until each one is ready. ``workers`` and
+        ``janitors`` replace the file's replica counts (0: none).
 
         Raises ``RuntimeError`` when storage was not started, a one-shot fails, or a part dies or is not
         ready within ``READY_TIMEOUT_SECONDS``.
         """
         if self.moto is None:
             raise RuntimeError("start_storage() first: the file's S3 endpoint is a container")
-        for service in one_shots(self.services):
+        for service in one_shot_services(self.services) if one_shots else []:
             self._complete(service.name, service.command, self.environment(service.name), ONE_SHOT_TIMEOUT_SECONDS)
         counts = {"worker": workers, "janitor": janitors}
         names = []
@@ -130,20 +160,19 @@ class LocalSystem:
         its environment for this process only. Raises ``ValueError`` when a process of that name is running.
         """
         name = name or part
-        metrics = self._socket("metrics", name)
-        self.metrics_ports[name] = metrics.getsockname()[1]
-        handed = {"METRICS": metrics}
-        if part == "api":
-            handed["API"] = self._socket("api", name)
+        kinds = ["metrics", "api"] if part == "api" else ["metrics"]
+        self.metrics_ports[name] = self._port("metrics", name)
         env = {**self.environment(part), **(extra_env or {})}
-        for setting, sock in handed.items():
-            env |= {
-                f"CHATEXPORT_{setting}_PORT": str(sock.getsockname()[1]),
-                f"CHATEXPORT_{setting}_SOCKET_FD": str(sock.fileno()),
-            }
-        pass_fds = [sock.fileno() for sock in handed.values()]
+        pass_fds = []
+        for kind in kinds:
+            env[f"CHATEXPORT_{kind.upper()}_PORT"] = str(self._port(kind, name))
+            if self._takes_sockets:
+                sock = self._socket(kind, name)
+                env[f"CHATEXPORT_{kind.upper()}_SOCKET_FD"] = str(sock.fileno())
+                pass_fds.append(sock.fileno())
         self._services_of[name] = part
-        self.group.start(name, local_command(self.services[part].command), env, pass_fds=pass_fds)
+        root = None if self.release is None else self.release.root
+        self.group.start(name, self._command(self.services[part].command), env, cwd=root, pass_fds=pass_fds)
 
     def restart_ended(self) -> list[str]:
         """Start again every long-running process that has ended (killed, stopped), with its settings of
@@ -156,8 +185,22 @@ class LocalSystem:
         return ended
 
     def api_url(self, name: str) -> str:
-        """The base URL of the api process called ``name`` (its socket is bound now if it was not yet)."""
-        return f"http://{LOCAL_HOST}:{self._socket('api', name).getsockname()[1]}"
+        """The base URL of the api process called ``name`` (its port is taken now if it was not yet)."""
+        return f"http://{LOCAL_HOST}:{self._port('api', name)}"
+
+    @property
+    def _takes_sockets(self) -> bool:
+        return self.release is None or self.release.takes_sockets
+
+    def _port(self, kind: str, name: str) -> int:
+        """The port of ``kind`` for the process ``name``: its handed socket's, or one reserved for a release that
+        binds its own."""
+        if self._takes_sockets:
+            port: int = self._socket(kind, name).getsockname()[1]
+            return port
+        if (kind, name) not in self._ports:
+            self._ports[kind, name] = free_port(LOCAL_HOST)
+        return self._ports[kind, name]
 
     def _socket(self, kind: str, name: str) -> socket.socket:
         """The listening socket of ``kind`` for the process ``name``: bound to port 0 on first use, then kept."""
@@ -185,6 +228,11 @@ class LocalSystem:
         """
         name = f"cli-{uuid.uuid4().hex[:6]}"
         return self._complete(name, ["chatexport", *args], self.environment(CLI_SERVICE), timeout)
+
+    def _command(self, command: Sequence[str]) -> list[str]:
+        """The file's command as this system's release runs it (``local_command``)."""
+        local = local_command(command)
+        return local if self.release is None else [str(self.release.python), *local[1:]]
 
     def wait_ready(self, names: Sequence[str] | None = None, timeout: float = READY_TIMEOUT_SECONDS) -> None:
         """Poll the monitoring ``/readyz`` of every part in ``names`` (default: every running part) until
@@ -224,7 +272,8 @@ class LocalSystem:
         return "\n".join(f"--- {name}:\n" + "\n".join(list(self.group.part(name).tail)[-lines:]) for name in names)
 
     def _complete(self, name: str, command: Sequence[str], env: Mapping[str, str], timeout: float) -> str:
-        self.group.start(name, local_command(command), env)
+        root = None if self.release is None else self.release.root
+        self.group.start(name, self._command(command), env, cwd=root)
         code = self.group.wait(name, timeout)
         part = self.group.part(name)
         if part.pump is not None:

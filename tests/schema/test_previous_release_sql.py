@@ -16,6 +16,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from devtools.releases import previous_release
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,14 +25,6 @@ STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH) ")  # the projec
 COMMAND_TAG = re.compile(r"(INSERT|UPDATE|DELETE|SELECT)( \d+)+")  # a status such as "INSERT 0 1", not SQL
 # Fewer than this would mean the reading below lost the statements, not that the release had none.
 FEWEST_STATEMENTS = 90  # 0.1.0 has 95
-
-
-def previous_release_commit() -> str:
-    """The ``Commit:`` of the newest release section of CHANGELOG.md."""
-    text = (REPO / "CHANGELOG.md").read_text()
-    found = re.search(r"^## \[\d+\.\d+\.\d+\][^\n]*\n+Commit: ([0-9a-f]{7,40})$", text, re.MULTILINE)
-    assert found, "CHANGELOG.md names no release with a Commit: line"
-    return found[1]
 
 
 def git(*args: str) -> str:
@@ -61,7 +55,7 @@ def statements_of(commit: str) -> dict[str, str]:
 
 
 async def test_every_statement_of_the_previous_release_prepares_on_this_schema(database_url: str) -> None:
-    statements = statements_of(previous_release_commit())
+    statements = statements_of(previous_release()[1])
     assert len(statements) >= FEWEST_STATEMENTS, len(statements)
     conn = await asyncpg.connect(database_url)
     refused = {}
