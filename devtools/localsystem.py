@@ -109,6 +109,7 @@ class LocalSystem:
         }
         # A container sees only what the file passes: no CHATEXPORT_* of the shell that runs the tests.
         self._inherited = {key: value for key, value in os.environ.items() if not key.startswith(SETTINGS_PREFIX)}
+        self.log_dir = log_dir  # <process name>.log for every process
         self.group = ProcessGroup(log_dir=log_dir)
         self.metrics_ports: dict[str, int] = {}
         self._services_of: dict[str, str] = {}  # process name -> its compose service, for restart_ended

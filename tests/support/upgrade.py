@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
 from devtools.moto import MotoServer, start_moto
 from devtools.releases import Release
+from shared.broker import connect, dead_queue_name
 from shared.states import TERMINAL, values
 from shared.storage import open_s3_client
 from tests.support import AMQP_URL, PG_SERVER, admin_execute, wait_for
@@ -61,6 +62,8 @@ OWNER = "alice"
 CONVERSATIONS = {"c-small": 30, "c-big": 4_000, "c-chunked": 12_000}
 SCHEDULED = "c-growing"  # the incremental schedule's conversation; the traffic adds to it
 SCHEDULE_EVERY_SECONDS = 3
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # claims since then: all of them
+ERROR_LINE = '"level": "ERROR"'  # in the JSON lines every part logs
 IN_FLIGHT = 6  # operations the traffic keeps unended at most
 END_TIMEOUT_SECONDS = 240.0
 
@@ -95,6 +98,7 @@ class Upgrade:
     workers: dict[str, set[str]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     schedule_id: str = ""
+    since: datetime = EPOCH
     _retired: list[aiohttp.ClientSession] = field(default_factory=list)
     _round: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -208,9 +212,15 @@ class Upgrade:
             by_export.setdefault(operation_id, set()).update(self._release_of(owner))
         return max(by_export.values(), key=len, default=set())
 
+    async def both_started(self) -> None:
+        """Count claims from now on only: what ``releases_that_claimed`` and the chunk sampler report is what
+        the releases did side by side."""
+        self.since = await self.pool.fetchval("SELECT now()")
+        self.chunk_holders.clear()
+
     async def releases_that_claimed(self) -> set[str]:
-        """The releases whose workers claimed at least one attempt of an export."""
-        owners = await self.pool.fetch("SELECT DISTINCT worker_id FROM attempts")
+        """The releases whose workers claimed an attempt of an export since ``both_started``."""
+        owners = await self.pool.fetch("SELECT DISTINCT worker_id FROM attempts WHERE claimed_at >= $1", self.since)
         return {release for row in owners for release in self._release_of(row["worker_id"])}
 
     async def holding(self, version: str) -> bool:
@@ -220,6 +230,27 @@ class Upgrade:
             list(self.workers.get(version, ())),
         )
         return held
+
+    def check_no_error_logged(self) -> None:
+        """Fail when a part of either release logged an error: what one release wrote, the other could not
+        handle."""
+        for system in (self.old, self.new):
+            for path in sorted(system.log_dir.glob("*.log")):
+                errors = [line for line in path.read_text(errors="replace").splitlines() if ERROR_LINE in line]
+                assert not errors, f"{path.parent.name}/{path.name}: {errors[0][:2000]}"
+
+    async def check_nothing_dead_lettered(self) -> None:
+        """Fail when a message went to the dead-letter queue: a part of one release could not read what the
+        other wrote (docs/deploy.md: Upgrading, Payload versions)."""
+        settings = self.new.settings()
+        connection = await connect(settings, name="upgrade-test")
+        try:
+            channel = await connection.channel()
+            queue = await channel.declare_queue(dead_queue_name(settings), passive=True)
+            count = queue.declaration_result.message_count
+        finally:
+            await connection.close()
+        assert count == 0, f"{count} messages dead-lettered: one release could not read what the other wrote"
 
     async def summary(self) -> dict[str, Any]:
         """What the traffic did, for the test's output: operations by state, attempts by release, chunks by
@@ -274,6 +305,8 @@ class Upgrade:
             return await self._unended() == 0
 
         await wait_for(all_ended, timeout=END_TIMEOUT_SECONDS, interval=0.5)
+        await self.check_nothing_dead_lettered()
+        self.check_no_error_logged()
         rows = await self.pool.fetch(
             "SELECT o.operation_id, o.state, o.conversation_id, o.result_sha256, o.schedule_id,"
             " (SELECT count(*) FROM attempts a WHERE a.operation_id = o.operation_id AND a.outcome = 'SUCCEEDED')"

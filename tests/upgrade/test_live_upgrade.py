@@ -27,7 +27,7 @@ from tests.support.upgrade import OWNER, Upgrade, upgrade_under_way
 
 pytestmark = pytest.mark.upgrade
 
-BOTH_TIMEOUT_SECONDS = 180.0
+BOTH_TIMEOUT_SECONDS = 90.0
 # Exports submitted through the release left alone before the traffic stops.
 ALONE_SUBMITS = 6
 
@@ -67,9 +67,12 @@ async def both_releases_side_by_side(upgrade: Upgrade, previous: Release, load: 
         await asyncio.to_thread(upgrade.new.start_parts, workers=2, janitors=1, one_shots=False)
     upgrade.note_workers(VERSION, upgrade.new)
     upgrade.open_api("new", upgrade.new)
+    await upgrade.both_started()
 
     async def both_serve() -> bool:
         going(load)
+        await upgrade.check_nothing_dead_lettered()
+        upgrade.check_no_error_logged()
         claimed = await upgrade.releases_that_claimed()
         return claimed == {previous.version, VERSION} and len(upgrade.releases_holding_chunks_of_one_export()) == 2
 
@@ -81,8 +84,10 @@ async def submits_through_one_api(upgrade: Upgrade, load: asyncio.Task[None]) ->
     """Let ``ALONE_SUBMITS`` more exports go through the one api left."""
     target = len(upgrade.submitted) + ALONE_SUBMITS
 
-    def submitted() -> bool:
+    async def submitted() -> bool:
         going(load)
+        await upgrade.check_nothing_dead_lettered()
+        upgrade.check_no_error_logged()
         return len(upgrade.submitted) >= target
 
     await wait_for(submitted, timeout=120, interval=0.2)
