@@ -241,10 +241,12 @@ class ConversationListing(Row):
 
 
 async def list_conversations(
-    conn: asyncpg.Connection, *, user_id: str, after: str | None, limit: int
+    conn: asyncpg.Connection, *, user_id: str, after: str | None, limit: int, search: str | None = None
 ) -> list[ConversationListing]:
     """Up to ``limit`` conversations ``user_id`` is a member of, ordered by id, after the id ``after``:
     (conversation_id, last_seq, last_message_at: the sent_at of the newest message not recalled, or NULL).
+    With ``search``, only those whose id holds it, compared case-insensitively (its ``%``, ``_`` and ``\\``
+    match themselves); the store keeps no titles.
     """
     rows = await conn.fetch(
         """
@@ -254,14 +256,21 @@ async def list_conversations(
                 ORDER BY g.seq DESC LIMIT 1) AS last_message_at
         FROM conversation_members m JOIN conversations c USING (conversation_id)
         WHERE m.user_id = $1 AND ($2::text IS NULL OR c.conversation_id > $2)
+          AND ($4::text IS NULL OR c.conversation_id ILIKE '%' || $4 || '%')
         ORDER BY c.conversation_id
         LIMIT $3
         """,
         user_id,
         after,
         limit,
+        None if search is None else _like_literal(search),
     )
     return [ConversationListing.from_row(row) for row in rows]
+
+
+def _like_literal(text: str) -> str:
+    """``text`` for a LIKE pattern, matching itself: ``\\`` (LIKE's default escape), ``%`` and ``_`` escaped."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 async def read_messages(

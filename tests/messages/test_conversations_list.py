@@ -46,6 +46,33 @@ async def test_pages_of_the_callers_conversations(api: Client, auth: Auth) -> No
     assert nobody == {"conversations": [], "next_cursor": None}
 
 
+async def test_a_search_keeps_the_ids_that_hold_it_whatever_their_case(api: Client, auth: Auth) -> None:
+    for cid in ("Team-Alpha", "team-beta", "alpha_1", "alphax1", "other"):
+        await make_conversation(api, auth, cid, ["alice"])
+    await make_conversation(api, auth, "alpha-bob", ["bob"])
+
+    async def ids(query: str) -> list[str]:
+        response = await api.get(f"/v2/conversations?{query}", headers=auth("alice"))
+        assert response.status == 200, await response.text()
+        return [item["conversation_id"] for item in (await response.json())["conversations"]]
+
+    assert await ids("q=ALPHA") == ["Team-Alpha", "alpha_1", "alphax1"]  # not bob's
+    assert await ids("q=team") == ["Team-Alpha", "team-beta"]
+    # LIKE's wildcards match themselves.
+    assert await ids("q=a_1") == ["alpha_1"]
+    assert await ids("q=%25") == []
+    assert await ids("q=nothing") == []
+    # Paged as without it.
+    first = await (await api.get("/v2/conversations?q=alpha&limit=2", headers=auth("alice"))).json()
+    assert [item["conversation_id"] for item in first["conversations"]] == ["Team-Alpha", "alpha_1"]
+    assert await ids(f"q=alpha&limit=2&cursor={first['next_cursor']}") == ["alphax1"]
+
+
+@pytest.mark.parametrize("query", ["q=", "q=" + "x" * 101, "q=a%00b", "q=a&q=b"])
+async def test_a_bad_search_is_422(api: Client, auth: Auth, query: str) -> None:
+    await expect_problem(await api.get(f"/v2/conversations?{query}", headers=auth("alice")), 422, "VALIDATION_FAILED")
+
+
 @pytest.mark.parametrize("query", ["cursor=%25%25", "cursor=AAAA", "limit=0", "limit=101", "x=1"])
 async def test_bad_queries_are_422(api: Client, auth: Auth, query: str) -> None:
     await expect_problem(await api.get(f"/v2/conversations?{query}", headers=auth("alice")), 422, "VALIDATION_FAILED")

@@ -46,6 +46,8 @@ MAX_PAGE_LIMIT = 1000
 MAX_OPERATIONS_PAGE = 100
 MAX_WAIT_SECONDS = 60
 MAX_CONVERSATIONS_PAGE = 100
+# The longest search text of the conversations' list, in characters: an id is at most 64.
+MAX_CONVERSATION_SEARCH = 100
 MAX_MEMBERS = 10_000
 MAX_SENDERS = 100
 
@@ -251,8 +253,9 @@ class MessagePageQuery(StrictModel):
 
 
 class ConversationListQuery(StrictModel):
-    """Query of ``GET /v2/conversations?limit=&cursor=`` (docs/api.md: Message store)."""
+    """Query of ``GET /v2/conversations?q=&limit=&cursor=`` (docs/api.md: Message store)."""
 
+    q: Annotated[CleanText, Field(min_length=1, max_length=MAX_CONVERSATION_SEARCH)] | SkipJsonSchema[None] = ABSENT
     limit: Annotated[int, Field(ge=1, le=MAX_CONVERSATIONS_PAGE), QUERY_DIGITS] = 50
     cursor: str | SkipJsonSchema[None] = ABSENT
 

@@ -79,14 +79,15 @@ async def send_message(request: web.Request) -> web.Response:
 
 
 async def list_conversations(request: web.Request) -> web.Response:
-    """``GET /v2/conversations?limit=&cursor=``: the conversations the caller is a member of, by id, with
-    their last seq and the time of their newest message (docs/api.md: Message store).
+    """``GET /v2/conversations?q=&limit=&cursor=``: the conversations the caller is a member of, by id, with
+    their last seq and the time of their newest message; with ``q``, those whose id holds it (docs/api.md:
+    Message store).
     """
     query = validate_query(ConversationListQuery, request)
     after = decode_conversation_cursor(query.cursor)
     async with request.app[POOL].acquire() as conn:
         rows = await message_store.list_conversations(
-            conn, user_id=request[PRINCIPAL].user_id, after=after, limit=query.limit + 1
+            conn, user_id=request[PRINCIPAL].user_id, after=after, limit=query.limit + 1, search=query.q
         )
     shown = rows[: query.limit]
     more = len(rows) > query.limit
