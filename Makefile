@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock prerequisites run test test-quick test-clusters test-upgrade pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts bench-tokens chaos clusters replay-standby-conflicts clean
+.PHONY: help install lock prerequisites run test test-quick test-clusters test-upgrade pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts bench-tokens chaos clusters replay-standby-conflicts screenshots clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -18,7 +18,7 @@ endif
 
 help:
 	@echo "make run        start every part locally with moto and demo data (chatexport dev)"
-	@echo "make test       lint, format check, type check and every test but the cluster group"
+	@echo "make test       lint, format check, type check and every test but the cluster and upgrade groups"
 	@echo "make test-quick the fast loop: lint, format check, type check and the tests that start no server"
 	@echo "make test-clusters  the tests on local RabbitMQ and PostgreSQL clusters (marked cluster)"
 	@echo "make test-upgrade   the previous release beside this one, live (marked upgrade)"
@@ -34,6 +34,7 @@ help:
 	@echo "                RabbitMQ cluster and a PostgreSQL primary with standbys (node kills, failovers)"
 	@echo "make clusters   start a 3-node RabbitMQ cluster and a PostgreSQL primary with a standby, print the"
 	@echo "                CHATEXPORT_* URLs that point at them, delete both on Ctrl-C"
+	@echo "make screenshots  the web page's pictures in docs/, from a running system and headless chromium"
 	@echo "make replay-standby-conflicts  EXPORTS=20 exports of 1M messages read on a standby kept in conflict"
 	@echo "make install    create $(VENV) and install the locked dependencies (requirements/dev.lock), then the project"
 	@echo "make lock       resolve pyproject.toml's dependencies again into requirements/*.lock (minutes)"
@@ -122,6 +123,10 @@ pytest:
 		-p devtools.test_times --time-table || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
+
+# The web page's pictures in docs/ (page.png, page-narrow.png), taken from a running system by headless chromium.
+screenshots: prerequisites
+	$(BIN)/python -m devtools.screenshots
 
 bench: install
 	@command -v wrk >/dev/null || apt-get install -y wrk || sudo apt-get install -y wrk

@@ -46,7 +46,8 @@ def operation_state(driver: WebDriver, operation_id: str) -> str:
     return cells[0].text if cells else ""
 
 
-def _click(driver: WebDriver, selector: str) -> bool:
+def click_in(driver: WebDriver, selector: str) -> bool:
+    """Click the element of ``selector``; True, for a wait that retries while the page re-renders it."""
     driver.find_element(By.CSS_SELECTOR, selector).click()
     return True
 
@@ -120,7 +121,7 @@ async def test_cancel_in_the_browser(
     # The list is fetched after the sign-in shows, and re-rendered as it changes: wait for the row, and click in
     # a wait that retries a row replaced meanwhile.
     settle(driver).until(lambda found: operation_state(found, operation_id) == "QUEUED")
-    settle(driver).until(lambda found: _click(found, f'tr[data-operation-id="{operation_id}"] button.cancel'))
+    settle(driver).until(lambda found: click_in(found, f'tr[data-operation-id="{operation_id}"] button.cancel'))
     settle(driver).until(lambda found: operation_state(found, operation_id) in ("CANCEL_REQUESTED", "CANCELED"))
 
 

@@ -1,6 +1,6 @@
 """The web page's scheduled exports (docs/schedule-exports.md: On the web page) in a real browser, against the
-end-to-end system: the caller's schedules with their state and next run, paused, resumed and deleted with
-the row's buttons.
+end-to-end system: a schedule created with the form, the caller's schedules with their state and next run
+(the exact time on hover), paused, resumed, and deleted with the row's buttons after a confirmation.
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ def cells(driver: WebDriver, schedule_id: str) -> list[str]:
     return [cell.text for cell in rows[0].find_elements(By.TAG_NAME, "td")] if rows else []
 
 
+def exact(driver: WebDriver, schedule_id: str, cell: str) -> str:
+    """The exact value behind a cell shown in human words (its title)."""
+    found = driver.find_elements(By.CSS_SELECTOR, f'tr[data-schedule-id="{schedule_id}"] td.{cell}')
+    return (found[0].get_attribute("title") or "") if found else ""
+
+
 def click(driver: WebDriver, schedule_id: str, button: str) -> None:
     driver.find_element(By.CSS_SELECTOR, f'tr[data-schedule-id="{schedule_id}"] button.{button}').click()
 
@@ -47,14 +53,47 @@ async def test_pause_resume_and_delete_a_schedule_in_the_browser(
 
     driver = browser.driver
     sign_in(driver, system, live_auth, user)
-    assert cells(driver, schedule_id)[:5] == [schedule_id, cid, "P1D", "ACTIVE", START_AT]
+    assert cells(driver, schedule_id)[:4] == [schedule_id, cid, "day", "ACTIVE"]
+    assert (exact(driver, schedule_id, "every"), exact(driver, schedule_id, "next-run")) == ("P1D", START_AT)
 
     click(driver, schedule_id, "pause")
     settle(driver).until(lambda found: cells(found, schedule_id)[3:5] == ["PAUSED (USER)", "none"])
     click(driver, schedule_id, "resume")
-    settle(driver).until(lambda found: cells(found, schedule_id)[3:5] == ["ACTIVE", START_AT])
+    settle(driver).until(lambda found: cells(found, schedule_id)[3] == "ACTIVE")
+    assert exact(driver, schedule_id, "next-run") == START_AT
+    # A delete asks first: Keep leaves the schedule as it was.
     click(driver, schedule_id, "delete")
+    click(driver, schedule_id, "keep")
+    settle(driver).until(lambda found: cells(found, schedule_id)[3] == "ACTIVE")
+    assert (await live_api.get(f"/v3/export-schedules/{schedule_id}", headers=live_auth(user))).status == 200
+    click(driver, schedule_id, "delete")
+    click(driver, schedule_id, "confirm-delete")
     settle(driver).until(lambda found: cells(found, schedule_id) == [])
 
     gone = await live_api.get(f"/v3/export-schedules/{schedule_id}", headers=live_auth(user))
     assert gone.status == 404
+
+
+async def test_create_a_schedule_with_the_form(
+    browser: Browser, system: LocalSystem, live_api: aiohttp.ClientSession, live_auth: Headers
+) -> None:
+    user, cid = unique("page-user"), unique("page-conversation")
+    await make_conversation(live_api, live_auth, cid, [user])
+    driver = browser.driver
+    sign_in(driver, system, live_auth, user)
+    driver.find_element(By.CSS_SELECTOR, f'tr[data-cid="{cid}"] button.choose-schedule').click()
+    assert driver.find_element(By.ID, "schedule-conversation").get_attribute("value") == cid
+    driver.find_element(By.CSS_SELECTOR, '#schedule-every option[value="P1W"]').click()
+    driver.execute_script("document.getElementById('schedule-start').value = '2100-01-01T00:00:00'")
+    driver.find_element(By.CSS_SELECTOR, '#schedule-format option[value="csv"]').click()
+    driver.find_element(By.ID, "create-schedule").click()
+    settle(driver).until(lambda found: "created" in found.find_element(By.ID, "message").text)
+
+    schedules = (await (await live_api.get("/v3/export-schedules", headers=live_auth(user))).json())["schedules"]
+    assert [
+        (item["conversation_id"], item["every"], item["mode"], item["options"]["format"]) for item in schedules
+    ] == [(cid, "P1W", "incremental", "csv")]
+    schedule_id = schedules[0]["schedule_id"]
+    assert cells(driver, schedule_id)[:4] == [schedule_id, cid, "week", "ACTIVE"]
+    # The browser's zone is this machine's; the API keeps the instant.
+    assert exact(driver, schedule_id, "next-run") == schedules[0]["next_run_at"]

@@ -8,11 +8,31 @@ let token = null;
 const watched = new Map();
 // Requests that were refused with a 401 after sign-in wait here for the next token the user pastes.
 let waitingForToken = [];
+// The conversations' list: what the search box holds, and the cursor of the next page.
+let conversationSearch = "";
+let conversationsCursor = null;
+// Schedules are read again this often while the page is open, so next and last runs stay current.
+const SCHEDULES_REFRESH_MS = 30000;
+const MIB = 1024 * 1024;
+// A problem's field (the last name of an error's loc) -> the input of the export form it is about.
+const EXPORT_FIELDS = {
+  format: "export-format", since: "export-since", until: "export-until", senders: "export-senders",
+  max_part_bytes: "export-split", notify: "export-notify", url: "export-notify", after_seq: "export-incremental",
+  cid: "export-conversation",
+};
+const SCHEDULE_FIELDS = { every: "schedule-every", start_at: "schedule-start", cid: "schedule-conversation" };
+const EVERY_WORDS = { PT1H: "hour", P1D: "day", P1W: "week", P1M: "month" };
 
 function element(tag, text, attributes) {
   const node = document.createElement(tag);
   if (text !== undefined && text !== null) node.textContent = String(text);
   for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, value);
+  return node;
+}
+
+function button(text, className, label, onClick) {
+  const node = element("button", text, { type: "button", class: className, "aria-label": label });
+  node.addEventListener("click", () => Promise.resolve().then(onClick).catch((error) => say(error.message)));
   return node;
 }
 
@@ -24,12 +44,61 @@ function signedIn() {
   return !document.getElementById("signed-in").hidden;
 }
 
+// Sizes and times in human units; the exact value is the element's title, shown on hover.
+function humanBytes(bytes) {
+  const units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  return (unit === 0 ? String(value) : value.toFixed(value < 10 ? 1 : 0)) + " " + units[unit];
+}
+
+function sizeCell(bytes) {
+  if (bytes === null || bytes === undefined) return element("td", "");
+  return element("td", humanBytes(bytes), { title: bytes.toLocaleString("en") + " bytes" });
+}
+
+function timeCell(text, className) {
+  if (!text) return element("td", "none", { class: className || "" });
+  const shown = new Date(text).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+  return element("td", shown, { title: text, class: className || "" });
+}
+
+// The user's offset from UTC now, as RFC 3339 writes it (+01:00).
+function offsetOf(date) {
+  const minutes = -date.getTimezoneOffset();
+  const sign = minutes >= 0 ? "+" : "-";
+  const hours = String(Math.floor(Math.abs(minutes) / 60)).padStart(2, "0");
+  return sign + hours + ":" + String(Math.abs(minutes) % 60).padStart(2, "0");
+}
+
+// A datetime-local value, in the user's time zone, as an RFC 3339 instant with that zone's offset then.
+function withOffset(value) {
+  if (!value) return null;
+  const local = value.length === 16 ? value + ":00" : value;
+  return local + offsetOf(new Date(local));
+}
+
+function showTimeZone() {
+  const zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "your time zone";
+  document.getElementById("time-zone").textContent =
+    "Times are in your time zone, " + zone + " (UTC" + offsetOf(new Date()) + ").";
+}
+
 // A token refused after sign-in (it expired, or the identity provider rotated its key): ask for a new one and
 // keep everything as it is; the refused request is sent again with it.
 function askForToken() {
   say("Your token was refused (it may have expired). Paste a new one and choose Use token to go on.");
+  document.getElementById("sign-in").hidden = false;
   document.getElementById("token").focus();
   return new Promise((resolve) => waitingForToken.push(resolve));
+}
+
+class Problem extends Error {
+  constructor(problem) {
+    super(problem.code + ": " + (problem.detail || problem.title || ""));
+    this.problem = problem;
+  }
 }
 
 async function call(path, options) {
@@ -46,32 +115,81 @@ async function call(path, options) {
   if (!response.ok && response.status !== 304) {
     let problem = { code: "HTTP_" + response.status, detail: response.statusText };
     try { problem = await response.json(); } catch (ignored) { /* not a problem body */ }
-    throw new Error(problem.code + ": " + (problem.detail || ""));
+    throw new Problem(problem);
   }
   return response;
 }
 
-async function loadConversations() {
-  const body = document.querySelector("#conversations tbody");
-  body.replaceChildren();
-  let cursor = null;
-  do {
-    const query = cursor ? "?cursor=" + encodeURIComponent(cursor) : "";
-    const page = await (await call("/v2/conversations" + query)).json();
-    for (const conversation of page.conversations) {
-      const row = element("tr", null, { "data-cid": conversation.conversation_id });
-      row.append(element("td", conversation.conversation_id), element("td", conversation.last_seq),
-                 element("td", conversation.last_message_at || "no messages"));
-      const button = element("button", "Export", { type: "button", class: "export" });
-      button.addEventListener("click", () => submitExport(conversation.conversation_id).catch((e) => say(e.message)));
-      const actions = element("td");
-      actions.append(button);
-      row.append(actions);
-      body.append(row);
-    }
-    cursor = page.next_cursor;
-  } while (cursor);
+function postJson(path, body, key) {
+  const headers = { "Content-Type": "application/json" };
+  if (key) headers["Idempotency-Key"] = key;
+  return call(path, { method: "POST", headers, body: JSON.stringify(body) });
 }
+
+// A problem's errors beside the fields they are about (``fields``: loc name -> input id); the rest, and the
+// problem's own words, in the page's message.
+function showProblem(error, fields, form) {
+  for (const node of form.querySelectorAll(".field-error")) node.textContent = "";
+  for (const node of form.querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
+  if (!(error instanceof Problem)) { say(error.message); return; }
+  const unplaced = [];
+  for (const item of error.problem.errors || []) {
+    const names = (item.loc || []).filter((part) => typeof part === "string" && part in fields);
+    const id = names.length ? fields[names[names.length - 1]] : null;
+    if (!id) { unplaced.push(item.msg); continue; }
+    document.getElementById(id + "-error").textContent = item.msg;
+    document.getElementById(id).setAttribute("aria-invalid", "true");
+  }
+  say(error.message + (unplaced.length ? " (" + unplaced.join("; ") + ")" : ""));
+  const first = form.querySelector("[aria-invalid]");
+  if (first) first.focus();
+}
+
+function clearProblem(form) {
+  for (const node of form.querySelectorAll(".field-error")) node.textContent = "";
+  for (const node of form.querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
+}
+
+// ---- Conversations -------------------------------------------------------------------------------------
+
+async function loadConversations(more) {
+  const body = document.querySelector("#conversations tbody");
+  if (!more) { body.replaceChildren(); conversationsCursor = null; }
+  const query = new URLSearchParams({ limit: "50" });
+  if (conversationSearch) query.set("q", conversationSearch);
+  if (conversationsCursor) query.set("cursor", conversationsCursor);
+  const page = await (await call("/v2/conversations?" + query)).json();
+  for (const conversation of page.conversations) {
+    const cid = conversation.conversation_id;
+    const row = element("tr", null, { "data-cid": cid });
+    const actions = element("td");
+    actions.append(
+      button("Export", "export", "Export " + cid + " with the options of New export", () => submitExport(cid)),
+      button("Schedule", "choose-schedule", "Schedule exports of " + cid, () => chooseForSchedule(cid)));
+    row.append(element("td", cid), element("td", conversation.last_seq),
+               timeCell(conversation.last_message_at), actions);
+    body.append(row);
+  }
+  conversationsCursor = page.next_cursor;
+  document.getElementById("more-conversations").hidden = !conversationsCursor;
+}
+
+let searchTimer = null;
+function searchChanged() {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(() => {
+    conversationSearch = document.getElementById("conversation-search").value.trim();
+    loadConversations(false).catch((error) => say(error.message));
+  }, 250);
+}
+
+function chooseForSchedule(cid) {
+  const field = document.getElementById("schedule-conversation");
+  field.value = cid;
+  field.focus();
+}
+
+// ---- Exports --------------------------------------------------------------------------------------------
 
 async function loadOperations() {
   const page = await (await call("/v3/operations?limit=50")).json();
@@ -79,40 +197,119 @@ async function loadOperations() {
   for (const operation of page.operations.reverse()) show(operation);
 }
 
-async function submitExport(conversationId) {
-  const response = await call("/v3/conversations/" + encodeURIComponent(conversationId) + "/exports", {
-    method: "POST",
-    headers: { "Content-Type": "application/json", "Idempotency-Key": crypto.randomUUID() },
-    body: JSON.stringify({ format: "jsonl" }),
+// The newest SUCCEEDED export of ``cid`` the page knows, for an incremental export after it.
+async function lastExportOf(cid) {
+  let cursor = null;
+  do {
+    const query = new URLSearchParams({ state: "SUCCEEDED", limit: "100" });
+    if (cursor) query.set("cursor", cursor);
+    const page = await (await call("/v3/operations?" + query)).json();
+    const found = page.operations.find((operation) => operation.conversation_id === cid && operation.snapshot);
+    if (found) return found;
+    cursor = page.next_cursor;
+  } while (cursor);
+  return null;
+}
+
+// The request the export form describes (docs/api.md: Submitting an export, Export options).
+async function exportOptions(cid) {
+  const body = { format: document.getElementById("export-format").value };
+  const since = withOffset(document.getElementById("export-since").value);
+  const until = withOffset(document.getElementById("export-until").value);
+  if (since) body.since = since;
+  if (until) body.until = until;
+  const senders = document.getElementById("export-senders").value.split(",").map((s) => s.trim()).filter(Boolean);
+  if (senders.length) body.senders = senders;
+  if (document.getElementById("export-gzip").checked) body.compression = "gzip";
+  const split = document.getElementById("export-split").value.trim();
+  if (split) body.max_part_bytes = Math.round(Number(split) * MIB);
+  const notify = document.getElementById("export-notify").value.trim();
+  if (notify) body.notify = { url: notify };
+  if (document.getElementById("export-incremental").checked) {
+    const last = await lastExportOf(cid);
+    if (last) body.after_seq = last.snapshot.max_seq;
+  }
+  return body;
+}
+
+async function submitExport(cid) {
+  const form = document.getElementById("export-form");
+  clearProblem(form);
+  if (!cid) {
+    document.getElementById("export-conversation-error").textContent = "Choose a conversation.";
+    document.getElementById("export-conversation").setAttribute("aria-invalid", "true");
+    document.getElementById("export-conversation").focus();
+    return;
+  }
+  try {
+    const path = "/v3/conversations/" + encodeURIComponent(cid) + "/exports";
+    const response = await postJson(path, await exportOptions(cid), crypto.randomUUID());
+    const operation = await response.json();
+    show(operation);
+    say("Export of " + cid + " started.");
+  } catch (error) {
+    showProblem(error, EXPORT_FIELDS, form);
+  }
+}
+
+function progressCell(operation) {
+  const progress = operation.progress;
+  const cell = element("td");
+  const most = operation.estimate && operation.estimate.messages_at_most;
+  const done = operation.state === "SUCCEEDED";
+  const bar = element("progress", null, {
+    "aria-label": "Progress of " + operation.operation_id, "aria-valuemin": "0",
   });
-  show(await response.json());
-  say("");
+  if (most || done) {
+    const max = done ? Math.max(progress.messages_written, 1) : most;
+    const now = done ? max : Math.min(progress.messages_written, max);
+    bar.max = max;
+    bar.value = now;
+    bar.setAttribute("aria-valuemax", String(max));
+    bar.setAttribute("aria-valuenow", String(now));
+  }
+  const text = progress.messages_written.toLocaleString("en") + (most ? " of at most " + most.toLocaleString("en") : "")
+    + " messages, " + progress.phase;
+  cell.append(bar, element("span", text, { class: "progress-text" }));
+  return cell;
+}
+
+function stateCell(operation) {
+  const cell = element("td", operation.state, { class: "state" });
+  if (operation.error) cell.setAttribute("title", operation.error.code + ": " + operation.error.message);
+  return cell;
 }
 
 function show(operation) {
   const id = operation.operation_id;
   const body = document.querySelector("#operations tbody");
   let row = body.querySelector('tr[data-operation-id="' + CSS.escape(id) + '"]');
+  const before = row ? row.getAttribute("data-state") : null;
   if (!row) {
     row = element("tr", null, { "data-operation-id": id });
     body.prepend(row);
   }
-  const progress = operation.progress;
+  row.setAttribute("data-state", operation.state);
   const actions = element("td");
   if (operation.links && operation.links.cancel) {
-    const cancel = element("button", "Cancel", { type: "button", class: "cancel" });
-    cancel.addEventListener("click", () => cancelExport(id).catch((e) => say(e.message)));
-    actions.append(cancel);
+    actions.append(button("Cancel", "cancel", "Cancel export " + id, () => cancelExport(id)));
   }
   if (operation.state === "SUCCEEDED") {
-    const download = element("button", "Download", { type: "button", class: "download" });
-    download.addEventListener("click", () => downloadResult(operation).catch((e) => say(e.message)));
-    actions.append(download);
+    actions.append(button("Download", "download", "Download export " + id, () => downloadResult(operation)));
   }
+  const result = operation.result;
   row.replaceChildren(
-    element("td", id), element("td", operation.conversation_id), element("td", operation.state, { class: "state" }),
-    element("td", progress.phase + ": " + progress.messages_written + " messages, " + progress.bytes_written + " bytes"),
-    actions);
+    element("td", id), element("td", operation.conversation_id), stateCell(operation), progressCell(operation),
+    sizeCell(result ? result.size_bytes : operation.progress.bytes_written), timeCell(operation.created_at), actions);
+  if (operation.error && ["FAILED", "FAILED_REPAIR"].includes(operation.state)) {
+    const why = element("td", "Why: " + operation.error.message, { class: "why", colspan: "7" });
+    const next = row.nextElementSibling;
+    const line = next && next.classList.contains("why-row") ? next : element("tr", null, { class: "why-row" });
+    line.replaceChildren(why);
+    row.after(line);
+  }
+  document.getElementById("no-exports").hidden = body.children.length > 0;
+  if (before && before !== operation.state) say("Export " + id + " of " + operation.conversation_id + ": " + operation.state + ".");
   if (!operation.done && !watched.has(id)) {
     watched.set(id, true);
     watch(id).finally(() => watched.delete(id));
@@ -157,9 +354,7 @@ async function watch(id) {
 }
 
 async function cancelExport(id) {
-  const response = await call("/v3/operations/" + encodeURIComponent(id) + "/cancel", {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
-  });
+  const response = await postJson("/v3/operations/" + encodeURIComponent(id) + "/cancel", {});
   show(await response.json());
 }
 
@@ -181,21 +376,30 @@ async function saveFile(url) {
   setTimeout(() => URL.revokeObjectURL(link.href), 60000);
 }
 
+// ---- Schedules ------------------------------------------------------------------------------------------
+
 // The caller's schedules (docs/schedule-exports.md: On the web page), every page of them, newest first.
 async function loadSchedules() {
-  const body = document.querySelector("#schedules tbody");
-  body.replaceChildren();
+  const rows = [];
   let cursor = null;
   do {
     const query = "?limit=100" + (cursor ? "&cursor=" + encodeURIComponent(cursor) : "");
     const page = await (await call("/v3/export-schedules" + query)).json();
     for (const schedule of page.schedules) {
       const row = element("tr", null, { "data-schedule-id": schedule.schedule_id });
-      body.append(row);
       showSchedule(schedule, row);
+      rows.push(row);
     }
     cursor = page.next_cursor;
   } while (cursor);
+  // A row waiting for a delete's confirmation keeps its place and its focus.
+  const body = document.querySelector("#schedules tbody");
+  const confirming = body.querySelector("tr.confirming");
+  if (confirming) {
+    const index = rows.findIndex((row) => row.dataset.scheduleId === confirming.dataset.scheduleId);
+    if (index >= 0) rows[index] = confirming;
+  }
+  body.replaceChildren(...rows);
 }
 
 function scheduleState(schedule) {
@@ -209,51 +413,116 @@ function showSchedule(schedule, row) {
   const id = schedule.schedule_id;
   const actions = element("td");
   const action = schedule.state === "ACTIVE" ? "pause" : "resume";
-  const change = element("button", action === "pause" ? "Pause" : "Resume", { type: "button", class: action });
-  change.addEventListener("click", () => changeSchedule(id, action, row).catch((e) => say(e.message)));
-  const remove = element("button", "Delete", { type: "button", class: "delete" });
-  remove.addEventListener("click", () => deleteSchedule(id, row).catch((e) => say(e.message)));
-  actions.append(change, remove);
+  actions.append(
+    button(action === "pause" ? "Pause" : "Resume", action, (action === "pause" ? "Pause " : "Resume ") + id,
+           () => changeSchedule(id, action, row)),
+    button("Runs", "runs", "Show the runs of " + id, () => showRuns(id)),
+    button("Delete", "delete", "Delete " + id, () => askToDelete(id, row, schedule)));
   const last = schedule.last_run;
+  const lastCell = last ? element("td", last.state + ", due " + new Date(last.due_at).toLocaleString(),
+                                  { title: last.due_at }) : element("td", "none yet");
+  row.classList.remove("confirming");
   row.replaceChildren(
-    element("td", id), element("td", schedule.conversation_id), element("td", schedule.every),
-    element("td", scheduleState(schedule), { class: "state" }),
-    element("td", schedule.next_run_at || "none", { class: "next-run" }),
-    element("td", last ? last.state + ", due " + last.due_at : "none yet"), actions);
+    element("td", id), element("td", schedule.conversation_id),
+    element("td", EVERY_WORDS[schedule.every] || schedule.every, { title: schedule.every, class: "every" }),
+    element("td", scheduleState(schedule), { class: "state" }), timeCell(schedule.next_run_at, "next-run"),
+    lastCell, actions);
 }
 
 async function changeSchedule(id, action, row) {
-  const response = await call("/v3/export-schedules/" + encodeURIComponent(id) + "/" + action, {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
-  });
+  const response = await postJson("/v3/export-schedules/" + encodeURIComponent(id) + "/" + action, {});
   showSchedule(await response.json(), row);
-  say("");
+  say("Schedule " + id + (action === "pause" ? " paused." : " resumed."));
+}
+
+// A delete asks first, in the row itself: the schedule goes only on the confirmation.
+function askToDelete(id, row, schedule) {
+  const cell = row.lastElementChild;
+  const keep = button("Keep", "keep", "Keep " + id, () => { showSchedule(schedule, row); row.querySelector("button.delete").focus(); });
+  const confirm = button("Delete for good", "confirm-delete", "Delete " + id + " for good", () => deleteSchedule(id, row));
+  cell.replaceChildren(element("span", "Delete this schedule? Its exports stay. ", { class: "question" }), confirm, keep);
+  row.classList.add("confirming");
+  confirm.focus();
 }
 
 // Its runs and their files stay: they are in the exports above until their retention ends.
 async function deleteSchedule(id, row) {
   await call("/v3/export-schedules/" + encodeURIComponent(id), { method: "DELETE" });
   row.remove();
-  say("");
+  say("Schedule " + id + " deleted.");
 }
 
-document.getElementById("use-token").addEventListener("click", async () => {
+async function showRuns(id) {
+  const page = await (await call("/v3/export-schedules/" + encodeURIComponent(id) + "/runs?limit=20")).json();
+  for (const run of page.runs.slice().reverse()) {
+    show(await (await call("/v3/operations/" + encodeURIComponent(run.operation_id))).json());
+  }
+  say(page.runs.length ? "The runs of " + id + " are in Your exports." : "Schedule " + id + " has no runs yet.");
+  document.getElementById("exports-title").focus();
+}
+
+async function createSchedule(event) {
+  event.preventDefault();
+  const form = document.getElementById("schedule-form");
+  clearProblem(form);
+  const cid = document.getElementById("schedule-conversation").value.trim();
+  if (!cid) {
+    document.getElementById("schedule-conversation-error").textContent = "Choose a conversation.";
+    document.getElementById("schedule-conversation").setAttribute("aria-invalid", "true");
+    document.getElementById("schedule-conversation").focus();
+    return;
+  }
+  const body = {
+    every: document.getElementById("schedule-every").value,
+    format: document.getElementById("schedule-format").value,
+    mode: document.getElementById("schedule-full").checked ? "full" : "incremental",
+  };
+  const start = document.getElementById("schedule-start").value;
+  if (start) body.start_at = new Date(withOffset(start)).toISOString();
+  try {
+    const path = "/v3/conversations/" + encodeURIComponent(cid) + "/export-schedules";
+    const schedule = await (await postJson(path, body, crypto.randomUUID())).json();
+    await loadSchedules();
+    say("Schedule " + schedule.schedule_id + " created: every " + (EVERY_WORDS[schedule.every] || schedule.every) + ".");
+  } catch (error) {
+    showProblem(error, SCHEDULE_FIELDS, form);
+  }
+}
+
+// ---- Sign-in --------------------------------------------------------------------------------------------
+
+async function useToken() {
   token = document.getElementById("token").value.trim();
   document.getElementById("token").value = "";
   if (waitingForToken.length) {
     const waiting = waitingForToken;
     waitingForToken = [];
+    document.getElementById("sign-in").hidden = true;
     say("");
     for (const resume of waiting) resume();
     return;
   }
   try {
-    await loadConversations();
     await loadOperations();
+    await loadConversations(false);
     await loadSchedules();
     document.getElementById("signed-in").hidden = false;
-    say("");
+    document.getElementById("sign-in").hidden = true;
+    say("Signed in.");
+    setInterval(() => { if (!waitingForToken.length) loadSchedules().catch((error) => say(error.message)); },
+                SCHEDULES_REFRESH_MS);
   } catch (error) {
     say(error.message);
   }
+}
+
+showTimeZone();
+document.getElementById("use-token").addEventListener("click", useToken);
+document.getElementById("export-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  submitExport(document.getElementById("export-conversation").value.trim());
 });
+document.getElementById("schedule-form").addEventListener("submit", createSchedule);
+document.getElementById("conversation-search").addEventListener("input", searchChanged);
+document.getElementById("more-conversations").addEventListener("click",
+  () => loadConversations(true).catch((error) => say(error.message)));
