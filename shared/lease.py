@@ -57,5 +57,5 @@ async def heartbeating(
         yield
     finally:
         heartbeat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await heartbeat
+        # Not ``await heartbeat``: its CancelledError would hide a cancel of this task that came meanwhile.
+        await asyncio.wait({heartbeat})

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -146,3 +146,20 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         pass  # it exists but belongs to someone else
     return True
+
+
+def being_cancelled() -> bool:
+    """Whether the running task has been asked to stop: a cancel can surface as another error (asyncpg
+    interrupted mid-COPY raises ``InternalClientError``), and a shutdown must still be told from a failure."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def outlast_cancels(task: asyncio.Future[Any]) -> None:
+    """Wait until ``task`` has ended, however often this wait is cancelled meanwhile: work that must not be cut
+    in half (a claim whose commit is under way, the hand-back of its lease) ends before the canceller goes on.
+    Its outcome stays on ``task``; the caller re-raises its own ``CancelledError`` afterwards.
+    """
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task})

@@ -130,3 +130,48 @@ async def test_a_claim_without_a_database_requeues_and_hands_nothing_back(monkey
     with pytest.raises(NotClaimed):
         await claim_or_requeue(_message(message), claim, hand_back=hand_back, log_extra={})
     assert (message.settled, handed_back) == (["nack requeue=True"], [])
+
+
+async def test_a_second_cancel_during_the_hand_back_does_not_cut_it_short() -> None:
+    claiming, committed, handing, release = asyncio.Event(), asyncio.Event(), asyncio.Event(), asyncio.Event()
+    handed_back: list[str] = []
+
+    async def claim() -> str:
+        claiming.set()
+        await committed.wait()
+        return "lease-3"
+
+    async def hand_back(claimed: str) -> None:
+        handing.set()
+        await release.wait()
+        handed_back.append(claimed)
+
+    task = _claiming(Message(), claim, hand_back)
+    await asyncio.wait_for(claiming.wait(), 5)
+    task.cancel()
+    committed.set()
+    await asyncio.wait_for(handing.wait(), 5)
+    task.cancel()  # a second stop, while the lease is being handed back
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert handed_back == ["lease-3"]
+
+
+async def test_a_claim_that_fails_as_the_worker_stops_leaves_the_stop_going_on() -> None:
+    claiming, answered = asyncio.Event(), asyncio.Event()
+
+    async def claim() -> str:
+        claiming.set()
+        await answered.wait()
+        raise asyncpg.UndefinedFunctionError("claim_export does not exist")
+
+    async def hand_back(claimed: str) -> None:
+        raise AssertionError("nothing was claimed")
+
+    task = _claiming(Message(), claim, hand_back)
+    await asyncio.wait_for(claiming.wait(), 5)
+    task.cancel()
+    answered.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)

@@ -32,6 +32,7 @@ from shared.artifact_removal import remove_object
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
 from shared.lease import LeaseLost, heartbeating
+from shared.lifecycle import being_cancelled
 from shared.logs import log_fields
 from shared.repository import chunks, export_reader
 from shared.repository.chunks import ClaimedChunk
@@ -221,6 +222,10 @@ class ChunkRunner:
             await asyncio.shield(self.hand_back())
             raise
         except Exception as exc:
+            if being_cancelled():
+                # A stop surfacing as the driver's own error (see the operation runner): hand back, spend nothing.
+                await asyncio.shield(self.hand_back())
+                raise asyncio.CancelledError from exc
             await self._fail(exc)
 
     async def hand_back(self) -> None:

@@ -29,6 +29,7 @@ from shared.artifact_removal import remove_artifacts, remove_chunk_objects
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.export.phases import Phase
 from shared.lease import LeaseLost, heartbeating
+from shared.lifecycle import being_cancelled
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.repository import leases
@@ -91,7 +92,7 @@ class LeaseRunner:
             await asyncio.shield(self.hand_back(claimed))
             raise
         except Exception as exc:
-            if _being_cancelled():
+            if being_cancelled():
                 # A cancel can surface as the driver's own error (asyncpg interrupted mid-COPY raises
                 # InternalClientError): a shutdown still hands the lease back rather than spending an attempt.
                 await asyncio.shield(self.hand_back(claimed))
@@ -161,9 +162,14 @@ class LeaseRunner:
         refuses now, the janitor removes once the operation has ended.
         """
         with _attempt_context(claimed):
-            await remove_artifacts(
-                self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=claimed.operation_id
-            )
+            try:
+                await remove_artifacts(
+                    self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=claimed.operation_id
+                )
+            except asyncio.CancelledError:
+                # A stop before the refusal is recorded spends no attempt: the next claim refuses it.
+                await asyncio.shield(self.hand_back(claimed))
+                raise
             await self._end_failed_attempt(claimed, access_revoked())
 
     async def _extend(self, claimed: ClaimedOperation) -> bool:
@@ -316,8 +322,3 @@ def _must_discard(exc: BaseException, written: Written, *, commit_sent: bool) ->
     if isinstance(exc, LeaseLost | PermanentError):
         return True
     return not (commit_sent or written.adopted)
-
-
-def _being_cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from services.worker import metrics
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.lifecycle import outlast_cancels
 from shared.payloads import message_version, readable
 
 log = logging.getLogger(__name__)
@@ -190,10 +191,17 @@ async def claim_or_requeue(
     try:
         return await asyncio.shield(taking)
     except asyncio.CancelledError:
-        with contextlib.suppress(NotClaimed):
-            claimed = await taking
-            if claimed is not None:
-                await asyncio.shield(hand_back(claimed))
+        await outlast_cancels(taking)
+        failed = taking.cancelled() or taking.exception() is not None
+        if not failed and (claimed := taking.result()) is not None:
+            handing = asyncio.ensure_future(hand_back(claimed))
+            await outlast_cancels(handing)
+            if not handing.cancelled() and handing.exception() is not None:
+                log.warning(
+                    "could not hand back a lease claimed as the worker stopped; it expires",
+                    extra=dict(log_extra),
+                    exc_info=handing.exception(),
+                )
         raise
 
 
