@@ -105,7 +105,7 @@ test-clusters: prerequisites
 # schema (docs/deploy.md: Upgrading, The live upgrade test); the first run on a machine also builds that
 # release (about a minute).
 test-upgrade: prerequisites
-	@$(MAKE) --no-print-directory pytest MARKERS="upgrade" WORKERS=2
+	@$(MAKE) --no-print-directory pytest MARKERS="upgrade" WORKERS=1
 
 # The developer's loop, under a minute: what needs no PostgreSQL, RabbitMQ, moto or processes of the system.
 test-quick: lint

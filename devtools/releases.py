@@ -76,9 +76,20 @@ def build_release(version: str, commit: str, *, cache: Path | None = None) -> Re
     python = folder / "venv" / "bin" / "python"
     release = Release(version=version, commit=full, root=folder / "source", python=python)
     with _locked(folder.parent / f"{full}.lock"):
-        if not (folder / READY).exists():
+        if not ((folder / READY).exists() and _runs(release)):
             _build(release, folder)
     return release
+
+
+def _runs(release: Release) -> bool:
+    """Whether the cached virtualenv still starts, and imports its release (the interpreter it was made from
+    may have been upgraded or removed since)."""
+    check = [str(release.python), "-c", "import chatexport, aiohttp, asyncpg"]
+    try:
+        done = subprocess.run(check, cwd=release.root, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def _build(release: Release, folder: Path) -> None:

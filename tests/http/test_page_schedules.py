@@ -12,7 +12,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from devtools.localsystem import LocalSystem
 from tests.http.test_page import settle, sign_in
-from tests.support import unique
+from tests.support import unique, wait_for
 from tests.support.api_calls import Headers, make_conversation
 from tests.support.e2e import Browser
 
@@ -38,18 +38,23 @@ def click(driver: WebDriver, schedule_id: str, button: str) -> None:
     driver.find_element(By.CSS_SELECTOR, f'tr[data-schedule-id="{schedule_id}"] button.{button}').click()
 
 
+async def daily_schedule(api: aiohttp.ClientSession, auth: Headers, start_at: str) -> tuple[str, str, str]:
+    """A new user's new conversation with a daily schedule from ``start_at``: (user, conversation, schedule)."""
+    user, cid = unique("page-user"), unique("page-conversation")
+    await make_conversation(api, auth, cid, [user])
+    response = await api.post(
+        f"/v3/conversations/{cid}/export-schedules",
+        json={"every": "P1D", "start_at": start_at},
+        headers={**auth(user), "Idempotency-Key": unique("page-schedule")},
+    )
+    assert response.status == 201, await response.text()
+    return user, cid, (await response.json())["schedule_id"]
+
+
 async def test_pause_resume_and_delete_a_schedule_in_the_browser(
     browser: Browser, system: LocalSystem, live_api: aiohttp.ClientSession, live_auth: Headers
 ) -> None:
-    user, cid = unique("page-user"), unique("page-conversation")
-    await make_conversation(live_api, live_auth, cid, [user])
-    response = await live_api.post(
-        f"/v3/conversations/{cid}/export-schedules",
-        json={"every": "P1D", "start_at": START_AT},
-        headers={**live_auth(user), "Idempotency-Key": unique("page-schedule")},
-    )
-    assert response.status == 201, await response.text()
-    schedule_id = (await response.json())["schedule_id"]
+    user, cid, schedule_id = await daily_schedule(live_api, live_auth, START_AT)
 
     driver = browser.driver
     sign_in(driver, system, live_auth, user)
@@ -97,3 +102,23 @@ async def test_create_a_schedule_with_the_form(
     assert cells(driver, schedule_id)[:4] == [schedule_id, cid, "week", "ACTIVE"]
     # The browser's zone is this machine's; the API keeps the instant.
     assert exact(driver, schedule_id, "next-run") == schedules[0]["next_run_at"]
+
+
+async def test_a_schedules_runs_join_the_exports(
+    browser: Browser, system: LocalSystem, live_api: aiohttp.ClientSession, live_auth: Headers
+) -> None:
+    # Anchored in the past: its first due time has come, and the janitor creates its run at once.
+    user, _, schedule_id = await daily_schedule(live_api, live_auth, "2020-01-01T00:00:00.000Z")
+
+    async def first_run() -> str | None:
+        page = await (await live_api.get(f"/v3/export-schedules/{schedule_id}/runs", headers=live_auth(user))).json()
+        return page["operations"][0]["operation_id"] if page["operations"] else None
+
+    run = await wait_for(first_run, timeout=60)
+    driver = browser.driver
+    sign_in(driver, system, live_auth, user)
+    # A new page lists the run among the exports already; Runs brings it back after it was taken off.
+    driver.execute_script(f"document.querySelector('tr[data-operation-id=\"{run}\"]').remove()")
+    click(driver, schedule_id, "runs")
+    settle(driver).until(lambda found: found.find_elements(By.CSS_SELECTOR, f'tr[data-operation-id="{run}"]'))
+    assert "are in Your exports" in driver.find_element(By.ID, "message").text

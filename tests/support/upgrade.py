@@ -273,6 +273,21 @@ class Upgrade:
             "schedule runs": runs,
         }
 
+    def unexpected_exits(self) -> dict[str, int]:
+        """The parts of this release's system that ended without being stopped (one-shot commands aside)."""
+        return {name: code for name, code in self.new.group.exited().items() if not name.startswith("cli-")}
+
+    async def finished_by(self, version: str, *, handed_back_by: str) -> int:
+        """How many exports a worker of ``handed_back_by`` handed back and a worker of ``version`` then finished."""
+        count: int = await self.pool.fetchval(
+            "SELECT count(DISTINCT b.operation_id) FROM attempts b JOIN attempts f USING (operation_id)"
+            " WHERE b.outcome = 'HANDED_BACK' AND b.worker_id = ANY($1::text[])"
+            " AND f.outcome = 'SUCCEEDED' AND f.worker_id = ANY($2::text[]) AND f.generation > b.generation",
+            list(self.workers.get(handed_back_by, ())),
+            list(self.workers.get(version, ())),
+        )
+        return count
+
     def _release_of(self, worker_id: str) -> set[str]:
         return {version for version, ids in self.workers.items() if worker_id in ids}
 
@@ -358,6 +373,7 @@ class Upgrade:
             self.schedule_id,
         )
         assert len(runs) >= 2, "the schedule did not fire during the upgrade"
+        assert runs[-1]["due_at"] >= self.since, "no run was due while both releases ran or after"
         assert all(run["state"] == "SUCCEEDED" for run in runs), [dict(run) for run in runs]
         step = timedelta(seconds=SCHEDULE_EVERY_SECONDS)
         for run in runs:
@@ -430,9 +446,12 @@ async def upgrade_under_way(release: Release, log_dir: Path) -> AsyncIterator[Up
             finally:
                 await upgrade.close_apis()
     finally:
-        new.stop()
-        old.stop()
-        moto.stop()
+        # Each is stopped even when one before it fails to stop: no process or database is left behind.
+        for stop in (new.stop, old.stop, moto.stop):
+            try:
+                stop()
+            except Exception:
+                log.exception("could not stop part of the upgrade's systems")
         with contextlib.suppress(Exception):
             await delete_broker_objects(new.settings())
         await admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -56,10 +56,14 @@ def going(task: asyncio.Task[None]) -> None:
         raise AssertionError("the traffic stopped")
 
 
-async def both_releases_side_by_side(upgrade: Upgrade, previous: Release, load: asyncio.Task[None]) -> None:
-    """Migrate ``--pre`` under the previous release, start this release's parts beside it and send traffic
-    through both until workers of both have claimed exports and chunks of one export.
+async def both_releases_side_by_side(
+    upgrade: Upgrade, previous: Release, load: asyncio.Task[None], **overrides: str
+) -> None:
+    """Migrate ``--pre`` under the previous release, start this release's parts beside it (with ``overrides``,
+    setting name -> value) and send traffic through both until workers of both have claimed exports and chunks
+    of one export.
     """
+    upgrade.new.env.update(overrides)
     await wait_for(lambda: upgrade.submitted, timeout=30)  # exports in flight
     with upgrade.timed("migrate --pre under the previous release"):
         await asyncio.to_thread(upgrade.new.run_cli, "migrate", "--pre")
@@ -115,11 +119,13 @@ async def test_the_previous_release_is_rolled_onto_this_one_under_traffic(previo
             with upgrade.timed("the previous release's parts stopped"):
                 codes = await asyncio.to_thread(upgrade.old.stop)
             assert all(code in (0, -15) for code in codes.values()), codes
+            assert upgrade.unexpected_exits() == {}
             with upgrade.timed("migrate --post"):
                 await asyncio.to_thread(upgrade.new.run_cli, "migrate", "--post")
             await submits_through_one_api(upgrade, load)
         with upgrade.timed("every export ended and checked"):
             await check_everything(upgrade, "new")
+        assert upgrade.unexpected_exits() == {}
         print(f"live upgrade {previous.version} -> {VERSION}: {upgrade.timings}, {await upgrade.summary()}")
 
 
@@ -128,13 +134,16 @@ async def test_the_previous_release_alone_finishes_everything_after_a_rollback(
 ) -> None:
     async with upgrade_under_way(previous, tmp_path) as upgrade:
         async with traffic(upgrade) as load:
-            await both_releases_side_by_side(upgrade, previous, load)
-            await wait_for(lambda: upgrade.holding(VERSION), timeout=60, interval=0.1)  # stopped mid-way
+            # No grace: what this release's workers hold when they stop is handed back at once.
+            await both_releases_side_by_side(upgrade, previous, load, CHATEXPORT_SHUTDOWN_GRACE_SECONDS="0")
             await upgrade.retire_api("new")
+            await wait_for(lambda: upgrade.holding(VERSION), timeout=60, interval=0.05)  # stopped mid-way
             with upgrade.timed("this release's parts stopped"):
                 codes = await asyncio.to_thread(upgrade.new.stop)
             assert all(code in (0, -15) for code in codes.values()), codes
             await submits_through_one_api(upgrade, load)
         with upgrade.timed("every export ended and checked"):
             await check_everything(upgrade, "old")
+        # What this release's workers held when they stopped, the previous release's finished.
+        assert await upgrade.finished_by(previous.version, handed_back_by=VERSION) > 0
         print(f"rollback {VERSION} -> {previous.version}: {upgrade.timings}, {await upgrade.summary()}")

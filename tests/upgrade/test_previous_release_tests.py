@@ -38,7 +38,12 @@ async def test_the_previous_release_database_tests_pass_on_this_schema(previous:
     present = [path for path in DATABASE_TESTS if (previous.root / path).exists()]
     assert present, f"release {previous.version} has none of {DATABASE_TESTS}"
     env = {
-        **{key: value for key, value in os.environ.items() if not key.startswith(("CHATEXPORT_", "PYTEST_"))},
+        # No setting of ours, but the test servers' addresses (CHATEXPORT_TEST_*), which both releases read.
+        **{
+            key: value
+            for key, value in os.environ.items()
+            if key.startswith("CHATEXPORT_TEST_") or not key.startswith(("CHATEXPORT_", "PYTEST_"))
+        },
         "PYTHONPATH": str(PLUGINS),
         FOLDER_ENV: str(REPO / "shared" / "migrations"),
     }
@@ -53,7 +58,12 @@ async def test_the_previous_release_database_tests_pass_on_this_schema(previous:
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
-        code = await asyncio.wait_for(process.wait(), RUN_TIMEOUT_SECONDS)
+        try:
+            code = await asyncio.wait_for(process.wait(), RUN_TIMEOUT_SECONDS)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise
     text = output.read_text(errors="replace")
     assert code == 0, text[-6000:]
     passed = re.search(r"(\d+) passed", text)

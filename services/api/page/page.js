@@ -22,6 +22,13 @@ const EXPORT_FIELDS = {
 };
 const SCHEDULE_FIELDS = { every: "schedule-every", start_at: "schedule-start", cid: "schedule-conversation" };
 const EVERY_WORDS = { PT1H: "hour", P1D: "day", P1W: "week", P1M: "month" };
+// Event streams open at once: a browser keeps six HTTP/1.1 connections to one origin, and the page needs some
+// for everything else; the exports beyond these are polled.
+const MAX_STREAMS = 3;
+let streams = 0;
+// A search answered after a newer one started is dropped: only the newest fills the list.
+let conversationsRequest = 0;
+let refreshing = null;
 
 function element(tag, text, attributes) {
   const node = document.createElement(tag);
@@ -34,6 +41,17 @@ function button(text, className, label, onClick) {
   const node = element("button", text, { type: "button", class: className, "aria-label": label });
   node.addEventListener("click", () => Promise.resolve().then(onClick).catch((error) => say(error.message)));
   return node;
+}
+
+// Re-render ``row`` with ``draw`` and give the focus back to the button of the same kind when it was in the
+// row (or to ``fallback`` when that button is gone, a Cancel once the export ended).
+function keepingFocus(row, draw, fallback) {
+  const active = document.activeElement;
+  const kind = active && row.contains(active) && active.tagName === "BUTTON" ? active.className : null;
+  draw();
+  if (!kind) return;
+  const same = row.querySelector("button." + CSS.escape(kind.split(" ")[0]));
+  (same || row.querySelector("button") || fallback).focus();
 }
 
 function say(text) {
@@ -72,11 +90,17 @@ function offsetOf(date) {
   return sign + hours + ":" + String(Math.abs(minutes) % 60).padStart(2, "0");
 }
 
-// A datetime-local value, in the user's time zone, as an RFC 3339 instant with that zone's offset then.
+// A datetime-local value, in the user's time zone, as an RFC 3339 instant with that zone's offset then: the
+// instant the browser reads it as (a time skipped by a clock change reads as the one after it), written in
+// local time with its offset; a zone whose offset is not whole minutes (old local mean times) in UTC.
 function withOffset(value) {
   if (!value) return null;
-  const local = value.length === 16 ? value + ":00" : value;
-  return local + offsetOf(new Date(local));
+  const date = new Date(value.length === 16 ? value + ":00" : value);
+  if (Number.isNaN(date.getTime())) return null;
+  if (!Number.isInteger(date.getTimezoneOffset())) return date.toISOString();
+  const two = (n) => String(n).padStart(2, "0");
+  return date.getFullYear() + "-" + two(date.getMonth() + 1) + "-" + two(date.getDate()) + "T"
+    + two(date.getHours()) + ":" + two(date.getMinutes()) + ":" + two(date.getSeconds()) + offsetOf(date);
 }
 
 function showTimeZone() {
@@ -92,6 +116,14 @@ function askForToken() {
   document.getElementById("sign-in").hidden = false;
   document.getElementById("token").focus();
   return new Promise((resolve) => waitingForToken.push(resolve));
+}
+
+// A form field the page itself refuses before asking the API: shown beside the field like a problem's error.
+class FieldError extends Error {
+  constructor(field, message) {
+    super(message);
+    this.field = field;
+  }
 }
 
 class Problem extends Error {
@@ -131,6 +163,13 @@ function postJson(path, body, key) {
 function showProblem(error, fields, form) {
   for (const node of form.querySelectorAll(".field-error")) node.textContent = "";
   for (const node of form.querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
+  if (error instanceof FieldError) {
+    document.getElementById(error.field + "-error").textContent = error.message;
+    document.getElementById(error.field).setAttribute("aria-invalid", "true");
+    document.getElementById(error.field).focus();
+    say(error.message);
+    return;
+  }
   if (!(error instanceof Problem)) { say(error.message); return; }
   const unplaced = [];
   for (const item of error.problem.errors || []) {
@@ -154,11 +193,13 @@ function clearProblem(form) {
 
 async function loadConversations(more) {
   const body = document.querySelector("#conversations tbody");
-  if (!more) { body.replaceChildren(); conversationsCursor = null; }
+  const request = ++conversationsRequest;
   const query = new URLSearchParams({ limit: "50" });
   if (conversationSearch) query.set("q", conversationSearch);
-  if (conversationsCursor) query.set("cursor", conversationsCursor);
+  if (more && conversationsCursor) query.set("cursor", conversationsCursor);
   const page = await (await call("/v2/conversations?" + query)).json();
+  if (request !== conversationsRequest) return;  // a newer search or page is on its way
+  if (!more) body.replaceChildren();
   for (const conversation of page.conversations) {
     const cid = conversation.conversation_id;
     const row = element("tr", null, { "data-cid": cid });
@@ -204,7 +245,8 @@ async function lastExportOf(cid) {
     const query = new URLSearchParams({ state: "SUCCEEDED", limit: "100" });
     if (cursor) query.set("cursor", cursor);
     const page = await (await call("/v3/operations?" + query)).json();
-    const found = page.operations.find((operation) => operation.conversation_id === cid && operation.snapshot);
+    const found = page.operations.filter((operation) => operation.conversation_id === cid && operation.result)
+      .sort((a, b) => b.result.next_after_seq - a.result.next_after_seq)[0];
     if (found) return found;
     cursor = page.next_cursor;
   } while (cursor);
@@ -221,13 +263,18 @@ async function exportOptions(cid) {
   const senders = document.getElementById("export-senders").value.split(",").map((s) => s.trim()).filter(Boolean);
   if (senders.length) body.senders = senders;
   if (document.getElementById("export-gzip").checked) body.compression = "gzip";
-  const split = document.getElementById("export-split").value.trim();
+  const splitField = document.getElementById("export-split");
+  const split = splitField.value.trim();
+  if (splitField.validity.badInput || (split && !Number.isFinite(Number(split)))) {
+    throw new FieldError("export-split", "Give a number of MiB, or leave it empty for one file.");
+  }
   if (split) body.max_part_bytes = Math.round(Number(split) * MIB);
   const notify = document.getElementById("export-notify").value.trim();
   if (notify) body.notify = { url: notify };
   if (document.getElementById("export-incremental").checked) {
     const last = await lastExportOf(cid);
-    if (last) body.after_seq = last.snapshot.max_seq;
+    if (!last) throw new FieldError("export-incremental", "There is no earlier export of " + cid + " to go on from.");
+    body.after_seq = last.result.next_after_seq;
   }
   return body;
 }
@@ -241,6 +288,8 @@ async function submitExport(cid) {
     document.getElementById("export-conversation").focus();
     return;
   }
+  const start = document.getElementById("start-export");
+  start.disabled = true;  // one click, one export: a second waits for the first's answer
   try {
     const path = "/v3/conversations/" + encodeURIComponent(cid) + "/exports";
     const response = await postJson(path, await exportOptions(cid), crypto.randomUUID());
@@ -249,6 +298,8 @@ async function submitExport(cid) {
     say("Export of " + cid + " started.");
   } catch (error) {
     showProblem(error, EXPORT_FIELDS, form);
+  } finally {
+    start.disabled = false;
   }
 }
 
@@ -298,15 +349,19 @@ function show(operation) {
     actions.append(button("Download", "download", "Download export " + id, () => downloadResult(operation)));
   }
   const result = operation.result;
-  row.replaceChildren(
+  const size = !result ? operation.progress.bytes_written
+    : result.parts ? result.parts.reduce((sum, part) => sum + part.size_bytes, 0) : result.size_bytes;
+  keepingFocus(row, () => row.replaceChildren(
     element("td", id), element("td", operation.conversation_id), stateCell(operation), progressCell(operation),
-    sizeCell(result ? result.size_bytes : operation.progress.bytes_written), timeCell(operation.created_at), actions);
+    sizeCell(size), timeCell(operation.created_at), actions), document.getElementById("exports-title"));
+  const next = row.nextElementSibling;
+  const shown = next && next.classList.contains("why-row") ? next : null;
   if (operation.error && ["FAILED", "FAILED_REPAIR"].includes(operation.state)) {
-    const why = element("td", "Why: " + operation.error.message, { class: "why", colspan: "7" });
-    const next = row.nextElementSibling;
-    const line = next && next.classList.contains("why-row") ? next : element("tr", null, { class: "why-row" });
-    line.replaceChildren(why);
+    const line = shown || element("tr", null, { class: "why-row" });
+    line.replaceChildren(element("td", "Why: " + operation.error.message, { class: "why", colspan: "7" }));
     row.after(line);
+  } else if (shown) {
+    shown.remove();
   }
   document.getElementById("no-exports").hidden = body.children.length > 0;
   if (before && before !== operation.state) say("Export " + id + " of " + operation.conversation_id + ": " + operation.state + ".");
@@ -317,28 +372,50 @@ function show(operation) {
 }
 
 async function watch(id) {
-  try {
-    const response = await call("/v3/operations/" + encodeURIComponent(id) + "/events");
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) return;
-      buffer += value;
-      let end;
-      while ((end = buffer.indexOf("\n\n")) >= 0) {
-        const data = buffer.slice(0, end).split("\n").filter((line) => line.startsWith("data:"));
-        buffer = buffer.slice(end + 2);
-        if (data.length) show(JSON.parse(data.map((line) => line.slice(5).trim()).join("\n")));
-      }
+  if (streams < MAX_STREAMS) {
+    streams += 1;
+    try {
+      if (await streamed(id)) return;
+    } catch (ignored) {
+      // The stream is a hint: when it cannot be had, or ends early, the status monitor is polled instead.
+    } finally {
+      streams -= 1;
     }
-  } catch (error) {
-    // The stream is a hint: when it cannot be had, poll the status monitor as it asks, sending the version
-    // shown, so that an unchanged operation answers 304 with no body
-    // (docs/api.md: Operations, Conditional polls).
-    let operation = null;
-    let etag = null;
-    for (;;) {
+  }
+  await poll(id);
+}
+
+// Read the operation's event stream, showing each state; true once it showed the operation done.
+async function streamed(id) {
+  const response = await call("/v3/operations/" + encodeURIComponent(id) + "/events");
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  let done = false;
+  for (;;) {
+    const { value, done: ended } = await reader.read();
+    if (ended) return done;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const data = buffer.slice(0, end).split("\n").filter((line) => line.startsWith("data:"));
+      buffer = buffer.slice(end + 2);
+      if (!data.length) continue;
+      const operation = JSON.parse(data.map((line) => line.slice(5).trim()).join("\n"));
+      show(operation);
+      done = operation.done;
+    }
+  }
+}
+
+// Poll the status monitor as it asks, sending the version shown, so that an unchanged operation answers 304
+// with no body (docs/api.md: Operations, Conditional polls); a failed poll is tried again, later each time.
+async function poll(id) {
+  let operation = null;
+  let etag = null;
+  let failures = 0;
+  for (;;) {
+    let seconds;
+    try {
       const headers = etag ? { "If-None-Match": etag } : {};
       const response = await call("/v3/operations/" + encodeURIComponent(id), { headers });
       if (response.status !== 304) {
@@ -346,10 +423,14 @@ async function watch(id) {
         etag = response.headers.get("ETag");
         show(operation);
       }
-      if (operation.done) return;
-      const seconds = Number(response.headers.get("Retry-After")) || operation.next_poll_after_seconds || 1;
-      await new Promise((resolve) => setTimeout(resolve, 1000 * seconds));
+      if (operation && operation.done) return;
+      failures = 0;
+      seconds = Number(response.headers.get("Retry-After")) || (operation && operation.next_poll_after_seconds) || 1;
+    } catch (error) {
+      failures += 1;
+      seconds = Math.min(60, 2 ** failures) * (0.5 + Math.random() / 2);
     }
+    await new Promise((resolve) => setTimeout(resolve, 1000 * seconds));
   }
 }
 
@@ -399,7 +480,18 @@ async function loadSchedules() {
     const index = rows.findIndex((row) => row.dataset.scheduleId === confirming.dataset.scheduleId);
     if (index >= 0) rows[index] = confirming;
   }
+  // The focus stays where it was: on the same button of the same schedule's new row.
+  const active = document.activeElement;
+  const was = active && body.contains(active) ? active.closest("tr") : null;
+  const kind = was && active.tagName === "BUTTON" ? active.className.split(" ")[0] : null;
   body.replaceChildren(...rows);
+  if (was && !was.isConnected) {
+    const now = body.querySelector('tr[data-schedule-id="' + CSS.escape(was.dataset.scheduleId) + '"]');
+    const target = now && kind ? now.querySelector("button." + CSS.escape(kind)) : null;
+    (target || document.getElementById("schedules-title")).focus();
+  } else if (was && active.isConnected) {
+    active.focus();
+  }
 }
 
 function scheduleState(schedule) {
@@ -422,11 +514,11 @@ function showSchedule(schedule, row) {
   const lastCell = last ? element("td", last.state + ", due " + new Date(last.due_at).toLocaleString(),
                                   { title: last.due_at }) : element("td", "none yet");
   row.classList.remove("confirming");
-  row.replaceChildren(
+  keepingFocus(row, () => row.replaceChildren(
     element("td", id), element("td", schedule.conversation_id),
     element("td", EVERY_WORDS[schedule.every] || schedule.every, { title: schedule.every, class: "every" }),
     element("td", scheduleState(schedule), { class: "state" }), timeCell(schedule.next_run_at, "next-run"),
-    lastCell, actions);
+    lastCell, actions), document.getElementById("schedules-title"));
 }
 
 async function changeSchedule(id, action, row) {
@@ -438,8 +530,11 @@ async function changeSchedule(id, action, row) {
 // A delete asks first, in the row itself: the schedule goes only on the confirmation.
 function askToDelete(id, row, schedule) {
   const cell = row.lastElementChild;
-  const keep = button("Keep", "keep", "Keep " + id, () => { showSchedule(schedule, row); row.querySelector("button.delete").focus(); });
-  const confirm = button("Delete for good", "confirm-delete", "Delete " + id + " for good", () => deleteSchedule(id, row));
+  const keep = button("Keep", "keep", "Keep: " + id, () => {
+    showSchedule(schedule, row);
+    row.querySelector("button.delete").focus();
+  });
+  const confirm = button("Delete for good", "confirm-delete", "Delete for good: " + id, () => deleteSchedule(id, row));
   cell.replaceChildren(element("span", "Delete this schedule? Its exports stay. ", { class: "question" }), confirm, keep);
   row.classList.add("confirming");
   confirm.focus();
@@ -448,16 +543,16 @@ function askToDelete(id, row, schedule) {
 // Its runs and their files stay: they are in the exports above until their retention ends.
 async function deleteSchedule(id, row) {
   await call("/v3/export-schedules/" + encodeURIComponent(id), { method: "DELETE" });
+  const next = row.nextElementSibling && row.nextElementSibling.querySelector("button");
   row.remove();
+  (next || document.getElementById("schedules-title")).focus();
   say("Schedule " + id + " deleted.");
 }
 
 async function showRuns(id) {
   const page = await (await call("/v3/export-schedules/" + encodeURIComponent(id) + "/runs?limit=20")).json();
-  for (const run of page.runs.slice().reverse()) {
-    show(await (await call("/v3/operations/" + encodeURIComponent(run.operation_id))).json());
-  }
-  say(page.runs.length ? "The runs of " + id + " are in Your exports." : "Schedule " + id + " has no runs yet.");
+  for (const operation of page.operations.slice().reverse()) show(operation);
+  say(page.operations.length ? "The runs of " + id + " are in Your exports." : "Schedule " + id + " has no runs yet.");
   document.getElementById("exports-title").focus();
 }
 
@@ -509,8 +604,11 @@ async function useToken() {
     document.getElementById("signed-in").hidden = false;
     document.getElementById("sign-in").hidden = true;
     say("Signed in.");
-    setInterval(() => { if (!waitingForToken.length) loadSchedules().catch((error) => say(error.message)); },
-                SCHEDULES_REFRESH_MS);
+    if (!refreshing) {
+      refreshing = setInterval(() => {
+        if (!waitingForToken.length) loadSchedules().catch((error) => say(error.message));
+      }, SCHEDULES_REFRESH_MS);
+    }
   } catch (error) {
     say(error.message);
   }

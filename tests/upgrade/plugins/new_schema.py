@@ -10,12 +10,14 @@ release's package. ``CHATEXPORT_UPGRADE_MIGRATIONS`` names this release's migrat
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 FOLDER_ENV = "CHATEXPORT_UPGRADE_MIGRATIONS"
-POST_STEP = "-- step: post"
+# The step mark as this release's migrator reads it (shared/migrator.py), in the leading comment lines.
+POST_STEP = re.compile(r"^--\s*step:\s*post\s*$")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -26,6 +28,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
     def migration_files() -> list[tuple[str, str]]:
         found = [(path.stem, path.read_text(encoding="utf-8")) for path in sorted(folder.glob("[0-9]*.sql"))]
-        return [(version, sql) for version, sql in found if POST_STEP not in sql.splitlines()[:3]]
+        return [(version, sql) for version, sql in found if not _is_post(sql)]
 
     shared.db.migration_files = migration_files  # type: ignore[attr-defined]
+
+
+def _is_post(sql: str) -> bool:
+    for line in sql.splitlines():
+        if not line.startswith("--"):
+            return False
+        if POST_STEP.match(line):
+            return True
+    return False
