@@ -163,6 +163,38 @@ async def test_a_bad_option_is_shown_beside_its_field_and_the_page_stays_accessi
     check_accessible(driver, "360 px wide")
 
 
+@pytest.mark.parametrize(
+    ("fields", "field", "words"),
+    [
+        ({"export-senders": "alice bob"}, "export-senders", "separate several with commas"),
+        ({"export-split": "1"}, "export-split", "At least 5 MiB"),
+        ({"export-since": SINCE, "export-until": SINCE}, "export-until", "Until must be later than From"),
+        ({"export-conversation": "no-such-conversation"}, "export-conversation", "You are not a member"),
+    ],
+)
+async def test_what_a_user_gets_wrong_is_said_beside_the_field_in_words(
+    browser: Browser,
+    system: LocalSystem,
+    live_api: aiohttp.ClientSession,
+    live_auth: Headers,
+    fields: dict[str, str],
+    field: str,
+    words: str,
+) -> None:
+    user = unique("page-user")
+    cid = await conversation_with_messages(live_api, live_auth, user)
+    driver = browser.driver
+    sign_in(driver, system, live_auth, user)
+    set_value(driver, "export-conversation", cid)
+    for name, value in fields.items():
+        set_value(driver, name, value)
+    driver.find_element(By.ID, "start-export").click()
+    settle(driver).until(lambda found: words in found.find_element(By.ID, f"{field}-error").text)
+    assert driver.find_element(By.ID, field).get_attribute("aria-invalid") == "true"
+    operations = (await (await live_api.get("/v3/operations", headers=live_auth(user))).json())["operations"]
+    assert operations == []  # nothing was started
+
+
 def focused(driver: WebDriver) -> WebElement:
     return driver.switch_to.active_element
 

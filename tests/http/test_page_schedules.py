@@ -58,18 +58,18 @@ async def test_pause_resume_and_delete_a_schedule_in_the_browser(
 
     driver = browser.driver
     sign_in(driver, system, live_auth, user)
-    assert cells(driver, schedule_id)[:4] == [schedule_id, cid, "day", "ACTIVE"]
+    assert cells(driver, schedule_id)[:4] == [schedule_id, cid, "day", "active"]
     assert (exact(driver, schedule_id, "every"), exact(driver, schedule_id, "next-run")) == ("P1D", START_AT)
 
     click(driver, schedule_id, "pause")
-    settle(driver).until(lambda found: cells(found, schedule_id)[3:5] == ["PAUSED (USER)", "none"])
+    settle(driver).until(lambda found: cells(found, schedule_id)[3:5] == ["paused by you", "none"])
     click(driver, schedule_id, "resume")
-    settle(driver).until(lambda found: cells(found, schedule_id)[3] == "ACTIVE")
+    settle(driver).until(lambda found: cells(found, schedule_id)[3] == "active")
     assert exact(driver, schedule_id, "next-run") == START_AT
     # A delete asks first: Keep leaves the schedule as it was.
     click(driver, schedule_id, "delete")
     click(driver, schedule_id, "keep")
-    settle(driver).until(lambda found: cells(found, schedule_id)[3] == "ACTIVE")
+    settle(driver).until(lambda found: cells(found, schedule_id)[3] == "active")
     assert (await live_api.get(f"/v3/export-schedules/{schedule_id}", headers=live_auth(user))).status == 200
     click(driver, schedule_id, "delete")
     click(driver, schedule_id, "confirm-delete")
@@ -99,7 +99,7 @@ async def test_create_a_schedule_with_the_form(
         (item["conversation_id"], item["every"], item["mode"], item["options"]["format"]) for item in schedules
     ] == [(cid, "P1W", "incremental", "csv")]
     schedule_id = schedules[0]["schedule_id"]
-    assert cells(driver, schedule_id)[:4] == [schedule_id, cid, "week", "ACTIVE"]
+    assert cells(driver, schedule_id)[:4] == [schedule_id, cid, "week", "active"]
     # The browser's zone is this machine's; the API keeps the instant.
     assert exact(driver, schedule_id, "next-run") == schedules[0]["next_run_at"]
 

@@ -22,6 +22,13 @@ const EXPORT_FIELDS = {
 };
 const SCHEDULE_FIELDS = { every: "schedule-every", start_at: "schedule-start", cid: "schedule-conversation" };
 const EVERY_WORDS = { PT1H: "hour", P1D: "day", P1W: "week", P1M: "month" };
+// Why a schedule is paused, in words (docs/schedule-exports.md: The resource).
+const PAUSED_WHY = {
+  USER: "paused by you", ACCESS_REVOKED: "paused: you are no longer a member", RUN_NEEDS_REPAIR: "paused: a run needs an operator",
+};
+// A sender id as the API takes it (docs/api.md: Export options).
+const SENDER_ID = /^[A-Za-z0-9_.:-]{1,64}$/;
+const MIN_SPLIT_MIB = 5;
 // Event streams open at once: a browser keeps six HTTP/1.1 connections to one origin, and the page needs some
 // for everything else; the exports beyond these are polled.
 const MAX_STREAMS = 3;
@@ -54,8 +61,12 @@ function keepingFocus(row, draw, fallback) {
   (same || row.querySelector("button") || fallback).focus();
 }
 
-function say(text) {
+// Say what an action did in the page's status line, and beside where it was started (``near``: the id of a
+// form's own status line), which may be far from the top.
+function say(text, near) {
   document.getElementById("message").textContent = text;
+  for (const status of document.querySelectorAll(".form-status")) status.textContent = "";
+  if (near) document.getElementById(near).textContent = text;
 }
 
 function signedIn() {
@@ -71,15 +82,23 @@ function humanBytes(bytes) {
   return (unit === 0 ? String(value) : value.toFixed(value < 10 ? 1 : 0)) + " " + units[unit];
 }
 
-function sizeCell(bytes) {
+function sizeCell(bytes, parts) {
   if (bytes === null || bytes === undefined) return element("td", "");
-  return element("td", humanBytes(bytes), { title: bytes.toLocaleString("en") + " bytes" });
+  const text = humanBytes(bytes) + (parts ? " in " + plural(parts, "part") : "");
+  return element("td", text, { title: bytes.toLocaleString("en") + " bytes" });
+}
+
+function humanTime(text) {
+  return new Date(text).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
 }
 
 function timeCell(text, className) {
   if (!text) return element("td", "none", { class: className || "" });
-  const shown = new Date(text).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
-  return element("td", shown, { title: text, class: className || "" });
+  return element("td", humanTime(text), { title: text, class: className || "" });
+}
+
+function plural(count, word) {
+  return count.toLocaleString("en") + " " + word + (count === 1 ? "" : "s");
 }
 
 // The user's offset from UTC now, as RFC 3339 writes it (+01:00).
@@ -126,9 +145,15 @@ class FieldError extends Error {
   }
 }
 
+// A 404 for the conversation a form names: said in a user's words beside its field.
+function notAMember(error, cid, field) {
+  if (!(error instanceof Problem) || error.problem.code !== "NOT_FOUND") return error;
+  return new FieldError(field, "You are not a member of a conversation called \u201c" + cid + "\u201d, or there is none.");
+}
+
 class Problem extends Error {
   constructor(problem) {
-    super(problem.code + ": " + (problem.detail || problem.title || ""));
+    super((problem.detail || problem.title || "The request was refused.") + " (" + problem.code + ")");
     this.problem = problem;
   }
 }
@@ -160,17 +185,17 @@ function postJson(path, body, key) {
 
 // A problem's errors beside the fields they are about (``fields``: loc name -> input id); the rest, and the
 // problem's own words, in the page's message.
-function showProblem(error, fields, form) {
+function showProblem(error, fields, form, near) {
   for (const node of form.querySelectorAll(".field-error")) node.textContent = "";
   for (const node of form.querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
   if (error instanceof FieldError) {
     document.getElementById(error.field + "-error").textContent = error.message;
     document.getElementById(error.field).setAttribute("aria-invalid", "true");
     document.getElementById(error.field).focus();
-    say(error.message);
+    say(error.message, near);
     return;
   }
-  if (!(error instanceof Problem)) { say(error.message); return; }
+  if (!(error instanceof Problem)) { say(error.message, near); return; }
   const unplaced = [];
   for (const item of error.problem.errors || []) {
     const names = (item.loc || []).filter((part) => typeof part === "string" && part in fields);
@@ -179,7 +204,7 @@ function showProblem(error, fields, form) {
     document.getElementById(id + "-error").textContent = item.msg;
     document.getElementById(id).setAttribute("aria-invalid", "true");
   }
-  say(error.message + (unplaced.length ? " (" + unplaced.join("; ") + ")" : ""));
+  say(error.message + (unplaced.length ? " (" + unplaced.join("; ") + ")" : ""), near);
   const first = form.querySelector("[aria-invalid]");
   if (first) first.focus();
 }
@@ -254,19 +279,37 @@ async function lastExportOf(cid) {
 }
 
 // The request the export form describes (docs/api.md: Submitting an export, Export options).
+// A datetime-local field's value as an instant; a half-filled one is refused rather than left out.
+function instantOf(id) {
+  const field = document.getElementById(id);
+  if (field.validity.badInput) throw new FieldError(id, "Give a full date and time, or leave it empty.");
+  return withOffset(field.value);
+}
+
 async function exportOptions(cid) {
   const body = { format: document.getElementById("export-format").value };
-  const since = withOffset(document.getElementById("export-since").value);
-  const until = withOffset(document.getElementById("export-until").value);
+  const since = instantOf("export-since");
+  const until = instantOf("export-until");
+  if (since && until && new Date(until) <= new Date(since)) {
+    throw new FieldError("export-until", "Until must be later than From.");
+  }
   if (since) body.since = since;
   if (until) body.until = until;
   const senders = document.getElementById("export-senders").value.split(",").map((s) => s.trim()).filter(Boolean);
+  const bad = senders.find((sender) => !SENDER_ID.test(sender));
+  if (bad) {
+    throw new FieldError("export-senders", "\u201c" + bad + "\u201d is not a sender id (1 to 64 letters, digits or _ . : -);"
+      + " separate several with commas.");
+  }
   if (senders.length) body.senders = senders;
   if (document.getElementById("export-gzip").checked) body.compression = "gzip";
   const splitField = document.getElementById("export-split");
   const split = splitField.value.trim();
   if (splitField.validity.badInput || (split && !Number.isFinite(Number(split)))) {
     throw new FieldError("export-split", "Give a number of MiB, or leave it empty for one file.");
+  }
+  if (split && Number(split) < MIN_SPLIT_MIB) {
+    throw new FieldError("export-split", "At least " + MIN_SPLIT_MIB + " MiB, or leave it empty for one file.");
   }
   if (split) body.max_part_bytes = Math.round(Number(split) * MIB);
   const notify = document.getElementById("export-notify").value.trim();
@@ -279,7 +322,9 @@ async function exportOptions(cid) {
   return body;
 }
 
-async function submitExport(cid) {
+// Start an export of ``cid`` with the form's options; ``fromForm``: the form's own button, not a row's.
+async function submitExport(cid, fromForm) {
+  const near = fromForm ? "export-status" : "conversations-status";
   const form = document.getElementById("export-form");
   clearProblem(form);
   if (!cid) {
@@ -288,6 +333,7 @@ async function submitExport(cid) {
     document.getElementById("export-conversation").focus();
     return;
   }
+  say("");
   const start = document.getElementById("start-export");
   start.disabled = true;  // one click, one export: a second waits for the first's answer
   try {
@@ -295,9 +341,9 @@ async function submitExport(cid) {
     const response = await postJson(path, await exportOptions(cid), crypto.randomUUID());
     const operation = await response.json();
     show(operation);
-    say("Export of " + cid + " started.");
+    say("Export of " + cid + " started: it is at the top of Your exports.", near);
   } catch (error) {
-    showProblem(error, EXPORT_FIELDS, form);
+    showProblem(fromForm ? notAMember(error, cid, "export-conversation") : error, EXPORT_FIELDS, form, near);
   } finally {
     start.disabled = false;
   }
@@ -319,9 +365,24 @@ function progressCell(operation) {
     bar.setAttribute("aria-valuemax", String(max));
     bar.setAttribute("aria-valuenow", String(now));
   }
-  const text = progress.messages_written.toLocaleString("en") + (most ? " of at most " + most.toLocaleString("en") : "")
-    + " messages, " + progress.phase;
+  const text = (most ? progress.messages_written.toLocaleString("en") + " of at most " + plural(most, "message")
+    : plural(progress.messages_written, "message")) + ", " + progress.phase;
   cell.append(bar, element("span", text, { class: "progress-text" }));
+  return cell;
+}
+
+// The conversation, and under it what the export was asked for, so that rows of one conversation differ.
+function conversationCell(operation) {
+  const request = operation.request || {};
+  const asked = [String(request.format || "").toUpperCase()];
+  if (request.compression && request.compression !== "none") asked.push(request.compression);
+  if (request.max_part_bytes) asked.push("parts of " + humanBytes(request.max_part_bytes));
+  if (request.since || request.until) asked.push("a time range");
+  if (request.senders) asked.push(plural(request.senders.length, "sender"));
+  if (request.after_seq) asked.push("after seq " + request.after_seq);
+  if (operation.schedule_id) asked.push("scheduled");
+  const cell = element("td", operation.conversation_id);
+  cell.append(element("span", asked.filter(Boolean).join(", "), { class: "asked" }));
   return cell;
 }
 
@@ -345,15 +406,23 @@ function show(operation) {
   if (operation.links && operation.links.cancel) {
     actions.append(button("Cancel", "cancel", "Cancel export " + id, () => cancelExport(id)));
   }
-  if (operation.state === "SUCCEEDED") {
-    actions.append(button("Download", "download", "Download export " + id, () => downloadResult(operation)));
+  const parts = operation.result && operation.result.parts;
+  if (operation.state === "SUCCEEDED" && parts) {
+    // One button a part: a browser lets a click save one file.
+    for (const part of parts) {
+      actions.append(button("Part " + part.number, "download-part", "Download part " + part.number + " of export " + id,
+                            () => saveFile(part.url)));
+    }
+  } else if (operation.state === "SUCCEEDED") {
+    actions.append(button("Download", "download", "Download export " + id, () => saveFile(operation.result.url)));
   }
   const result = operation.result;
   const size = !result ? operation.progress.bytes_written
     : result.parts ? result.parts.reduce((sum, part) => sum + part.size_bytes, 0) : result.size_bytes;
   keepingFocus(row, () => row.replaceChildren(
-    element("td", id), element("td", operation.conversation_id), stateCell(operation), progressCell(operation),
-    sizeCell(size), timeCell(operation.created_at), actions), document.getElementById("exports-title"));
+    element("td", id), conversationCell(operation), stateCell(operation), progressCell(operation),
+    sizeCell(size, parts ? parts.length : 0), timeCell(operation.created_at), actions),
+    document.getElementById("exports-title"));
   const next = row.nextElementSibling;
   const shown = next && next.classList.contains("why-row") ? next : null;
   if (operation.error && ["FAILED", "FAILED_REPAIR"].includes(operation.state)) {
@@ -439,12 +508,7 @@ async function cancelExport(id) {
   show(await response.json());
 }
 
-// A split result is saved part by part, each under the name the API gives it.
-async function downloadResult(operation) {
-  const parts = operation.result.parts;
-  for (const url of parts ? parts.map((part) => part.url) : [operation.result.url]) await saveFile(url);
-}
-
+// Save a result file under the name the API gives it.
 async function saveFile(url) {
   const response = await call(url);
   const named = /filename="([^"]+)"/.exec(response.headers.get("Content-Disposition") || "");
@@ -455,6 +519,7 @@ async function saveFile(url) {
   link.click();
   link.remove();
   setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+  say("Saved " + link.download + " (" + humanBytes(blob.size) + ").");
 }
 
 // ---- Schedules ------------------------------------------------------------------------------------------
@@ -485,6 +550,7 @@ async function loadSchedules() {
   const was = active && body.contains(active) ? active.closest("tr") : null;
   const kind = was && active.tagName === "BUTTON" ? active.className.split(" ")[0] : null;
   body.replaceChildren(...rows);
+  document.getElementById("no-schedules").hidden = rows.length > 0;
   if (was && !was.isConnected) {
     const now = body.querySelector('tr[data-schedule-id="' + CSS.escape(was.dataset.scheduleId) + '"]');
     const target = now && kind ? now.querySelector("button." + CSS.escape(kind)) : null;
@@ -495,8 +561,8 @@ async function loadSchedules() {
 }
 
 function scheduleState(schedule) {
-  let text = schedule.state;
-  if (schedule.paused_reason) text += " (" + schedule.paused_reason + ")";
+  let text = schedule.paused_reason ? PAUSED_WHY[schedule.paused_reason] || "paused: " + schedule.paused_reason
+    : schedule.state.toLowerCase();
   if (schedule.waiting_reason) text += ", waiting: " + schedule.waiting_reason;
   return text;
 }
@@ -511,8 +577,8 @@ function showSchedule(schedule, row) {
     button("Runs", "runs", "Show the runs of " + id, () => showRuns(id)),
     button("Delete", "delete", "Delete " + id, () => askToDelete(id, row, schedule)));
   const last = schedule.last_run;
-  const lastCell = last ? element("td", last.state + ", due " + new Date(last.due_at).toLocaleString(),
-                                  { title: last.due_at }) : element("td", "none yet");
+  const lastCell = last ? element("td", last.state + ", due " + humanTime(last.due_at), { title: last.due_at })
+    : element("td", "none yet");
   row.classList.remove("confirming");
   keepingFocus(row, () => row.replaceChildren(
     element("td", id), element("td", schedule.conversation_id),
@@ -578,9 +644,9 @@ async function createSchedule(event) {
     const path = "/v3/conversations/" + encodeURIComponent(cid) + "/export-schedules";
     const schedule = await (await postJson(path, body, crypto.randomUUID())).json();
     await loadSchedules();
-    say("Schedule " + schedule.schedule_id + " created: every " + (EVERY_WORDS[schedule.every] || schedule.every) + ".");
+    say("Schedule " + schedule.schedule_id + " created: every " + (EVERY_WORDS[schedule.every] || schedule.every) + ".", "schedule-status");
   } catch (error) {
-    showProblem(error, SCHEDULE_FIELDS, form);
+    showProblem(notAMember(error, cid, "schedule-conversation"), SCHEDULE_FIELDS, form, "schedule-status");
   }
 }
 
@@ -603,6 +669,7 @@ async function useToken() {
     await loadSchedules();
     document.getElementById("signed-in").hidden = false;
     document.getElementById("sign-in").hidden = true;
+    document.getElementById("exports-title").focus();
     say("Signed in.");
     if (!refreshing) {
       refreshing = setInterval(() => {
@@ -614,11 +681,19 @@ async function useToken() {
   }
 }
 
+// A field's error goes once the field is changed.
+for (const form of document.querySelectorAll("form")) {
+  form.addEventListener("input", (event) => {
+    const error = document.getElementById(event.target.id + "-error");
+    if (error) error.textContent = "";
+    event.target.removeAttribute("aria-invalid");
+  });
+}
 showTimeZone();
 document.getElementById("use-token").addEventListener("click", useToken);
 document.getElementById("export-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  submitExport(document.getElementById("export-conversation").value.trim());
+  submitExport(document.getElementById("export-conversation").value.trim(), true);
 });
 document.getElementById("schedule-form").addEventListener("submit", createSchedule);
 document.getElementById("conversation-search").addEventListener("input", searchChanged);
