@@ -22,11 +22,11 @@ const EXPORT_FIELDS = {
 };
 const SCHEDULE_FIELDS = { every: "schedule-every", start_at: "schedule-start", cid: "schedule-conversation" };
 const EVERY_WORDS = { PT1H: "hour", P1D: "day", P1W: "week", P1M: "month" };
-// Why a schedule is paused, in words (docs/schedule-exports.md: The resource).
+// Why a schedule is paused, in words (docs/api.md: Export schedules).
 const PAUSED_WHY = {
   USER: "paused by you", ACCESS_REVOKED: "paused: you are no longer a member", RUN_NEEDS_REPAIR: "paused: a run needs an operator",
 };
-// A sender id as the API takes it (docs/api.md: Export options).
+// A sender id as the API takes it (docs/api.md: Submitting an export, Export options).
 const SENDER_ID = /^[A-Za-z0-9_.:-]{1,64}$/;
 const MIN_SPLIT_MIB = 5;
 // Event streams open at once: a browser keeps six HTTP/1.1 connections to one origin, and the page needs some
@@ -679,6 +679,21 @@ async function useToken() {
   } catch (error) {
     say(error.message);
   }
+}
+
+// Both forms begin with the conversation they act on: the same field, with its label and error line, built
+// here once for each.
+for (const prefix of ["export", "schedule"]) {
+  const id = prefix + "-conversation";
+  const field = element("div", null, { class: "field" });
+  field.append(
+    element("label", "Conversation", { for: id }),
+    element("input", null, {
+      id, name: "conversation", autocomplete: "off", spellcheck: "false", required: "",
+      "aria-describedby": id + "-error",
+    }),
+    element("p", null, { id: id + "-error", class: "field-error" }));
+  document.getElementById(prefix + "-form").prepend(field);
 }
 
 // A field's error goes once the field is changed.
