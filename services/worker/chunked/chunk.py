@@ -31,8 +31,7 @@ from shared import tracing
 from shared.artifact_removal import remove_object
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
-from shared.lease import LeaseLost, heartbeating
-from shared.lifecycle import being_cancelled
+from shared.lease import LeaseLost, handed_back_on_stop, heartbeating
 from shared.logs import log_fields
 from shared.repository import chunks, export_reader
 from shared.repository.chunks import ClaimedChunk
@@ -211,21 +210,15 @@ class ChunkRunner:
 
     async def _run(self) -> None:
         try:
-            await self._write()
+            async with handed_back_on_stop(self.hand_back, log_extra=self._claimed.log_extra()):
+                await self._write()
             metrics.CHUNKS_ENDED.labels("DONE").inc()
         except LeaseLost:
             metrics.CHUNKS_ENDED.labels("LEASE_LOST").inc()
             log.info("chunk lease lost: superseded or canceled", extra=self._claimed.log_extra())
             # Let go of a lease still ours (the export was canceled), so that the chunk shows nobody holds it.
             await asyncio.shield(self._end(retry_delay_seconds=None, counted=False))
-        except asyncio.CancelledError:
-            await asyncio.shield(self.hand_back())
-            raise
         except Exception as exc:
-            if being_cancelled():
-                # A stop surfacing as the driver's own error (see the operation runner): hand back, spend nothing.
-                await asyncio.shield(self.hand_back())
-                raise asyncio.CancelledError from exc
             await self._fail(exc)
 
     async def hand_back(self) -> None:

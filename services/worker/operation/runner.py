@@ -28,8 +28,7 @@ from shared import tracing
 from shared.artifact_removal import remove_artifacts, remove_chunk_objects
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.export.phases import Phase
-from shared.lease import LeaseLost, heartbeating
-from shared.lifecycle import being_cancelled
+from shared.lease import LeaseLost, handed_back_on_stop, heartbeating
 from shared.logs import log_fields
 from shared.metrics import AUTHORIZATION_REFUSALS, CANCELLATIONS_FINISHED
 from shared.repository import leases
@@ -84,19 +83,12 @@ class LeaseRunner:
 
     async def _attempt(self, claimed: ClaimedOperation) -> None:
         try:
-            await self._export(claimed)
+            async with handed_back_on_stop(lambda: self.hand_back(claimed), log_extra=claimed.log_extra()):
+                await self._export(claimed)
             metrics.ATTEMPTS_ENDED.labels(State.SUCCEEDED).inc()
         except LeaseLost as lost:
             await self._after_lease_lost(claimed, write=lost.write)
-        except asyncio.CancelledError:
-            await asyncio.shield(self.hand_back(claimed))
-            raise
         except Exception as exc:
-            if being_cancelled():
-                # A cancel can surface as the driver's own error (asyncpg interrupted mid-COPY raises
-                # InternalClientError): a shutdown still hands the lease back rather than spending an attempt.
-                await asyncio.shield(self.hand_back(claimed))
-                raise asyncio.CancelledError from exc
             await self._end_failed_attempt(claimed, exc)
 
     async def _export(self, claimed: ClaimedOperation) -> None:
@@ -162,14 +154,11 @@ class LeaseRunner:
         refuses now, the janitor removes once the operation has ended.
         """
         with _attempt_context(claimed):
-            try:
+            # A stop before the refusal is recorded spends no attempt: the next claim refuses it.
+            async with handed_back_on_stop(lambda: self.hand_back(claimed), log_extra=claimed.log_extra()):
                 await remove_artifacts(
                     self._pool, self._s3, bucket=self._settings.s3_bucket, operation_id=claimed.operation_id
                 )
-            except asyncio.CancelledError:
-                # A stop before the refusal is recorded spends no attempt: the next claim refuses it.
-                await asyncio.shield(self.hand_back(claimed))
-                raise
             await self._end_failed_attempt(claimed, access_revoked())
 
     async def _extend(self, claimed: ClaimedOperation) -> bool:

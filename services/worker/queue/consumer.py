@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from services.worker import metrics
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.lease import hand_back_to_the_end
 from shared.lifecycle import outlast_cancels
 from shared.payloads import message_version, readable
 
@@ -194,14 +195,7 @@ async def claim_or_requeue(
         await outlast_cancels(taking)
         failed = taking.cancelled() or taking.exception() is not None
         if not failed and (claimed := taking.result()) is not None:
-            handing = asyncio.ensure_future(hand_back(claimed))
-            await outlast_cancels(handing)
-            if not handing.cancelled() and handing.exception() is not None:
-                log.warning(
-                    "could not hand back a lease claimed as the worker stopped; it expires",
-                    extra=dict(log_extra),
-                    exc_info=handing.exception(),
-                )
+            await hand_back_to_the_end(lambda: hand_back(claimed), log_extra=log_extra)
         raise
 
 
