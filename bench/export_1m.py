@@ -17,6 +17,7 @@ import random
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,21 @@ async def export(api: aiohttp.ClientSession, user: dict[str, str]) -> tuple[floa
         await asyncio.sleep(0.05)  # polling the status monitor, as a client does
 
 
+async def copy_every_line(conn: asyncpg.Connection, last_seq: int, sink: Callable[[bytes], Awaitable[None]]) -> None:
+    """Every JSONL line of the conversation up to ``last_seq`` through ``sink``, as an export reads them. No
+    operation's id: every body as it is now, which is what an export of unedited messages shows.
+    """
+    await copy_export_lines(
+        conn,
+        operation_id="",
+        conversation_id=CID,
+        after_seq=0,
+        last_seq=last_seq,
+        request=ExportRequest(),
+        output=sink,
+    )
+
+
 async def copy_baseline(database_url: str, last_seq: int) -> tuple[float, int]:
     """Postgres dumping the same lines itself, into a sink that only counts bytes."""
     conn = await asyncpg.connect(database_url)
@@ -93,9 +109,7 @@ async def copy_baseline(database_url: str, last_seq: int) -> tuple[float, int]:
 
     try:
         started = time.perf_counter()
-        await copy_export_lines(
-            conn, conversation_id=CID, after_seq=0, last_seq=last_seq, request=ExportRequest(), output=sink
-        )
+        await copy_every_line(conn, last_seq, sink)
         return time.perf_counter() - started, size
     finally:
         await conn.close()
@@ -136,9 +150,7 @@ async def copy_to_s3_baseline(settings: Settings, last_seq: int) -> float:
                     await start_part(bytes(buffer))
                     buffer.clear()
 
-            await copy_export_lines(
-                conn, conversation_id=CID, after_seq=0, last_seq=last_seq, request=ExportRequest(), output=sink
-            )
+            await copy_every_line(conn, last_seq, sink)
             await start_part(bytes(buffer))
             assert in_flight is not None
             await in_flight

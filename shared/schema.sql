@@ -105,6 +105,7 @@ CREATE TABLE public.operations (
     schedule_id text,
     due_at timestamp with time zone,
     traceparent text,
+    snapshot_edit_version bigint,
     CONSTRAINT operations_compression_check CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
     CONSTRAINT operations_format CHECK ((format = ANY (ARRAY['jsonl'::text, 'csv'::text, 'html'::text, 'txt'::text]))),
     CONSTRAINT operations_run_has_due CHECK (((schedule_id IS NULL) = (due_at IS NULL))),
@@ -495,6 +496,10 @@ CREATE FUNCTION public.operation_versioned() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF OLD.snapshot_max_seq IS NULL AND NEW.snapshot_max_seq IS NOT NULL THEN
+        NEW.snapshot_edit_version := (SELECT c.last_edit_version FROM conversations c
+                                       WHERE c.conversation_id = NEW.conversation_id);
+    END IF;
     IF (NEW.operation_id, NEW.kind, NEW.owner_id, NEW.conversation_id, NEW.format, NEW.before_seq,
         NEW.after_seq, NEW.state, NEW.created_at, NEW.updated_at, NEW.attempt, NEW.progress_phase,
         NEW.messages_written, NEW.bytes_written, NEW.snapshot_max_seq, NEW.retry_at, NEW.error_code,
@@ -819,7 +824,8 @@ CREATE TABLE public.conversation_members (
 CREATE TABLE public.conversations (
     conversation_id text NOT NULL,
     last_seq bigint DEFAULT 0 NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_edit_version bigint DEFAULT 0 NOT NULL
 );
 
 CREATE TABLE public.export_schedules (
@@ -858,6 +864,14 @@ CREATE TABLE public.idempotency_keys (
     CONSTRAINT idempotency_keys_one_target CHECK ((num_nonnulls(operation_id, schedule_id) = 1))
 );
 
+CREATE TABLE public.message_edits (
+    conversation_id text NOT NULL,
+    seq bigint NOT NULL,
+    edit_version bigint NOT NULL,
+    previous_body text NOT NULL,
+    previous_edited_at timestamp with time zone
+);
+
 CREATE TABLE public.messages (
     conversation_id text NOT NULL,
     seq bigint NOT NULL,
@@ -865,7 +879,10 @@ CREATE TABLE public.messages (
     sender_id text NOT NULL,
     body text NOT NULL,
     sent_at timestamp with time zone NOT NULL,
-    recalled_at timestamp with time zone
+    recalled_at timestamp with time zone,
+    reply_to_seq bigint,
+    edited_at timestamp with time zone,
+    edit_version bigint
 );
 
 CREATE TABLE public.outbox (
@@ -946,6 +963,9 @@ ALTER TABLE ONLY public.export_schedules
 
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (owner_id, idempotency_key);
+
+ALTER TABLE ONLY public.message_edits
+    ADD CONSTRAINT message_edits_pkey PRIMARY KEY (conversation_id, seq, edit_version);
 
 ALTER TABLE ONLY public.messages
     ADD CONSTRAINT messages_conversation_message_id UNIQUE (conversation_id, message_id);
@@ -1033,6 +1053,9 @@ ALTER TABLE ONLY public.idempotency_keys
 
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.export_schedules(schedule_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.message_edits
+    ADD CONSTRAINT message_edits_conversation_id_seq_fkey FOREIGN KEY (conversation_id, seq) REFERENCES public.messages(conversation_id, seq) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.messages
     ADD CONSTRAINT messages_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id);

@@ -61,6 +61,9 @@ ENDED: frozenset[State] = TERMINAL - {State.EXPIRED}
 # The states whose records the janitor purges once retained long enough (docs/retention.md: Retention periods): a
 # SUCCEEDED result is served until it has EXPIRED first.
 PURGEABLE: frozenset[State] = TERMINAL - {State.SUCCEEDED}
+# The states in which an attempt may still write the export's file: FAILED_REPAIR comes back by an operator's
+# requeue with the snapshot it had (docs/api.md: Message store, Replies and edits: the bodies it may show are kept).
+MAY_WRITE_AGAIN: frozenset[State] = ACTIVE | {State.FAILED_REPAIR}
 # The states in which a lease holder still writes its heartbeat and may hand its lease back: while
 # CANCEL_REQUESTED it still has objects to remove before CANCELED (docs/states.md: States and failure model, Cancel).
 LEASE_HELD: frozenset[State] = frozenset({State.RUNNING, State.CANCEL_REQUESTED})

@@ -29,7 +29,7 @@ import asyncpg
 
 from services.janitor import metrics
 from shared.artifact_removal import remove_artifact, remove_artifacts
-from shared.repository import artifacts, chunks, outbox, sweeps
+from shared.repository import artifacts, chunks, message_store, outbox, sweeps
 from shared.repository.access_events import record_access_event
 from shared.repository.artifacts import LiveArtifact, StaleArtifact
 from shared.repository.leases import finish_cancel
@@ -71,6 +71,7 @@ class PassReport:
     stale_uploads_aborted: int = 0
     purged: int = 0
     outbox_rows_deleted: int = 0
+    replaced_bodies_deleted: int = 0
     duration_seconds: float = 0.0
 
 
@@ -112,6 +113,7 @@ class Janitor:
         report.orphan_objects_removed = await self.remove_orphan_objects()
         report.stale_uploads_aborted = await self.abort_stale_uploads()
         report.purged, report.outbox_rows_deleted = await self.purge()
+        report.replaced_bodies_deleted = await self.prune_replaced_bodies()
 
     @staticmethod
     def _close(report: PassReport, started: float, *, outcome: str) -> None:
@@ -289,6 +291,15 @@ class Janitor:
             outbox_deleted = await outbox.purge_published(conn, older_than_seconds=OUTBOX_KEEP_SECONDS)
         metrics.RECORDS_PURGED.inc(len(purged))
         return len(purged), outbox_deleted
+
+    async def prune_replaced_bodies(self) -> int:
+        """Delete up to ``janitor_batch_size`` bodies that edits replaced and no export may still show
+        (``message_store.prune_replaced_bodies``); return how many.
+        """
+        async with self._pool.acquire() as conn:
+            deleted = await message_store.prune_replaced_bodies(conn, limit=self._settings.janitor_batch_size)
+        metrics.REPLACED_BODIES_DELETED.inc(deleted)
+        return deleted
 
     async def remove_artifacts(self, operation_id: str) -> bool:
         """Delete every object and abort every upload recorded for ``operation_id``; True if all went."""

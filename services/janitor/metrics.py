@@ -54,6 +54,10 @@ RECORDS_PURGED = Counter(
     "chatexport_janitor_records_purged_total",
     "Ended operation records deleted after the record retention, with their keys and artifact records.",
 )
+REPLACED_BODIES_DELETED = Counter(
+    "chatexport_janitor_replaced_bodies_deleted_total",
+    "Message bodies that edits replaced, deleted once no export may still show them.",
+)
 PASSES = counter_from_zero(
     "chatexport_janitor_passes_total",
     "Janitor passes, by outcome (ok or failed).",

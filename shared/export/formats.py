@@ -54,11 +54,17 @@ FORMATS: Final = {
             "CR starts with `'`.",
             Csv,
         ),
-        Format("html", "text/html; charset=utf-8", "One self-contained transcript, grouped by day (UTC).", Html),
+        Format(
+            "html",
+            "text/html; charset=utf-8",
+            "One self-contained transcript, grouped by day (UTC), replies and edits marked.",
+            Html,
+        ),
         Format(
             "txt",
             "text/plain; charset=utf-8",
-            "UTF-8, one line per message in ascending seq, `[2026-03-01 12:30:00.000Z] alice: body` (UTC); in a "
+            "UTF-8, one line per message in ascending seq, `[2026-03-01 12:30:00.000Z] alice: body` (UTC), with "
+            "`(reply to m-7)` and `(edited)` after the sender when they apply; in a "
             "body `\\` is written `\\\\`, a line feed `\\n`, a carriage return `\\r` and every other line "
             "break of `str.splitlines()` `\\uXXXX`.",
             lambda conversation_id: Text(),

@@ -15,7 +15,7 @@ import io
 from typing import Protocol
 
 from shared.export.formulas import guarded
-from shared.export.message_shape import FIELDS, ExportedMessage, message_json
+from shared.export.message_shape import FIELDS, OPTIONAL_FIELDS, ExportedMessage, message_values
 from shared.jsontext import LINE_BREAKING
 from shared.timefmt import format_timestamp
 
@@ -48,27 +48,38 @@ class _Stateless:
         """Nothing to do: no message depends on the one before."""
 
 
+def _timestamp_json(column: str) -> str:
+    """The JSON string of timestamp ``column`` as ``shared.timefmt`` prints timestamps in the API."""
+    return f"""'"' || to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'"""
+
+
 # Each field's JSON value as Postgres writes it: to_json escapes exactly as json.dumps(ensure_ascii=False) does,
-# and sent_at is printed as shared.timefmt prints timestamps in the API.
+# and times are printed as shared.timefmt prints them in the API. NULL for an optional field without a value.
 _JSON_OF_FIELD = {
     "conversation_id": "to_json(conversation_id)::text",
     "seq": "seq",
     "message_id": "to_json(message_id)::text",
     "sender_id": "to_json(sender_id)::text",
-    "sent_at": """'"' || to_char(sent_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'""",
+    "sent_at": _timestamp_json("sent_at"),
     "body": "to_json(body)::text",
+    "reply_to": "to_json(reply_to)::text",
+    "edited_at": _timestamp_json("edited_at"),
 }
 
 
 def _jsonl_line_sql() -> str:
-    """A message row's JSONL line as a SQL expression over the ``messages`` columns: the ``FIELDS`` of the read
-    API's message, in order, and ``shared.jsontext.LINE_BREAKING`` escaped as ``shared.jsontext`` escapes them,
-    so that every line is one line for every reader and the file matches the read API byte for byte.
+    """A message's JSONL line as a SQL expression over a relation with a column of each of ``FIELDS`` (the
+    export reader's messages as of the export's snapshot): the ``FIELDS`` of the read API's message, in order, an
+    ``OPTIONAL_FIELDS`` member only when its value is not NULL, and ``shared.jsontext.LINE_BREAKING`` escaped as
+    ``shared.jsontext`` escapes them, so that every line is one line for every reader and the file matches the
+    read API byte for byte.
     """
-    members = " || ".join(
-        f"""'{"," if number else "{"}"{name}":' || {_JSON_OF_FIELD[name]}""" for number, name in enumerate(FIELDS)
-    )
-    line = f"{members} || '}}'"
+    members = []
+    for number, name in enumerate(FIELDS):
+        member = f"""'{"," if number else "{"}"{name}":' || {_JSON_OF_FIELD[name]}"""
+        # NULL || text is NULL: a member without a value is left out whole (never the first one).
+        members.append(f"coalesce({member}, '')" if name in OPTIONAL_FIELDS else member)
+    line = f"{' || '.join(members)} || '}}'"
     for char in LINE_BREAKING:
         line = f"replace({line}, chr({ord(char)}), '\\u{ord(char):04x}')"
     return line
@@ -95,9 +106,10 @@ class JsonLines(_Stateless):
 
 
 class Csv(_Stateless):
-    """CSV (RFC 4180): a header row of the ``FIELDS``, then one row per message with the read API's values,
-    CRLF line ends, UTF-8; every text cell goes through ``formulas.guarded``, so that none of those that hold
-    what users chose (ids and body) runs as a formula (sent_at, which the service writes, cannot start like one).
+    """CSV (RFC 4180): a header row of the ``FIELDS``, then one row per message with the read API's values
+    (an empty cell for an optional field without one), CRLF line ends, UTF-8; every text cell goes through
+    ``formulas.guarded``, so that none of those that hold what users chose (ids and body) runs as a formula (the
+    times, which the service writes, cannot start like one).
     """
 
     footer_at_most = 0
@@ -111,8 +123,8 @@ class Csv(_Stateless):
         return self._row(FIELDS)
 
     def message(self, row: ExportedMessage) -> bytes:
-        shown = message_json({"conversation_id": self._conversation_id, **vars(row)})
-        return self._row(tuple([guarded(value) if type(value) is str else str(value) for value in shown.values()]))
+        shown = message_values({"conversation_id": self._conversation_id, **vars(row)})
+        return self._row(tuple([_cell(value) for value in shown.values()]))
 
     def footer(self) -> bytes:
         return b""
@@ -122,6 +134,12 @@ class Csv(_Stateless):
         self._text.truncate()
         self._writer.writerow(cells)
         return self._text.getvalue().encode()
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    return guarded(value) if type(value) is str else str(value)
 
 
 _HTML_HEAD = """<!DOCTYPE html>
@@ -136,6 +154,8 @@ h2 {{ font-size: 1rem; border-bottom: 1px solid #ccc; }}
 .meta {{ color: #555; font-size: 0.85rem; margin: 0.8rem 0 0.1rem; }}
 .sender {{ font-weight: bold; color: #222; }}
 .body {{ white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; }}
+.reply {{ color: #555; font-size: 0.85rem; margin: 0; }}
+.edited {{ color: #555; }}
 </style>
 </head>
 <body>
@@ -146,8 +166,9 @@ _HTML_END = "</body>\n</html>\n"
 
 
 class Html:
-    """One self-contained HTML document: the messages grouped by day (UTC), each with sender, time (UTC)
-    and body; every text escaped, ``dir="auto"`` on text a user wrote, no script and no external resource.
+    """One self-contained HTML document: the messages grouped by day (UTC), each with sender, time (UTC),
+    an "(edited)" mark with the edit's time, the message_id of the message it replies to, and body; every
+    text escaped, ``dir="auto"`` on text a user wrote, no script and no external resource.
     """
 
     footer_at_most = len(_HTML_DAY_END) + len(_HTML_END)
@@ -176,7 +197,8 @@ class Html:
         return (
             f'{opening}<article id="m{row.seq}">\n'
             f'<p class="meta"><span class="sender" dir="auto">{html.escape(row.sender_id)}</span> '
-            f'<time datetime="{stamp}">{time} UTC</time></p>\n'
+            f'<time datetime="{stamp}">{time} UTC</time>{_html_edited(row)}</p>\n'
+            f"{_html_reply(row)}"
             f'<p class="body" dir="auto">{html.escape(row.body)}</p>\n</article>\n'
         ).encode()
 
@@ -186,6 +208,19 @@ class Html:
 
 def _stamp(row: ExportedMessage) -> str:
     return format_timestamp(row.sent_at) or ""
+
+
+def _html_edited(row: ExportedMessage) -> str:
+    edited = format_timestamp(row.edited_at)
+    return "" if edited is None else f' <span class="edited">(edited <time datetime="{edited}">{edited}</time>)</span>'
+
+
+def _html_reply(row: ExportedMessage) -> str:
+    # The id only, not a link: the message may be outside the file (another part, recalled, left out by the
+    # options), and the file links to nothing.
+    if row.reply_to is None:
+        return ""
+    return f'<p class="reply">In reply to <span dir="auto">{html.escape(row.reply_to)}</span></p>\n'
 
 
 # str.splitlines() ends a line at each of these as well as at LF and CR (Python's documentation of str.splitlines).
@@ -207,7 +242,9 @@ _TEXT_ESCAPES = {
 class Text(_Stateless):
     """TXT, the plain text DiscordChatExporter's users know: one line per message in seq order,
     ``[2026-03-01 12:30:00.000Z] alice: body`` (the time in UTC, as the API prints it with a space for the
-    ``T``), UTF-8, no header. In a body a backslash is written ``\\\\``, a line feed ``\\n``, a carriage
+    ``T``), UTF-8, no header; a reply reads ``alice (reply to m-7): body``, an edited message
+    ``alice (edited): body``, both ``alice (reply to m-7) (edited): body``. In a body (and a reply's
+    message id) a backslash is written ``\\\\``, a line feed ``\\n``, a carriage
     return ``\\r`` and every other character ``str.splitlines()`` ends a line at, and every one of
     ``TERMINAL_CONTROLS``, ``\\uXXXX``, so that ``splitlines()`` counts messages and printing the file to a
     terminal runs nothing a member wrote; a sender id cannot hold any of them (``shared.ids``).
@@ -220,7 +257,10 @@ class Text(_Stateless):
 
     def message(self, row: ExportedMessage) -> bytes:
         stamp = (format_timestamp(row.sent_at) or "").replace("T", " ")
-        return f"[{stamp}] {row.sender_id}: {row.body.translate(_TEXT_ESCAPES)}\n".encode()
+        marks = "" if row.reply_to is None else f" (reply to {row.reply_to.translate(_TEXT_ESCAPES)})"
+        if row.edited_at is not None:
+            marks += " (edited)"
+        return f"[{stamp}] {row.sender_id}{marks}: {row.body.translate(_TEXT_ESCAPES)}\n".encode()
 
     def footer(self) -> bytes:
         return b""

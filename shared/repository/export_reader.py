@@ -18,6 +18,7 @@ import asyncpg
 from shared.export.rendering import JSONL_LINE_SQL
 from shared.export.request import ExportRequest
 from shared.repository.chunks import PlannedRange
+from shared.repository.message_store import REPLY_TO_SQL
 from shared.repository.rows import Row
 
 # Every message of one export range, recalled or not; and those of them an export writes when its options select
@@ -31,27 +32,51 @@ _SELECTED_MESSAGES = f"""
   AND ($4::timestamptz IS NULL OR sent_at >= $4) AND ($5::timestamptz IS NULL OR sent_at < $5)
   AND ($6::text[] IS NULL OR sender_id = ANY($6::text[]))
 """
-_EXPORTED_MESSAGES = f"{_SELECTED_MESSAGES} ORDER BY seq"
-_ROW_COLUMNS = f"seq, message_id, sender_id, sent_at, body, {JSONL_LINE_SQL} AS line"
+# The conversation's edit version the export's first claim fixed (migration 0023): $7 is the operation's id. NULL
+# for an id of no operation (a benchmark's bare read), which shows every body as it is now.
+_EDIT_SNAPSHOT = "(SELECT coalesce(o.snapshot_edit_version, 0) FROM operations o WHERE o.operation_id = $7)"
+
+
+def _as_of_snapshot(column: str) -> str:
+    """``column`` (``body`` or ``edited_at``) of a message as of the export's edit snapshot (docs/api.md: Message
+    store, Replies and edits): what the first edit after the snapshot replaced, or the column when none did.
+    Only a message edited after the snapshot costs a lookup.
+    """
+    return f"""CASE WHEN messages.edit_version > {_EDIT_SNAPSHOT} THEN (
+        SELECT e.previous_{column} FROM message_edits e
+        WHERE e.conversation_id = messages.conversation_id AND e.seq = messages.seq
+          AND e.edit_version > {_EDIT_SNAPSHOT}
+        ORDER BY e.edit_version LIMIT 1) ELSE messages.{column} END"""
+
+
+# The selected messages as the export shows them, a column for each of message_shape.FIELDS.
+_SHOWN = f"""(
+    SELECT conversation_id, seq, message_id, sender_id, sent_at, {_as_of_snapshot("body")} AS body,
+           {REPLY_TO_SQL} AS reply_to, {_as_of_snapshot("edited_at")} AS edited_at
+    {_SELECTED_MESSAGES}) shown"""
+_ROW_COLUMNS = f"seq, message_id, sender_id, sent_at, body, reply_to, edited_at, {JSONL_LINE_SQL} AS line"
 
 # JSONL lines are rendered by Postgres (docs/api.md: Submitting an export, The file), so no row crosses into Python
 # objects.
-EXPORT_LINES_SQL = f"SELECT {JSONL_LINE_SQL} {_EXPORTED_MESSAGES}"
-_EXPORT_ROWS_SQL = f"SELECT {_ROW_COLUMNS} {_EXPORTED_MESSAGES}"
-_LAST_ROW_SQL = f"SELECT {_ROW_COLUMNS} {_SELECTED_MESSAGES} ORDER BY seq DESC LIMIT 1"
+EXPORT_LINES_SQL = f"SELECT {JSONL_LINE_SQL} FROM {_SHOWN} ORDER BY seq"
+_EXPORT_ROWS_SQL = f"SELECT {_ROW_COLUMNS} FROM {_SHOWN} ORDER BY seq"
+_LAST_ROW_SQL = f"SELECT {_ROW_COLUMNS} FROM {_SHOWN} ORDER BY seq DESC LIMIT 1"
 
 # COPY's csv format with quote and delimiter characters that JSON text never contains passes the
 # lines through verbatim; the text format would double every backslash.
 _COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
 
 
-def _selection(request: ExportRequest) -> tuple[datetime | None, datetime | None, list[str] | None]:
-    return request.since, request.until, None if request.senders is None else list(request.senders)
+def _selection(
+    request: ExportRequest, operation_id: str
+) -> tuple[datetime | None, datetime | None, list[str] | None, str]:
+    return request.since, request.until, None if request.senders is None else list(request.senders), operation_id
 
 
 async def copy_export_lines(
     conn: asyncpg.Connection,
     *,
+    operation_id: str,
     conversation_id: str,
     after_seq: int,
     last_seq: int,
@@ -59,13 +84,20 @@ async def copy_export_lines(
     output: Callable[[bytes], Awaitable[None]],
 ) -> None:
     """Stream the JSONL export lines of the messages ``request`` selects among seqs ``after_seq < seq <=
-    last_seq`` to ``output`` as raw bytes, one ``\\n``-terminated line per message.
+    last_seq`` to ``output`` as raw bytes, one ``\\n``-terminated line per message, each body as of the edit
+    snapshot of export ``operation_id``.
 
     One short statement: no snapshot stays open across the export (a snapshot held open holds back vacuum
     of every table, the outbox included).
     """
     await conn.copy_from_query(
-        EXPORT_LINES_SQL, conversation_id, after_seq, last_seq, *_selection(request), output=output, **_COPY_OPTIONS
+        EXPORT_LINES_SQL,
+        conversation_id,
+        after_seq,
+        last_seq,
+        *_selection(request, operation_id),
+        output=output,
+        **_COPY_OPTIONS,
     )
 
 
@@ -131,24 +163,38 @@ class ExportRow(Row):
     sent_at: datetime
     body: str
     line: str
+    reply_to: str | None = None
+    edited_at: datetime | None = None
 
 
 async def fetch_export_rows(
-    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, request: ExportRequest
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    conversation_id: str,
+    after_seq: int,
+    last_seq: int,
+    request: ExportRequest,
 ) -> list[ExportRow]:
     """The messages ``copy_export_lines`` would write, one row each, for formats rendered message by message.
 
     One short statement, like ``copy_export_lines``.
     """
-    rows = await conn.fetch(_EXPORT_ROWS_SQL, conversation_id, after_seq, last_seq, *_selection(request))
+    rows = await conn.fetch(_EXPORT_ROWS_SQL, conversation_id, after_seq, last_seq, *_selection(request, operation_id))
     return [ExportRow.from_row(row) for row in rows]
 
 
 async def last_export_row(
-    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, request: ExportRequest
+    conn: asyncpg.Connection,
+    *,
+    operation_id: str,
+    conversation_id: str,
+    after_seq: int,
+    last_seq: int,
+    request: ExportRequest,
 ) -> ExportRow | None:
     """The last of the messages ``fetch_export_rows`` would give for the same arguments, or None when there
     is none: what a chunk's renderer goes on from (docs/chunks.md: Chunked exports).
     """
-    row = await conn.fetchrow(_LAST_ROW_SQL, conversation_id, after_seq, last_seq, *_selection(request))
+    row = await conn.fetchrow(_LAST_ROW_SQL, conversation_id, after_seq, last_seq, *_selection(request, operation_id))
     return None if row is None else ExportRow.from_row(row)

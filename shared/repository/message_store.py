@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 import asyncpg
 
 from shared.ids import is_valid_id
 from shared.repository.rows import Row
+from shared.states import MAY_WRITE_AGAIN, values
 
 
 class DuplicateMessageId(Exception):
@@ -27,6 +29,17 @@ class DuplicateMessageId(Exception):
 
 class ConversationNotFound(Exception):
     """The conversation does not exist."""
+
+
+class ReplyTargetNotFound(Exception):
+    """The message a reply names is not stored in the conversation, or was recalled."""
+
+
+# The message_id of the message a row of ``messages`` replies to, NULL when it replies to none: a SQL expression
+# over an unaliased ``messages`` (docs/api.md: Message store, Replies and edits).
+REPLY_TO_SQL = """CASE WHEN messages.reply_to_seq IS NOT NULL THEN (
+    SELECT t.message_id FROM messages t
+    WHERE t.conversation_id = messages.conversation_id AND t.seq = messages.reply_to_seq) END"""
 
 
 class ImportLine(Protocol):
@@ -175,14 +188,21 @@ class StoredSeq(Row):
 
 
 async def store_message(
-    conn: asyncpg.Connection, *, conversation_id: str, message_id: str, sender_id: str, body: str
+    conn: asyncpg.Connection,
+    *,
+    conversation_id: str,
+    message_id: str,
+    sender_id: str,
+    body: str,
+    reply_to: str | None = None,
 ) -> StoredSeq:
-    """Store one message with the next seq; return its ``StoredSeq``.
+    """Store one message with the next seq, replying to the message whose message_id is ``reply_to`` when
+    given; return its ``StoredSeq``.
 
     ``sent_at`` is the database's ``now()`` cut to milliseconds, the precision the API and the export file print
-    (docs/api.md: Submitting an export, The file). Raises ``ConversationNotFound`` and ``DuplicateMessageId``
-    (docs/api.md: Message store: even when the body is identical); both leave the conversation's
-    ``last_seq`` as it was.
+    (docs/api.md: Submitting an export, The file). Raises ``ConversationNotFound``, ``DuplicateMessageId``
+    (docs/api.md: Message store: even when the body is identical) and ``ReplyTargetNotFound`` (docs/api.md:
+    Message store, Replies and edits); each leaves the conversation's ``last_seq`` as it was.
     """
     async with conn.transaction():
         # The row lock taken here is held until the (outer) transaction ends: one writer at a time.
@@ -194,21 +214,104 @@ async def store_message(
             raise ConversationNotFound(conversation_id)
         stored = await conn.fetchrow(
             """
-            INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at)
-            VALUES ($1, $2, $3, $4, $5, date_trunc('milliseconds', now()))
+            INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at, reply_to_seq)
+            VALUES ($1, $2, $3, $4, $5, date_trunc('milliseconds', now()),
+                    (SELECT t.seq FROM messages t
+                     WHERE t.conversation_id = $1 AND t.message_id = $6 AND t.recalled_at IS NULL))
             ON CONFLICT ON CONSTRAINT messages_conversation_message_id DO NOTHING
-            RETURNING seq, sent_at
+            RETURNING seq, sent_at, reply_to_seq
             """,
             conversation_id,
             seq,
             message_id,
             sender_id,
             body,
+            reply_to,
         )
+        # Raising inside the transaction rolls the seq bump back, so no seq is burnt.
         if stored is None:
-            # Raising inside the transaction rolls the seq bump back, so no seq is burnt.
             raise DuplicateMessageId(message_id)
-        return StoredSeq.from_row(stored)
+        if reply_to is not None and stored["reply_to_seq"] is None:
+            raise ReplyTargetNotFound(reply_to)
+        return StoredSeq(seq=stored["seq"], sent_at=stored["sent_at"])
+
+
+class EditOutcome(StrEnum):
+    """What ``edit_message`` did."""
+
+    EDITED = "edited"
+    # The body was the message's body already: nothing changed, as for a PATCH sent again.
+    UNCHANGED = "unchanged"
+    NOT_FOUND = "not_found"
+
+
+@dataclass(frozen=True)
+class EditedMessage:
+    """``edit_message``'s answer: its ``outcome``, and for a message found, its ``seq`` and ``edited_at``
+    (None for a message never edited whose body was sent unchanged).
+    """
+
+    outcome: EditOutcome
+    seq: int | None = None
+    edited_at: datetime | None = None
+
+
+class _NothingEdited(Exception):
+    """Rolls an edit's version bump back when it edits nothing; its argument is the ``EditedMessage`` to answer."""
+
+
+async def edit_message(
+    conn: asyncpg.Connection, *, conversation_id: str, message_id: str, sender_id: str, body: str
+) -> EditedMessage:
+    """Replace the body of a message ``sender_id`` sent and did not recall (docs/api.md: Message store, Replies
+    and edits); NOT_FOUND for any other message, a missing one or conversation.
+
+    The edit takes the conversation's next edit version under its row lock, as a send takes the next seq, and
+    keeps the body it replaces (with its edit time) in ``message_edits`` under that version, so that an export
+    shows each body as of the version its first claim fixed (``export_reader``). ``edited_at`` is the
+    database's ``now()`` cut to milliseconds. A body equal to the current one changes nothing (UNCHANGED).
+    """
+    try:
+        async with conn.transaction():
+            version = await conn.fetchval(
+                "UPDATE conversations SET last_edit_version = last_edit_version + 1 WHERE conversation_id = $1 "
+                "RETURNING last_edit_version",
+                conversation_id,
+            )
+            current = await conn.fetchrow(
+                """
+                SELECT seq, body, edited_at FROM messages
+                WHERE conversation_id = $1 AND message_id = $2 AND sender_id = $3 AND recalled_at IS NULL
+                """,
+                conversation_id,
+                message_id,
+                sender_id,
+            )
+            if version is None or current is None:
+                raise _NothingEdited(EditedMessage(EditOutcome.NOT_FOUND))
+            if current["body"] == body:
+                raise _NothingEdited(EditedMessage(EditOutcome.UNCHANGED, current["seq"], current["edited_at"]))
+            edited_at = await conn.fetchval(
+                """
+                WITH kept AS (
+                    INSERT INTO message_edits (conversation_id, seq, edit_version, previous_body, previous_edited_at)
+                    VALUES ($1, $2, $3, $5, $6)
+                )
+                UPDATE messages SET body = $4, edited_at = date_trunc('milliseconds', now()), edit_version = $3
+                WHERE conversation_id = $1 AND seq = $2
+                RETURNING edited_at
+                """,
+                conversation_id,
+                current["seq"],
+                version,
+                body,
+                current["body"],
+                current["edited_at"],
+            )
+            return EditedMessage(EditOutcome.EDITED, current["seq"], edited_at)
+    except _NothingEdited as nothing:
+        result: EditedMessage = nothing.args[0]
+        return result
 
 
 async def recall_message(conn: asyncpg.Connection, *, conversation_id: str, message_id: str, sender_id: str) -> bool:
@@ -229,6 +332,39 @@ async def recall_message(conn: asyncpg.Connection, *, conversation_id: str, mess
         sender_id,
     )
     return recalled is not None
+
+
+async def prune_replaced_bodies(conn: asyncpg.Connection, *, limit: int) -> int:
+    """Delete up to ``limit`` bodies that edits replaced (``message_edits``) and that no export may still show;
+    return how many (docs/api.md: Message store, Replies and edits).
+
+    An export in one of ``shared.states.MAY_WRITE_AGAIN`` shows the bodies as of its snapshot's edit version,
+    so it needs every replaced body of a later version; one not yet claimed needs them all, since the version
+    its claim fixes may be older than an edit that commits after it. Rows of a conversation with no such export
+    all go.
+    """
+    deleted: int = await conn.fetchval(
+        """
+        WITH needed AS (
+            SELECT conversation_id,
+                   min(CASE WHEN snapshot_max_seq IS NULL THEN -1 ELSE coalesce(snapshot_edit_version, 0) END) AS above
+            FROM operations WHERE state = ANY($1::text[]) GROUP BY conversation_id
+        ), doomed AS (
+            SELECT e.conversation_id, e.seq, e.edit_version
+            FROM message_edits e LEFT JOIN needed n USING (conversation_id)
+            WHERE n.above IS NULL OR e.edit_version <= n.above
+            LIMIT $2
+        ), gone AS (
+            DELETE FROM message_edits d USING doomed
+            WHERE (d.conversation_id, d.seq, d.edit_version) = (doomed.conversation_id, doomed.seq, doomed.edit_version)
+            RETURNING 1
+        )
+        SELECT count(*) FROM gone
+        """,
+        values(MAY_WRITE_AGAIN),
+        limit,
+    )
+    return deleted
 
 
 @dataclass(frozen=True)
@@ -276,13 +412,13 @@ def _like_literal(text: str) -> str:
 async def read_messages(
     conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, limit: int
 ) -> list[asyncpg.Record]:
-    """Up to ``limit`` non-recalled messages with ``seq > after_seq``, in seq order.
+    """Up to ``limit`` non-recalled messages with ``seq > after_seq``, in seq order, as they are now.
 
-    Each record has the export line's columns: conversation_id, seq, message_id, sender_id, sent_at, body.
+    Each record has a column of each of ``shared.export.message_shape.FIELDS``.
     """
     rows: list[asyncpg.Record] = await conn.fetch(
-        """
-        SELECT conversation_id, seq, message_id, sender_id, sent_at, body
+        f"""
+        SELECT conversation_id, seq, message_id, sender_id, sent_at, body, {REPLY_TO_SQL} AS reply_to, edited_at
         FROM messages
         WHERE conversation_id = $1 AND seq > $2 AND recalled_at IS NULL
         ORDER BY seq

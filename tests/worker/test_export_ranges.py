@@ -36,6 +36,7 @@ def reader(pool: asyncpg.Pool, settings: Settings, request: ExportRequest) -> Ra
     return RangeReader(
         source=ReadSource(primary=pool),
         settings=settings,
+        operation_id="op-none",
         conversation_id="c-a",
         request=request,
         kind=request.file_kind,

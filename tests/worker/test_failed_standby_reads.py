@@ -111,7 +111,13 @@ async def export(s3: Any, settings: Settings, source: ReadSource, request: Expor
     kind = request.file_kind
     files = FileSet(s3, settings, Destination(key, kind, "c-a", None))
     reader = RangeReader(
-        source=source, settings=settings, conversation_id="c-a", request=request, kind=kind, split=False
+        source=source,
+        settings=settings,
+        operation_id="op-none",
+        conversation_id="c-a",
+        request=request,
+        kind=kind,
+        split=False,
     )
 
     async def nothing() -> None:

@@ -138,6 +138,12 @@ CODES: dict[str, ProblemCode] = {
         "a resume of a schedule one of whose runs is parked in FAILED_REPAIR; an operator's requeue of"
         " the run resumes it",
     ),
+    "REPLY_TARGET_NOT_FOUND": ProblemCode(
+        422,
+        "Reply target not found",
+        "a send whose `reply_to` names no message of the conversation, or a recalled one; `errors` names"
+        ' `["body", "reply_to"]`',
+    ),
     "DUPLICATE_MESSAGE_ID": ProblemCode(
         409, "Duplicate message id", "a send whose `message_id` the conversation already holds, recalled or not"
     ),

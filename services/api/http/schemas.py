@@ -238,9 +238,20 @@ class EmptyRequest(StrictModel):
 
 
 class MessageSubmission(StrictModel):
-    """Body of ``POST /v2/conversations/{cid}/messages`` (docs/api.md: Message store)."""
+    """Body of ``POST /v2/conversations/{cid}/messages`` (docs/api.md: Message store; Replies and edits:
+    ``reply_to``, the message_id of a message of the conversation, not recalled, that it replies to).
+    """
 
     message_id: MessageId
+    body: MessageBody
+    reply_to: MessageId | SkipJsonSchema[None] = ABSENT
+
+
+class MessageEdit(StrictModel):
+    """Body of ``PATCH /v2/conversations/{cid}/messages/{message_id}`` (docs/api.md: Message store, Replies and
+    edits): the new body.
+    """
+
     body: MessageBody
 
 
@@ -386,6 +397,16 @@ class Message(StrictModel):
     sender_id: str
     sent_at: TimestampText
     body: str
+    reply_to: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description="The message_id of the message it replies to; left out when it replies to none.",
+        json_schema_extra=_no_default,
+    )
+    edited_at: TimestampText | SkipJsonSchema[None] = Field(
+        default=None,
+        description="When the body was last edited (as of the export's snapshot in a file); left out when never.",
+        json_schema_extra=_no_default,
+    )
 
 
 class MessagePage(StrictModel):
@@ -420,6 +441,18 @@ class StoredMessage(StrictModel):
     message_id: str
     seq: Seq
     sent_at: TimestampText
+
+
+class EditedMessage(StrictModel):
+    """``PATCH /v2/conversations/{cid}/messages/{message_id}``: the message's seq and its last edit's time, null
+    when the body sent was its unedited body.
+    """
+
+    status: Literal["edited"]
+    conversation_id: str
+    message_id: str
+    seq: Seq
+    edited_at: TimestampText | None
 
 
 class RecalledMessage(StrictModel):

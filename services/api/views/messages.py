@@ -1,4 +1,4 @@
-"""The message store for members: send, read and recall (docs/api.md: Message store).
+"""The message store for members: send (a reply too), read, edit and recall (docs/api.md: Message store).
 
 Checks run in the documented order (docs/api.md: Message store): the token (middleware), then the request
 itself (415 / 413 / 400 / 422), then membership (404, identical for a missing conversation), then the store (409).
@@ -21,7 +21,9 @@ from services.api.http.responses import NO_STORE, json_response
 from services.api.http.schemas import (
     ConversationListQuery,
     ConversationPage,
+    EditedMessage,
     EmptyQuery,
+    MessageEdit,
     MessageId,
     MessagePage,
     MessagePageQuery,
@@ -61,11 +63,18 @@ async def send_message(request: web.Request) -> web.Response:
                 message_id=message.message_id,
                 sender_id=sender_id,
                 body=message.body,
+                reply_to=message.reply_to,
             )
         except message_store.DuplicateMessageId:
             raise ProblemError(
                 "DUPLICATE_MESSAGE_ID",
                 "A message with this message_id is already stored in the conversation.",
+            ) from None
+        except message_store.ReplyTargetNotFound:
+            raise ProblemError(
+                "REPLY_TARGET_NOT_FOUND",
+                "reply_to names no message of the conversation that is not recalled.",
+                errors=[{"loc": ["body", "reply_to"], "msg": "no such message in this conversation"}],
             ) from None
     return json_response(
         {
@@ -130,6 +139,40 @@ async def read_messages(request: web.Request) -> web.Response:
     )
 
 
+async def edit_message(request: web.Request) -> web.Response:
+    """``PATCH /v2/conversations/{cid}/messages/{message_id}``: the sender, still a member, replaces the body of a
+    message not recalled; anyone else, a missing or recalled message: 404 (docs/api.md: Message store, Replies
+    and edits). The same body again changes nothing and answers as the first time did.
+    """
+    validate_query(EmptyQuery, request)
+    settings = request.app[SETTINGS]
+    edit = await read_model(request, MessageEdit, max_bytes=settings.message_request_max_bytes)
+    check_body_bytes(edit.body, max_bytes=settings.message_body_max_bytes, loc=["body", "body"])
+    conversation_id = request.match_info["cid"]
+    message_id = request.match_info["message_id"]
+    sender_id = request[PRINCIPAL].user_id
+    if not _is_message_id(message_id):
+        raise not_found()
+    async with request.app[POOL].acquire() as conn:
+        await _require_member(conn, conversation_id=conversation_id, user_id=sender_id)
+        edited = await message_store.edit_message(
+            conn, conversation_id=conversation_id, message_id=message_id, sender_id=sender_id, body=edit.body
+        )
+    if edited.outcome is message_store.EditOutcome.NOT_FOUND:
+        raise not_found()
+    if edited.outcome is message_store.EditOutcome.EDITED:
+        log.info("message edited", extra={"conversation_id": conversation_id, "sender_id": sender_id})
+    return json_response(
+        {
+            "status": "edited",
+            "conversation_id": conversation_id,
+            "message_id": message_id,
+            "seq": edited.seq,
+            "edited_at": format_timestamp(edited.edited_at),
+        }
+    )
+
+
 async def recall_message(request: web.Request) -> web.Response:
     """``DELETE /v2/conversations/{cid}/messages/{message_id}``: the sender recalls; anyone else 404.
 
@@ -180,7 +223,20 @@ ENDPOINTS = (
         "conversation is a 409, also after a recall.",
         body=Body(MessageSubmission, "The message."),
         answers=(Answer(200, "Stored, with the seq and time it was given.", StoredMessage),),
-        problems=(*JSON_BODY_PROBLEMS, "NOT_FOUND", "DUPLICATE_MESSAGE_ID"),
+        problems=(*JSON_BODY_PROBLEMS, "NOT_FOUND", "REPLY_TARGET_NOT_FOUND", "DUPLICATE_MESSAGE_ID"),
+    ),
+    Endpoint(
+        route="editMessage",
+        handler=edit_message,
+        summary="The sender replaces the body of a message",
+        tag="messages",
+        description="The sender, still a member, edits a message not recalled; the body has the send's limits. "
+        "Reads show the new body with `edited_at`; an export shows each body as of its snapshot. The same body "
+        "again changes nothing. Anyone but the sender, a missing or recalled message or conversation: the same "
+        "404.",
+        body=Body(MessageEdit, "The new body."),
+        answers=(Answer(200, "Edited, with the time of the message's last edit.", EditedMessage),),
+        problems=(*JSON_BODY_PROBLEMS, "NOT_FOUND"),
     ),
     Endpoint(
         route="readMessages",

@@ -144,6 +144,7 @@ class ChunkRunner:
                 )
             ),
             settings=settings,
+            operation_id=claimed.operation_id,
             conversation_id=claimed.conversation_id,
             request=claimed.request,
             kind=claimed.request.file_kind,
@@ -189,6 +190,7 @@ class ChunkRunner:
         async with self._pool.acquire() as conn:
             return await export_reader.last_export_row(
                 conn,
+                operation_id=claimed.operation_id,
                 conversation_id=claimed.conversation_id,
                 after_seq=claimed.request.after_seq,
                 last_seq=claimed.range_after_seq,

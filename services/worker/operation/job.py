@@ -83,6 +83,7 @@ class ExportJob:
         self._reader = RangeReader(
             source=reads,
             settings=settings,
+            operation_id=claimed.operation_id,
             conversation_id=claimed.conversation_id,
             request=request,
             kind=self._kind,

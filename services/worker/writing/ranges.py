@@ -38,8 +38,8 @@ class Range:
 
 class RangeReader:
     """Reads the messages ``request`` selects in ``conversation_id`` through ``source`` (the standby or the
-    primary, ``services.worker.writing.read_source``), for files of ``kind`` (``split``: parts of at most
-    ``max_part_bytes``).
+    primary, ``services.worker.writing.read_source``), as of the edit snapshot of export ``operation_id``, for
+    files of ``kind`` (``split``: parts of at most ``max_part_bytes``).
     """
 
     def __init__(
@@ -47,6 +47,7 @@ class RangeReader:
         *,
         source: ReadSource,
         settings: WorkerPartSettings,
+        operation_id: str,
         conversation_id: str,
         request: ExportRequest,
         kind: FileKind,
@@ -54,6 +55,7 @@ class RangeReader:
     ) -> None:
         self._source = source
         self._settings = settings
+        self._operation_id = operation_id
         self._conversation_id = conversation_id
         self._request = request
         # Postgres writes JSONL lines straight through COPY; other formats, and parts (which need each
@@ -106,17 +108,23 @@ class RangeReader:
 
     async def _read_on(self, conn: asyncpg.Connection, low: int, high: int) -> Range:
         """``_read_range``'s statements on ``conn``: nothing is handed on before they have all ended."""
-        cid, request = self._conversation_id, self._request
+        cid, request, shown_as_of = self._conversation_id, self._request, self._operation_id
         if self._by_row:
             rows = await export_reader.fetch_export_rows(
-                conn, conversation_id=cid, after_seq=low, last_seq=high, request=request
+                conn, operation_id=shown_as_of, conversation_id=cid, after_seq=low, last_seq=high, request=request
             )
             selected = sum(len(row.line) for row in rows)
             lines: list[bytes] = []
         else:
             rows, lines = None, []
             await export_reader.copy_export_lines(
-                conn, conversation_id=cid, after_seq=low, last_seq=high, request=request, output=_appender(lines)
+                conn,
+                operation_id=shown_as_of,
+                conversation_id=cid,
+                after_seq=low,
+                last_seq=high,
+                request=request,
+                output=_appender(lines),
             )
             selected = sum(map(len, lines))
         size = (
