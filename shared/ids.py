@@ -27,6 +27,13 @@ def new_schedule_id() -> str:
     return "sch_" + secrets.token_urlsafe(18)
 
 
+def new_attachment_id() -> str:
+    """Return an attachment's id: opaque and URL-safe like an operation's, 144 bits from the CSPRNG, so that
+    it never collides and, as a folder name in a ZIP, never needs making safe (docs/api.md: Message store,
+    Attachments)."""
+    return "att_" + secrets.token_urlsafe(18)
+
+
 def is_operation_id(value: str) -> bool:
     """True when ``value`` could be an operation id; looking up anything else is pointless (and a U+0000
     in it would even fail in Postgres).

@@ -62,6 +62,8 @@ ROUTES: tuple[Route, ...] = (
     Route("listConversations", "GET", "/v2/conversations"),
     Route("sendMessage", "POST", "/v2/conversations/{cid}/messages"),
     Route("readMessages", "GET", "/v2/conversations/{cid}/messages"),
+    Route("uploadAttachment", "POST", "/v2/conversations/{cid}/attachments"),
+    Route("getAttachment", "GET", "/v2/conversations/{cid}/attachments/{attachment_id:[^/]+}"),
     Route("editMessage", "PATCH", "/v2/conversations/{cid}/messages/{message_id:[^/]+}"),
     Route("recallMessage", "DELETE", "/v2/conversations/{cid}/messages/{message_id:[^/]+}"),
     Route("submitExport", "POST", "/v3/conversations/{cid}/exports"),

@@ -802,6 +802,22 @@ CREATE TABLE public.artifacts (
     CONSTRAINT artifacts_state_check CHECK ((state = ANY (ARRAY['WRITING'::text, 'COMPLETE'::text, 'PUBLISHED'::text, 'REMOVING'::text, 'DELETED'::text])))
 );
 
+CREATE TABLE public.attachments (
+    attachment_id text NOT NULL,
+    conversation_id text NOT NULL,
+    uploader_id text NOT NULL,
+    file_name text NOT NULL,
+    content_type text NOT NULL,
+    object_key text NOT NULL,
+    state text NOT NULL,
+    size_bytes bigint,
+    sha256 text,
+    crc32 bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT attachments_check CHECK (((state = 'UPLOADING'::text) OR ((size_bytes IS NOT NULL) AND (sha256 IS NOT NULL) AND (crc32 IS NOT NULL)))),
+    CONSTRAINT attachments_state_check CHECK ((state = ANY (ARRAY['UPLOADING'::text, 'STORED'::text])))
+);
+
 CREATE TABLE public.attempts (
     operation_id text NOT NULL,
     generation bigint NOT NULL,
@@ -864,6 +880,13 @@ CREATE TABLE public.idempotency_keys (
     CONSTRAINT idempotency_keys_one_target CHECK ((num_nonnulls(operation_id, schedule_id) = 1))
 );
 
+CREATE TABLE public.message_attachments (
+    conversation_id text NOT NULL,
+    seq bigint NOT NULL,
+    "position" smallint NOT NULL,
+    attachment_id text NOT NULL
+);
+
 CREATE TABLE public.message_edits (
     conversation_id text NOT NULL,
     seq bigint NOT NULL,
@@ -882,7 +905,8 @@ CREATE TABLE public.messages (
     recalled_at timestamp with time zone,
     reply_to_seq bigint,
     edited_at timestamp with time zone,
-    edit_version bigint
+    edit_version bigint,
+    attachment_count smallint
 );
 
 CREATE TABLE public.outbox (
@@ -946,6 +970,12 @@ ALTER TABLE ONLY public.artifacts
 ALTER TABLE ONLY public.artifacts
     ADD CONSTRAINT artifacts_pkey PRIMARY KEY (operation_id, generation);
 
+ALTER TABLE ONLY public.attachments
+    ADD CONSTRAINT attachments_object_key_key UNIQUE (object_key);
+
+ALTER TABLE ONLY public.attachments
+    ADD CONSTRAINT attachments_pkey PRIMARY KEY (attachment_id);
+
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_pkey PRIMARY KEY (operation_id, generation);
 
@@ -963,6 +993,9 @@ ALTER TABLE ONLY public.export_schedules
 
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (owner_id, idempotency_key);
+
+ALTER TABLE ONLY public.message_attachments
+    ADD CONSTRAINT message_attachments_pkey PRIMARY KEY (conversation_id, seq, "position");
 
 ALTER TABLE ONLY public.message_edits
     ADD CONSTRAINT message_edits_pkey PRIMARY KEY (conversation_id, seq, edit_version);
@@ -996,6 +1029,8 @@ ALTER TABLE ONLY public.webhook_deliveries
 
 CREATE INDEX access_events_operation ON public.access_events USING btree (operation_id, occurred_at);
 
+CREATE INDEX attachments_uploading ON public.attachments USING btree (created_at) WHERE (state = 'UPLOADING'::text);
+
 CREATE INDEX conversation_members_user ON public.conversation_members USING btree (user_id);
 
 CREATE INDEX export_chunks_object_key ON public.export_chunks USING btree (object_key) WHERE (object_key IS NOT NULL);
@@ -1007,6 +1042,8 @@ CREATE INDEX export_schedules_owner_created ON public.export_schedules USING btr
 CREATE INDEX idempotency_keys_operation ON public.idempotency_keys USING btree (operation_id);
 
 CREATE INDEX idempotency_keys_schedule ON public.idempotency_keys USING btree (schedule_id) WHERE (schedule_id IS NOT NULL);
+
+CREATE INDEX message_attachments_attachment ON public.message_attachments USING btree (attachment_id);
 
 CREATE INDEX operations_active ON public.operations USING btree (state, updated_at) WHERE (state = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRY_AT'::text, 'CANCEL_REQUESTED'::text, 'FAILED_REPAIR'::text]));
 
@@ -1039,6 +1076,9 @@ CREATE TRIGGER schedule_run_changed AFTER UPDATE OF state ON public.operations F
 ALTER TABLE ONLY public.artifacts
     ADD CONSTRAINT artifacts_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(operation_id) ON DELETE CASCADE;
 
+ALTER TABLE ONLY public.attachments
+    ADD CONSTRAINT attachments_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id) ON DELETE CASCADE;
+
 ALTER TABLE ONLY public.attempts
     ADD CONSTRAINT attempts_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(operation_id) ON DELETE CASCADE;
 
@@ -1053,6 +1093,12 @@ ALTER TABLE ONLY public.idempotency_keys
 
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.export_schedules(schedule_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.message_attachments
+    ADD CONSTRAINT message_attachments_attachment_id_fkey FOREIGN KEY (attachment_id) REFERENCES public.attachments(attachment_id);
+
+ALTER TABLE ONLY public.message_attachments
+    ADD CONSTRAINT message_attachments_conversation_id_seq_fkey FOREIGN KEY (conversation_id, seq) REFERENCES public.messages(conversation_id, seq) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.message_edits
     ADD CONSTRAINT message_edits_conversation_id_seq_fkey FOREIGN KEY (conversation_id, seq) REFERENCES public.messages(conversation_id, seq) ON DELETE CASCADE;

@@ -223,6 +223,14 @@ class StorageSettings(BaseSettings):
         " so give the service a folder (or bucket) of its own",
     )
 
+    # The janitor reconciles what is under it with the attachment records: a folder of its own too.
+    s3_attachment_prefix: str = Field(
+        "attachments/",
+        pattern=r"^[^/].*/$",
+        description="key prefix of attachments, `<prefix><attachment id>`; a folder like `s3_prefix`, neither"
+        " of them inside the other (the previous release's janitor sweeps `s3_prefix` only)",
+    )
+
     s3_access_key_id: str = Field("testing", description="S3 credentials")
 
     s3_secret_access_key: str = Field("testing", description="S3 credentials")
@@ -243,6 +251,14 @@ class StorageSettings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         # An environment variable cannot be unset by a manifest that merges another over it: empty means none.
         return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _check_prefixes(self) -> StorageSettings:
+        # Each prefix's sweep deletes what its own records do not name: one inside the other would delete
+        # the other's objects.
+        if self.s3_prefix.startswith(self.s3_attachment_prefix) or self.s3_attachment_prefix.startswith(self.s3_prefix):
+            raise ValueError("s3_prefix and s3_attachment_prefix must be separate folders, neither inside the other")
+        return self
 
 
 class TokenSettings(BaseSettings):
@@ -399,6 +415,10 @@ class HttpSettings(BaseSettings):
     )
 
     message_request_max_bytes: int = size(4096, "largest request body on `POST /v2/.../messages`")
+
+    attachment_max_bytes: int = size(
+        100 * 1024 * 1024, "largest attachment on `POST /v2/conversations/{cid}/attachments`"
+    )
 
     # The largest valid export request fits even with every character of its 100 senders and its notify URL
     # written as a \u escape (about 45 KiB; docs/api.md: Submitting an export, Export options).

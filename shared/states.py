@@ -93,6 +93,15 @@ class ArtifactState(StrEnum):
     DELETED = "DELETED"
 
 
+class AttachmentState(StrEnum):
+    """States of an attachment's record (docs/api.md: Message store, Attachments): UPLOADING (recorded before its
+    first byte is stored) -> STORED (complete, measured); an upload that never finishes loses its record.
+    """
+
+    UPLOADING = "UPLOADING"
+    STORED = "STORED"
+
+
 # Artifacts an attempt can leave behind when its worker is lost: the janitor counts them by state.
 LEFT_BEHIND: tuple[ArtifactState, ...] = (ArtifactState.WRITING, ArtifactState.COMPLETE, ArtifactState.REMOVING)
 

@@ -24,7 +24,7 @@ from services.api.http import schemas
 from services.api.http.bodies import JSON_MEDIA_TYPE
 from services.api.http.contract import ANY_ROUTE_PROBLEMS, REF_TEMPLATE, Answer, Endpoint, header, ref, retry_after
 from services.api.http.problems import CODES, PROBLEM_CONTENT_TYPE
-from services.api.views import document, exports, messages, operations, schedules, webhooks
+from services.api.views import attachments, document, exports, messages, operations, schedules, webhooks
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
 from shared.routes import ROUTES, Route
 from shared.version import VERSION
@@ -33,6 +33,7 @@ ENDPOINTS: dict[str, Endpoint] = {
     endpoint.route: endpoint
     for endpoint in (
         *messages.ENDPOINTS,
+        *attachments.ENDPOINTS,
         *exports.ENDPOINTS,
         *operations.ENDPOINTS,
         *webhooks.ENDPOINTS,
@@ -135,6 +136,9 @@ PATH_PARAMETERS = {
         "number", {"type": "string", "pattern": "^[1-9][0-9]*$"}, "A part's `number` from `result.parts` (1-based)."
     ),
     "message_id": _path_parameter("message_id", {"type": "string", "minLength": 1, "maxLength": 64}, "Message id."),
+    "attachment_id": _path_parameter(
+        "attachment_id", {"type": "string", "minLength": 1, "maxLength": 64}, "Attachment id, as its upload answered."
+    ),
 }
 
 
@@ -171,7 +175,7 @@ def _operation(route: Route, endpoint: Endpoint, components: dict[str, Any]) -> 
         operation["parameters"] = [*query, *endpoint.parameters]
     if endpoint.body is not None:
         body = endpoint.body
-        content = {JSON_MEDIA_TYPE: {"schema": ref(body.model)}}
+        content = body.content if body.model is None else {JSON_MEDIA_TYPE: {"schema": ref(body.model)}}
         operation["requestBody"] = {"description": body.description, "required": body.required, "content": content}
     problems = endpoint.problems if route.public else (*ANY_ROUTE_PROBLEMS, *endpoint.problems)
     answers = {str(answer.status): _answer(answer) for answer in endpoint.answers}

@@ -15,6 +15,11 @@ published key is an orphan, removed after a grace period):
   before its first byte is uploaded and a record never leaves DELETED, so it can never be published.
   A chunk's object is the exception: a chunk names its key before its first byte too, and the sweep leaves
   every key a chunk of a running or parked export names (docs/chunks.md: The janitor and chunks).
+
+Attachments are reconciled the same way under ``s3_attachment_prefix`` (``reconcile_attachments``): an
+upload's row is written before its first byte, so an object or multipart upload that no row names is an
+orphan, and an upload still UPLOADING past the grace period lost its api (docs/retention.md: Orphan objects and
+uploads).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import asyncpg
 
 from services.janitor import metrics
 from shared.artifact_removal import remove_artifact, remove_artifacts
-from shared.repository import artifacts, chunks, message_store, outbox, sweeps
+from shared.repository import artifacts, attachments, chunks, message_store, outbox, sweeps
 from shared.repository.access_events import record_access_event
 from shared.repository.artifacts import LiveArtifact, StaleArtifact
 from shared.repository.leases import finish_cancel
@@ -46,6 +51,7 @@ from shared.storage import (
     UploadPages,
     abort_upload,
     delete_keys,
+    every_entry,
 )
 
 log = logging.getLogger(__name__)
@@ -72,6 +78,7 @@ class PassReport:
     purged: int = 0
     outbox_rows_deleted: int = 0
     replaced_bodies_deleted: int = 0
+    attachment_leftovers_removed: int = 0
     duration_seconds: float = 0.0
 
 
@@ -88,6 +95,8 @@ class Janitor:
         self._settings = settings
         self._objects = ObjectPages(s3, bucket=settings.s3_bucket, prefix=settings.s3_prefix)
         self._uploads = UploadPages(s3, bucket=settings.s3_bucket, prefix=settings.s3_prefix)
+        self._attachment_objects = ObjectPages(s3, bucket=settings.s3_bucket, prefix=settings.s3_attachment_prefix)
+        self._attachment_uploads = UploadPages(s3, bucket=settings.s3_bucket, prefix=settings.s3_attachment_prefix)
 
     async def run_pass(self) -> PassReport:
         """One full pass; returns what it did, logs it as one line and counts it. Raises the database's
@@ -114,6 +123,7 @@ class Janitor:
         report.stale_uploads_aborted = await self.abort_stale_uploads()
         report.purged, report.outbox_rows_deleted = await self.purge()
         report.replaced_bodies_deleted = await self.prune_replaced_bodies()
+        report.attachment_leftovers_removed = await self.reconcile_attachments()
 
     @staticmethod
     def _close(report: PassReport, started: float, *, outcome: str) -> None:
@@ -300,6 +310,56 @@ class Janitor:
             deleted = await message_store.prune_replaced_bodies(conn, limit=self._settings.janitor_batch_size)
         metrics.REPLACED_BODIES_DELETED.inc(deleted)
         return deleted
+
+    async def reconcile_attachments(self) -> int:
+        """Remove what attachment uploads left behind: the object and multipart uploads of each upload still
+        UPLOADING ``janitor_orphan_grace_seconds`` after it began, then its row; and the objects and multipart
+        uploads under ``s3_attachment_prefix``, older than the grace period, that no row names. Return how many
+        objects, uploads and rows went. A storage error ends it for this pass (logged).
+        """
+        removed = 0
+        async with self._pool.acquire() as conn:
+            unfinished = await attachments.unfinished_uploads(
+                conn,
+                grace_seconds=self._settings.janitor_orphan_grace_seconds,
+                limit=self._settings.janitor_batch_size,
+            )
+        bucket = self._settings.s3_bucket
+        try:
+            for upload in unfinished:
+                for left in await every_entry(UploadPages(self._s3, bucket=bucket, prefix=upload.object_key)):
+                    await abort_upload(self._s3, bucket=bucket, key=left.key, upload_id=left.upload_id)
+                if await delete_keys(self._s3, bucket=bucket, keys=[upload.object_key]) != [upload.object_key]:
+                    continue
+                async with self._pool.acquire() as conn:
+                    await attachments.forget_upload(conn, attachment_id=upload.attachment_id)
+                removed += 1
+        except STORAGE_ERRORS as exc:
+            log.warning("attachment sweep stopped by a storage error", extra={"error": type(exc).__name__})
+        removed += await self._sweep(self._attachment_objects, self._delete_unrecorded_attachments)
+        removed += await self._sweep(self._attachment_uploads, self._abort_unrecorded_attachment_uploads)
+        metrics.ATTACHMENT_LEFTOVERS_REMOVED.inc(removed)
+        if removed:
+            log.info("attachment leftovers removed", extra={"removed": removed})
+        return removed
+
+    async def _unrecorded_attachments(self, entries: Sequence[Entry]) -> list[Entry]:
+        old = [entry for entry in entries if entry.age_seconds > self._settings.janitor_orphan_grace_seconds]
+        if not old:
+            return []
+        async with self._pool.acquire() as conn:
+            recorded = await attachments.recorded_keys(conn, keys=[entry.key for entry in old])
+        return [entry for entry in old if entry.key not in recorded]
+
+    async def _delete_unrecorded_attachments(self, objects: list[ListedObject]) -> int:
+        orphans = [entry.key for entry in await self._unrecorded_attachments(objects)]
+        return len(await delete_keys(self._s3, bucket=self._settings.s3_bucket, keys=orphans))
+
+    async def _abort_unrecorded_attachment_uploads(self, uploads: list[ListedUpload]) -> int:
+        orphans = await self._unrecorded_attachments(uploads)
+        for upload in orphans:
+            await abort_upload(self._s3, bucket=self._settings.s3_bucket, key=upload.key, upload_id=upload.upload_id)
+        return len(orphans)
 
     async def remove_artifacts(self, operation_id: str) -> bool:
         """Delete every object and abort every upload recorded for ``operation_id``; True if all went."""

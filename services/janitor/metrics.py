@@ -58,6 +58,10 @@ REPLACED_BODIES_DELETED = Counter(
     "chatexport_janitor_replaced_bodies_deleted_total",
     "Message bodies that edits replaced, deleted once no export may still show them.",
 )
+ATTACHMENT_LEFTOVERS_REMOVED = Counter(
+    "chatexport_janitor_attachment_leftovers_removed_total",
+    "Objects, multipart uploads and rows that unfinished or forgotten attachment uploads left, removed.",
+)
 PASSES = counter_from_zero(
     "chatexport_janitor_passes_total",
     "Janitor passes, by outcome (ok or failed).",

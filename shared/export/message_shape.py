@@ -10,22 +10,36 @@ The read API's model (``services.api.http.schemas.Message``) and the JSONL line 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final, Protocol
 
 from shared.timefmt import format_timestamp
 
-FIELDS: Final = ("conversation_id", "seq", "message_id", "sender_id", "sent_at", "body", "reply_to", "edited_at")
-# Left out of a JSON message when NULL (docs/api.md: Message store, Replies and edits): ``reply_to``, the
-# message_id of the message it replies to; ``edited_at``, when its body was last edited.
-OPTIONAL_FIELDS: Final = ("reply_to", "edited_at")
+FIELDS: Final = (
+    "conversation_id",
+    "seq",
+    "message_id",
+    "sender_id",
+    "sent_at",
+    "body",
+    "reply_to",
+    "edited_at",
+    "attachments",
+)
+# Left out of a JSON message when NULL (docs/api.md: Message store, Replies and edits; Attachments): ``reply_to``,
+# the message_id of the message it replies to; ``edited_at``, when its body was last edited; ``attachments``, the
+# files it carries, in the order it was sent with them.
+OPTIONAL_FIELDS: Final = ("reply_to", "edited_at", "attachments")
+# The members of each of a message's ``attachments``, in order.
+ATTACHMENT_FIELDS: Final = ("attachment_id", "file_name", "content_type", "size_bytes")
 
 
 class ExportedMessage(Protocol):
     """One message read for an export (``shared.repository.export_reader.ExportRow``): its ``FIELDS`` but
     the conversation's id, which its renderer is given once per file, and ``line``, its JSONL line as Postgres
-    rendered it, without the newline.
+    rendered it, without the newline. ``attachments`` is the JSON text of the field's value, as the line holds it.
     """
 
     @property
@@ -50,17 +64,23 @@ class ExportedMessage(Protocol):
     def edited_at(self) -> datetime | None: ...
 
     @property
+    def attachments(self) -> str | None: ...
+
+    @property
     def line(self) -> str: ...
 
 
 def message_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """Every one of ``FIELDS`` of ``values`` (a row or mapping with a value for each, ``sent_at`` an aware
-    datetime, ``edited_at`` one or None), in order, times as API timestamps (``shared.timefmt``): a CSV row's
-    cells, None for an empty one. Raises ``KeyError`` when a field is missing.
+    datetime, ``edited_at`` one or None, ``attachments`` JSON text or None), in order, times as API timestamps
+    (``shared.timefmt``), ``attachments`` a list: a CSV row's cells, None for an empty one. Raises ``KeyError``
+    when a field is missing.
     """
     shown = {name: values[name] for name in FIELDS}
     shown["sent_at"] = format_timestamp(shown["sent_at"])
     shown["edited_at"] = format_timestamp(shown["edited_at"])
+    if shown["attachments"] is not None:
+        shown["attachments"] = json.loads(shown["attachments"])
     return shown
 
 

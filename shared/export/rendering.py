@@ -12,8 +12,10 @@ from __future__ import annotations
 import csv
 import html
 import io
-from typing import Protocol
+import json
+from typing import Any, Protocol
 
+from shared import jsontext
 from shared.export.formulas import guarded
 from shared.export.message_shape import FIELDS, OPTIONAL_FIELDS, ExportedMessage, message_values
 from shared.jsontext import LINE_BREAKING
@@ -64,6 +66,8 @@ _JSON_OF_FIELD = {
     "body": "to_json(body)::text",
     "reply_to": "to_json(reply_to)::text",
     "edited_at": _timestamp_json("edited_at"),
+    # Already JSON text (shared.repository.message_store.ATTACHMENTS_SQL).
+    "attachments": "attachments",
 }
 
 
@@ -139,6 +143,9 @@ class Csv(_Stateless):
 def _cell(value: object) -> str:
     if value is None:
         return ""
+    if isinstance(value, list):
+        # A message's attachments: their JSON, as the JSONL line holds it.
+        return jsontext.dumps(value, separators=(",", ":"))
     return guarded(value) if type(value) is str else str(value)
 
 
@@ -156,6 +163,7 @@ h2 {{ font-size: 1rem; border-bottom: 1px solid #ccc; }}
 .body {{ white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; }}
 .reply {{ color: #555; font-size: 0.85rem; margin: 0; }}
 .edited {{ color: #555; }}
+.attachments {{ margin: 0.2rem 0 0; padding-left: 1.2rem; font-size: 0.9rem; }}
 </style>
 </head>
 <body>
@@ -167,7 +175,8 @@ _HTML_END = "</body>\n</html>\n"
 
 class Html:
     """One self-contained HTML document: the messages grouped by day (UTC), each with sender, time (UTC),
-    an "(edited)" mark with the edit's time, the message_id of the message it replies to, and body; every
+    an "(edited)" mark with the edit's time, the message_id of the message it replies to, body and the
+    names, sizes and types of its attachments; every
     text escaped, ``dir="auto"`` on text a user wrote, no script and no external resource.
     """
 
@@ -199,7 +208,7 @@ class Html:
             f'<p class="meta"><span class="sender" dir="auto">{html.escape(row.sender_id)}</span> '
             f'<time datetime="{stamp}">{time} UTC</time>{_html_edited(row)}</p>\n'
             f"{_html_reply(row)}"
-            f'<p class="body" dir="auto">{html.escape(row.body)}</p>\n</article>\n'
+            f'<p class="body" dir="auto">{html.escape(row.body)}</p>\n{_html_attachments(row)}</article>\n'
         ).encode()
 
     def footer(self) -> bytes:
@@ -213,6 +222,20 @@ def _stamp(row: ExportedMessage) -> str:
 def _html_edited(row: ExportedMessage) -> str:
     edited = format_timestamp(row.edited_at)
     return "" if edited is None else f' <span class="edited">(edited <time datetime="{edited}">{edited}</time>)</span>'
+
+
+def attachments_of(row: ExportedMessage) -> list[dict[str, Any]]:
+    """The attachments ``row`` carries, each a dict of ``message_shape.ATTACHMENT_FIELDS``; empty for none."""
+    return [] if row.attachments is None else list(json.loads(row.attachments))
+
+
+def _html_attachments(row: ExportedMessage) -> str:
+    items = "".join(
+        f'<li><span dir="auto">{html.escape(item["file_name"])}</span> ({item["size_bytes"]} bytes, '
+        f"{html.escape(item['content_type'])})</li>\n"
+        for item in attachments_of(row)
+    )
+    return f'<ul class="attachments">\n{items}</ul>\n' if items else ""
 
 
 def _html_reply(row: ExportedMessage) -> str:
@@ -243,8 +266,9 @@ class Text(_Stateless):
     """TXT, the plain text DiscordChatExporter's users know: one line per message in seq order,
     ``[2026-03-01 12:30:00.000Z] alice: body`` (the time in UTC, as the API prints it with a space for the
     ``T``), UTF-8, no header; a reply reads ``alice (reply to m-7): body``, an edited message
-    ``alice (edited): body``, both ``alice (reply to m-7) (edited): body``. In a body (and a reply's
-    message id) a backslash is written ``\\\\``, a line feed ``\\n``, a carriage
+    ``alice (edited): body``, both ``alice (reply to m-7) (edited): body``; each attachment follows the body as
+    `` [attachment: photo.png (51200 bytes)]``. In a body (and a reply's message id, an attachment's file
+    name) a backslash is written ``\\\\``, a line feed ``\\n``, a carriage
     return ``\\r`` and every other character ``str.splitlines()`` ends a line at, and every one of
     ``TERMINAL_CONTROLS``, ``\\uXXXX``, so that ``splitlines()`` counts messages and printing the file to a
     terminal runs nothing a member wrote; a sender id cannot hold any of them (``shared.ids``).
@@ -260,7 +284,11 @@ class Text(_Stateless):
         marks = "" if row.reply_to is None else f" (reply to {row.reply_to.translate(_TEXT_ESCAPES)})"
         if row.edited_at is not None:
             marks += " (edited)"
-        return f"[{stamp}] {row.sender_id}{marks}: {row.body.translate(_TEXT_ESCAPES)}\n".encode()
+        attached = "".join(
+            f" [attachment: {item['file_name'].translate(_TEXT_ESCAPES)} ({item['size_bytes']} bytes)]"
+            for item in attachments_of(row)
+        )
+        return f"[{stamp}] {row.sender_id}{marks}: {row.body.translate(_TEXT_ESCAPES)}{attached}\n".encode()
 
     def footer(self) -> bytes:
         return b""

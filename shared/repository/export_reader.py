@@ -18,7 +18,7 @@ import asyncpg
 from shared.export.rendering import JSONL_LINE_SQL
 from shared.export.request import ExportRequest
 from shared.repository.chunks import PlannedRange
-from shared.repository.message_store import REPLY_TO_SQL
+from shared.repository.message_store import ATTACHMENTS_SQL, REPLY_TO_SQL
 from shared.repository.rows import Row
 
 # Every message of one export range, recalled or not; and those of them an export writes when its options select
@@ -52,9 +52,9 @@ def _as_of_snapshot(column: str) -> str:
 # The selected messages as the export shows them, a column for each of message_shape.FIELDS.
 _SHOWN = f"""(
     SELECT conversation_id, seq, message_id, sender_id, sent_at, {_as_of_snapshot("body")} AS body,
-           {REPLY_TO_SQL} AS reply_to, {_as_of_snapshot("edited_at")} AS edited_at
+           {REPLY_TO_SQL} AS reply_to, {_as_of_snapshot("edited_at")} AS edited_at, {ATTACHMENTS_SQL} AS attachments
     {_SELECTED_MESSAGES}) shown"""
-_ROW_COLUMNS = f"seq, message_id, sender_id, sent_at, body, reply_to, edited_at, {JSONL_LINE_SQL} AS line"
+_ROW_COLUMNS = f"seq, message_id, sender_id, sent_at, body, reply_to, edited_at, attachments, {JSONL_LINE_SQL} AS line"
 
 # JSONL lines are rendered by Postgres (docs/api.md: Submitting an export, The file), so no row crosses into Python
 # objects.
@@ -165,6 +165,7 @@ class ExportRow(Row):
     line: str
     reply_to: str | None = None
     edited_at: datetime | None = None
+    attachments: str | None = None
 
 
 async def fetch_export_rows(

@@ -18,6 +18,7 @@ from typing import NamedTuple, Protocol
 
 import asyncpg
 
+from shared.export.message_shape import ATTACHMENT_FIELDS
 from shared.ids import is_valid_id
 from shared.repository.rows import Row
 from shared.states import MAY_WRITE_AGAIN, values
@@ -34,6 +35,24 @@ class ConversationNotFound(Exception):
 class ReplyTargetNotFound(Exception):
     """The message a reply names is not stored in the conversation, or was recalled."""
 
+
+class AttachmentNotFound(Exception):
+    """An attachment a send names is not one the sender stored in the conversation."""
+
+
+def _attachments_sql() -> str:
+    """The attachments a row of an unaliased ``messages`` carries, as the JSON text of the message's
+    ``attachments`` (``shared.export.message_shape.ATTACHMENT_FIELDS`` of each, in order, written as
+    ``shared.jsontext`` writes JSON), NULL for none; only a message with an ``attachment_count`` costs a lookup.
+    """
+    members = " || ',' || ".join(f"""'"{name}":' || to_json(a.{name})::text""" for name in ATTACHMENT_FIELDS)
+    return f"""CASE WHEN messages.attachment_count IS NOT NULL THEN (
+    SELECT '[' || string_agg('{{' || {members} || '}}', ',' ORDER BY c.position) || ']'
+    FROM message_attachments c JOIN attachments a USING (attachment_id)
+    WHERE c.conversation_id = messages.conversation_id AND c.seq = messages.seq) END"""
+
+
+ATTACHMENTS_SQL = _attachments_sql()
 
 # The message_id of the message a row of ``messages`` replies to, NULL when it replies to none: a SQL expression
 # over an unaliased ``messages`` (docs/api.md: Message store, Replies and edits).
@@ -195,14 +214,17 @@ async def store_message(
     sender_id: str,
     body: str,
     reply_to: str | None = None,
+    attachments: Sequence[str] = (),
 ) -> StoredSeq:
     """Store one message with the next seq, replying to the message whose message_id is ``reply_to`` when
-    given; return its ``StoredSeq``.
+    given, carrying the ``attachments`` (ids, in order; each an attachment ``sender_id`` stored in the
+    conversation, docs/api.md: Message store, Attachments); return its ``StoredSeq``.
 
     ``sent_at`` is the database's ``now()`` cut to milliseconds, the precision the API and the export file print
     (docs/api.md: Submitting an export, The file). Raises ``ConversationNotFound``, ``DuplicateMessageId``
-    (docs/api.md: Message store: even when the body is identical) and ``ReplyTargetNotFound`` (docs/api.md:
-    Message store, Replies and edits); each leaves the conversation's ``last_seq`` as it was.
+    (docs/api.md: Message store: even when the body is identical), ``ReplyTargetNotFound`` (docs/api.md:
+    Message store, Replies and edits) and ``AttachmentNotFound`` with the first id that is not attachable; each
+    leaves the conversation's ``last_seq`` as it was and stores nothing.
     """
     async with conn.transaction():
         # The row lock taken here is held until the (outer) transaction ends: one writer at a time.
@@ -214,10 +236,12 @@ async def store_message(
             raise ConversationNotFound(conversation_id)
         stored = await conn.fetchrow(
             """
-            INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at, reply_to_seq)
+            INSERT INTO messages (conversation_id, seq, message_id, sender_id, body, sent_at, reply_to_seq,
+                                  attachment_count)
             VALUES ($1, $2, $3, $4, $5, date_trunc('milliseconds', now()),
                     (SELECT t.seq FROM messages t
-                     WHERE t.conversation_id = $1 AND t.message_id = $6 AND t.recalled_at IS NULL))
+                     WHERE t.conversation_id = $1 AND t.message_id = $6 AND t.recalled_at IS NULL),
+                    nullif($7::smallint, 0))
             ON CONFLICT ON CONSTRAINT messages_conversation_message_id DO NOTHING
             RETURNING seq, sent_at, reply_to_seq
             """,
@@ -227,13 +251,42 @@ async def store_message(
             sender_id,
             body,
             reply_to,
+            len(attachments),
         )
         # Raising inside the transaction rolls the seq bump back, so no seq is burnt.
         if stored is None:
             raise DuplicateMessageId(message_id)
         if reply_to is not None and stored["reply_to_seq"] is None:
             raise ReplyTargetNotFound(reply_to)
+        if attachments:
+            await _carry(conn, conversation_id=conversation_id, seq=seq, sender_id=sender_id, ids=attachments)
         return StoredSeq(seq=stored["seq"], sent_at=stored["sent_at"])
+
+
+async def _carry(
+    conn: asyncpg.Connection, *, conversation_id: str, seq: int, sender_id: str, ids: Sequence[str]
+) -> None:
+    """Make message ``seq`` carry the attachments ``ids`` in order; raises ``AttachmentNotFound`` with the first
+    that is not STORED in the conversation by ``sender_id``.
+    """
+    carried = await conn.fetch(
+        """
+        INSERT INTO message_attachments (conversation_id, seq, position, attachment_id)
+        SELECT $1, $2, wanted.position, a.attachment_id
+        FROM unnest($3::text[]) WITH ORDINALITY AS wanted (attachment_id, position)
+        JOIN attachments a ON a.attachment_id = wanted.attachment_id
+        WHERE a.conversation_id = $1 AND a.uploader_id = $4 AND a.state = 'STORED'
+        RETURNING attachment_id
+        """,
+        conversation_id,
+        seq,
+        list(ids),
+        sender_id,
+    )
+    found = {row["attachment_id"] for row in carried}
+    missing = [attachment_id for attachment_id in ids if attachment_id not in found]
+    if missing:
+        raise AttachmentNotFound(missing[0])
 
 
 class EditOutcome(StrEnum):
@@ -418,7 +471,8 @@ async def read_messages(
     """
     rows: list[asyncpg.Record] = await conn.fetch(
         f"""
-        SELECT conversation_id, seq, message_id, sender_id, sent_at, body, {REPLY_TO_SQL} AS reply_to, edited_at
+        SELECT conversation_id, seq, message_id, sender_id, sent_at, body, {REPLY_TO_SQL} AS reply_to, edited_at,
+               {ATTACHMENTS_SQL} AS attachments
         FROM messages
         WHERE conversation_id = $1 AND seq > $2 AND recalled_at IS NULL
         ORDER BY seq

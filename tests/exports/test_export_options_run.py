@@ -71,13 +71,23 @@ async def test_csv_gives_back_every_body_and_guards_formula_cells(api: Client, a
     assert hashlib.sha256(content).hexdigest() == result["sha256"] and len(content) == result["size_bytes"]
 
     rows = csv_rows(content)
-    assert rows[0] == ["conversation_id", "seq", "message_id", "sender_id", "sent_at", "body", "reply_to", "edited_at"]
+    assert rows[0] == [
+        "conversation_id",
+        "seq",
+        "message_id",
+        "sender_id",
+        "sent_at",
+        "body",
+        "reply_to",
+        "edited_at",
+        "attachments",
+    ]
     assert [row[:5] for row in rows[1:]] == [
         [m["conversation_id"], str(m["seq"]), m["message_id"], m["sender_id"], m["sent_at"]] for m in messages
     ]
     assert [row[5] for row in rows[1:]] == [("'" + body if body in FORMULAS else body) for body in BODIES]
-    # Neither a reply nor edited: their cells are empty.
-    assert {tuple(row[6:]) for row in rows[1:]} == {("", "")}
+    # Neither a reply nor edited, nor carrying a file: their cells are empty.
+    assert {tuple(row[6:]) for row in rows[1:]} == {("", "", "")}
     assert content.endswith(b"\r\n")
 
 

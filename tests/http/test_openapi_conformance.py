@@ -77,6 +77,22 @@ async def schedule(api: aiohttp.ClientSession, auth: Headers, member: str, cid: 
     return schedule_id
 
 
+async def carried_attachment(api: aiohttp.ClientSession, auth: Headers, member: str, cid: str) -> str:
+    """A file ``member`` uploaded to ``cid`` and sent in a message: its id."""
+    response = await api.post(
+        path("uploadAttachment", cid=cid), params={"name": "a.txt"}, data=b"a", headers=auth(member)
+    )
+    assert response.status == 201, await response.text()
+    attachment_id: str = (await response.json())["attachment_id"]
+    sent = await api.post(
+        path("sendMessage", cid=cid),
+        json={"message_id": unique("m"), "body": "a", "attachments": [attachment_id]},
+        headers=auth(member),
+    )
+    assert sent.status == 200, await sent.text()
+    return attachment_id
+
+
 @pytest.fixture(scope="module")
 async def world(system: LocalSystem, live_auth: Headers) -> World:
     """Two exported conversations of one member, who then leaves the second one, and a third exported in
@@ -91,6 +107,7 @@ async def world(system: LocalSystem, live_auth: Headers) -> World:
         left_cid, revoked_operation_id = await succeeded_export(api, auth, member)
         _, split_operation_id = await succeeded_export(api, auth, member, max_part_bytes=5 * 1024 * 1024)
         schedule_ids = (await schedule(api, auth, member, cid), await schedule(api, auth, member, left_cid))
+        attachment_id = await carried_attachment(api, auth, member, cid)
         response = await api.delete(
             f"/admin/conversations/{left_cid}/members/{member}", headers=auth("root", admin=True)
         )
@@ -102,6 +119,7 @@ async def world(system: LocalSystem, live_auth: Headers) -> World:
             "operation_id": (operation_id, revoked_operation_id, split_operation_id),
             "number": ("1",),
             "schedule_id": schedule_ids,
+            "attachment_id": (attachment_id,),
         },
         headers={
             "member": auth(member),

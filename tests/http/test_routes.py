@@ -28,7 +28,10 @@ PATH_VALUES = {
     "operation_id": GUESSED_ID,
     "number": "1",
     "schedule_id": "sch_AAAAAAAAAAAAAAAAAAAAAAAA",
+    "attachment_id": "att_AAAAAAAAAAAAAAAAAAAAAAAA",
 }
+# The query parameters a route requires, so that the unknown one is the only thing wrong.
+REQUIRED_QUERY = {"uploadAttachment": {"name": "a.txt"}}
 
 
 def test_every_route_has_one_name_and_one_handler() -> None:
@@ -81,6 +84,7 @@ async def test_every_route_that_needs_a_token_refuses_an_unknown_query_parameter
     api: Client, auth: Auth, route: Route
 ) -> None:
     url = path(route.name, **{name: PATH_VALUES[name] for name in route.parameters})
-    response = await api.request(route.method, url, params={"unknown": "1"}, headers=auth("root", admin=True))
+    params = {**REQUIRED_QUERY.get(route.name, {}), "unknown": "1"}
+    response = await api.request(route.method, url, params=params, headers=auth("root", admin=True))
     problem = await expect_problem(response, 422, "VALIDATION_FAILED", case=route.name)
     assert [error["loc"] for error in problem["errors"]] == [["query", "unknown"]]

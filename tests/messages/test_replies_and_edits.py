@@ -13,7 +13,14 @@ import pytest
 
 from shared.export.request import ExportRequest
 from shared.repository import export_reader, leases, message_store
-from tests.support.api_calls import expect_problem, expected_file, make_conversation, read_all, submit, succeeded
+from tests.support.api_calls import (
+    every_format,
+    expect_problem,
+    expected_file,
+    make_conversation,
+    read_all,
+    submit,
+)
 from tests.support.exported_files import csv_rows
 from tests.support.messages import TIMESTAMP, Auth, Client, send, stored
 
@@ -155,16 +162,12 @@ async def test_replies_and_edits_show_in_every_format(api: Client, auth: Auth, p
     edited_at = (await (await edit(api, auth, "bob", "c-fmt", "m-2", "yes!")).json())["edited_at"]
     messages = await read_all(api, auth, "alice", "c-fmt")
 
-    files = {}
-    for kind in ("jsonl", "csv", "html", "txt"):
-        operation = await succeeded(api, auth, "alice", "c-fmt", {"format": kind}, f"k-{kind}")
-        response = await api.get(operation["result"]["url"], headers=auth("alice"))
-        files[kind] = await response.read()
+    files = await every_format(api, auth, "alice", "c-fmt")
 
     assert files["jsonl"] == expected_file(messages)
     header, first, second = csv_rows(files["csv"])
-    assert header[-2:] == ["reply_to", "edited_at"]
-    assert first[-2:] == ["", ""] and second[-3:] == ["yes!", "m-1", edited_at]
+    assert header[5:8] == ["body", "reply_to", "edited_at"]
+    assert first[5:8] == ["hi", "", ""] and second[5:8] == ["yes!", "m-1", edited_at]
     html = files["html"].decode()
     assert '<p class="reply">In reply to <span dir="auto">m-1</span></p>' in html
     assert f'(edited <time datetime="{edited_at}">' in html and html.count("(edited") == 1

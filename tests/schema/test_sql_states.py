@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.worker.metrics import ATTEMPT_OUTCOMES
-from shared.states import ArtifactState, ChunkState, PauseReason, ScheduleState, State, WaitingReason
+from shared.states import ArtifactState, AttachmentState, ChunkState, PauseReason, ScheduleState, State, WaitingReason
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = sorted((ROOT / "shared" / "repository").glob("*.py"))
@@ -21,6 +21,7 @@ NOT_STATES = {"WORKER_LOST"}
 KNOWN = {
     *State,
     *ArtifactState,
+    *AttachmentState,
     *ChunkState,
     *ScheduleState,
     *PauseReason,

@@ -17,6 +17,7 @@ from services.janitor.main import serve as serve_janitor
 from services.relay.main import serve as serve_relay
 from services.worker.main import serve as serve_worker
 from shared import jsontext
+from shared.export.formats import FORMAT_NAMES
 from shared.settings import Settings
 from shared.webhooks.signing import signature
 from tests.support import wait_for
@@ -80,6 +81,17 @@ async def succeeded(
     operation = await wait_terminal(api, auth, user, response.headers["Location"], timeout=timeout)
     assert operation["state"] == "SUCCEEDED", operation
     return operation
+
+
+async def every_format(api: Any, auth: Headers, user: str, cid: str) -> dict[str, bytes]:
+    """``user``'s export of ``cid`` in each format, waited for: each file's bytes by format name."""
+    files = {}
+    for kind in FORMAT_NAMES:
+        operation = await succeeded(api, auth, user, cid, {"format": kind}, f"k-every-{kind}")
+        response = await api.get(operation["result"]["url"], headers=auth(user))
+        assert response.status == 200, await response.text()
+        files[kind] = await response.read()
+    return files
 
 
 def verified_callback(secret: str, headers: dict[str, str], body: bytes) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar, get_args
 
 from aiohttp import web
@@ -39,36 +39,46 @@ JSON_BODY_PROBLEMS = (
 
 
 async def read_limited(request: web.Request, *, max_bytes: int) -> bytes:
-    """Return the raw body, at most ``max_bytes`` bytes.
+    """Return the raw body, at most ``max_bytes`` bytes, read within ``request_body_timeout_seconds``
+    (``body_chunks``, whose errors it raises).
+    """
+    timeout = request.app[SETTINGS].request_body_timeout_seconds
+    return b"".join([chunk async for chunk in body_chunks(request, max_bytes=max_bytes, timeout_seconds=timeout)])
+
+
+async def body_chunks(request: web.Request, *, max_bytes: int, timeout_seconds: float) -> AsyncIterator[bytes]:
+    """The raw body as it arrives, at most ``max_bytes`` bytes, the whole of it within ``timeout_seconds`` of
+    starting to read (the time the caller spends between chunks counts too).
 
     Raises ``ProblemError``: 415 ``UNSUPPORTED_CONTENT_ENCODING`` before reading anything when the body has a
     content coding (``require_identity_coding``); 413 beyond ``max_bytes``; 408 ``REQUEST_TIMEOUT`` when
-    the whole body has not arrived ``request_body_timeout_seconds`` after reading began, and 400
-    ``MALFORMED_REQUEST`` when its framing breaks (the error middleware closes the connection after either,
-    docs/api.md: API reference). Streams the body so that a lying or absent Content-Length cannot make the
-    server buffer more.
+    the whole body has not arrived by the deadline, and 400 ``MALFORMED_REQUEST`` when its framing breaks (the
+    error middleware closes the connection after either, docs/api.md: API reference). Streams the body so that
+    a lying or absent Content-Length cannot make the server buffer more.
     """
     require_identity_coding(request)
     if request.content_length is not None and request.content_length > max_bytes:
         raise _too_large(max_bytes)
-    timeout = request.app[SETTINGS].request_body_timeout_seconds
-    chunks: list[bytes] = []
+    deadline = asyncio.get_running_loop().time() + timeout_seconds
     size = 0
-    try:
-        async with asyncio.timeout(timeout):
-            async for chunk in request.content.iter_chunked(64 * 1024):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise _too_large(max_bytes)
-                chunks.append(chunk)
-    except TimeoutError:
-        raise ProblemError(
-            "REQUEST_TIMEOUT", f"The request body did not arrive in full within {timeout:g} s."
-        ) from None
-    except web.RequestPayloadError:
-        # aiohttp's message quotes the offending bytes: only say what happened.
-        raise ProblemError("MALFORMED_REQUEST", "The request body's framing is broken.") from None
-    return b"".join(chunks)
+    while True:
+        try:
+            # The deadline guards each read only: a timeout around the yields would cancel the caller's work.
+            async with asyncio.timeout_at(deadline):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            raise ProblemError(
+                "REQUEST_TIMEOUT", f"The request body did not arrive in full within {timeout_seconds:g} s."
+            ) from None
+        except web.RequestPayloadError:
+            # aiohttp's message quotes the offending bytes: only say what happened.
+            raise ProblemError("MALFORMED_REQUEST", "The request body's framing is broken.") from None
+        if not chunk:
+            return
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        yield chunk
 
 
 def require_identity_coding(request: web.Request) -> None:

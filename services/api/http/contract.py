@@ -65,11 +65,14 @@ LOCATION_HEADER = header(
 
 @dataclass(frozen=True)
 class Body:
-    """A JSON request body validated with ``model``."""
+    """A request body: JSON validated with ``model``, or another ``content`` (an OpenAPI content map: media type
+    -> media type object), such as a file's bytes.
+    """
 
-    model: type[BaseModel]
+    model: type[BaseModel] | None
     description: str
     required: bool = True
+    content: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

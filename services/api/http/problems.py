@@ -144,6 +144,12 @@ CODES: dict[str, ProblemCode] = {
         "a send whose `reply_to` names no message of the conversation, or a recalled one; `errors` names"
         ' `["body", "reply_to"]`',
     ),
+    "ATTACHMENT_NOT_FOUND": ProblemCode(
+        422,
+        "Attachment not found",
+        "a send naming an attachment that the sender did not upload to the conversation, or whose upload has"
+        ' not finished; `errors` names `["body", "attachments", n]`',
+    ),
     "DUPLICATE_MESSAGE_ID": ProblemCode(
         409, "Duplicate message id", "a send whose `message_id` the conversation already holds, recalled or not"
     ),
@@ -216,8 +222,8 @@ CODES: dict[str, ProblemCode] = {
         503,
         "Service unavailable",
         "the database busy or restarting, every download slot of the process taken, or `/readyz` not"
-        " ready (with `checks`): `Retry-After: 5`; storage unreachable on a download: `Retry-After:"
-        " 30`",
+        " ready (with `checks`): `Retry-After: 5`; storage unreachable on a download or an attachment's"
+        " upload: `Retry-After: 30`",
     ),
     "INTERNAL": ProblemCode(
         500, "Internal server error", "an unexpected failure, or a SUCCEEDED result whose file is gone from storage"

@@ -66,6 +66,18 @@ def _clean_text(value: str) -> str:
 CleanText = Annotated[StrictStr, AfterValidator(_clean_text)]
 Identifier = Annotated[StrictStr, Field(pattern=f"^{ID_PATTERN}$")]
 MessageId = Annotated[CleanText, Field(min_length=1, max_length=64)]
+AttachmentId = Annotated[CleanText, Field(min_length=1, max_length=64)]
+# The most attachments one message carries, and the longest file name an upload gives (characters).
+MAX_MESSAGE_ATTACHMENTS = 20
+MAX_FILE_NAME = 255
+
+
+def _distinct(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError("must not name an item twice")
+    return values
+
+
 # The byte limit depends on the route and the settings; the views check it (docs/api.md: Message store).
 # The length bound comes before the text check so that its message speaks of characters, not "items".
 MessageBody = Annotated[StrictStr, Field(min_length=1), AfterValidator(_clean_text)]
@@ -245,6 +257,35 @@ class MessageSubmission(StrictModel):
     message_id: MessageId
     body: MessageBody
     reply_to: MessageId | SkipJsonSchema[None] = ABSENT
+    attachments: (
+        Annotated[
+            list[AttachmentId],
+            Field(min_length=1, max_length=MAX_MESSAGE_ATTACHMENTS),
+            AfterValidator(_distinct),
+        ]
+        | SkipJsonSchema[None]
+    ) = ABSENT
+
+
+class AttachmentUploadQuery(StrictModel):
+    """Query of ``POST /v2/conversations/{cid}/attachments`` (docs/api.md: Message store, Attachments): the file's
+    name as the uploader gives it, any text of 1 to 255 characters but U+0000; an export makes it safe.
+    """
+
+    name: Annotated[CleanText, Field(min_length=1, max_length=MAX_FILE_NAME)]
+
+
+class StoredAttachment(StrictModel):
+    """An attachment as the store holds it: what its upload answers, and each of a message's ``attachments``
+    (those carry ``message_shape.ATTACHMENT_FIELDS`` only)."""
+
+    attachment_id: str
+    file_name: str
+    content_type: str
+    size_bytes: Annotated[int, Field(ge=0)]
+    sha256: str | SkipJsonSchema[None] = Field(
+        default=None, description="Hex SHA-256 of the file; in the upload's answer only.", json_schema_extra=_no_default
+    )
 
 
 class MessageEdit(StrictModel):
@@ -405,6 +446,11 @@ class Message(StrictModel):
     edited_at: TimestampText | SkipJsonSchema[None] = Field(
         default=None,
         description="When the body was last edited (as of the export's snapshot in a file); left out when never.",
+        json_schema_extra=_no_default,
+    )
+    attachments: list[StoredAttachment] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="The files it carries, in the order it was sent with them; left out when none.",
         json_schema_extra=_no_default,
     )
 

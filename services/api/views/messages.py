@@ -64,11 +64,24 @@ async def send_message(request: web.Request) -> web.Response:
                 sender_id=sender_id,
                 body=message.body,
                 reply_to=message.reply_to,
+                attachments=message.attachments or (),
             )
         except message_store.DuplicateMessageId:
             raise ProblemError(
                 "DUPLICATE_MESSAGE_ID",
                 "A message with this message_id is already stored in the conversation.",
+            ) from None
+        except message_store.AttachmentNotFound as missing:
+            assert message.attachments is not None  # only a send that names attachments misses one
+            raise ProblemError(
+                "ATTACHMENT_NOT_FOUND",
+                "attachments names a file the sender has not uploaded to this conversation.",
+                errors=[
+                    {
+                        "loc": ["body", "attachments", message.attachments.index(missing.args[0])],
+                        "msg": "no such attachment of yours in this conversation",
+                    }
+                ],
             ) from None
         except message_store.ReplyTargetNotFound:
             raise ProblemError(
@@ -223,7 +236,13 @@ ENDPOINTS = (
         "conversation is a 409, also after a recall.",
         body=Body(MessageSubmission, "The message."),
         answers=(Answer(200, "Stored, with the seq and time it was given.", StoredMessage),),
-        problems=(*JSON_BODY_PROBLEMS, "NOT_FOUND", "REPLY_TARGET_NOT_FOUND", "DUPLICATE_MESSAGE_ID"),
+        problems=(
+            *JSON_BODY_PROBLEMS,
+            "NOT_FOUND",
+            "REPLY_TARGET_NOT_FOUND",
+            "ATTACHMENT_NOT_FOUND",
+            "DUPLICATE_MESSAGE_ID",
+        ),
     ),
     Endpoint(
         route="editMessage",

@@ -1,0 +1,199 @@
+"""Attachments for members: upload a file into a conversation, fetch one (docs/api.md: Message store,
+Attachments). A message carries an uploaded file once a send names it (``views.messages``).
+
+Checks run in the message store's order: the token (middleware), the query, membership (404, identical for a
+missing conversation), then the body (415 / 413 / 408 / 400) as it streams into the bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from aiohttp import web
+
+from services.api.exporting.results import content_disposition
+from services.api.http.bodies import body_chunks, validate_query
+from services.api.http.contract import Answer, Body, Endpoint, header
+from services.api.http.keys import POOL, PRESIGNER, PRINCIPAL, SETTINGS, s3_client
+from services.api.http.problems import ProblemError, not_found
+from services.api.http.responses import NO_STORE, json_response
+from services.api.http.schemas import AttachmentUploadQuery, EmptyQuery, StoredAttachment
+from shared.ids import new_attachment_id
+from shared.repository import attachments, message_store
+from shared.routes import path
+from shared.storage import (
+    MIN_UPLOAD_BYTES_PER_SECOND,
+    STORAGE_ERRORS,
+    attachment_key,
+    delete_keys,
+    presigned_download,
+    store_stream,
+)
+
+log = logging.getLogger(__name__)
+
+# A media type as RFC 9110 section 8.3.1 writes one, without its parameters.
+_MEDIA_TYPE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+
+async def upload_attachment(request: web.Request) -> web.Response:
+    """``POST /v2/conversations/{cid}/attachments?name=``: store the body as an attachment of the conversation,
+    its size, sha256 and CRC-32 measured as it streams into the bucket; 201 with the attachment.
+
+    Its row is UPLOADING before the first byte is stored and STORED once the object is complete; an upload that
+    fails removes what it stored, and one whose api stops midway is left to the janitor (docs/retention.md:
+    Orphan objects and uploads).
+    """
+    query = validate_query(AttachmentUploadQuery, request)
+    settings = request.app[SETTINGS]
+    conversation_id = request.match_info["cid"]
+    uploader_id = request[PRINCIPAL].user_id
+    # The field as sent: aiohttp's parsed content type falls back to a default for a value it cannot read.
+    content_type = request.headers.get("Content-Type", DEFAULT_CONTENT_TYPE).split(";")[0].strip().lower()
+    if not _MEDIA_TYPE.fullmatch(content_type):
+        raise ProblemError("UNSUPPORTED_MEDIA_TYPE", "Send the file with a Content-Type of the form type/subtype.")
+    attachment_id = new_attachment_id()
+    key = attachment_key(settings, attachment_id)
+    async with request.app[POOL].acquire() as conn:
+        if not await message_store.is_member(conn, conversation_id=conversation_id, user_id=uploader_id):
+            raise not_found()
+        await attachments.begin_upload(
+            conn,
+            attachment_id=attachment_id,
+            conversation_id=conversation_id,
+            uploader_id=uploader_id,
+            file_name=query.name,
+            content_type=content_type,
+            object_key=key,
+        )
+    max_bytes = settings.attachment_max_bytes
+    # The whole body within the request timeout plus its size at the slowest rate an upload may go.
+    timeout = settings.request_body_timeout_seconds + max_bytes / MIN_UPLOAD_BYTES_PER_SECOND
+    try:
+        stored = await store_stream(
+            s3_client(request.app),
+            bucket=settings.s3_bucket,
+            key=key,
+            chunks=body_chunks(request, max_bytes=max_bytes, timeout_seconds=timeout),
+            part_bytes=settings.s3_part_size_bytes,
+            content_type=content_type,
+            timeout_seconds=settings.s3_timeout_seconds,
+        )
+        async with request.app[POOL].acquire() as conn:
+            finished = await attachments.finish_upload(
+                conn,
+                attachment_id=attachment_id,
+                size_bytes=stored.size_bytes,
+                sha256=stored.sha256,
+                crc32=stored.crc32,
+            )
+        if not finished:
+            raise ProblemError("SERVICE_UNAVAILABLE", "The upload took too long; send it again.")
+    except BaseException as failure:
+        await _discard(request, attachment_id, key)
+        if isinstance(failure, STORAGE_ERRORS):
+            log.warning("attachment upload failed", extra={"error": type(failure).__name__}, exc_info=True)
+            raise ProblemError(
+                "SERVICE_UNAVAILABLE", "The file store is unavailable; try again later.", headers={"Retry-After": "30"}
+            ) from None
+        raise
+    log.info("attachment stored", extra={"conversation_id": conversation_id, "size_bytes": stored.size_bytes})
+    shown = StoredAttachment(
+        attachment_id=attachment_id,
+        file_name=query.name,
+        content_type=content_type,
+        size_bytes=stored.size_bytes,
+        sha256=stored.sha256,
+    )
+    location = path("getAttachment", cid=conversation_id, attachment_id=attachment_id)
+    return json_response(shown.model_dump(exclude_none=True), status=201, headers={"Location": location})
+
+
+async def _discard(request: web.Request, attachment_id: str, key: str) -> None:
+    """Remove what a failed upload stored, then its row; what a failure here leaves, the janitor removes."""
+    try:
+        deleted = await delete_keys(s3_client(request.app), bucket=request.app[SETTINGS].s3_bucket, keys=[key])
+        if deleted == [key]:
+            async with request.app[POOL].acquire() as conn:
+                await attachments.forget_upload(conn, attachment_id=attachment_id)
+    except Exception:
+        log.warning("a failed upload's leftovers wait for the janitor", exc_info=True)
+
+
+async def get_attachment(request: web.Request) -> web.Response:
+    """``GET /v2/conversations/{cid}/attachments/{attachment_id}``: ``303 See Other`` to a presigned URL of the
+    file, served as a download under its name (docs/api.md: Message store, Attachments).
+    """
+    validate_query(EmptyQuery, request)
+    settings = request.app[SETTINGS]
+    conversation_id = request.match_info["cid"]
+    user_id = request[PRINCIPAL].user_id
+    async with request.app[POOL].acquire() as conn:
+        if not await message_store.is_member(conn, conversation_id=conversation_id, user_id=user_id):
+            raise not_found()
+        attachment = await attachments.served_attachment(
+            conn,
+            conversation_id=conversation_id,
+            attachment_id=request.match_info["attachment_id"],
+            user_id=user_id,
+        )
+    if attachment is None:
+        raise not_found()
+    # Always a download, never shown inline: an uploaded HTML or SVG file must not run in a browser.
+    url = await presigned_download(
+        request.app[PRESIGNER],
+        bucket=settings.s3_bucket,
+        key=attachment.object_key,
+        expires_seconds=settings.download_redirect_seconds,
+        content_type=attachment.content_type,
+        content_disposition=content_disposition(attachment.file_name),
+    )
+    return web.Response(status=303, headers={**NO_STORE, "Location": url, "Referrer-Policy": "no-referrer"})
+
+
+ENDPOINTS = (
+    Endpoint(
+        route="uploadAttachment",
+        handler=upload_attachment,
+        summary="Upload a file into a conversation the caller is a member of",
+        tag="messages",
+        description="The body is the file, its `Content-Type` the file's (default `application/octet-stream`), "
+        "at most `CHATEXPORT_ATTACHMENT_MAX_BYTES` (default 100 MiB). A send then names its `attachment_id`.",
+        query=AttachmentUploadQuery,
+        body=Body(None, "The file's bytes.", content={"*/*": {"schema": {"type": "string", "format": "binary"}}}),
+        answers=(
+            Answer(
+                201,
+                "Stored, with its size and SHA-256.",
+                StoredAttachment,
+                headers={"Location": header("The attachment.", {"type": "string"}, required=True)},
+            ),
+        ),
+        problems=(
+            "VALIDATION_FAILED",
+            "NOT_FOUND",
+            "UNSUPPORTED_MEDIA_TYPE",
+            "UNSUPPORTED_CONTENT_ENCODING",
+            "PAYLOAD_TOO_LARGE",
+            "REQUEST_TIMEOUT",
+        ),
+    ),
+    Endpoint(
+        route="getAttachment",
+        handler=get_attachment,
+        summary="Fetch a file a message carries",
+        tag="messages",
+        description="A member gets a redirect to the file while a message that is not recalled carries it (the "
+        "uploader also before any message does). Anyone else, a missing attachment or conversation: the same 404.",
+        answers=(
+            Answer(
+                303,
+                "The file, at a presigned URL valid for `CHATEXPORT_DOWNLOAD_REDIRECT_SECONDS`.",
+                headers={"Location": header("The presigned URL.", {"type": "string"}, required=True)},
+            ),
+        ),
+        problems=("VALIDATION_FAILED", "NOT_FOUND"),
+    ),
+)
