@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from shared.export.phases import Phase
-from shared.export.request import SCHEDULE_REFUSED_OPTIONS
+from shared.export.request import SCHEDULE_REFUSED_OPTIONS, SUBMIT_ONLY_OPTIONS
 from shared.repository.chunks import Chunk
 from shared.repository.operation_view import OperationView
 from shared.repository.schedules import ScheduleView
@@ -72,10 +72,10 @@ def represent(row: OperationView) -> dict[str, Any]:
 
 def represent_schedule(schedule: ScheduleView) -> dict[str, Any]:
     """The JSON object of one export schedule (docs/schedules.md: The resource): its runs' options as an
-    operation shows them but the two a schedule refuses, never its callback's URL.
+    operation shows them but the two a schedule refuses and those of a submit alone, never its callback's URL.
     """
     options = schedule.request.options()
-    for refused in SCHEDULE_REFUSED_OPTIONS:
+    for refused in (*SCHEDULE_REFUSED_OPTIONS, *SUBMIT_ONLY_OPTIONS):
         del options[refused]
     last_run = None
     if schedule.last_operation_id is not None and schedule.last_run_state is not None:

@@ -106,6 +106,10 @@ CREATE TABLE public.operations (
     due_at timestamp with time zone,
     traceparent text,
     snapshot_edit_version bigint,
+    media boolean,
+    media_types text[],
+    media_max_file_bytes bigint,
+    media_max_total_bytes bigint,
     CONSTRAINT operations_compression_check CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
     CONSTRAINT operations_format CHECK ((format = ANY (ARRAY['jsonl'::text, 'csv'::text, 'html'::text, 'txt'::text]))),
     CONSTRAINT operations_run_has_due CHECK (((schedule_id IS NULL) = (due_at IS NULL))),
@@ -324,7 +328,11 @@ CREATE VIEW public.operation_representations AS
     operations.max_part_bytes,
     operations.result_parts,
     operations.schedule_id,
-    operations.due_at
+    operations.due_at,
+    operations.media,
+    operations.media_types,
+    operations.media_max_file_bytes,
+    operations.media_max_total_bytes
    FROM public.operations;
 
 CREATE FUNCTION public.create_operation_v1(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
@@ -368,6 +376,53 @@ BEGIN
     IF p_answered AND outcome IN ('created', 'replayed') THEN
         SELECT r.* INTO accepted FROM operation_representations r
          WHERE r.operation_id = create_operation_v1.operation_id;
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION public.create_operation_v2(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    SELECT b.outcome, b.earlier_id INTO outcome, operation_id
+      FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
+                             p_replay_window_seconds, 'operation') b;
+    IF outcome IS NULL THEN
+        -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot
+        -- both take the last slot.
+        IF (SELECT count(*) FROM operations o WHERE o.owner_id = p_owner_id AND o.state = ANY(p_active_states))
+           >= p_max_active THEN
+            outcome := 'quota';
+            RETURN;
+        END IF;
+        -- jsonb_populate_record reads each member as its column's type; a static statement, so its plan is kept.
+        INSERT INTO operations (operation_id, owner_id, conversation_id, state, format, before_seq, after_seq,
+                                notify_url, since, until, senders, compression, max_part_bytes,
+                                schedule_id, due_at, created_at, updated_at, traceparent,
+                                media, media_types, media_max_file_bytes, media_max_total_bytes)
+        SELECT p_operation_id, p_owner_id, p_conversation_id, 'QUEUED', r.format, r.before_seq, r.after_seq,
+               r.notify_url, r.since, r.until, r.senders, r.compression, r.max_part_bytes,
+               p_schedule_id, p_due_at, coalesce(p_created_at, now()), coalesce(p_created_at, now()), p_traceparent,
+               r.media, r.media_types, r.media_max_file_bytes, r.media_max_total_bytes
+          FROM jsonb_populate_record(NULL::operations, p_request) r
+        ON CONFLICT (schedule_id, due_at) DO NOTHING;
+        IF FOUND THEN
+            IF p_idempotency_key IS NOT NULL THEN
+                INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, operation_id)
+                VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_operation_id);
+            END IF;
+            PERFORM enqueue_wake_up_v1(p_operation_id, p_routing_key, NULL, 0, p_payload_version);
+            operation_id := p_operation_id;
+            outcome := 'created';
+        ELSE
+            SELECT o.operation_id INTO operation_id FROM operations o
+             WHERE o.schedule_id = p_schedule_id AND o.due_at = p_due_at;
+            outcome := 'replayed';
+        END IF;
+    END IF;
+    IF p_answered AND outcome IN ('created', 'replayed') THEN
+        SELECT r.* INTO accepted FROM operation_representations r
+         WHERE r.operation_id = create_operation_v2.operation_id;
     END IF;
 END;
 $$;
@@ -505,14 +560,16 @@ BEGIN
         NEW.messages_written, NEW.bytes_written, NEW.snapshot_max_seq, NEW.retry_at, NEW.error_code,
         NEW.error_message, NEW.result_key, NEW.result_size_bytes, NEW.result_sha256, NEW.result_message_count,
         NEW.result_expires_at, NEW.finished_at, NEW.since, NEW.until, NEW.senders, NEW.compression,
-        NEW.max_part_bytes, NEW.result_parts, NEW.schedule_id, NEW.due_at)
+        NEW.max_part_bytes, NEW.result_parts, NEW.schedule_id, NEW.due_at, NEW.media, NEW.media_types,
+        NEW.media_max_file_bytes, NEW.media_max_total_bytes)
        IS DISTINCT FROM
        (OLD.operation_id, OLD.kind, OLD.owner_id, OLD.conversation_id, OLD.format, OLD.before_seq,
         OLD.after_seq, OLD.state, OLD.created_at, OLD.updated_at, OLD.attempt, OLD.progress_phase,
         OLD.messages_written, OLD.bytes_written, OLD.snapshot_max_seq, OLD.retry_at, OLD.error_code,
         OLD.error_message, OLD.result_key, OLD.result_size_bytes, OLD.result_sha256, OLD.result_message_count,
         OLD.result_expires_at, OLD.finished_at, OLD.since, OLD.until, OLD.senders, OLD.compression,
-        OLD.max_part_bytes, OLD.result_parts, OLD.schedule_id, OLD.due_at) THEN
+        OLD.max_part_bytes, OLD.result_parts, OLD.schedule_id, OLD.due_at, OLD.media, OLD.media_types,
+        OLD.media_max_file_bytes, OLD.media_max_total_bytes) THEN
         NEW.version := OLD.version + 1;
     END IF;
     RETURN NEW;

@@ -207,6 +207,8 @@ def browser(tmp_path: Path) -> Iterator[Browser]:
     downloads = tmp_path / "downloads"
     downloads.mkdir()
     options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
+    # Every request the page makes, for a test to read with ``driver.get_log("performance")``.
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     try:
         yield Browser(driver, downloads)

@@ -142,8 +142,31 @@ def add_export_options(parser: argparse.ArgumentParser, *, with_end: bool) -> No
         metavar="N",
         help=f"split the file into parts of at most N bytes (N >= {MIN_PART_BYTES}), written beside the output",
     )
-    if not with_end:
-        parser.set_defaults(before_seq=None, until=None)
+    if with_end:
+        # Media are the submit's alone: a schedule does not take them.
+        parser.add_argument(
+            "--media",
+            action="store_true",
+            help="a ZIP holding the file and the attachments its messages carry, checked against its manifest",
+        )
+        parser.add_argument(
+            "--media-type",
+            action="append",
+            metavar="TYPE",
+            help="with --media, only attachments of this media type (image/png, or image/* for every image);"
+            " repeatable",
+        )
+        parser.add_argument("--media-max-file-bytes", type=_seq, metavar="N", help="with --media, each file at most N")
+        parser.add_argument("--media-max-total-bytes", type=_seq, metavar="N", help="with --media, all at most N")
+    else:
+        parser.set_defaults(
+            before_seq=None,
+            until=None,
+            media=False,
+            media_type=None,
+            media_max_file_bytes=None,
+            media_max_total_bytes=None,
+        )
 
 
 def connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -317,6 +340,11 @@ def _export_usage_problem(args: argparse.Namespace) -> str | None:
     if args.incremental and (args.after_seq is not None or args.before_seq is not None):
         # The watermark is the after_seq; a fixed end would turn the run after the one that reached it into a 422.
         return "--incremental follows the conversation as it grows: it takes no --after-seq or --before-seq"
+    limits = (args.media_type, args.media_max_file_bytes, args.media_max_total_bytes)
+    if not args.media and any(limit is not None for limit in limits):
+        return "--media-type and the --media-max-* limits need --media"
+    if args.media and (args.gzip or args.max_part_bytes is not None or args.incremental):
+        return "--media writes one ZIP: it takes no --gzip, --max-part-bytes or --incremental"
     if args.incremental and (args.format != "jsonl" or args.max_part_bytes is not None):
         # Only JSONL files (and gzip members) concatenate into one valid file of the same format.
         return "--incremental appends to one JSONL file: it takes only --format jsonl and no --max-part-bytes"
@@ -340,6 +368,10 @@ def export_request(args: argparse.Namespace) -> dict[str, Any]:
         "senders": sorted(set(args.sender)) if args.sender else None,
         "compression": "gzip" if args.gzip else None,
         "max_part_bytes": args.max_part_bytes,
+        "media": True if args.media else None,
+        "media_types": sorted({kind.lower() for kind in args.media_type}) if args.media_type else None,
+        "media_max_file_bytes": args.media_max_file_bytes,
+        "media_max_total_bytes": args.media_max_total_bytes,
     }
     return {"format": args.format, **{name: value for name, value in options.items() if value is not None}}
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +60,11 @@ class Downloaded:
 def extension_of(request: dict[str, Any]) -> str:
     """The extension of a result of ``request`` (a submit body, or an operation's ``request``): its ``format``
     (jsonl when absent), as the API names a file after its format (docs/api.md: Submitting an export, Export options),
-    then ``.gz`` when its ``compression`` is gzip: ``.csv``, ``.html.gz``. Which formats exist, the API says.
+    then ``.gz`` when its ``compression`` is gzip: ``.csv``, ``.html.gz``; ``.zip`` for an export with media.
+    Which formats exist, the API says.
     """
+    if request.get("media"):
+        return ".zip"
     compressed = request.get("compression") == "gzip"
     return f".{request.get('format', 'jsonl')}" + (".gz" if compressed else "")
 
@@ -125,7 +130,32 @@ async def fetch_verified(api: Api, file: dict[str, Any], destination: Path) -> P
             f"{file['size_bytes']} bytes with sha256 {file['sha256']}; the part file was deleted, run the "
             "command again"
         )
+    if destination.suffix == ".zip":
+        problem = zip_problem(part)
+        if problem is not None:
+            part.unlink()
+            raise NotVerified(f"the download of {destination} is not the ZIP its manifest describes: {problem}")
     return part
+
+
+def zip_problem(path: Path) -> str | None:
+    """What is wrong with the ZIP of an export with media at ``path``, or None: every member must read back
+    with its CRC-32, and every member ``manifest.json`` lists must have its size and SHA-256 (docs/api.md:
+    Submitting an export, Exports with media).
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for listed in json.loads(archive.read("manifest.json"))["members"]:
+                digest, size = hashlib.sha256(), 0
+                with archive.open(listed["name"]) as member:
+                    while chunk := member.read(1024 * 1024):
+                        digest.update(chunk)
+                        size += len(chunk)
+                if (size, digest.hexdigest()) != (listed["size_bytes"], listed["sha256"]):
+                    return f"{listed['name']} differs from the manifest"
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 async def download_file(api: Api, file: dict[str, Any], destination: Path) -> Downloaded:

@@ -15,9 +15,10 @@ def fingerprint(*, user_id: str, conversation_id: str, request: ExportRequest) -
     """Hex sha256 of the canonical request ``(user, cid, format, before_seq, after_seq[, options][, notify])``.
 
     Two submissions are "the same request" for idempotency exactly when their fingerprints are equal. An
-    option at its default (``since``, ``until``, ``senders``, ``max_part_bytes`` absent, ``compression``
-    none) and an absent ``notify`` leave the canonical form as it was before they existed, so keys stored
-    then still replay; times enter as UTC instants, so equal instants in other offsets are the same request.
+    option at its default (``since``, ``until``, ``senders``, ``max_part_bytes`` and the media limits absent,
+    ``compression`` none, ``media`` false) and an absent ``notify`` leave the canonical form as it was before
+    they existed, so keys stored then still replay; times enter as UTC instants, so equal instants in other
+    offsets are the same request.
     """
     options = request.options()
     canonical = {
@@ -25,7 +26,11 @@ def fingerprint(*, user_id: str, conversation_id: str, request: ExportRequest) -
         "conversation_id": conversation_id,
         **{name: options.pop(name) for name in ("format", "before_seq", "after_seq")},
     }
-    canonical.update((name, value) for name, value in options.items() if value not in (None, DEFAULT_COMPRESSION))
+    canonical.update(
+        (name, value)
+        for name, value in options.items()
+        if value is not None and value is not False and value != DEFAULT_COMPRESSION
+    )
     if request.notify_url is not None:
         canonical["notify"] = {"url": request.notify_url}
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)

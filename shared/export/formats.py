@@ -79,15 +79,20 @@ DEFAULT_COMPRESSION: Final = "none"
 MIN_PART_BYTES = 5 * 1024 * 1024
 
 GZIP_CONTENT_TYPE = "application/gzip"
-CONTENT_TYPES: Final = (*(entry.content_type for entry in FORMATS.values()), GZIP_CONTENT_TYPE)
+ZIP_CONTENT_TYPE = "application/zip"
+CONTENT_TYPES: Final = (*(entry.content_type for entry in FORMATS.values()), GZIP_CONTENT_TYPE, ZIP_CONTENT_TYPE)
 
 
 @dataclass(frozen=True)
 class FileKind:
-    """A ``format`` of ``FORMATS`` stored with a ``compression`` of ``COMPRESSIONS``."""
+    """A ``format`` of ``FORMATS`` stored with a ``compression`` of ``COMPRESSIONS``, or ``zipped``: a ZIP holding
+    the format's file (never compressed then) with the media its messages carry (docs/api.md: Submitting an
+    export, Exports with media).
+    """
 
     format: str = DEFAULT_FORMAT
     compression: str = DEFAULT_COMPRESSION
+    zipped: bool = False
 
     @property
     def compressed(self) -> bool:
@@ -96,19 +101,29 @@ class FileKind:
 
     @property
     def extension(self) -> str:
-        """The file name's extension without its dot: the format's, with ``.gz`` when compressed."""
+        """The file name's extension without its dot: the format's, with ``.gz`` when compressed; ``zip`` when
+        zipped.
+        """
+        if self.zipped:
+            return "zip"
         extension = FORMATS[self.format].extension
         return f"{extension}.gz" if self.compressed else extension
 
     @property
     def content_type(self) -> str:
-        """The stored object's media type: the format's, or ``application/gzip`` when compressed."""
+        """The stored object's media type: the format's, ``application/gzip`` when compressed, ``application/zip``
+        when zipped.
+        """
+        if self.zipped:
+            return ZIP_CONTENT_TYPE
         return GZIP_CONTENT_TYPE if self.compressed else FORMATS[self.format].content_type
 
     @property
     def postgres_renders(self) -> bool:
-        """True when Postgres renders a file of this format whole (``Format.postgres_renders``)."""
-        return FORMATS[self.format].postgres_renders
+        """True when Postgres renders a file of this format whole (``Format.postgres_renders``); never in a ZIP
+        with media, whose messages show where their files went.
+        """
+        return FORMATS[self.format].postgres_renders and not self.zipped
 
     def renderer(self, conversation_id: str) -> Renderer:
         """A new renderer for one file of ``conversation_id``."""

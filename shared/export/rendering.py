@@ -13,6 +13,7 @@ import csv
 import html
 import io
 import json
+import urllib.parse
 from typing import Any, Protocol
 
 from shared import jsontext
@@ -164,6 +165,7 @@ h2 {{ font-size: 1rem; border-bottom: 1px solid #ccc; }}
 .reply {{ color: #555; font-size: 0.85rem; margin: 0; }}
 .edited {{ color: #555; }}
 .attachments {{ margin: 0.2rem 0 0; padding-left: 1.2rem; font-size: 0.9rem; }}
+.attachments img {{ max-width: 100%; max-height: 24rem; }}
 </style>
 </head>
 <body>
@@ -229,13 +231,30 @@ def attachments_of(row: ExportedMessage) -> list[dict[str, Any]]:
     return [] if row.attachments is None else list(json.loads(row.attachments))
 
 
+# Shown inline from a ZIP's media folder: raster images, which carry no script. SVG, HTML and the rest are links,
+# which a browser opens only when the reader asks (docs/api.md: Submitting an export, Exports with media).
+INLINE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/bmp"})
+
+
 def _html_attachments(row: ExportedMessage) -> str:
-    items = "".join(
-        f'<li><span dir="auto">{html.escape(item["file_name"])}</span> ({item["size_bytes"]} bytes, '
-        f"{html.escape(item['content_type'])})</li>\n"
-        for item in attachments_of(row)
-    )
+    items = "".join(_html_attachment(item) for item in attachments_of(row))
     return f'<ul class="attachments">\n{items}</ul>\n' if items else ""
+
+
+def _html_attachment(item: dict[str, Any]) -> str:
+    """One attachment: its name, size and type; in a ZIP with media, a link to its file (and the image itself
+    when it is a raster image), or why it was left out."""
+    name = f'<span dir="auto">{html.escape(item["file_name"])}</span>'
+    about = f"{item['size_bytes']} bytes, {html.escape(item['content_type'])}"
+    if "left_out" in item:
+        return f"<li>{name} ({about}; not in this archive: {html.escape(item['left_out'])})</li>\n"
+    if "path" not in item:
+        return f"<li>{name} ({about})</li>\n"
+    href = html.escape(urllib.parse.quote(item["path"]))
+    image = ""
+    if item["content_type"].lower() in INLINE_IMAGE_TYPES:
+        image = f'<br><img src="{href}" alt="{html.escape(item["file_name"])}" loading="lazy">'
+    return f'<li><a href="{href}">{name}</a> ({about}){image}</li>\n'
 
 
 def _html_reply(row: ExportedMessage) -> str:
@@ -284,11 +303,19 @@ class Text(_Stateless):
         marks = "" if row.reply_to is None else f" (reply to {row.reply_to.translate(_TEXT_ESCAPES)})"
         if row.edited_at is not None:
             marks += " (edited)"
-        attached = "".join(
-            f" [attachment: {item['file_name'].translate(_TEXT_ESCAPES)} ({item['size_bytes']} bytes)]"
-            for item in attachments_of(row)
-        )
+        attached = "".join(_text_attachment(item) for item in attachments_of(row))
         return f"[{stamp}] {row.sender_id}{marks}: {row.body.translate(_TEXT_ESCAPES)}{attached}\n".encode()
 
     def footer(self) -> bytes:
         return b""
+
+
+def _text_attachment(item: dict[str, Any]) -> str:
+    """`` [attachment: photo.png (51200 bytes)]``, with its member in a ZIP with media (`` media/...``) or why it
+    was left out (`` left out: too_large``)."""
+    where = ""
+    if "path" in item:
+        where = f" {item['path'].translate(_TEXT_ESCAPES)}"
+    elif "left_out" in item:
+        where = f" left out: {item['left_out']}"
+    return f" [attachment: {item['file_name'].translate(_TEXT_ESCAPES)} ({item['size_bytes']} bytes){where}]"

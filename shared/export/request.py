@@ -36,6 +36,13 @@ class ExportRequest:
     senders: tuple[str, ...] | None = None
     compression: str = DEFAULT_COMPRESSION
     max_part_bytes: int | None = None
+    # A ZIP holding the file and the attachments its messages carry (docs/api.md: Submitting an export, Exports
+    # with media): only those whose type ``media_types`` matches (``image/*`` or ``image/png``;
+    # None: every type), each at most ``media_max_file_bytes`` and all at most ``media_max_total_bytes``.
+    media: bool = False
+    media_types: tuple[str, ...] | None = None
+    media_max_file_bytes: int | None = None
+    media_max_total_bytes: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ExportRequest:
@@ -43,8 +50,10 @@ class ExportRequest:
         left out of ``row`` (only the callbacks read it); raises ``KeyError`` when another field's is.
         """
         values = {name: row[name] for name in SHOWN_FIELDS}
-        senders = values["senders"]
-        values["senders"] = None if senders is None else tuple(senders)
+        for listed in ("senders", "media_types"):
+            values[listed] = None if values[listed] is None else tuple(values[listed])
+        # NULL: a request stored by a release before media existed, or a schedule's that never names it.
+        values["media"] = bool(values["media"])
         return cls(**values, notify_url=row.get("notify_url"))
 
     @property
@@ -54,8 +63,8 @@ class ExportRequest:
 
     @property
     def file_kind(self) -> FileKind:
-        """The format and compression of the file."""
-        return FileKind(self.format, self.compression)
+        """The format and compression of the file, and whether it is packed in a ZIP with media."""
+        return FileKind(self.format, self.compression, zipped=self.media)
 
     def options(self) -> dict[str, Any]:
         """The request as the operation shows it (docs/api.md: Operations, Operation): every field but the
@@ -85,3 +94,6 @@ FIELDS = tuple(field.name for field in dataclasses.fields(ExportRequest))
 SHOWN_FIELDS = tuple(name for name in FIELDS if name != "notify_url")
 # The options a schedule refuses: every run after the first would be empty (docs/schedules.md: The resource).
 SCHEDULE_REFUSED_OPTIONS = ("before_seq", "until")
+# The options of a submit alone, which a schedule neither takes nor shows (docs/api.md: Submitting an export,
+# Exports with media).
+SUBMIT_ONLY_OPTIONS = ("media", "media_types", "media_max_file_bytes", "media_max_total_bytes")

@@ -199,3 +199,45 @@ async def last_export_row(
     """
     row = await conn.fetchrow(_LAST_ROW_SQL, conversation_id, after_seq, last_seq, *_selection(request, operation_id))
     return None if row is None else ExportRow.from_row(row)
+
+
+@dataclass(frozen=True)
+class CarriedAttachment(Row):
+    """A stored attachment that an export's messages carry: what a ZIP with media needs of it (docs/api.md:
+    Submitting an export, Exports with media)."""
+
+    attachment_id: str
+    file_name: str
+    content_type: str
+    size_bytes: int
+    sha256: str
+    crc32: int
+    object_key: str
+    created_at: datetime
+
+
+async def carried_attachments(
+    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, request: ExportRequest
+) -> list[CarriedAttachment]:
+    """Every attachment the messages ``request`` selects among seqs ``after_seq < seq <= last_seq`` carry, once
+    each, in the order the file first shows them (by seq, then by its place in the message). One short
+    statement.
+    """
+    rows = await conn.fetch(
+        f"""
+        SELECT a.attachment_id, a.file_name, a.content_type, a.size_bytes, a.sha256, a.crc32, a.object_key,
+               a.created_at
+        FROM (SELECT DISTINCT ON (c.attachment_id) c.attachment_id, c.seq, c.position
+              FROM message_attachments c
+              WHERE c.conversation_id = $1
+                AND c.seq IN (SELECT seq {_SELECTED_MESSAGES} AND attachment_count IS NOT NULL)
+              ORDER BY c.attachment_id, c.seq, c.position) first
+        JOIN attachments a USING (attachment_id)
+        ORDER BY first.seq, first.position
+        """,
+        conversation_id,
+        after_seq,
+        last_seq,
+        *_selection(request, "")[:3],
+    )
+    return [CarriedAttachment.from_row(row) for row in rows]

@@ -1,9 +1,9 @@
-"""Creating work (docs/architecture.md: One way to create work): the server-side function ``create_operation_v1``
-(migration 0020) checks membership, takes the per-user lock, claims the Idempotency-Key when there is one,
-applies the quota and writes the operation and the outbox row that wakes a worker, in one round trip. A submit
-calls it asking for the accepted operation as the status monitor shows it, so that the 202 needs no second
-round trip (docs/api.md: Submitting an export, Submit); a schedule's run calls it through ``create_run``
-(called by ``shared.repository.schedule_runs.fire``).
+"""Creating work (docs/architecture.md: One way to create work): the server-side function ``create_operation_v2``
+(migration 0025: migration 0020's first version, storing the media options too) checks membership, takes the
+per-user lock, claims the Idempotency-Key when there is one, applies the quota and writes the operation and the
+outbox row that wakes a worker, in one round trip. A submit calls it asking for the accepted operation as the
+status monitor shows it, so that the 202 needs no second round trip (docs/api.md: Submitting an export,
+Submit); a schedule's run calls it through ``create_run`` (called by ``shared.repository.schedule_runs.fire``).
 
 With the schedule's creation (``create_export_schedule_v2``, which claims its key with the same function) it
 is the only code that writes ``idempotency_keys`` (a user's keys, going with what they created by ``ON DELETE
@@ -82,7 +82,7 @@ async def submit_export(
         return SubmitResult(SubmitOutcome.NOT_MEMBER, None)
     row = await conn.fetchrow(
         "SELECT outcome::text, operation_id AS submitted_id, (accepted).*"
-        " FROM create_operation_v1($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, NULL, NULL, NULL, $12, true)",
+        " FROM create_operation_v2($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, NULL, NULL, NULL, $12, true)",
         operation_id,
         owner_id,
         conversation_id,
@@ -120,7 +120,7 @@ async def create_run(
     """
     row = await conn.fetchrow(
         "SELECT outcome::text, operation_id"
-        " FROM create_operation_v1($1, $2, $3, $4::jsonb, $5, $6, $7, $8, NULL, NULL, NULL, $9, $10, $11, $12, false)",
+        " FROM create_operation_v2($1, $2, $3, $4::jsonb, $5, $6, $7, $8, NULL, NULL, NULL, $9, $10, $11, $12, false)",
         operation_id,
         owner_id,
         conversation_id,

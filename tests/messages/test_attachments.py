@@ -22,32 +22,9 @@ from shared.settings import Settings
 from shared.storage import ensure_bucket
 from tests.support.api_calls import every_format, expect_problem, expected_file, make_conversation, read_all
 from tests.support.exported_files import csv_rows
-from tests.support.messages import Auth, Client, configured_api, send
+from tests.support.messages import Auth, Client, configured_api, send, send_with, upload, uploaded
 
 pytestmark = pytest.mark.module_database
-
-
-async def upload(api: Client, auth: Auth, user: str, cid: str, name: str, data: bytes, content_type: str) -> Any:
-    return await api.post(
-        f"/v2/conversations/{cid}/attachments",
-        params={"name": name},
-        data=data,
-        headers={**auth(user), "Content-Type": content_type},
-    )
-
-
-async def uploaded(api: Client, auth: Auth, user: str, cid: str, name: str, data: bytes, content_type: str) -> Any:
-    answer = await upload(api, auth, user, cid, name, data, content_type)
-    assert answer.status == 201, await answer.text()
-    return await answer.json()
-
-
-async def send_with(api: Client, auth: Auth, user: str, cid: str, message_id: str, ids: list[str]) -> Any:
-    return await api.post(
-        f"/v2/conversations/{cid}/messages",
-        json={"message_id": message_id, "body": "see", "attachments": ids},
-        headers=auth(user),
-    )
 
 
 async def fetched(api: Client, auth: Auth, user: str, cid: str, attachment_id: str) -> tuple[bytes, Any]:

@@ -85,6 +85,10 @@ async def test_owner_sees_the_documented_representation(
         "senders": None,
         "compression": "none",
         "max_part_bytes": None,
+        "media": False,
+        "media_types": None,
+        "media_max_file_bytes": None,
+        "media_max_total_bytes": None,
     }
     assert body["estimate"] == {"messages_at_most": 6}
     assert TIMESTAMP.match(body["created_at"]), body["created_at"]
@@ -111,6 +115,10 @@ async def test_owner_sees_the_documented_representation(
         "senders": None,
         "compression": "none",
         "max_part_bytes": None,
+        "media": False,
+        "media_types": None,
+        "media_max_file_bytes": None,
+        "media_max_total_bytes": None,
     }
     assert plain["estimate"] == {"messages_at_most": None}
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.chrome.webdriver import WebDriver
 
 from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
@@ -49,7 +49,7 @@ def headers_for(system: LocalSystem) -> Callable[..., dict[str, str]]:
 
 @dataclass(frozen=True)
 class Browser:
-    """A headless chromium and the folder its downloads land in."""
+    """A headless chromium (its own driver class: it reads the browser's logs) and its downloads folder."""
 
     driver: WebDriver
     downloads: Path

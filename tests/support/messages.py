@@ -30,6 +30,29 @@ async def send(api: Client, auth: Auth, user: str, cid: str, message_id: str, bo
     )
 
 
+async def upload(api: Client, auth: Auth, user: str, cid: str, name: str, data: bytes, content_type: str) -> Any:
+    return await api.post(
+        f"/v2/conversations/{cid}/attachments",
+        params={"name": name},
+        data=data,
+        headers={**auth(user), "Content-Type": content_type},
+    )
+
+
+async def uploaded(api: Client, auth: Auth, user: str, cid: str, name: str, data: bytes, content_type: str) -> Any:
+    answer = await upload(api, auth, user, cid, name, data, content_type)
+    assert answer.status == 201, await answer.text()
+    return await answer.json()
+
+
+async def send_with(api: Client, auth: Auth, user: str, cid: str, message_id: str, ids: list[str]) -> Any:
+    return await api.post(
+        f"/v2/conversations/{cid}/messages",
+        json={"message_id": message_id, "body": "see", "attachments": ids},
+        headers=auth(user),
+    )
+
+
 async def send_raw(api: Client, auth: Auth, user: str, cid: str, data: bytes, content_type: str) -> Any:
     headers = {**auth(user), "Content-Type": content_type}
     return await api.post(f"/v2/conversations/{cid}/messages", data=data, headers=headers)

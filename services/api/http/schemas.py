@@ -17,6 +17,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StrictStr,
     ValidationInfo,
@@ -70,6 +71,14 @@ AttachmentId = Annotated[CleanText, Field(min_length=1, max_length=64)]
 # The most attachments one message carries, and the longest file name an upload gives (characters).
 MAX_MESSAGE_ATTACHMENTS = 20
 MAX_FILE_NAME = 255
+
+
+# A media type an export with media includes: ``type/subtype``, or ``type/*`` for every subtype (RFC 9110 section
+# 8.3.1's tokens), compared without regard to case.
+MediaTypePattern = Annotated[
+    StrictStr, Field(pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+/(\*|[!#$%&'*+.^_`|~0-9A-Za-z-]+)$", max_length=255)
+]
+MAX_MEDIA_TYPES = 20
 
 
 def _distinct(values: list[str]) -> list[str]:
@@ -177,14 +186,17 @@ class ExportOptions(StrictModel):
 
     def export_request(self, *, notify_url: str | None) -> ExportRequest:
         """The canonical request (``shared.export.request``): the fields of the same names (a request field
-        the body has not is None), the checked callback URL, and the senders as a set.
+        the body has not takes its default), the checked callback URL, the senders as a set and the media types
+        in lower case, sorted, as a set.
         """
-        given: dict[str, Any] = {name: getattr(self, name, None) for name in SHOWN_FIELDS}
+        given: dict[str, Any] = {name: getattr(self, name) for name in SHOWN_FIELDS if hasattr(self, name)}
+        media_types = getattr(self, "media_types", None)
         canonical: dict[str, Any] = {
             **given,
             # sent_at is kept to the millisecond: the next whole millisecond selects the same messages.
-            **{bound: ceil_millisecond(given[bound]) for bound in ("since", "until") if given[bound] is not None},
+            **{bound: ceil_millisecond(given[bound]) for bound in ("since", "until") if given.get(bound) is not None},
             "senders": None if self.senders is None else tuple(sorted(set(self.senders))),
+            "media_types": None if media_types is None else tuple(sorted({kind.lower() for kind in media_types})),
         }
         return ExportRequest(
             **canonical,
@@ -193,10 +205,29 @@ class ExportOptions(StrictModel):
 
 
 class ExportSubmission(ExportOptions):
-    """Body of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: Submitting an export, Submit; Export options)."""
+    """Body of ``POST /v3/conversations/{cid}/exports`` (docs/api.md: Submitting an export, Submit; Export options).
+    The media options are the submit's alone: a schedule does not take them.
+    """
 
     before_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
     until: Instant | None = ABSENT_PARAMETER
+    media: StrictBool = False
+    media_types: Annotated[list[MediaTypePattern], Field(min_length=1, max_length=MAX_MEDIA_TYPES)] | None = (
+        ABSENT_PARAMETER
+    )
+    media_max_file_bytes: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = ABSENT_PARAMETER
+    media_max_total_bytes: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = ABSENT_PARAMETER
+
+    @model_validator(mode="after")
+    def _media_options_need_media(self) -> ExportSubmission:
+        limits = (self.media_types, self.media_max_file_bytes, self.media_max_total_bytes)
+        if not self.media and any(limit is not None for limit in limits):
+            raise PydanticCustomError("media_options", "media_types and the media limits need media: true")
+        if self.media and self.compression != DEFAULT_COMPRESSION:
+            raise PydanticCustomError("media_compression", "a ZIP with media is not compressed again: leave out gzip")
+        if self.media and self.max_part_bytes is not None:
+            raise PydanticCustomError("media_parts", "an export with media is one ZIP: leave out max_part_bytes")
+        return self
 
     @model_validator(mode="after")
     def _range_not_empty_by_construction(self) -> ExportSubmission:
@@ -519,6 +550,10 @@ class OperationRequest(StrictModel):
     senders: list[str] | None
     compression: Compression
     max_part_bytes: PartBytes | None
+    media: bool
+    media_types: list[str] | None
+    media_max_file_bytes: Annotated[int, Field(ge=1)] | None
+    media_max_total_bytes: Annotated[int, Field(ge=1)] | None
 
 
 class Estimate(StrictModel):

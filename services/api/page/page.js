@@ -18,7 +18,7 @@ const MIB = 1024 * 1024;
 const EXPORT_FIELDS = {
   format: "export-format", since: "export-since", until: "export-until", senders: "export-senders",
   max_part_bytes: "export-split", notify: "export-notify", url: "export-notify", after_seq: "export-incremental",
-  cid: "export-conversation",
+  cid: "export-conversation", compression: "export-gzip", media: "export-media", media_types: "export-media",
 };
 const SCHEDULE_FIELDS = { every: "schedule-every", start_at: "schedule-start", cid: "schedule-conversation" };
 const EVERY_WORDS = { PT1H: "hour", P1D: "day", P1W: "week", P1M: "month" };
@@ -312,6 +312,17 @@ async function exportOptions(cid) {
     throw new FieldError("export-split", "At least " + MIN_SPLIT_MIB + " MiB, or leave it empty for one file.");
   }
   if (split) body.max_part_bytes = Math.round(Number(split) * MIB);
+  const images = document.getElementById("export-media-images").checked;
+  if (document.getElementById("export-media").checked) {
+    // One ZIP, never compressed again nor split (docs/api.md: Submitting an export, Exports with media).
+    if (body.compression || body.max_part_bytes) {
+      throw new FieldError("export-media", "A ZIP with the files is neither gzipped nor split: clear those options.");
+    }
+    body.media = true;
+    if (images) body.media_types = ["image/*"];
+  } else if (images) {
+    throw new FieldError("export-media", "Tick \u201cInclude the attached files\u201d to choose which.");
+  }
   const notify = document.getElementById("export-notify").value.trim();
   if (notify) body.notify = { url: notify };
   if (document.getElementById("export-incremental").checked) {
@@ -376,6 +387,7 @@ function conversationCell(operation) {
   const request = operation.request || {};
   const asked = [String(request.format || "").toUpperCase()];
   if (request.compression && request.compression !== "none") asked.push(request.compression);
+  if (request.media) asked.push(request.media_types ? "ZIP with images" : "ZIP with files");
   if (request.max_part_bytes) asked.push("parts of " + humanBytes(request.max_part_bytes));
   if (request.since || request.until) asked.push("a time range");
   if (request.senders) asked.push(plural(request.senders.length, "sender"));

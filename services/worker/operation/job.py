@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -19,14 +20,16 @@ from services.worker import metrics
 from services.worker.chunked.coordinator import ChunkedExport
 from services.worker.chunked.plan import ChunkPlanner
 from services.worker.writing.files import Destination, FileSet
-from services.worker.writing.object_writer import read_digest
+from services.worker.writing.media_zip import MediaZip
+from services.worker.writing.object_writer import ObjectWriter, read_digest
 from services.worker.writing.ranges import RangeReader
 from services.worker.writing.read_source import ReadSource
 from shared.artifact_removal import remove_artifact
+from shared.export.media import plan_media
 from shared.export.phases import Phase
 from shared.lease import LeaseLost
 from shared.logs import update_log_fields
-from shared.repository import artifacts, leases
+from shared.repository import artifacts, export_reader, leases
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord
 from shared.repository.leases import ClaimedOperation
 from shared.settings import WorkerPartSettings
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 PROGRESS_INTERVAL_SECONDS = 1.0
 # The fencing generation of an operation's first claim (every claim adds one to the column's 0).
 FIRST_GENERATION = 1
+# The time of a ZIP's members when the export holds no message: the earliest a ZIP can record.
+ZIP_EPOCH = datetime(1980, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ class ExportJob:
             pool=pool, settings=settings, claimed=claimed, last_seq=last_seq(claimed), reads=reads
         )
         self._recorded_upload_id: str | None = None
+        self._zip_writers: list[ObjectWriter] = []
         # The claim wrote ``starting``: an export that ends within the interval writes no progress at all.
         self._progress_written_at = time.monotonic()
         self.chunked = False  # whether ``write`` wrote the file from chunks
@@ -107,7 +113,8 @@ class ExportJob:
         if earlier is not None:
             return earlier
         claimed = self._claimed
-        planned = await self._planner.plan()
+        # An export with media is one stream, never chunks (docs/api.md: Submitting an export, Exports with media).
+        planned = [] if claimed.request.media else await self._planner.plan()
         self.chunked = bool(planned)
         async with self._pool.acquire() as conn:
             if not await artifacts.record_artifact(
@@ -121,6 +128,8 @@ class ExportJob:
                     pool=self._pool, s3=self._s3, settings=self._settings, claimed=claimed, progress=self._progress
                 )
                 files = await coordinator.write(self._destination, on_upload=self._record_assembly_upload)
+            elif claimed.request.media:
+                files = await self._write_zip()
             else:
                 await self._write_messages()
                 await self._progress(Phase.UPLOADING)
@@ -187,6 +196,56 @@ class ExportJob:
         await self._record_upload_id()
         await self._progress(Phase.WRITING)
 
+    async def _write_zip(self) -> ArtifactFiles:
+        """Write the ZIP of an export with media (``MediaZip``): plan its attachments from those the selected
+        messages carry, then stream it into the attempt's object; return it verified.
+        """
+        claimed, settings = self._claimed, self._settings
+        request, last = claimed.request, last_seq(claimed)
+        cid, after = claimed.conversation_id, request.after_seq
+        async with self._pool.acquire() as conn:
+            carried = await export_reader.carried_attachments(
+                conn, conversation_id=cid, after_seq=after, last_seq=last, request=request
+            )
+            newest = await export_reader.last_export_row(
+                conn,
+                operation_id=claimed.operation_id,
+                conversation_id=cid,
+                after_seq=after,
+                last_seq=last,
+                request=request,
+            )
+        plan = plan_media(
+            carried,
+            types=request.media_types,
+            max_file_bytes=request.media_max_file_bytes,
+            max_total_bytes=request.media_max_total_bytes,
+        )
+        writer = ObjectWriter.in_bucket(self._s3, settings, key=self.key, content_type=self._kind.content_type)
+        self._zip_writers.append(writer)
+        zipped = MediaZip(
+            s3=self._s3,
+            bucket=settings.s3_bucket,
+            key=self.key,
+            kind=self._kind,
+            conversation_id=claimed.conversation_id,
+            reader=self._reader,
+            writer=writer,
+            plan=plan,
+            carried=carried,
+            # The file's newest message dates the file in the ZIP, so every attempt writes the same bytes.
+            modified_at=newest.sent_at if newest is not None else ZIP_EPOCH,
+        )
+
+        async def after_each() -> None:
+            if writer.upload_id is not None and writer.upload_id != self._recorded_upload_id:
+                await self._record_assembly_upload(writer.upload_id)
+            await self._progress(Phase.WRITING, zipped.progress())
+
+        part = await zipped.write(after=after, last=last, after_each=after_each)
+        await self._progress(Phase.UPLOADING, zipped.progress())
+        return ArtifactFiles(self.key, (part,), split=False)
+
     async def _complete(self, files: ArtifactFiles) -> None:
         """Record the verified ``files`` in the attempt's artifact (COMPLETE); raises ``LeaseLost``."""
         claimed = self._claimed
@@ -247,7 +306,7 @@ class ExportJob:
         Under the artifact's record: a newer generation may have adopted the object meanwhile, and then it is
         kept (``remove_artifact`` refuses a served result).
         """
-        for writer in self._files.writers():
+        for writer in (*self._files.writers(), *self._zip_writers):
             await writer.abandon()
         try:
             await self._remove(generation)

@@ -182,14 +182,7 @@ class FileSet:
     def _open(self, number: int) -> ObjectFile:
         where, settings = self._destination, self._settings
         key = where.file_key(number)
-        writer = ObjectWriter(
-            self._s3,
-            bucket=settings.s3_bucket,
-            key=key,
-            part_size=settings.s3_part_size_bytes,
-            timeout_seconds=settings.s3_timeout_seconds,
-            content_type=where.kind.content_type,
-        )
+        writer = ObjectWriter.in_bucket(self._s3, settings, key=key, content_type=where.kind.content_type)
         renderer = where.kind.renderer(where.conversation_id)
         if where.previous is not None:
             renderer.continue_after(where.previous)

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from shared.settings import StorageSettings
 from shared.storage import upload_deadline
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,18 @@ class ObjectWriter:
         self._part_md5s: dict[int, bytes] = {}
         self._hash = hashlib.sha256()
         self._size = 0
+
+    @classmethod
+    def in_bucket(cls, s3: Any, settings: StorageSettings, *, key: str, content_type: str) -> ObjectWriter:
+        """A writer of ``key`` in the bucket of ``settings``, in its part size and with its timeout."""
+        return cls(
+            s3,
+            bucket=settings.s3_bucket,
+            key=key,
+            part_size=settings.s3_part_size_bytes,
+            timeout_seconds=settings.s3_timeout_seconds,
+            content_type=content_type,
+        )
 
     @property
     def upload_id(self) -> str | None:

@@ -8,11 +8,11 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import asyncpg
 
 from services.worker import metrics
-from services.worker.writing.files import FileSet
 from services.worker.writing.read_source import ExportReads, ReadSource
 from shared.export.formats import FileKind
 from shared.export.request import ExportRequest
@@ -34,6 +34,17 @@ class Range:
     size: int
     lines: list[bytes] = field(default_factory=list)
     rows: list[export_reader.ExportRow] | None = None
+
+
+class Files(Protocol):
+    """What the read ranges go to: the files of an artifact (``services.worker.writing.files.FileSet``) or the
+    file inside a ZIP (``services.worker.writing.media_zip``)."""
+
+    async def add_rows(self, rows: list[export_reader.ExportRow]) -> None: ...
+
+    async def add_lines(self, data: bytes) -> None: ...
+
+    def progress(self) -> tuple[int, int]: ...
 
 
 class RangeReader:
@@ -62,7 +73,7 @@ class RangeReader:
         # message's seq and size), render message by message.
         self._by_row = not kind.postgres_renders or split
 
-    async def write(self, files: FileSet, *, after: int, last: int, after_each: Callable[[], Awaitable[None]]) -> None:
+    async def write(self, files: Files, *, after: int, last: int, after_each: Callable[[], Awaitable[None]]) -> None:
         """Hand the messages of seqs ``after < seq <= last`` to ``files`` range by range, each once its
         statement has ended, reading the next range while the files take the current one; await
         ``after_each()`` after each range (where a holder records progress and notices a lost lease).
@@ -140,7 +151,7 @@ class RangeReader:
         return max(1, int(self._settings.s3_part_size_bytes / bytes_per_seq))
 
 
-async def _take(files: FileSet, current: Range) -> None:
+async def _take(files: Files, current: Range) -> None:
     if current.rows is not None:
         await files.add_rows(current.rows)
     for chunk in current.lines:
