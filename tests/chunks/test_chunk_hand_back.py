@@ -11,10 +11,17 @@ from typing import Any
 import asyncpg
 
 from services.relay.main import serve as serve_relay
+from services.worker.chunked.chunk import ChunkRunner
 from services.worker.main import serve as serve_worker
+from services.worker.writing.read_source import ReadSource
+from shared.repository import chunks
+from shared.repository.chunks import PlannedRange
 from shared.settings import Settings
+from shared.states import ChunkState
+from shared.storage import CHUNK_EXTENSION, chunk_key_stem
 from tests.support import wait_for
 from tests.support.api_calls import Headers, import_lines, make_conversation, submit, wait_terminal
+from tests.support.claims import claim
 
 MIB = 1024 * 1024
 MESSAGES = 20_000
@@ -85,3 +92,40 @@ async def test_a_chunk_handed_back_on_stop_is_redone_by_another_worker_without_a
         stop_second.set()
         tasks = [task for task in (relay, first, second) if task is not None]
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+
+async def test_a_stop_just_after_a_chunk_is_done_keeps_its_object(
+    api: Any, auth: Headers, settings: Settings, s3: Any, pool: asyncpg.Pool
+) -> None:
+    """The stop lands after the chunk's DONE committed, before the runner returned: handing back finds nothing
+    to release, and the object the assembly will read must stay."""
+    await make_conversation(api, auth, "c-done", ["alice"])
+    await import_lines(
+        api, auth, "c-done", [{"message_id": f"m{n}", "sender_id": "alice", "body": "x"} for n in range(4)]
+    )
+    response = await submit(api, auth, "alice", "c-done", {"format": "jsonl"}, "done-1")
+    operation_id = (await response.json())["operation_id"]
+    async with pool.acquire() as conn:
+        held = await claim(conn, operation_id, "w-coordinator", lease_seconds=300)
+        assert await chunks.plan(
+            conn, operation_id=operation_id, generation=held.generation, ranges=[PlannedRange(0, 4, 100)]
+        )
+        claimed = await chunks.claim(
+            conn,
+            operation_id=operation_id,
+            chunk_no=1,
+            worker_id="w-chunk",
+            lease_seconds=300,
+            key_stem=chunk_key_stem(settings, operation_id, 1),
+            extension=CHUNK_EXTENSION,
+        )
+    assert claimed is not None
+    runner = ChunkRunner(pool=pool, s3=s3, settings=settings, claimed=claimed, reads=ReadSource(primary=pool))
+    await runner.run()
+    await runner.hand_back()
+
+    async with pool.acquire() as conn:
+        (chunk,) = await chunks.chunks_of(conn, operation_id=operation_id)
+    assert chunk.state == ChunkState.DONE
+    stored = await s3.head_object(Bucket=settings.s3_bucket, Key=claimed.object_key)
+    assert chunk.size_bytes and stored["ContentLength"] == chunk.size_bytes

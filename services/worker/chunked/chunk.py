@@ -309,8 +309,6 @@ class ChunkRunner:
         lease to expire.
         """
         claimed = self._claimed
-        if retry_delay_seconds is None:
-            await self._discard()
         try:
             async with self._pool.acquire() as conn:
                 state = await chunks.release(
@@ -324,6 +322,11 @@ class ChunkRunner:
         except TRANSIENT_DATABASE_ERRORS:
             log.warning("could not record the chunk's end; its lease expires", extra=claimed.log_extra())
             return
+        # Only a lease this call let go of leaves an object nobody needs: a stop that lands just after the
+        # chunk's DONE committed finds nothing RUNNING to release, and the DONE chunk's object must stay for
+        # the assembly. Another generation's key is never this one's (docs/chunks.md: Chunked exports).
+        if retry_delay_seconds is None and state is not None:
+            await self._discard()
         if not counted:
             return
         if state is None:
