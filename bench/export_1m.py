@@ -69,9 +69,14 @@ async def import_messages(api: aiohttp.ClientSession, admin: dict[str, str], tot
     return time.perf_counter() - started
 
 
-async def export(api: aiohttp.ClientSession, user: dict[str, str]) -> tuple[float, dict[str, Any]]:
+async def export(
+    api: aiohttp.ClientSession, user: dict[str, str], *, cid: str = CID, body: dict[str, Any] | None = None
+) -> tuple[float, dict[str, Any]]:
+    """Submit ``body`` (a JSONL export by default) for ``cid`` and poll it to its end: (seconds from the 202 to
+    the end, the operation)."""
     headers = {**user, "Idempotency-Key": uuid.uuid4().hex}
-    async with api.post(f"/v3/conversations/{CID}/exports", json={"format": "jsonl"}, headers=headers) as response:
+    submitted = body or {"format": "jsonl"}
+    async with api.post(f"/v3/conversations/{cid}/exports", json=submitted, headers=headers) as response:
         assert response.status == 202, await response.text()
         location = response.headers["Location"]
     started = time.perf_counter()

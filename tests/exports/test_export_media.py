@@ -224,3 +224,22 @@ async def test_the_html_inside_shows_its_images_offline(
     ]
     assert page.as_uri() in requested and len(requested) >= 2, requested  # the page and its image
     assert all(url.startswith(folder.as_uri() + "/") for url in requested), requested
+
+
+async def test_a_file_the_bucket_lost_is_listed_unavailable(
+    api: Client, auth: Auth, pipeline: None, s3: Any, settings: Any
+) -> None:
+    await make_conversation(api, auth, "c-lost", ["alice"])
+    kept = await uploaded(api, auth, "alice", "c-lost", "kept.png", PNG, "image/png")
+    lost = await uploaded(api, auth, "alice", "c-lost", "lost.png", PNG, "image/png")
+    ids = [lost["attachment_id"], kept["attachment_id"]]
+    assert (await send_with(api, auth, "alice", "c-lost", "m-1", ids)).status == 200
+    await s3.delete_object(Bucket=settings.s3_bucket, Key=f"{settings.s3_attachment_prefix}{lost['attachment_id']}")
+
+    archive, _ = await zipped(api, auth, "c-lost", {}, "k-lost")
+
+    manifest = check_manifest(archive)
+    assert [item["reason"] for item in manifest["left_out"]] == ["unavailable"]
+    (line,) = [json.loads(line) for line in archive.read("c-lost.jsonl").splitlines()]
+    assert [item.get("left_out") for item in line["attachments"]] == ["unavailable", None]
+    assert archive.read(f"media/{kept['attachment_id']}/kept.png") == PNG

@@ -44,7 +44,7 @@ ZIP32_LIMIT = 0xFFFFFFFF
 LOCAL_HEADER_BYTES = 30 + 20 + 9
 # Bytes read from the bucket at a time, and the ZIP's output chunks.
 MEDIA_CHUNK_BYTES = 1024 * 1024
-ZIP_CHUNK_BYTES = 256 * 1024
+ZIP_CHUNK_BYTES = 1024 * 1024
 # Rendered ranges waiting for the ZIP: the reader stays at most this far ahead.
 QUEUED_RANGES = 2
 # Read permission for everyone, write for the owner: what unzip gives the files it extracts.
@@ -137,27 +137,32 @@ class MediaZip:
     async def _members(
         self, *, after: int, last: int, after_each: Callable[[], Awaitable[None]]
     ) -> AsyncIterator[tuple[str, datetime, int, Any, AsyncIterator[bytes]]]:
-        for attachment in self._carried:
-            path = self._plan.included.get(attachment.attachment_id)
-            if path is None:
-                continue
-            try:
-                response = await self._s3.get_object(Bucket=self._bucket, Key=attachment.object_key)
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
-                    raise
-                self._plan.mark_unavailable(attachment.attachment_id, attachment.size_bytes)
-                continue
-            size, crc32 = attachment.size_bytes, attachment.crc32
-            method = NO_COMPRESSION_64 if self._needs_zip64(path, size) else NO_COMPRESSION_32
-            self._offset_bound += LOCAL_HEADER_BYTES + len(path.encode()) + size
-            yield (
-                path,
-                attachment.created_at,
-                MEMBER_MODE,
-                method(size, crc32),
-                self._stored_file(response, attachment, path),
-            )
+        included = [item for item in self._carried if item.attachment_id in self._plan.included]
+        # The next file's GET is in flight while the current one streams: 2,000 small files otherwise wait
+        # out 2,000 round trips one after the other (docs/benchmark.md: Exports with media).
+        opening = self._open(included[0]) if included else None
+        try:
+            for number, attachment in enumerate(included):
+                assert opening is not None
+                response = await opening
+                opening = self._open(included[number + 1]) if number + 1 < len(included) else None
+                if response is None:
+                    self._plan.mark_unavailable(attachment.attachment_id, attachment.size_bytes)
+                    continue
+                path = self._plan.included[attachment.attachment_id]
+                size, crc32 = attachment.size_bytes, attachment.crc32
+                method = NO_COMPRESSION_64 if self._needs_zip64(path, size) else NO_COMPRESSION_32
+                self._offset_bound += LOCAL_HEADER_BYTES + len(path.encode()) + size
+                yield (
+                    path,
+                    attachment.created_at,
+                    MEMBER_MODE,
+                    method(size, crc32),
+                    self._stored_file(response, attachment, path),
+                )
+        finally:
+            if opening is not None:
+                _close_unread(opening)
         yield self.file_name, self._modified_at, MEMBER_MODE, ZIP_64, self._messages(after, last, after_each)
         manifest = json.dumps(self._manifest_document(), ensure_ascii=False, indent=1).encode() + b"\n"
         # The messages' file may be as big as the media: bound the manifest's offset by both.
@@ -170,6 +175,19 @@ class MediaZip:
             method(len(manifest), zlib.crc32(manifest)),
             _once(manifest),
         )
+
+    def _open(self, attachment: CarriedAttachment) -> asyncio.Task[Any]:
+        """The GET of ``attachment``'s object, begun: its response, or None when the bucket no longer holds it."""
+
+        async def get() -> Any:
+            try:
+                return await self._s3.get_object(Bucket=self._bucket, Key=attachment.object_key)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+                    raise
+                return None
+
+        return asyncio.ensure_future(get())
 
     def _needs_zip64(self, path: str, size: int) -> bool:
         # The offset is bounded from above: the media before it, their headers, nothing else precedes it.
@@ -269,6 +287,14 @@ async def _next(queue: asyncio.Queue[bytes | None], producer: asyncio.Task[None]
         producer.result()  # raises what ended it
     # A producer that ended well put its end marker first.
     return await getting
+
+
+def _close_unread(opening: asyncio.Task[Any]) -> None:
+    """Drop a GET begun for a file the ZIP will not take now (its writing stopped): its connection goes back."""
+    if not opening.done():
+        opening.cancel()
+    elif not opening.cancelled() and opening.exception() is None and opening.result() is not None:
+        opening.result()["Body"].close()
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
