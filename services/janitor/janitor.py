@@ -312,14 +312,14 @@ class Janitor:
         return deleted
 
     async def reconcile_attachments(self) -> int:
-        """Remove what attachment uploads left behind: the object and multipart uploads of each upload still
-        UPLOADING ``janitor_orphan_grace_seconds`` after it began, then its row; and the objects and multipart
+        """Remove what attachment uploads left behind: each upload still UPLOADING ``janitor_orphan_grace_seconds``
+        after it began, its row first, then its object and multipart uploads; and the objects and multipart
         uploads under ``s3_attachment_prefix``, older than the grace period, that no row names. Return how many
         objects, uploads and rows went. A storage error ends it for this pass (logged).
         """
         removed = 0
         async with self._pool.acquire() as conn:
-            unfinished = await attachments.unfinished_uploads(
+            unfinished = await attachments.take_unfinished_uploads(
                 conn,
                 grace_seconds=self._settings.janitor_orphan_grace_seconds,
                 limit=self._settings.janitor_batch_size,
@@ -329,12 +329,10 @@ class Janitor:
             for upload in unfinished:
                 for left in await every_entry(UploadPages(self._s3, bucket=bucket, prefix=upload.object_key)):
                     await abort_upload(self._s3, bucket=bucket, key=left.key, upload_id=left.upload_id)
-                if await delete_keys(self._s3, bucket=bucket, keys=[upload.object_key]) != [upload.object_key]:
-                    continue
-                async with self._pool.acquire() as conn:
-                    await attachments.forget_upload(conn, attachment_id=upload.attachment_id)
+                await delete_keys(self._s3, bucket=bucket, keys=[upload.object_key])
                 removed += 1
         except STORAGE_ERRORS as exc:
+            # Their rows are gone: what is left is unrecorded, and the sweeps below (this pass or the next) take it.
             log.warning("attachment sweep stopped by a storage error", extra={"error": type(exc).__name__})
         removed += await self._sweep(self._attachment_objects, self._delete_unrecorded_attachments)
         removed += await self._sweep(self._attachment_uploads, self._abort_unrecorded_attachment_uploads)

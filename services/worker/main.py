@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import asyncpg
@@ -27,6 +28,10 @@ from shared.settings import WorkerPartSettings
 from shared.storage import STORAGE_ERRORS, ensure_bucket, open_s3_client
 
 log = logging.getLogger(__name__)
+
+
+# Threads of the default executor beyond one per export slot.
+EXECUTOR_SPARE_THREADS = 8
 
 
 async def serve(settings: WorkerPartSettings, *, stop: asyncio.Event) -> None:
@@ -111,5 +116,12 @@ async def _consuming(consumers: tuple[Consumer[Any], ...]) -> None:
 def main(settings: WorkerPartSettings) -> None:
     """Run the worker until SIGINT or SIGTERM."""
     configure_logging(settings, service="worker")
-    with tracing.traced("worker"):
-        asyncio.run(run_until_signalled(serve, settings))
+    with tracing.traced("worker"), asyncio.Runner() as runner:
+        # Each export with media holds a thread of the default executor while its ZIP is written (stream-zip
+        # pulls its members across from the event loop): enough threads that exports never take every one
+        # from what else needs them, such as name resolution for a new connection (docs/api.md: Submitting an
+        # export, Exports with media).
+        runner.get_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=settings.worker_concurrency + EXECUTOR_SPARE_THREADS)
+        )
+        runner.run(run_until_signalled(serve, settings))

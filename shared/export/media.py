@@ -30,10 +30,15 @@ MANIFEST_NAME: Final = "manifest.json"
 # A name made safe keeps at most this many UTF-8 bytes (most file systems allow 255 per name).
 MAX_SAFE_NAME_BYTES = 200
 _FALLBACK_NAME = "file"
-# What never stays in a member's name: path separators (of every system), what Windows refuses in a name, and
-# every character of Unicode category C (controls, format characters such as the bidirectional overrides,
-# surrogates, private use, unassigned).
-_REFUSED = re.compile(r'[/\\<>:"|?*]')
+# What never stays in a member's name: path separators (of every system, and the yen and won signs that
+# Windows' East Asian code pages turn into one), what Windows refuses in a name, and every character of Unicode
+# category C (controls, format characters such as the bidirectional overrides, surrogates, private use,
+# unassigned). Names are NFKC-folded first, so a full-width solidus or full stop is caught as itself.
+_REFUSED = re.compile(r'[/\\<>:"|?*\u00a5\u20a9]')
+# Device names Windows will not create a file under, whatever the extension (``nul.png``).
+_WINDOWS_DEVICES = frozenset(
+    {"CON", "PRN", "AUX", "NUL", *(f"{port}{n}" for port in ("COM", "LPT") for n in range(1, 10))}
+)
 
 
 class Carried(Protocol):
@@ -53,16 +58,20 @@ class Carried(Protocol):
 
 
 def safe_name(file_name: str) -> str:
-    """``file_name`` as a ZIP member's last path component: every path separator, character Windows refuses in a
-    name and character of Unicode category C (NUL and the other controls, the bidirectional controls) becomes
-    ``_``; a name of dots and spaces only (``..``) becomes ``file``; cut to ``MAX_SAFE_NAME_BYTES`` of UTF-8
-    keeping its extension. What remains can never leave the attachment's folder.
+    """``file_name`` as a ZIP member's last path component: NFKC-folded, then every path separator, character
+    Windows refuses in a name and character of Unicode category C (NUL and the other controls, the bidirectional
+    controls) becomes ``_``; trailing dots and spaces (which Windows drops) go; a name of dots and spaces only
+    (``..``) becomes ``file``; a Windows device name (``CON``, ``nul.png``) gets a leading ``_``; cut to
+    ``MAX_SAFE_NAME_BYTES`` of UTF-8 keeping its extension. What remains can never leave the attachment's folder.
     """
+    folded = unicodedata.normalize("NFKC", file_name)
     cleaned = "".join(
-        "_" if _REFUSED.match(char) or unicodedata.category(char).startswith("C") else char for char in file_name
-    )
+        "_" if _REFUSED.match(char) or unicodedata.category(char).startswith("C") else char for char in folded
+    ).rstrip(". ")
     if not cleaned.strip(". "):
         return _FALLBACK_NAME
+    if cleaned.split(".", 1)[0].rstrip(" ").upper() in _WINDOWS_DEVICES:
+        cleaned = f"_{cleaned}"
     if len(cleaned.encode()) <= MAX_SAFE_NAME_BYTES:
         return cleaned
     stem, dot, extension = cleaned.rpartition(".")

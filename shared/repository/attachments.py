@@ -107,21 +107,28 @@ async def served_attachment(
 
 @dataclass(frozen=True)
 class UnfinishedUpload(Row):
-    """An UPLOADING row older than the janitor's grace period: its object key."""
+    """An upload the janitor gave up on: its object key."""
 
     attachment_id: str
     object_key: str
 
 
-async def unfinished_uploads(conn: asyncpg.Connection, *, grace_seconds: float, limit: int) -> list[UnfinishedUpload]:
-    """Up to ``limit`` uploads still UPLOADING ``grace_seconds`` after they began (on the database's clock):
-    their api stopped or lost the bucket midway.
+async def take_unfinished_uploads(
+    conn: asyncpg.Connection, *, grace_seconds: float, limit: int
+) -> list[UnfinishedUpload]:
+    """Delete the rows of up to ``limit`` uploads still UPLOADING ``grace_seconds`` after they began (on the
+    database's clock: their api stopped or lost the bucket midway) and return them, for the caller to remove
+    their objects. The row goes first: an upload that finishes meanwhile finds no row to mark STORED and removes
+    its object itself, and an object left behind has no row, which the orphan sweep removes.
     """
     rows = await conn.fetch(
         """
-        SELECT attachment_id, object_key FROM attachments
-        WHERE state = 'UPLOADING' AND created_at < now() - make_interval(secs => $1)
-        ORDER BY created_at LIMIT $2
+        DELETE FROM attachments WHERE attachment_id IN (
+            SELECT attachment_id FROM attachments
+            WHERE state = 'UPLOADING' AND created_at < now() - make_interval(secs => $1)
+            ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+          AND state = 'UPLOADING'
+        RETURNING attachment_id, object_key
         """,
         grace_seconds,
         limit,

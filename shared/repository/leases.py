@@ -113,8 +113,8 @@ async def claim_export(
     max_attempts: int,
     message: str,
 ) -> ExportClaim:
-    """A wake-up's claim in one call of the SQL function ``claim_export`` (migration 0017), atomic on its own
-    (docs/states.md: States and failure model). ``lease_seconds`` in seconds; times are the database's.
+    """A wake-up's claim in one call of the SQL function ``claim_export_v2`` (migrations 0017 and 0026), atomic on
+    its own (docs/states.md: States and failure model). ``lease_seconds`` in seconds; times are the database's.
 
     First it parks: a RUNNING operation whose lease expired after ``max_attempts`` attempts goes to
     FAILED_REPAIR with the error ``WORKER_LOST`` and ``message`` instead of being taken over, since every attempt
@@ -132,7 +132,7 @@ async def claim_export(
     the call's transaction ends, so that "still a member" and the lease are one decision.
     """
     row = await conn.fetchrow(
-        "SELECT parked, took_over, member, (claimed).* FROM claim_export($1, $2, $3, $4, $5)",
+        "SELECT parked, took_over, member, (claimed).* FROM claim_export_v2($1, $2, $3, $4, $5)",
         operation_id,
         worker_id,
         lease_seconds,

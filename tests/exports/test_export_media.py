@@ -21,6 +21,7 @@ import asyncpg
 import pytest
 
 from tests.support.api_calls import expect_problem, make_conversation, submit, succeeded
+from tests.support.claims import claim
 from tests.support.e2e import Browser
 from tests.support.messages import Auth, Client, send_with, uploaded
 
@@ -243,3 +244,17 @@ async def test_a_file_the_bucket_lost_is_listed_unavailable(
     (line,) = [json.loads(line) for line in archive.read("c-lost.jsonl").splitlines()]
     assert [item.get("left_out") for item in line["attachments"]] == ["unavailable", None]
     assert archive.read(f"media/{kept['attachment_id']}/kept.png") == PNG
+
+
+async def test_the_previous_release_claim_passes_over_an_export_with_media(
+    api: Client, auth: Auth, chat: str, pool: asyncpg.Pool
+) -> None:
+    media = await (await submit(api, auth, "u-a", chat, {"media": True}, "k-media")).json()
+    plain = await (await submit(api, auth, "u-a", chat, {}, "k-plain")).json()
+    # The function the previous release's workers call (migration 0017), passing over what they cannot write.
+    previous = "SELECT (claimed).operation_id FROM claim_export($1, 'old-worker', 60, 5, 'lost')"
+    async with pool.acquire() as conn:
+        assert await conn.fetchval(previous, media["operation_id"]) is None
+        assert await conn.fetchval(previous, plain["operation_id"]) == plain["operation_id"]
+        claimed = await claim(conn, media["operation_id"], "new-worker", lease_seconds=60)
+    assert claimed.request.media

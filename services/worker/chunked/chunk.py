@@ -309,6 +309,8 @@ class ChunkRunner:
         lease to expire.
         """
         claimed = self._claimed
+        if retry_delay_seconds is None:
+            await self._abandon()
         try:
             async with self._pool.acquire() as conn:
                 state = await chunks.release(
@@ -326,7 +328,7 @@ class ChunkRunner:
         # chunk's DONE committed finds nothing RUNNING to release, and the DONE chunk's object must stay for
         # the assembly. Another generation's key is never this one's (docs/chunks.md: Chunked exports).
         if retry_delay_seconds is None and state is not None:
-            await self._discard()
+            await self._remove_object()
         if not counted:
             return
         if state is None:
@@ -337,11 +339,17 @@ class ChunkRunner:
             metrics.CHUNKS_ENDED.labels("FAILED" if state == ChunkState.FAILED else "RETRY").inc()
 
     async def _discard(self) -> None:
-        """Stop the upload in flight and remove this generation's object; what S3 refuses now, the janitor
-        removes once nothing names it.
-        """
+        """Stop the upload in flight and remove this generation's object."""
+        await self._abandon()
+        await self._remove_object()
+
+    async def _abandon(self) -> None:
+        """Stop the upload in flight (nothing to stop once the chunk's file is finished)."""
         for writer in self._files.writers():
             await writer.abandon()
+
+    async def _remove_object(self) -> None:
+        """Remove this generation's object; what S3 refuses now, the janitor removes once nothing names it."""
         try:
             await remove_object(self._s3, bucket=self._settings.s3_bucket, key=self._claimed.object_key)
         except Exception:

@@ -103,6 +103,7 @@ class MediaZip:
         self._modified_at = modified_at
         self._force_zip64 = force_zip64
         self._offset_bound = 0
+        self._after_each: Callable[[], Awaitable[None]] = _nothing
         # Deflate never makes the file much bigger than it is (zlib's bound is a few bytes per 16 KiB): this bounds
         # the bytes its member takes, once it is written.
         self._messages_bound = 0
@@ -126,6 +127,7 @@ class MediaZip:
         integrity errors when a file in the bucket is not the one its upload measured, the storage's and the
         database's errors.
         """
+        self._after_each = after_each
         members = self._members(after=after, last=last, after_each=after_each)
         async for chunk in async_stream_zip(members, chunk_size=ZIP_CHUNK_BYTES):
             await self._writer.write(chunk)
@@ -203,6 +205,9 @@ class MediaZip:
             async for chunk in body.iter_chunks(MEDIA_CHUNK_BYTES):
                 yield chunk
         self._manifest.append({"name": path, "size_bytes": attachment.size_bytes, "sha256": attachment.sha256})
+        # A fenced write after each file, as after each range of messages: a cancel or a lost lease is noticed
+        # here, not once every file has gone in (docs/states.md: States and failure model).
+        await self._after_each()
 
     async def _messages(self, after: int, last: int, after_each: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
         """The format's file, rendered range by range by a task that stays at most ``QUEUED_RANGES`` ahead."""
@@ -295,6 +300,10 @@ def _close_unread(opening: asyncio.Task[Any]) -> None:
         opening.cancel()
     elif not opening.cancelled() and opening.exception() is None and opening.result() is not None:
         opening.result()["Body"].close()
+
+
+async def _nothing() -> None:
+    return None
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
