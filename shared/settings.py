@@ -420,6 +420,22 @@ class HttpSettings(BaseSettings):
         100 * 1024 * 1024, "largest attachment on `POST /v2/conversations/{cid}/attachments`"
     )
 
+    # Each upload holds up to two S3 parts in memory (docs/api.md: Message store, Attachments).
+    upload_concurrency: int = Field(
+        16,
+        ge=1,
+        description="attachment uploads one API process takes at once, each holding up to two S3 parts in"
+        " memory; `503` beyond",
+        json_schema_extra={"unit": "uploads"},
+    )
+
+    upload_per_user_concurrency: int = Field(
+        2,
+        ge=1,
+        description="attachment uploads one user may have open in one API process; `429 TOO_MANY_UPLOADS` beyond",
+        json_schema_extra={"unit": "uploads"},
+    )
+
     # The largest valid export request fits even with every character of its 100 senders and its notify URL
     # written as a \u escape (about 45 KiB; docs/api.md: Submitting an export, Export options).
     export_request_max_bytes: int = size(

@@ -17,6 +17,7 @@ from services.api.http.keys import (
     PRESIGNER,
     S3,
     SETTINGS,
+    UPLOAD_SLOTS,
     VERIFIER,
     WAIT_SLOTS,
 )
@@ -39,7 +40,11 @@ log = logging.getLogger(__name__)
 
 
 # What each kind of slot holds, and the problem code of a refusal at one user's cap.
-SLOT_WORDS = {"download": ("downloads", "TOO_MANY_DOWNLOADS"), "wait": ("waiting requests", "TOO_MANY_WAITERS")}
+SLOT_WORDS = {
+    "download": ("downloads", "TOO_MANY_DOWNLOADS"),
+    "wait": ("waiting requests", "TOO_MANY_WAITERS"),
+    "upload": ("uploads", "TOO_MANY_UPLOADS"),
+}
 
 
 async def _pg_context(app: web.Application) -> AsyncIterator[None]:
@@ -117,10 +122,12 @@ def init_app(settings: ApiPartSettings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[VERIFIER] = TokenVerifier(settings)
-    # (total, per user, name) of each kind of long connection a process caps (docs/api.md: Downloads).
+    # (total, per user, name) of each kind of long connection a process caps (docs/api.md: Downloads; Message
+    # store, Attachments).
     caps = {
         DOWNLOAD_SLOTS: (settings.download_concurrency, settings.download_per_user_concurrency, "download"),
         WAIT_SLOTS: (settings.wait_concurrency, settings.wait_per_user_concurrency, "wait"),
+        UPLOAD_SLOTS: (settings.upload_concurrency, settings.upload_per_user_concurrency, "upload"),
     }
     for key, (total, per_user, name) in caps.items():
         what, code = SLOT_WORDS[name]

@@ -236,6 +236,9 @@ def attachments_of(row: ExportedMessage) -> list[dict[str, Any]]:
 INLINE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/bmp"})
 
 
+_BIDI_SHOWN = {code: "\ufffd" for code in (0x200E, 0x200F, 0x061C, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
 def _html_attachments(row: ExportedMessage) -> str:
     items = "".join(_html_attachment(item) for item in attachments_of(row))
     return f'<ul class="attachments">\n{items}</ul>\n' if items else ""
@@ -244,7 +247,8 @@ def _html_attachments(row: ExportedMessage) -> str:
 def _html_attachment(item: dict[str, Any]) -> str:
     """One attachment: its name, size and type; in a ZIP with media, a link to its file (and the image itself
     when it is a raster image), or why it was left out."""
-    name = f'<span dir="auto">{html.escape(item["file_name"])}</span>'
+    # A file name's bidirectional controls could make "gnp.exe" read as "exe.png": shown as U+FFFD instead.
+    name = f'<span dir="auto">{html.escape(item["file_name"].translate(_BIDI_SHOWN))}</span>'
     about = f"{item['size_bytes']} bytes, {html.escape(item['content_type'])}"
     if "left_out" in item:
         return f"<li>{name} ({about}; not in this archive: {html.escape(item['left_out'])})</li>\n"

@@ -5,10 +5,12 @@ format; the janitor removes what unfinished uploads leave.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import zlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -20,6 +22,7 @@ from services.api.http.keys import SETTINGS, s3_client
 from services.janitor.janitor import Janitor
 from shared.settings import Settings
 from shared.storage import ensure_bucket
+from tests.support import wait_for
 from tests.support.api_calls import every_format, expect_problem, expected_file, make_conversation, read_all
 from tests.support.exported_files import csv_rows
 from tests.support.messages import Auth, Client, configured_api, send, send_with, upload, uploaded
@@ -190,3 +193,37 @@ async def test_the_janitor_removes_what_uploads_left(
     uploads = await s3.list_multipart_uploads(Bucket=settings.s3_bucket, Prefix=prefix)
     assert started["UploadId"] not in [item["UploadId"] for item in uploads.get("Uploads", [])]
     assert await pool.fetchval("SELECT array_agg(attachment_id) FROM attachments") == [kept["attachment_id"]]
+
+
+async def test_uploads_a_user_holds_at_once_are_capped(
+    settings: Settings, moto: MotoServer, auth: Auth, pool: asyncpg.Pool
+) -> None:
+    async with configured_api(settings, moto, upload_per_user_concurrency=1) as api:
+        await ensure_bucket(s3_client(api.app), api.app[SETTINGS].s3_bucket)
+        await make_conversation(api, auth, "c-slots", ["u-a", "u-b"])
+        started, finish = asyncio.Event(), asyncio.Event()
+
+        async def slow_body() -> AsyncIterator[bytes]:
+            yield b"first "
+            started.set()
+            await finish.wait()
+            yield b"last"
+
+        slow = asyncio.create_task(upload(api, auth, "u-a", "c-slots", "slow.txt", slow_body(), "text/plain"))
+        await asyncio.wait_for(started.wait(), 10)
+        await wait_for(lambda: _uploading(pool), timeout=10)
+
+        refused = await upload(api, auth, "u-a", "c-slots", "b.txt", b"b", "text/plain")
+        assert refused.headers["Retry-After"] == "5"
+        await expect_problem(refused, 429, "TOO_MANY_UPLOADS")
+        other = await upload(api, auth, "u-b", "c-slots", "c.txt", b"c", "text/plain")
+        assert other.status == 201  # another user is not held up
+        finish.set()
+        answer = await slow
+        assert answer.status == 201 and (await answer.json())["size_bytes"] == len(b"first last")
+        after = await upload(api, auth, "u-a", "c-slots", "d.txt", b"d", "text/plain")
+        assert after.status == 201  # the slot came back
+
+
+async def _uploading(pool: asyncpg.Pool) -> bool:
+    return bool(await pool.fetchval("SELECT count(*) FROM attachments WHERE state = 'UPLOADING'"))

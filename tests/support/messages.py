@@ -30,7 +30,8 @@ async def send(api: Client, auth: Auth, user: str, cid: str, message_id: str, bo
     )
 
 
-async def upload(api: Client, auth: Auth, user: str, cid: str, name: str, data: bytes, content_type: str) -> Any:
+async def upload(api: Client, auth: Auth, user: str, cid: str, name: str, data: Any, content_type: str) -> Any:
+    """``user``'s upload of ``data`` (bytes, or an async iterator of them) as ``name``; the response."""
     return await api.post(
         f"/v2/conversations/{cid}/attachments",
         params={"name": name},

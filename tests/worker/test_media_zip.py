@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 from services.worker.writing.media_zip import MediaZip
 from services.worker.writing.object_writer import Digest, ObjectWriter
@@ -87,24 +88,31 @@ class HashingSink:
 
 
 class GeneratedObject:
-    """An S3 client that holds one object: ``size`` bytes of ``BLOCK`` repeated, made as they are read."""
+    """An S3 client whose every object is ``size`` bytes of ``BLOCK`` repeated, made as they are read; it keeps
+    the bodies it handed out."""
 
     def __init__(self, size: int) -> None:
         self._size = size
+        self.bodies: list[_Body] = []
 
     async def get_object(self, **_: Any) -> dict[str, Any]:
-        return {"Body": _Body(self._size)}
+        self.bodies.append(_Body(self._size))
+        return {"Body": self.bodies[-1]}
 
 
 class _Body:
     def __init__(self, size: int) -> None:
         self._size = size
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     async def __aenter__(self) -> _Body:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        return None
+        self.close()
 
     async def iter_chunks(self, chunk_size: int) -> AsyncIterator[bytes]:
         left = self._size
@@ -216,3 +224,36 @@ async def test_zip64_forced_on_small_files_through_the_bucket(
 
 async def _nothing() -> None:
     return None
+
+
+class FailingSink(HashingSink):
+    async def write(self, data: bytes) -> None:
+        raise OSError("the upload failed")
+
+
+async def test_a_failed_zip_lets_go_of_the_file_it_began_to_fetch() -> None:
+    files = [
+        CarriedAttachment(
+            f"att_{n}", f"f{n}.bin", "a/b", 3 * len(BLOCK), "0" * 64, generated_crc32(3 * len(BLOCK)), f"k{n}", WHEN
+        )
+        for n in range(2)
+    ]
+    s3 = GeneratedObject(3 * len(BLOCK))
+    zipped = MediaZip(
+        s3=s3,
+        bucket="b",
+        key="k.zip",
+        kind=FileKind("jsonl", zipped=True),
+        conversation_id="c-fail",
+        reader=NoMessages(),
+        writer=FailingSink(),
+        plan=plan_media(files, types=None, max_file_bytes=None, max_total_bytes=None),
+        carried=files,
+        modified_at=WHEN,
+    )
+
+    with pytest.raises(OSError, match="upload failed"):
+        await zipped.write(after=0, last=0, after_each=_nothing)
+
+    # The second file's GET was in flight while the first streamed: its body is closed, not left to the collector.
+    assert len(s3.bodies) == 2 and all(body.closed for body in s3.bodies)

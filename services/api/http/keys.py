@@ -20,6 +20,7 @@ S3 = web.AppKey("s3", object)  # an aiobotocore S3 client; typed loosely because
 PRESIGNER = web.AppKey("presigner", object)
 # Bounds the downloads streaming at once in this process, in all and per user.
 DOWNLOAD_SLOTS = web.AppKey("download_slots", ConnectionSlots)
+UPLOAD_SLOTS = web.AppKey("upload_slots", ConnectionSlots)
 # Bounds the long polls and event streams waiting at once in this process, in all and per user.
 WAIT_SLOTS = web.AppKey("wait_slots", ConnectionSlots)
 # The OpenAPI document as UTF-8 JSON (services.api.openapi), built once at start-up.

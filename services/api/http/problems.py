@@ -204,6 +204,12 @@ CODES: dict[str, ProblemCode] = {
     "PRECONDITION_FAILED": ProblemCode(
         412, "Precondition failed", "a download whose `If-Match` or `If-Unmodified-Since` does not hold for the result"
     ),
+    "TOO_MANY_UPLOADS": ProblemCode(
+        429,
+        "Too many uploads",
+        "an attachment's upload by a user who already has `CHATEXPORT_UPLOAD_PER_USER_CONCURRENCY` open; with"
+        " `Retry-After`",
+    ),
     "TOO_MANY_DOWNLOADS": ProblemCode(
         429,
         "Too many downloads",

@@ -15,7 +15,7 @@ from aiohttp import web
 from services.api.exporting.results import content_disposition
 from services.api.http.bodies import body_chunks, validate_query
 from services.api.http.contract import Answer, Body, Endpoint, header
-from services.api.http.keys import POOL, PRESIGNER, PRINCIPAL, SETTINGS, s3_client
+from services.api.http.keys import POOL, PRESIGNER, PRINCIPAL, SETTINGS, UPLOAD_SLOTS, s3_client
 from services.api.http.problems import ProblemError, not_found
 from services.api.http.responses import NO_STORE, json_response
 from services.api.http.schemas import AttachmentUploadQuery, EmptyQuery, StoredAttachment
@@ -47,24 +47,34 @@ async def upload_attachment(request: web.Request) -> web.Response:
     Orphan objects and uploads).
     """
     query = validate_query(AttachmentUploadQuery, request)
-    settings = request.app[SETTINGS]
     conversation_id = request.match_info["cid"]
     uploader_id = request[PRINCIPAL].user_id
     # The field as sent: aiohttp's parsed content type falls back to a default for a value it cannot read.
     content_type = request.headers.get("Content-Type", DEFAULT_CONTENT_TYPE).split(";")[0].strip().lower()
     if not _MEDIA_TYPE.fullmatch(content_type):
         raise ProblemError("UNSUPPORTED_MEDIA_TYPE", "Send the file with a Content-Type of the form type/subtype.")
-    attachment_id = new_attachment_id()
-    key = attachment_key(settings, attachment_id)
     async with request.app[POOL].acquire() as conn:
         if not await message_store.is_member(conn, conversation_id=conversation_id, user_id=uploader_id):
             raise not_found()
+    # Each upload holds up to two S3 parts in memory: so many at once per process, fewer per user.
+    with request.app[UPLOAD_SLOTS].take(uploader_id):
+        return await _store(request, query.name, content_type, conversation_id, uploader_id)
+
+
+async def _store(
+    request: web.Request, file_name: str, content_type: str, conversation_id: str, uploader_id: str
+) -> web.Response:
+    """The upload's row, its body streamed into the bucket, the row STORED; the 201."""
+    settings = request.app[SETTINGS]
+    attachment_id = new_attachment_id()
+    key = attachment_key(settings, attachment_id)
+    async with request.app[POOL].acquire() as conn:
         await attachments.begin_upload(
             conn,
             attachment_id=attachment_id,
             conversation_id=conversation_id,
             uploader_id=uploader_id,
-            file_name=query.name,
+            file_name=file_name,
             content_type=content_type,
             object_key=key,
         )
@@ -102,7 +112,7 @@ async def upload_attachment(request: web.Request) -> web.Response:
     log.info("attachment stored", extra={"conversation_id": conversation_id, "size_bytes": stored.size_bytes})
     shown = StoredAttachment(
         attachment_id=attachment_id,
-        file_name=query.name,
+        file_name=file_name,
         content_type=content_type,
         size_bytes=stored.size_bytes,
         sha256=stored.sha256,
@@ -178,6 +188,8 @@ ENDPOINTS = (
             "UNSUPPORTED_CONTENT_ENCODING",
             "PAYLOAD_TOO_LARGE",
             "REQUEST_TIMEOUT",
+            "TOO_MANY_UPLOADS",
+            "SERVICE_UNAVAILABLE",
         ),
     ),
     Endpoint(

@@ -103,6 +103,9 @@ class MediaZip:
         self._modified_at = modified_at
         self._force_zip64 = force_zip64
         self._offset_bound = 0
+        self._begun: list[asyncio.Task[Any]] = []
+        # The response of the file being streamed, whose generator stream-zip holds.
+        self._streaming: Any = None
         self._after_each: Callable[[], Awaitable[None]] = _nothing
         # Deflate never makes the file much bigger than it is (zlib's bound is a few bytes per 16 KiB): this bounds
         # the bytes its member takes, once it is written.
@@ -129,8 +132,17 @@ class MediaZip:
         """
         self._after_each = after_each
         members = self._members(after=after, last=last, after_each=after_each)
-        async for chunk in async_stream_zip(members, chunk_size=ZIP_CHUNK_BYTES):
-            await self._writer.write(chunk)
+        try:
+            async for chunk in async_stream_zip(members, chunk_size=ZIP_CHUNK_BYTES):
+                await self._writer.write(chunk)
+        except BaseException:
+            # On a failure or a stop, what the members began goes now, not when they are collected: the
+            # messages' renderer, the file being streamed and the GET begun for the next one.
+            for task in self._begun:
+                _close_unread(task)
+            if self._streaming is not None:
+                self._streaming["Body"].close()
+            raise
         stored = await self._writer.finish()
         return StoredPart(
             1, self._key, stored.size_bytes, stored.sha256, self.message_count, self.first_seq, self.last_seq
@@ -147,6 +159,8 @@ class MediaZip:
             for number, attachment in enumerate(included):
                 assert opening is not None
                 response = await opening
+                self._begun.remove(opening)
+                self._streaming = response
                 opening = self._open(included[number + 1]) if number + 1 < len(included) else None
                 if response is None:
                     self._plan.mark_unavailable(attachment.attachment_id, attachment.size_bytes)
@@ -189,7 +203,9 @@ class MediaZip:
                     raise
                 return None
 
-        return asyncio.ensure_future(get())
+        task = asyncio.ensure_future(get())
+        self._begun.append(task)
+        return task
 
     def _needs_zip64(self, path: str, size: int) -> bool:
         # The offset is bounded from above: the media before it, their headers, nothing else precedes it.
@@ -214,6 +230,7 @@ class MediaZip:
         rendered: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUED_RANGES)
         sink = _Sink(self, rendered)
         reading = asyncio.create_task(self._render(sink, after, last, after_each))
+        self._begun.append(reading)
         digest, size = hashlib.sha256(), 0
         try:
             while (piece := await _next(rendered, reading)) is not None:
@@ -294,12 +311,13 @@ async def _next(queue: asyncio.Queue[bytes | None], producer: asyncio.Task[None]
     return await getting
 
 
-def _close_unread(opening: asyncio.Task[Any]) -> None:
-    """Drop a GET begun for a file the ZIP will not take now (its writing stopped): its connection goes back."""
-    if not opening.done():
-        opening.cancel()
-    elif not opening.cancelled() and opening.exception() is None and opening.result() is not None:
-        opening.result()["Body"].close()
+def _close_unread(task: asyncio.Task[Any]) -> None:
+    """Stop ``task`` (the messages' renderer, or a file's GET) if it still runs; a GET's response that came but
+    was never read gives its connection back."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled() and task.exception() is None and isinstance(task.result(), dict):
+        task.result()["Body"].close()
 
 
 async def _nothing() -> None:
