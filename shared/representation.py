@@ -47,7 +47,7 @@ def represent(row: OperationView) -> dict[str, Any]:
         "state": row.state,
         "conversation_id": row.conversation_id,
         "request": row.request.options(),
-        "estimate": {"messages_at_most": messages_at_most(row)},
+        "estimate": {"messages_at_most": messages_at_most(row), "bytes": row.estimate_bytes},
         "created_at": format_timestamp(row.created_at),
         "updated_at": format_timestamp(row.updated_at),
         "attempt": row.attempt,

@@ -110,6 +110,7 @@ CREATE TABLE public.operations (
     media_types text[],
     media_max_file_bytes bigint,
     media_max_total_bytes bigint,
+    estimate_bytes bigint,
     CONSTRAINT operations_compression_check CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
     CONSTRAINT operations_format CHECK ((format = ANY (ARRAY['jsonl'::text, 'csv'::text, 'html'::text, 'txt'::text]))),
     CONSTRAINT operations_run_has_due CHECK (((schedule_id IS NULL) = (due_at IS NULL))),
@@ -374,7 +375,8 @@ CREATE VIEW public.operation_representations AS
     operations.media,
     operations.media_types,
     operations.media_max_file_bytes,
-    operations.media_max_total_bytes
+    operations.media_max_total_bytes,
+    operations.estimate_bytes
    FROM public.operations;
 
 CREATE FUNCTION public.create_operation_v1(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
@@ -603,7 +605,7 @@ BEGIN
         NEW.error_message, NEW.result_key, NEW.result_size_bytes, NEW.result_sha256, NEW.result_message_count,
         NEW.result_expires_at, NEW.finished_at, NEW.since, NEW.until, NEW.senders, NEW.compression,
         NEW.max_part_bytes, NEW.result_parts, NEW.schedule_id, NEW.due_at, NEW.media, NEW.media_types,
-        NEW.media_max_file_bytes, NEW.media_max_total_bytes)
+        NEW.media_max_file_bytes, NEW.media_max_total_bytes, NEW.estimate_bytes)
        IS DISTINCT FROM
        (OLD.operation_id, OLD.kind, OLD.owner_id, OLD.conversation_id, OLD.format, OLD.before_seq,
         OLD.after_seq, OLD.state, OLD.created_at, OLD.updated_at, OLD.attempt, OLD.progress_phase,
@@ -611,7 +613,7 @@ BEGIN
         OLD.error_message, OLD.result_key, OLD.result_size_bytes, OLD.result_sha256, OLD.result_message_count,
         OLD.result_expires_at, OLD.finished_at, OLD.since, OLD.until, OLD.senders, OLD.compression,
         OLD.max_part_bytes, OLD.result_parts, OLD.schedule_id, OLD.due_at, OLD.media, OLD.media_types,
-        OLD.media_max_file_bytes, OLD.media_max_total_bytes) THEN
+        OLD.media_max_file_bytes, OLD.media_max_total_bytes, OLD.estimate_bytes) THEN
         NEW.version := OLD.version + 1;
     END IF;
     RETURN NEW;

@@ -239,6 +239,21 @@ async def record_progress(
     return status == "UPDATE 1"
 
 
+async def record_estimate(conn: asyncpg.Connection, *, operation_id: str, generation: int, estimate_bytes: int) -> bool:
+    """Show ``estimate_bytes``, the bytes the holder expects to store, in the operation (docs/api.md: Operations,
+    Operation); False when the lease is no longer held."""
+    status = await conn.execute(
+        """
+        UPDATE operations SET estimate_bytes = $3, updated_at = now()
+        WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
+        """,
+        operation_id,
+        generation,
+        estimate_bytes,
+    )
+    return status == "UPDATE 1"
+
+
 class SucceedOutcome(StrEnum):
     """What ``succeed_export`` did, as the SQL function of that name answers it (migration 0017)."""
 

@@ -55,6 +55,8 @@ class OperationView:
     # A scheduled run's schedule and due time (docs/schedules.md: Runs); None for an export submitted by hand.
     schedule_id: str | None
     due_at: datetime | None
+    # The bytes the worker expects to store, once it knows them (an export with media, before its first byte).
+    estimate_bytes: int | None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> OperationView:

@@ -84,6 +84,10 @@ async def test_a_zip_holds_the_file_the_media_it_may_and_says_why_not_the_rest(
     archive, content = await zipped(
         api, auth, "c-media", {"media_types": ["image/*"], "media_max_file_bytes": len(PNG) * 2}, "k-zip"
     )
+    operation = await (await api.get("/v3/operations?limit=1", headers=auth("alice"))).json()
+    estimate = operation["operations"][0]["estimate"]["bytes"]
+    # The two files it includes, and about the messages' file: more than the files, far less than all four.
+    assert 2 * len(PNG) < estimate < 2 * len(PNG) + 10 * 1024, estimate
 
     manifest = check_manifest(archive)
     media = sorted(name for name in archive.namelist() if name.startswith("media/"))

@@ -90,7 +90,7 @@ async def test_owner_sees_the_documented_representation(
         "media_max_file_bytes": None,
         "media_max_total_bytes": None,
     }
-    assert body["estimate"] == {"messages_at_most": 6}
+    assert body["estimate"] == {"messages_at_most": 6, "bytes": None}
     assert TIMESTAMP.match(body["created_at"]), body["created_at"]
     assert TIMESTAMP.match(body["updated_at"]), body["updated_at"]
     async with pool.acquire() as conn:
@@ -120,7 +120,7 @@ async def test_owner_sees_the_documented_representation(
         "media_max_file_bytes": None,
         "media_max_total_bytes": None,
     }
-    assert plain["estimate"] == {"messages_at_most": None}
+    assert plain["estimate"] == {"messages_at_most": None, "bytes": None}
 
 
 async def test_operation_ids_are_opaque_and_random(api: Client, auth: Auth, settings: Settings, members: None) -> None:

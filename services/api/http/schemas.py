@@ -557,10 +557,12 @@ class OperationRequest(StrictModel):
 
 
 class Estimate(StrictModel):
-    """An upper bound of the messages the file will hold, null until it is known (docs/api.md: Operations,
+    """An upper bound of the messages the file will hold, and about the bytes it will store (an export with
+    media: its messages and the files it includes), each null until it is known (docs/api.md: Operations,
     Operation)."""
 
     messages_at_most: Count | None
+    bytes: Count | None
 
 
 class Progress(StrictModel):

@@ -376,8 +376,10 @@ function progressCell(operation) {
     bar.setAttribute("aria-valuemax", String(max));
     bar.setAttribute("aria-valuenow", String(now));
   }
+  const bytes = operation.estimate && operation.estimate.bytes;
   const text = (most ? progress.messages_written.toLocaleString("en") + " of at most " + plural(most, "message")
-    : plural(progress.messages_written, "message")) + ", " + progress.phase;
+    : plural(progress.messages_written, "message")) + ", " + progress.phase
+    + (bytes && !done ? ", about " + humanBytes(bytes) + " in all" : "");
   cell.append(bar, element("span", text, { class: "progress-text" }));
   return cell;
 }

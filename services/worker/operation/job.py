@@ -221,6 +221,17 @@ class ExportJob:
             max_file_bytes=request.media_max_file_bytes,
             max_total_bytes=request.media_max_total_bytes,
         )
+        async with self._pool.acquire() as conn:
+            messages_bytes = await export_reader.range_bytes(
+                conn, conversation_id=cid, after_seq=after, last_seq=last, recalled=False
+            )
+            if not await leases.record_estimate(
+                conn,
+                operation_id=claimed.operation_id,
+                generation=claimed.generation,
+                estimate_bytes=messages_bytes + plan.included_bytes,
+            ):
+                raise LeaseLost("estimate")
         writer = ObjectWriter.in_bucket(self._s3, settings, key=self.key, content_type=self._kind.content_type)
         self._zip_writers.append(writer)
         zipped = MediaZip(
