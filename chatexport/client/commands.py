@@ -343,8 +343,8 @@ def _export_usage_problem(args: argparse.Namespace) -> str | None:
     limits = (args.media_type, args.media_max_file_bytes, args.media_max_total_bytes)
     if not args.media and any(limit is not None for limit in limits):
         return "--media-type and the --media-max-* limits need --media"
-    if args.media and (args.gzip or args.max_part_bytes is not None or args.incremental):
-        return "--media writes one ZIP: it takes no --gzip, --max-part-bytes or --incremental"
+    if args.media and (args.gzip or args.incremental):
+        return "--media writes ZIPs: it takes no --gzip or --incremental"
     if args.incremental and (args.format != "jsonl" or args.max_part_bytes is not None):
         # Only JSONL files (and gzip members) concatenate into one valid file of the same format.
         return "--incremental appends to one JSONL file: it takes only --format jsonl and no --max-part-bytes"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import struct
 import subprocess
@@ -139,7 +140,6 @@ async def test_media_options_need_media_and_refuse_what_a_zip_cannot_be(api: Cli
     refusals: list[dict[str, Any]] = [
         {"media_types": ["image/*"]},
         {"media": True, "compression": "gzip"},
-        {"media": True, "max_part_bytes": 5 * 1024 * 1024},
         {"media": True, "media_types": ["image"]},
         {"media": "yes"},
     ]
@@ -262,3 +262,41 @@ async def test_the_previous_release_claim_passes_over_an_export_with_media(
         assert await conn.fetchval(previous, plain["operation_id"]) == plain["operation_id"]
         claimed = await claim(conn, media["operation_id"], "new-worker", lease_seconds=60)
     assert claimed.request.media
+
+
+async def test_a_split_export_with_media_is_self_contained_zips_under_the_split_size(
+    api: Client, auth: Auth, pipeline: None
+) -> None:
+    mib = 1024 * 1024
+    await make_conversation(api, auth, "c-split", ["alice"])
+    files = [await uploaded(api, auth, "alice", "c-split", f"f{n}.bin", os.urandom(mib), "a/b") for n in range(12)]
+    huge = await uploaded(api, auth, "alice", "c-split", "huge.bin", os.urandom(5 * mib), "a/b")
+    for number, item in enumerate(files):
+        sent = await send_with(api, auth, "alice", "c-split", f"m-{number}", [item["attachment_id"]])
+        assert sent.status == 200
+    # The first file again, later: each part that holds a message carrying it holds the file.
+    assert (await send_with(api, auth, "alice", "c-split", "m-again", [files[0]["attachment_id"]])).status == 200
+    assert (await send_with(api, auth, "alice", "c-split", "m-huge", [huge["attachment_id"]])).status == 200
+
+    operation = await succeeded(api, auth, "alice", "c-split", {"media": True, "max_part_bytes": 5 * mib}, "k-split")
+
+    parts = operation["result"]["parts"]
+    assert len(parts) >= 3
+    seen_messages, left_out = [], {}
+    for part in parts:
+        response = await api.get(part["url"], headers=auth("alice"))
+        content = await response.read()
+        assert len(content) == part["size_bytes"] <= 5 * mib
+        assert hashlib.sha256(content).hexdigest() == part["sha256"]
+        archive = zipfile.ZipFile(io.BytesIO(content))
+        manifest = check_manifest(archive)
+        lines = [json.loads(line) for line in archive.read("c-split.jsonl").splitlines()]
+        assert len(lines) == part["message_count"]
+        for line in lines:
+            for item in line["attachments"]:
+                if "path" in item:
+                    assert item["path"] in archive.namelist()  # self-contained: its files are in it
+        seen_messages += [line["message_id"] for line in lines]
+        left_out.update({item["attachment_id"]: item["reason"] for item in manifest["left_out"]})
+    assert seen_messages == [f"m-{n}" for n in range(12)] + ["m-again", "m-huge"]
+    assert left_out == {huge["attachment_id"]: "too_large"}  # larger than any part can hold

@@ -225,8 +225,6 @@ class ExportSubmission(ExportOptions):
             raise PydanticCustomError("media_options", "media_types and the media limits need media: true")
         if self.media and self.compression != DEFAULT_COMPRESSION:
             raise PydanticCustomError("media_compression", "a ZIP with media is not compressed again: leave out gzip")
-        if self.media and self.max_part_bytes is not None:
-            raise PydanticCustomError("media_parts", "an export with media is one ZIP: leave out max_part_bytes")
         return self
 
     @model_validator(mode="after")

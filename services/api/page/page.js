@@ -315,8 +315,8 @@ async function exportOptions(cid) {
   const images = document.getElementById("export-media-images").checked;
   if (document.getElementById("export-media").checked) {
     // One ZIP, never compressed again nor split (docs/api.md: Submitting an export, Exports with media).
-    if (body.compression || body.max_part_bytes) {
-      throw new FieldError("export-media", "A ZIP with the files is neither gzipped nor split: clear those options.");
+    if (body.compression) {
+      throw new FieldError("export-media", "A ZIP with the files is not gzipped again: clear that option.");
     }
     body.media = true;
     if (images) body.media_types = ["image/*"];

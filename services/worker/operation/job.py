@@ -20,12 +20,13 @@ from services.worker import metrics
 from services.worker.chunked.coordinator import ChunkedExport
 from services.worker.chunked.plan import ChunkPlanner
 from services.worker.writing.files import Destination, FileSet
+from services.worker.writing.media_parts import PART_RESERVE, MediaZipParts
 from services.worker.writing.media_zip import MediaZip
 from services.worker.writing.object_writer import ObjectWriter, read_digest
 from services.worker.writing.ranges import RangeReader
 from services.worker.writing.read_source import ReadSource
 from shared.artifact_removal import remove_artifact
-from shared.export.media import plan_media
+from shared.export.media import MediaPlan, plan_media
 from shared.export.phases import Phase
 from shared.lease import LeaseLost
 from shared.logs import update_log_fields
@@ -215,10 +216,15 @@ class ExportJob:
                 last_seq=last,
                 request=request,
             )
+        max_file_bytes = request.media_max_file_bytes
+        if request.max_part_bytes is not None:
+            # A file that fits in no part is too large (docs/api.md: Submitting an export, Exports with media).
+            fits = request.max_part_bytes - PART_RESERVE
+            max_file_bytes = fits if max_file_bytes is None else min(max_file_bytes, fits)
         plan = plan_media(
             carried,
             types=request.media_types,
-            max_file_bytes=request.media_max_file_bytes,
+            max_file_bytes=max_file_bytes,
             max_total_bytes=request.media_max_total_bytes,
         )
         async with self._pool.acquire() as conn:
@@ -232,6 +238,8 @@ class ExportJob:
                 estimate_bytes=messages_bytes + plan.included_bytes,
             ):
                 raise LeaseLost("estimate")
+        if request.max_part_bytes is not None:
+            return await self._write_zip_parts(plan, carried, newest.sent_at if newest is not None else ZIP_EPOCH)
         writer = ObjectWriter.in_bucket(self._s3, settings, key=self.key, content_type=self._kind.content_type)
         self._zip_writers.append(writer)
         zipped = MediaZip(
@@ -256,6 +264,42 @@ class ExportJob:
         part = await zipped.write(after=after, last=last, after_each=after_each)
         await self._progress(Phase.UPLOADING, zipped.progress())
         return ArtifactFiles(self.key, (part,), split=False)
+
+    async def _write_zip_parts(
+        self, plan: MediaPlan, carried: list[export_reader.CarriedAttachment], modified_at: datetime
+    ) -> ArtifactFiles:
+        """Write a split export with media (``MediaZipParts``): parts of self-contained ZIPs under the attempt's
+        folder; return them verified.
+        """
+        claimed, settings = self._claimed, self._settings
+        request = claimed.request
+        assert request.max_part_bytes is not None
+
+        def writer_for(key: str) -> ObjectWriter:
+            writer = ObjectWriter.in_bucket(self._s3, settings, key=key, content_type=self._kind.content_type)
+            self._zip_writers.append(writer)
+            return writer
+
+        zipped = MediaZipParts(
+            s3=self._s3,
+            bucket=settings.s3_bucket,
+            folder=self.key,
+            kind=self._kind,
+            conversation_id=claimed.conversation_id,
+            reader=self._reader,
+            writer_for=writer_for,
+            plan=plan,
+            carried=carried,
+            modified_at=modified_at,
+            max_part_bytes=request.max_part_bytes,
+        )
+
+        async def after_each() -> None:
+            await self._progress(Phase.WRITING, zipped.progress())
+
+        parts = await zipped.write(after=request.after_seq, last=last_seq(claimed), after_each=after_each)
+        await self._progress(Phase.UPLOADING, zipped.progress())
+        return ArtifactFiles(self.key, tuple(parts), split=True)
 
     async def _complete(self, files: ArtifactFiles) -> None:
         """Record the verified ``files`` in the attempt's artifact (COMPLETE); raises ``LeaseLost``."""
