@@ -102,7 +102,7 @@ class LiveLine:
 
     def line(self, operation: dict[str, Any]) -> str:
         """The status line of ``operation``: state, phase, messages (of the estimate's bound, when there is
-        one), bytes and the rate since the last one.
+        one), bytes (of the estimate's bytes, when there are some) and the rate since the last one.
         """
         progress = operation["progress"]
         written = int(progress["bytes_written"])
@@ -111,9 +111,12 @@ class LiveLine:
             self._rate = (written - self._last[1]) / (now - self._last[0])
         self._last = (now, written)
         messages = _messages(progress["messages_written"], operation)
+        # About what it will store, when the server says (an export with media, before its first byte).
+        expected = (operation.get("estimate") or {}).get("bytes")
+        stored = human_bytes(written) + (f" of about {human_bytes(expected)}" if expected else "")
         return (
             f"{operation['operation_id']} {operation['state']} ({progress['phase']}): "
-            f"{messages}, {human_bytes(written)}, {human_bytes(self._rate)}/s"
+            f"{messages}, {stored}, {human_bytes(self._rate)}/s"
         )
 
 

@@ -312,3 +312,15 @@ def test_the_progress_line_shows_the_share_of_the_estimate_when_there_is_one() -
     assert "1,200 messages, 2.0 KiB" in live_line(operation)
     del operation["estimate"]  # an API from before the estimate
     assert "1,200 messages, 2.0 KiB" in live_line(operation)
+
+
+def test_the_progress_line_shows_the_bytes_an_export_with_media_will_store() -> None:
+    operation: dict[str, Any] = {
+        "operation_id": "op_1",
+        "state": "RUNNING",
+        "progress": {"phase": "writing", "messages_written": 3, "bytes_written": 2048},
+        "estimate": {"messages_at_most": 10, "bytes": 4 * 1024 * 1024},
+    }
+    assert ", 2.0 KiB of about 4.0 MiB, " in live_line(operation)
+    operation["estimate"]["bytes"] = None
+    assert ", 2.0 KiB, " in live_line(operation)
