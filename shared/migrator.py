@@ -24,6 +24,7 @@ what it uses.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import functools
 import logging
@@ -44,6 +45,11 @@ MIGRATION_LOCK_KEY = 0x63686578  # "chex"
 # The last migration written before migrations had steps: it and those before it carry no marks.
 LAST_UNMARKED = "0018"
 LOCK_TIMEOUT = "5s"
+# A migration whose locks meet a running part's in a cycle gives way (``_lose_deadlocks``) and is tried again,
+# up to this many times, waiting this long times the attempt's number in between.
+DEADLOCK_TIMEOUT = "100ms"
+LOCK_ATTEMPTS = 10
+LOCK_RETRY_SECONDS = 0.5
 _MARK = re.compile(r"^--\s*(step|transaction|needed):\s*(.+?)\s*$")
 NEEDED_BEFORE_START = "before start"
 # A statement of a migration run outside a transaction ends with ";" at the end of a line.
@@ -246,11 +252,21 @@ async def _apply_pending(conn: asyncpg.Connection, steps: set[Step]) -> list[str
 async def _apply(conn: asyncpg.Connection, migration: Migration) -> None:
     record = "INSERT INTO schema_migrations (version, step) VALUES ($1, $2)"
     if migration.transactional:
-        async with conn.transaction():
-            await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-            await conn.execute(migration.sql)
-            await conn.execute(record, migration.version, str(migration.step))
-        return
+        for attempt in range(1, LOCK_ATTEMPTS + 1):
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                    await _lose_deadlocks(conn)
+                    await conn.execute(migration.sql)
+                    await conn.execute(record, migration.version, str(migration.step))
+                return
+            except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError):
+                if attempt == LOCK_ATTEMPTS:
+                    raise
+                log.warning(
+                    "migration gave way to the running parts; trying again", extra={"version": migration.version}
+                )
+                await asyncio.sleep(LOCK_RETRY_SECONDS * attempt)
     await conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
     try:
         for statement in migration.statements():
@@ -258,6 +274,19 @@ async def _apply(conn: asyncpg.Connection, migration: Migration) -> None:
         await conn.execute(record, migration.version, str(migration.step))
     finally:
         await conn.execute("RESET lock_timeout")
+
+
+async def _lose_deadlocks(conn: asyncpg.Connection) -> None:
+    """Make this transaction the one Postgres cancels when its locks and a running part's wait for each other:
+    the deadlock check runs first in the session that waits the shortest ``deadlock_timeout``, and cancels that
+    session's transaction, so the migration gives way and is tried again rather than failing a part's request.
+    Setting it needs a superuser; without one the default stays.
+    """
+    try:
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL deadlock_timeout = '{DEADLOCK_TIMEOUT}'")
+    except asyncpg.InsufficientPrivilegeError:
+        return
 
 
 def _code(text: str) -> bool:

@@ -6,14 +6,21 @@
 -- chunk writes the same bytes. The previous release neither writes nor reads any of this: its sends leave the
 -- new columns NULL, its exports show the bodies as they are.
 
-ALTER TABLE messages
-    ADD COLUMN reply_to_seq bigint,
-    ADD COLUMN edited_at timestamptz,
-    ADD COLUMN edit_version bigint;
+-- Tables in the order the running parts lock them (a claim: operations, then conversations; a send:
+-- conversations, then messages), so that the migration's locks never wait in a cycle with theirs.
+
+-- The conversation's last edit version when the export's first claim fixed its snapshot: NULL for an
+-- operation whose snapshot was fixed before this migration, which is version 0 (no edit existed then).
+ALTER TABLE operations ADD COLUMN snapshot_edit_version bigint;
 
 -- The conversation's last edit version, taken under the same row lock as its seqs: a committed value says
 -- every edit up to it is committed, as last_seq says of messages.
 ALTER TABLE conversations ADD COLUMN last_edit_version bigint NOT NULL DEFAULT 0;
+
+ALTER TABLE messages
+    ADD COLUMN reply_to_seq bigint,
+    ADD COLUMN edited_at timestamptz,
+    ADD COLUMN edit_version bigint;
 
 -- The body (and edit time) that the edit of edit_version replaced: a message's body as of version v is that
 -- of its first edit above v, or its body when it has none.
@@ -26,10 +33,6 @@ CREATE TABLE message_edits (
     PRIMARY KEY (conversation_id, seq, edit_version),
     FOREIGN KEY (conversation_id, seq) REFERENCES messages (conversation_id, seq) ON DELETE CASCADE
 );
-
--- The conversation's last edit version when the export's first claim fixed its snapshot: NULL for an
--- operation whose snapshot was fixed before this migration, which is version 0 (no edit existed then).
-ALTER TABLE operations ADD COLUMN snapshot_edit_version bigint;
 
 -- operation_versioned (migration 0015) as it was, and where a claim fixes the snapshot's last seq it fixes
 -- the edit version too: in the trigger every claim function already runs, so the previous release's claims
