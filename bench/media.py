@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.export_1m import export, ndjson_batch, peak_rss_mb
 from bench.running import running_system
 from bench.table import Figure, print_table
-from services.worker.writing.object_writer import ObjectWriter
 from shared.auth import mint_token
+from shared.object_writer import ObjectWriter
 from shared.settings import Settings
 from shared.storage import open_s3_client
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import logging
-import zlib
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -159,72 +157,10 @@ async def upload_deadline(*, timeout_seconds: float, size_bytes: int) -> AsyncIt
         raise ReadTimeoutError(endpoint_url="the upload stalled") from None
 
 
-@dataclass(frozen=True)
-class StoredStream:
-    """What ``store_stream`` stored: its ``size_bytes``, ``sha256`` (hex) and ``crc32`` (ZIP's CRC-32, as
-    ``zlib.crc32`` computes it: an unsigned 32-bit integer)."""
-
-    size_bytes: int
-    sha256: str
-    crc32: int
-
-
-async def store_stream(
-    s3: Any,
-    *,
-    bucket: str,
-    key: str,
-    chunks: AsyncIterator[bytes],
-    part_bytes: int,
-    content_type: str,
-    timeout_seconds: float,
-) -> StoredStream:
-    """Store the bytes ``chunks`` yield as object ``key``, measuring them as they pass: one PutObject when they
-    fit in two parts of ``part_bytes``, else a multipart upload of such parts, so that at most two parts are held
-    in memory. Each request is bounded by ``upload_deadline`` with ``timeout_seconds``.
-
-    Raises what ``chunks`` raises and the storage's errors; a multipart upload begun is aborted first, so
-    nothing is left but an object a single PutObject completed.
-    """
-    sha256, crc32, size = hashlib.sha256(), 0, 0
-    buffer = bytearray()
-    upload_id: str | None = None
-    parts: list[dict[str, Any]] = []
-
-    async def send_part(data: bytes) -> None:
-        async with upload_deadline(timeout_seconds=timeout_seconds, size_bytes=len(data)):
-            answer = await s3.upload_part(
-                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=len(parts) + 1, Body=data
-            )
-        parts.append({"PartNumber": len(parts) + 1, "ETag": answer["ETag"]})
-
-    try:
-        async for chunk in chunks:
-            sha256.update(chunk)
-            crc32 = zlib.crc32(chunk, crc32)
-            size += len(chunk)
-            buffer += chunk
-            # The last part keeps at least one byte, and a file of up to two parts goes in one PutObject.
-            while len(buffer) > part_bytes and (upload_id is not None or len(buffer) > 2 * part_bytes):
-                if upload_id is None:
-                    created = await s3.create_multipart_upload(Bucket=bucket, Key=key, ContentType=content_type)
-                    upload_id = created["UploadId"]
-                await send_part(bytes(buffer[:part_bytes]))
-                del buffer[:part_bytes]
-        if upload_id is None:
-            async with upload_deadline(timeout_seconds=timeout_seconds, size_bytes=len(buffer)):
-                await s3.put_object(Bucket=bucket, Key=key, Body=bytes(buffer), ContentType=content_type)
-        else:
-            await send_part(bytes(buffer))
-            await s3.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-            )
-    except BaseException:
-        if upload_id is not None:
-            with contextlib.suppress(*STORAGE_ERRORS):
-                await asyncio.shield(abort_upload(s3, bucket=bucket, key=key, upload_id=upload_id))
-        raise
-    return StoredStream(size_bytes=size, sha256=sha256.hexdigest(), crc32=crc32)
+def is_missing(exc: ClientError) -> bool:
+    """True when ``exc`` is S3 saying it holds no object under the key: ``NoSuchKey`` from a GET, ``404`` or
+    ``NotFound`` from a HEAD, which has no body to name the error in."""
+    return exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound")
 
 
 async def abort_upload(s3: Any, *, bucket: str, key: str, upload_id: str) -> None:

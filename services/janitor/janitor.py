@@ -253,7 +253,7 @@ class Janitor:
 
     async def _past_grace_with_records(self, entries: list[Entry]) -> list[tuple[Entry, asyncpg.Record | None]]:
         """The ``entries`` older than the grace period, each with its key's live record (None if none)."""
-        old = [entry for entry in entries if entry.age_seconds > self._settings.janitor_orphan_grace_seconds]
+        old = self._past_grace(entries)
         if not old:
             return []
         async with self._pool.acquire() as conn:
@@ -341,8 +341,13 @@ class Janitor:
             log.info("attachment leftovers removed", extra={"removed": removed})
         return removed
 
+    def _past_grace(self, entries: Sequence[Entry]) -> list[Entry]:
+        """The ``entries`` untouched for longer than ``janitor_orphan_grace_seconds`` (on S3's clock)."""
+        return [entry for entry in entries if entry.age_seconds > self._settings.janitor_orphan_grace_seconds]
+
     async def _unrecorded_attachments(self, entries: Sequence[Entry]) -> list[Entry]:
-        old = [entry for entry in entries if entry.age_seconds > self._settings.janitor_orphan_grace_seconds]
+        """The ``entries`` past the grace period that no attachment row names."""
+        old = self._past_grace(entries)
         if not old:
             return []
         async with self._pool.acquire() as conn:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import asyncpg
 from botocore.exceptions import BotoCoreError, ClientError
 
-from services.worker.writing.object_writer import StoredBytesDiffer
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.object_writer import StoredBytesDiffer
 from shared.repository import message_store
 from shared.settings import WorkerPartSettings
 from shared.states import State

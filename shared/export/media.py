@@ -41,6 +41,21 @@ _WINDOWS_DEVICES = frozenset(
 )
 
 
+def left_out_entries(plan: MediaPlan, carried: Iterable[Carried]) -> list[dict[str, Any]]:
+    """The manifest's ``left_out``: each of ``carried`` (in order) that ``plan`` leaves out, with its name, size and
+    why."""
+    return [
+        {
+            "attachment_id": attachment.attachment_id,
+            "file_name": attachment.file_name,
+            "size_bytes": attachment.size_bytes,
+            "reason": plan.left_out[attachment.attachment_id],
+        }
+        for attachment in carried
+        if attachment.attachment_id in plan.left_out
+    ]
+
+
 class Carried(Protocol):
     """An attachment the export's messages carry (``shared.repository.export_reader.CarriedAttachment``)."""
 

@@ -67,10 +67,16 @@ _LAST_ROW_SQL = f"SELECT {_ROW_COLUMNS} FROM {_SHOWN} ORDER BY seq DESC LIMIT 1"
 _COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
 
 
+def _options(request: ExportRequest) -> tuple[datetime | None, datetime | None, list[str] | None]:
+    """``_SELECTED_MESSAGES``' parameters $4 to $6: the request's options that select messages."""
+    return request.since, request.until, None if request.senders is None else list(request.senders)
+
+
 def _selection(
     request: ExportRequest, operation_id: str
 ) -> tuple[datetime | None, datetime | None, list[str] | None, str]:
-    return request.since, request.until, None if request.senders is None else list(request.senders), operation_id
+    """``_SHOWN``'s parameters $4 to $7: the options, and the export whose edit snapshot the bodies are shown at."""
+    return (*_options(request), operation_id)
 
 
 async def copy_export_lines(
@@ -238,6 +244,6 @@ async def carried_attachments(
         conversation_id,
         after_seq,
         last_seq,
-        *_selection(request, "")[:3],
+        *_options(request),
     )
     return [CarriedAttachment.from_row(row) for row in rows]

@@ -7,7 +7,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from services.worker.errors import PermanentError, backoff_seconds, classify, error_name
-from services.worker.writing.object_writer import StoredBytesDiffer
+from shared.object_writer import StoredBytesDiffer
 from shared.settings import Settings
 from shared.states import ACTIVE, TERMINAL, TRANSITIONS, State, sources_of
 

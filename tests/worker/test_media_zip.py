@@ -21,12 +21,12 @@ import asyncpg
 import pytest
 
 from services.worker.writing.media_zip import MediaZip
-from services.worker.writing.object_writer import Digest, ObjectWriter
 from services.worker.writing.ranges import Files, RangeReader
 from services.worker.writing.read_source import ReadSource
 from shared.export.formats import FileKind
 from shared.export.media import plan_media
 from shared.export.request import ExportRequest
+from shared.object_writer import Digest, ObjectWriter
 from shared.repository import export_reader
 from shared.repository.export_reader import CarriedAttachment
 from shared.settings import Settings

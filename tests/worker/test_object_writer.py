@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from services.worker.writing.object_writer import ObjectWriter, StoredBytesDiffer, read_digest
 from shared.artifact_removal import remove_object
+from shared.object_writer import ObjectWriter, StoredBytesDiffer, read_digest
 from shared.settings import Settings
 
 MIB = 1024 * 1024

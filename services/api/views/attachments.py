@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import zlib
 
 from aiohttp import web
 
@@ -19,17 +20,12 @@ from services.api.http.keys import POOL, PRESIGNER, PRINCIPAL, SETTINGS, UPLOAD_
 from services.api.http.problems import ProblemError, not_found
 from services.api.http.responses import NO_STORE, json_response
 from services.api.http.schemas import AttachmentUploadQuery, EmptyQuery, StoredAttachment
+from shared.artifact_removal import remove_object
 from shared.ids import new_attachment_id
+from shared.object_writer import ObjectWriter, StoredBytesDiffer
 from shared.repository import attachments, message_store
 from shared.routes import path
-from shared.storage import (
-    MIN_UPLOAD_BYTES_PER_SECOND,
-    STORAGE_ERRORS,
-    attachment_key,
-    delete_keys,
-    presigned_download,
-    store_stream,
-)
+from shared.storage import MIN_UPLOAD_BYTES_PER_SECOND, STORAGE_ERRORS, attachment_key, presigned_download
 
 log = logging.getLogger(__name__)
 
@@ -81,29 +77,25 @@ async def _store(
     max_bytes = settings.attachment_max_bytes
     # The whole body within the request timeout plus its size at the slowest rate an upload may go.
     timeout = settings.request_body_timeout_seconds + max_bytes / MIN_UPLOAD_BYTES_PER_SECOND
+    # The writer every export file uses: about two parts in memory, what S3 stored checked against what was
+    # sent; the CRC-32 a ZIP's local header needs is measured beside it (docs/api.md: Message store, Attachments).
+    writer = ObjectWriter.in_bucket(s3_client(request.app), settings, key=key, content_type=content_type)
+    crc32 = 0
     try:
-        stored = await store_stream(
-            s3_client(request.app),
-            bucket=settings.s3_bucket,
-            key=key,
-            chunks=body_chunks(request, max_bytes=max_bytes, timeout_seconds=timeout),
-            part_bytes=settings.s3_part_size_bytes,
-            content_type=content_type,
-            timeout_seconds=settings.s3_timeout_seconds,
-        )
+        async for chunk in body_chunks(request, max_bytes=max_bytes, timeout_seconds=timeout):
+            crc32 = zlib.crc32(chunk, crc32)
+            await writer.write(chunk)
+        stored = await writer.finish()
         async with request.app[POOL].acquire() as conn:
             finished = await attachments.finish_upload(
-                conn,
-                attachment_id=attachment_id,
-                size_bytes=stored.size_bytes,
-                sha256=stored.sha256,
-                crc32=stored.crc32,
+                conn, attachment_id=attachment_id, size_bytes=stored.size_bytes, sha256=stored.sha256, crc32=crc32
             )
         if not finished:
             raise ProblemError("SERVICE_UNAVAILABLE", "The upload took too long; send it again.")
     except BaseException as failure:
+        await writer.abandon()
         await _discard(request, attachment_id, key)
-        if isinstance(failure, STORAGE_ERRORS):
+        if isinstance(failure, (*STORAGE_ERRORS, StoredBytesDiffer)):
             log.warning("attachment upload failed", extra={"error": type(failure).__name__}, exc_info=True)
             raise ProblemError(
                 "SERVICE_UNAVAILABLE", "The file store is unavailable; try again later.", headers={"Retry-After": "30"}
@@ -122,12 +114,12 @@ async def _store(
 
 
 async def _discard(request: web.Request, attachment_id: str, key: str) -> None:
-    """Remove what a failed upload stored, then its row; what a failure here leaves, the janitor removes."""
+    """Remove what a failed upload stored (its object and any multipart upload), then its row; what a failure
+    here leaves, the janitor removes."""
     try:
-        deleted = await delete_keys(s3_client(request.app), bucket=request.app[SETTINGS].s3_bucket, keys=[key])
-        if deleted == [key]:
-            async with request.app[POOL].acquire() as conn:
-                await attachments.forget_upload(conn, attachment_id=attachment_id)
+        await remove_object(s3_client(request.app), bucket=request.app[SETTINGS].s3_bucket, key=key)
+        async with request.app[POOL].acquire() as conn:
+            await attachments.forget_upload(conn, attachment_id=attachment_id)
     except Exception:
         log.warning("a failed upload's leftovers wait for the janitor", exc_info=True)
 

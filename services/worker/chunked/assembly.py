@@ -19,8 +19,8 @@ import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from services.worker.writing.object_writer import StoredBytesDiffer, check_etag
 from shared.export.formats import MIN_PART_BYTES
+from shared.object_writer import StoredBytesDiffer, check_etag
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.chunks import Chunk
 from shared.settings import WorkerPartSettings

@@ -22,7 +22,6 @@ from services.worker.chunked.plan import ChunkPlanner
 from services.worker.writing.files import Destination, FileSet
 from services.worker.writing.media_parts import PART_RESERVE, MediaZipParts
 from services.worker.writing.media_zip import MediaZip
-from services.worker.writing.object_writer import ObjectWriter, read_digest
 from services.worker.writing.ranges import RangeReader
 from services.worker.writing.read_source import ReadSource
 from shared.artifact_removal import remove_artifact
@@ -30,6 +29,7 @@ from shared.export.media import MediaPlan, plan_media
 from shared.export.phases import Phase
 from shared.lease import LeaseLost
 from shared.logs import update_log_fields
+from shared.object_writer import ObjectWriter, read_digest
 from shared.repository import artifacts, export_reader, leases
 from shared.repository.artifacts import ArtifactFiles, ArtifactRecord
 from shared.repository.leases import ClaimedOperation
@@ -216,6 +216,8 @@ class ExportJob:
                 last_seq=last,
                 request=request,
             )
+        # The file's newest message dates the file in the ZIP, so every attempt writes the same bytes.
+        modified_at = newest.sent_at if newest is not None else ZIP_EPOCH
         max_file_bytes = request.media_max_file_bytes
         if request.max_part_bytes is not None:
             # A file that fits in no part is too large (docs/api.md: Submitting an export, Exports with media).
@@ -239,7 +241,7 @@ class ExportJob:
             ):
                 raise LeaseLost("estimate")
         if request.max_part_bytes is not None:
-            return await self._write_zip_parts(plan, carried, newest.sent_at if newest is not None else ZIP_EPOCH)
+            return await self._write_zip_parts(plan, carried, modified_at)
         writer = ObjectWriter.in_bucket(self._s3, settings, key=self.key, content_type=self._kind.content_type)
         self._zip_writers.append(writer)
         zipped = MediaZip(
@@ -252,8 +254,7 @@ class ExportJob:
             writer=writer,
             plan=plan,
             carried=carried,
-            # The file's newest message dates the file in the ZIP, so every attempt writes the same bytes.
-            modified_at=newest.sent_at if newest is not None else ZIP_EPOCH,
+            modified_at=modified_at,
         )
 
         async def after_each() -> None:

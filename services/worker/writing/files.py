@@ -12,9 +12,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from services.worker.writing.object_writer import ObjectWriter
 from shared.export.formats import FileKind
 from shared.export.rendering import Renderer
+from shared.object_writer import ObjectWriter
 from shared.repository.artifacts import StoredPart
 from shared.repository.export_reader import ExportRow
 from shared.settings import WorkerPartSettings

@@ -14,30 +14,31 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
-import json
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
-from stream_zip import NO_COMPRESSION_32, NO_COMPRESSION_64, ZIP_64, async_stream_zip
+from stream_zip import ZIP_64, async_stream_zip
 
 from services.worker.writing.media_zip import (
-    MEDIA_CHUNK_BYTES,
     MEMBER_MODE,
-    ZIP32_LIMIT,
     ZIP_CHUNK_BYTES,
     MessageReader,
     ZipWriter,
+    manifest_bytes,
+    manifest_member,
+    next_item,
+    stored_chunks,
+    stored_method,
 )
 from shared.export.formats import FileKind
-from shared.export.media import MANIFEST_NAME, TOO_LARGE, MediaPlan, safe_name, with_media
+from shared.export.media import TOO_LARGE, MediaPlan, left_out_entries, safe_name, with_media
 from shared.export.rendering import Renderer, attachments_of
 from shared.repository.artifacts import StoredPart
 from shared.repository.export_reader import CarriedAttachment, ExportRow
-from shared.storage import part_key
+from shared.storage import is_missing, part_key
 
 # The most a member adds besides its name and data: its local header with the ZIP64 and timestamp extra fields,
 # a data descriptor, and its central directory entry with the same extras.
@@ -78,7 +79,6 @@ class _Part:
     # Every file its messages carry, in or out, and the manifest's entries.
     seen: dict[str, None] = field(default_factory=dict)
     manifest: list[dict[str, Any]] = field(default_factory=list)
-    left_out: list[dict[str, Any]] = field(default_factory=list)
 
 
 class MediaZipParts:
@@ -156,7 +156,7 @@ class MediaZipParts:
                 try:
                     await self._s3.head_object(Bucket=self._bucket, Key=attachment.object_key)
                 except ClientError as exc:
-                    if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404", "NotFound"):
+                    if not is_missing(exc):
                         raise
                     self._plan.mark_unavailable(attachment.attachment_id, attachment.size_bytes)
 
@@ -173,12 +173,7 @@ class MediaZipParts:
 
     async def _peek(self, reading: asyncio.Task[None]) -> ExportRow | None:
         while not self._waiting and not self._ended:
-            getting = asyncio.ensure_future(self._rows.get())
-            done, _ = await asyncio.wait({getting, reading}, return_when=asyncio.FIRST_COMPLETED)
-            if getting not in done and reading.exception() is not None:
-                getting.cancel()
-                reading.result()
-            batch = await getting
+            batch = await next_item(self._rows, reading)
             if batch is None:
                 self._ended = True
             else:
@@ -213,23 +208,14 @@ class MediaZipParts:
         for attachment_id, path in part.files.items():
             attachment = self._by_id[attachment_id]
             size = attachment.size_bytes
-            method = NO_COMPRESSION_64 if size >= ZIP32_LIMIT or offset + size >= ZIP32_LIMIT else NO_COMPRESSION_32
             offset += member_cost(path, size)
+            method = stored_method(size, offset)
             response = await self._s3.get_object(Bucket=self._bucket, Key=attachment.object_key)
             part.manifest.append({"name": path, "size_bytes": size, "sha256": attachment.sha256})
-            yield path, attachment.created_at, MEMBER_MODE, method(size, attachment.crc32), _body(response)
-        manifest = json.dumps(self._manifest(part), ensure_ascii=False, indent=1).encode() + b"\n"
-        method = NO_COMPRESSION_64 if offset + len(manifest) >= ZIP32_LIMIT else NO_COMPRESSION_32
-        yield (
-            MANIFEST_NAME,
-            self._modified_at,
-            MEMBER_MODE,
-            method(len(manifest), zlib.crc32(manifest)),
-            _once(manifest),
-        )
-
-    def _manifest(self, part: _Part) -> dict[str, Any]:
-        return {"members": part.manifest, "left_out": part.left_out}
+            yield path, attachment.created_at, MEMBER_MODE, method(size, attachment.crc32), stored_chunks(response)
+        left_out = left_out_entries(self._plan, (self._by_id[attachment_id] for attachment_id in part.seen))
+        manifest = manifest_bytes(part.manifest, left_out)
+        yield manifest_member(manifest, self._modified_at, end=offset + MEMBER_OVERHEAD + len(manifest))
 
     def admit(self, part: _Part, renderer: Renderer, row: ExportRow) -> tuple[Renderer, bytes] | None:
         """``row`` rendered into ``part`` (the renderer to go on with, and its bytes), or None when it does not fit
@@ -303,16 +289,6 @@ class _Messages:
         size += len(footer)
         yield footer
         part.manifest.append({"name": owner.file_name, "size_bytes": size, "sha256": digest.hexdigest()})
-        part.left_out = [
-            {
-                "attachment_id": attachment_id,
-                "file_name": owner._by_id[attachment_id].file_name,
-                "size_bytes": owner._by_id[attachment_id].size_bytes,
-                "reason": owner._plan.left_out[attachment_id],
-            }
-            for attachment_id in part.seen
-            if attachment_id in owner._plan.left_out
-        ]
 
     def _pieces(self) -> list[bytes]:
         header = self._renderer.header()
@@ -333,13 +309,3 @@ class _RowSink:
 
     def progress(self) -> tuple[int, int]:
         return self._owner.progress()
-
-
-async def _body(response: Any) -> AsyncIterator[bytes]:
-    async with response["Body"] as body:
-        async for chunk in body.iter_chunks(MEDIA_CHUNK_BYTES):
-            yield chunk
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data

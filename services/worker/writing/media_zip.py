@@ -24,18 +24,20 @@ import json
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from botocore.exceptions import ClientError
 from stream_zip import NO_COMPRESSION_32, NO_COMPRESSION_64, ZIP_64, async_stream_zip
 
-from services.worker.writing.object_writer import Digest
 from services.worker.writing.ranges import Files
 from shared.export.formats import FileKind
-from shared.export.media import MANIFEST_NAME, MediaPlan, safe_name, with_media
+from shared.export.media import MANIFEST_NAME, MediaPlan, left_out_entries, safe_name, with_media
+from shared.object_writer import Digest
 from shared.repository.artifacts import StoredPart
 from shared.repository.export_reader import CarriedAttachment, ExportRow
+from shared.storage import is_missing
 
+T = TypeVar("T")
 # A stored member whose local header offset or size reaches this needs ZIP64 (the 32-bit fields' largest value
 # means "see the ZIP64 extra field").
 ZIP32_LIMIT = 0xFFFFFFFF
@@ -60,7 +62,7 @@ class MessageReader(Protocol):
 
 
 class ZipWriter(Protocol):
-    """Where the ZIP's bytes go (``services.worker.writing.object_writer.ObjectWriter``)."""
+    """Where the ZIP's bytes go (``shared.object_writer.ObjectWriter``)."""
 
     async def write(self, data: bytes) -> None: ...
 
@@ -167,8 +169,8 @@ class MediaZip:
                     continue
                 path = self._plan.included[attachment.attachment_id]
                 size, crc32 = attachment.size_bytes, attachment.crc32
-                method = NO_COMPRESSION_64 if self._needs_zip64(path, size) else NO_COMPRESSION_32
                 self._offset_bound += LOCAL_HEADER_BYTES + len(path.encode()) + size
+                method = stored_method(size, self._offset_bound, force=self._force_zip64)
                 yield (
                     path,
                     attachment.created_at,
@@ -180,17 +182,11 @@ class MediaZip:
             if opening is not None:
                 _close_unread(opening)
         yield self.file_name, self._modified_at, MEMBER_MODE, ZIP_64, self._messages(after, last, after_each)
-        manifest = json.dumps(self._manifest_document(), ensure_ascii=False, indent=1).encode() + b"\n"
+        manifest = manifest_bytes(self._manifest, left_out_entries(self._plan, self._carried))
         # The messages' file may be as big as the media: bound the manifest's offset by both.
         self._offset_bound += LOCAL_HEADER_BYTES + len(self.file_name.encode()) + self._messages_bound
-        method = NO_COMPRESSION_64 if self._needs_zip64(MANIFEST_NAME, len(manifest)) else NO_COMPRESSION_32
-        yield (
-            MANIFEST_NAME,
-            self._modified_at,
-            MEMBER_MODE,
-            method(len(manifest), zlib.crc32(manifest)),
-            _once(manifest),
-        )
+        end = self._offset_bound + LOCAL_HEADER_BYTES + len(MANIFEST_NAME) + len(manifest)
+        yield manifest_member(manifest, self._modified_at, end=end, force=self._force_zip64)
 
     def _open(self, attachment: CarriedAttachment) -> asyncio.Task[Any]:
         """The GET of ``attachment``'s object, begun: its response, or None when the bucket no longer holds it."""
@@ -199,7 +195,7 @@ class MediaZip:
             try:
                 return await self._s3.get_object(Bucket=self._bucket, Key=attachment.object_key)
             except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+                if not is_missing(exc):
                     raise
                 return None
 
@@ -207,19 +203,13 @@ class MediaZip:
         self._begun.append(task)
         return task
 
-    def _needs_zip64(self, path: str, size: int) -> bool:
-        # The offset is bounded from above: the media before it, their headers, nothing else precedes it.
-        end = self._offset_bound + LOCAL_HEADER_BYTES + len(path.encode()) + size
-        return self._force_zip64 or size >= ZIP32_LIMIT or end >= ZIP32_LIMIT
-
     async def _stored_file(self, response: Any, attachment: CarriedAttachment, path: str) -> AsyncIterator[bytes]:
         """The file's bytes from the bucket, in chunks. ``stream-zip`` checks them against the size and CRC-32 the
         local header already holds (what the upload measured) and fails the attempt when they differ; the manifest
         lists the SHA-256 the upload measured.
         """
-        async with response["Body"] as body:
-            async for chunk in body.iter_chunks(MEDIA_CHUNK_BYTES):
-                yield chunk
+        async for chunk in stored_chunks(response):
+            yield chunk
         self._manifest.append({"name": path, "size_bytes": attachment.size_bytes, "sha256": attachment.sha256})
         # A fenced write after each file, as after each range of messages: a cancel or a lost lease is noticed
         # here, not once every file has gone in (docs/states.md: States and failure model).
@@ -233,7 +223,7 @@ class MediaZip:
         self._begun.append(reading)
         digest, size = hashlib.sha256(), 0
         try:
-            while (piece := await _next(rendered, reading)) is not None:
+            while (piece := await next_item(rendered, reading)) is not None:
                 digest.update(piece)
                 size += len(piece)
                 yield piece
@@ -251,21 +241,6 @@ class MediaZip:
         await self._reader.write(sink, after=after, last=last, after_each=after_each)
         await sink.put(sink.renderer.footer())
         await sink.queue.put(None)
-
-    def _manifest_document(self) -> dict[str, Any]:
-        by_id = {attachment.attachment_id: attachment for attachment in self._carried}
-        return {
-            "members": self._manifest,
-            "left_out": [
-                {
-                    "attachment_id": attachment_id,
-                    "file_name": by_id[attachment_id].file_name,
-                    "size_bytes": by_id[attachment_id].size_bytes,
-                    "reason": reason,
-                }
-                for attachment_id, reason in self._plan.left_out.items()
-            ],
-        }
 
     def shown(self, row: ExportRow) -> ExportRow:
         """``row`` as the ZIP's file shows it (``shared.export.media.with_media``), counted."""
@@ -300,8 +275,9 @@ class _Sink:
         return self._owner.progress()
 
 
-async def _next(queue: asyncio.Queue[bytes | None], producer: asyncio.Task[None]) -> bytes | None:
-    """The next item of ``queue``, or the error that ended ``producer`` before it put one."""
+async def next_item(queue: asyncio.Queue[T | None], producer: asyncio.Task[None]) -> T | None:
+    """The next item of ``queue`` (None: the producer's end marker), or the error that ended ``producer`` before
+    it put one."""
     getting = asyncio.ensure_future(queue.get())
     done, _ = await asyncio.wait({getting, producer}, return_when=asyncio.FIRST_COMPLETED)
     if getting not in done and producer.exception() is not None:
@@ -309,6 +285,33 @@ async def _next(queue: asyncio.Queue[bytes | None], producer: asyncio.Task[None]
         producer.result()  # raises what ended it
     # A producer that ended well put its end marker first.
     return await getting
+
+
+def stored_method(size: int, end: int, *, force: bool = False) -> Any:
+    """The stored member's method for a file of ``size`` bytes whose member ends at most ``end`` bytes into the ZIP:
+    ZIP64 when either reaches the 32-bit fields' limit, or when ``force``d; given its size and CRC-32 it streams
+    with both in its local header."""
+    return NO_COMPRESSION_64 if force or size >= ZIP32_LIMIT or end >= ZIP32_LIMIT else NO_COMPRESSION_32
+
+
+async def stored_chunks(response: Any) -> AsyncIterator[bytes]:
+    """The bytes of a GET's ``response``, ``MEDIA_CHUNK_BYTES`` at a time."""
+    async with response["Body"] as body:
+        async for chunk in body.iter_chunks(MEDIA_CHUNK_BYTES):
+            yield chunk
+
+
+def manifest_bytes(members: list[dict[str, Any]], left_out: list[dict[str, Any]]) -> bytes:
+    """``manifest.json``: every member before it (name, size, SHA-256) and every file left out, with why."""
+    return json.dumps({"members": members, "left_out": left_out}, ensure_ascii=False, indent=1).encode() + b"\n"
+
+
+def manifest_member(
+    manifest: bytes, modified_at: datetime, *, end: int, force: bool = False
+) -> tuple[str, datetime, int, Any, AsyncIterator[bytes]]:
+    """The manifest as a stored member ending at most ``end`` bytes into the ZIP."""
+    method = stored_method(len(manifest), end, force=force)
+    return MANIFEST_NAME, modified_at, MEMBER_MODE, method(len(manifest), zlib.crc32(manifest)), _once(manifest)
 
 
 def _close_unread(task: asyncio.Task[Any]) -> None:
