@@ -4,9 +4,11 @@ makes the member leave its attachment's folder, on any system that unzips it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from shared.export.media import MAX_SAFE_NAME_BYTES, member_path, safe_name
+from shared.export.media import LEFT_OUT_REASONS, MAX_SAFE_NAME_BYTES, member_path, safe_name
 
 
 @pytest.mark.parametrize(
@@ -43,3 +45,8 @@ def test_the_member_is_always_one_name_inside_its_folder() -> None:
     for hostile in ("../x", "a/../../b", "..\\..\\c", "\uff0f\uff0e\uff0e", "/", "\\"):
         folder, _, name = member_path("att_1", hostile).rpartition("/")
         assert folder == "media/att_1" and name and "/" not in name and "\\" not in name and name not in (".", "..")
+
+
+def test_the_docs_name_every_reason_a_file_is_left_out() -> None:
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    assert [reason for reason in LEFT_OUT_REASONS if f"`{reason}`" not in documented] == []

@@ -24,6 +24,7 @@ from stream_zip import ZIP_64, async_stream_zip
 
 from services.worker.writing.media_zip import (
     MEMBER_MODE,
+    QUEUED_RANGES,
     ZIP_CHUNK_BYTES,
     MessageReader,
     ZipWriter,
@@ -114,7 +115,7 @@ class MediaZipParts:
         self._by_id = {attachment.attachment_id: attachment for attachment in carried}
         self._modified_at = modified_at
         self._max_part_bytes = max_part_bytes
-        self._rows: asyncio.Queue[list[ExportRow] | None] = asyncio.Queue(2)
+        self._rows: asyncio.Queue[list[ExportRow] | None] = asyncio.Queue(QUEUED_RANGES)
         self._waiting: list[ExportRow] = []
         self._ended = False
         self._writers: list[ZipWriter] = []
@@ -271,10 +272,10 @@ class _Messages:
     async def chunks(self) -> AsyncIterator[bytes]:
         owner, part = self._owner, self._part
         digest, size = hashlib.sha256(), 0
-        for piece in self._pieces():
-            digest.update(piece)
-            size += len(piece)
-            yield piece
+        header = self._renderer.header()
+        digest.update(header)
+        size += len(header)
+        yield header
         while (row := await owner._peek(self._reading)) is not None:
             admitted = owner.admit(part, self._renderer, row)
             if admitted is None:
@@ -289,10 +290,6 @@ class _Messages:
         size += len(footer)
         yield footer
         part.manifest.append({"name": owner.file_name, "size_bytes": size, "sha256": digest.hexdigest()})
-
-    def _pieces(self) -> list[bytes]:
-        header = self._renderer.header()
-        return [header] if header else []
 
 
 class _RowSink:
