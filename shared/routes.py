@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from shared.rate_policies import PolicyName
+
 # A ``{name:regex}`` parameter of an aiohttp template; the regex only narrows what the router matches.
 _CONSTRAINED = re.compile(r"\{(\w+):[^{}]*(?:\{[^{}]*\}[^{}]*)*\}")
 _PARAMETER = re.compile(r"\{(\w+)\}")
@@ -27,7 +29,8 @@ class Route:
     ``page`` route serves a page for browsers or one of its files (the web page at ``/ui``, the API reference at
     ``/v3/docs``): it describes no operation of the API, so it is never in the OpenAPI document, even under
     ``/v3``. ``summary`` says what a route the OpenAPI document leaves out does, for the endpoint table of
-    docs/api.md (a documented route's summary is its ``Endpoint``'s, beside its view).
+    docs/api.md (a documented route's summary is its ``Endpoint``'s, beside its view). ``policy`` is the rate
+    limit each call by a user counts against (docs/api.md: Rate limits).
     """
 
     name: str
@@ -37,6 +40,7 @@ class Route:
     public: bool = False
     page: bool = False
     summary: str = ""
+    policy: PolicyName | None = None
 
     @property
     def path(self) -> str:
@@ -66,12 +70,13 @@ ROUTES: tuple[Route, ...] = (
     Route("getAttachment", "GET", "/v2/conversations/{cid}/attachments/{attachment_id:[^/]+}"),
     Route("editMessage", "PATCH", "/v2/conversations/{cid}/messages/{message_id:[^/]+}"),
     Route("recallMessage", "DELETE", "/v2/conversations/{cid}/messages/{message_id:[^/]+}"),
-    Route("submitExport", "POST", "/v3/conversations/{cid}/exports"),
-    Route("downloadResult", "GET", "/v3/exports/{operation_id}/result"),
-    Route("downloadResultPart", "GET", "/v3/exports/{operation_id}/result/parts/{number}"),
-    Route("listOperations", "GET", "/v3/operations"),
-    Route("getOperation", "GET", "/v3/operations/{operation_id}"),
-    Route("streamOperationEvents", "GET", "/v3/operations/{operation_id}/events", head=False),
+    Route("submitExport", "POST", "/v3/conversations/{cid}/exports", policy=PolicyName.SUBMITS),
+    Route("downloadResult", "GET", "/v3/exports/{operation_id}/result", policy=PolicyName.DOWNLOADS),
+    Route("downloadResultPart", "GET", "/v3/exports/{operation_id}/result/parts/{number}", policy=PolicyName.DOWNLOADS),
+    Route("listOperations", "GET", "/v3/operations", policy=PolicyName.POLLS),
+    Route("getOperation", "GET", "/v3/operations/{operation_id}", policy=PolicyName.POLLS),
+    Route("streamOperationEvents", "GET", "/v3/operations/{operation_id}/events", head=False, policy=PolicyName.POLLS),
+    Route("getLimits", "GET", "/v3/limits", policy=PolicyName.POLLS),
     Route("cancelOperation", "POST", "/v3/operations/{operation_id}/cancel"),
     Route("getWebhookSecret", "GET", "/v3/webhooks/secret"),
     Route("createExportSchedule", "POST", "/v3/conversations/{cid}/export-schedules"),

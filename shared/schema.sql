@@ -270,6 +270,18 @@ CREATE FUNCTION public.close_attempt(p_operation_id text, p_generation bigint, p
     WHERE operation_id = p_operation_id AND generation = p_generation AND ended_at IS NULL
 $$;
 
+CREATE FUNCTION public.content_bytes_used_v1(p_owner_id text, p_active_states text[], OUT used_bytes bigint, OUT next_expiry_seconds double precision, OUT active_count bigint) RETURNS record
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(sum(CASE WHEN o.state = 'SUCCEEDED' THEN coalesce(o.result_size_bytes, 0)
+                             ELSE coalesce(o.bytes_written, 0) END), 0)::bigint,
+           extract(epoch FROM min(o.result_expires_at) FILTER (WHERE o.state = 'SUCCEEDED') - now())::float8,
+           count(*) FILTER (WHERE o.state = ANY(p_active_states))
+      FROM operations o
+     WHERE o.owner_id = p_owner_id
+       AND ((o.state = 'SUCCEEDED' AND o.result_expires_at > now()) OR o.state = ANY(p_active_states))
+$$;
+
 CREATE FUNCTION public.create_export_schedule(p_schedule_id text, p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_schedules integer, p_every text, p_start_at timestamp with time zone, p_mode text, p_request jsonb, OUT outcome public.submit_outcome, OUT schedule_id text) RETURNS record
     LANGUAGE plpgsql
     AS $$
@@ -467,6 +479,78 @@ BEGIN
     IF p_answered AND outcome IN ('created', 'replayed') THEN
         SELECT r.* INTO accepted FROM operation_representations r
          WHERE r.operation_id = create_operation_v2.operation_id;
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION public.create_operation_v3(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, p_submits_quota integer, p_submits_window_seconds integer, p_content_bytes bigint, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations, OUT violated text, OUT submits_remaining bigint, OUT submits_reset_seconds double precision, OUT content_bytes_used bigint, OUT retry_after_seconds double precision) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    allowance record;
+BEGIN
+    SELECT b.outcome, b.earlier_id INTO outcome, operation_id
+      FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
+                             p_replay_window_seconds, 'operation') b;
+    IF outcome IS NULL THEN
+        -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot
+        -- both take the last slot.
+        IF (SELECT count(*) FROM operations o WHERE o.owner_id = p_owner_id AND o.state = ANY(p_active_states))
+           >= p_max_active THEN
+            outcome := 'quota';
+            violated := 'active-exports';
+            RETURN;
+        END IF;
+        IF p_content_bytes IS NOT NULL THEN
+            SELECT u.used_bytes, u.next_expiry_seconds INTO content_bytes_used, retry_after_seconds
+              FROM content_bytes_used_v1(p_owner_id, p_active_states) u;
+            IF content_bytes_used >= p_content_bytes THEN
+                outcome := 'quota';
+                violated := 'content-bytes';
+                RETURN;
+            END IF;
+            retry_after_seconds := NULL;
+        END IF;
+        IF p_submits_quota IS NOT NULL THEN
+            SELECT * INTO allowance
+              FROM take_allowance_v1(p_owner_id, 'submits', p_submits_quota, p_submits_window_seconds, 1);
+            submits_remaining := allowance.remaining;
+            submits_reset_seconds := allowance.reset_seconds;
+            IF allowance.granted = 0 THEN
+                outcome := 'quota';
+                violated := 'submits';
+                retry_after_seconds := allowance.reset_seconds;
+                RETURN;
+            END IF;
+        END IF;
+        -- jsonb_populate_record reads each member as its column's type; a static statement, so its plan is kept.
+        INSERT INTO operations (operation_id, owner_id, conversation_id, state, format, before_seq, after_seq,
+                                notify_url, since, until, senders, compression, max_part_bytes,
+                                schedule_id, due_at, created_at, updated_at, traceparent,
+                                media, media_types, media_max_file_bytes, media_max_total_bytes)
+        SELECT p_operation_id, p_owner_id, p_conversation_id, 'QUEUED', r.format, r.before_seq, r.after_seq,
+               r.notify_url, r.since, r.until, r.senders, r.compression, r.max_part_bytes,
+               p_schedule_id, p_due_at, coalesce(p_created_at, now()), coalesce(p_created_at, now()), p_traceparent,
+               r.media, r.media_types, r.media_max_file_bytes, r.media_max_total_bytes
+          FROM jsonb_populate_record(NULL::operations, p_request) r
+        ON CONFLICT (schedule_id, due_at) DO NOTHING;
+        IF FOUND THEN
+            IF p_idempotency_key IS NOT NULL THEN
+                INSERT INTO idempotency_keys (owner_id, idempotency_key, fingerprint, operation_id)
+                VALUES (p_owner_id, p_idempotency_key, p_fingerprint, p_operation_id);
+            END IF;
+            PERFORM enqueue_wake_up_v1(p_operation_id, p_routing_key, NULL, 0, p_payload_version);
+            operation_id := p_operation_id;
+            outcome := 'created';
+        ELSE
+            SELECT o.operation_id INTO operation_id FROM operations o
+             WHERE o.schedule_id = p_schedule_id AND o.due_at = p_due_at;
+            outcome := 'replayed';
+        END IF;
+    END IF;
+    IF p_answered AND outcome IN ('created', 'replayed') THEN
+        SELECT r.* INTO accepted FROM operation_representations r
+         WHERE r.operation_id = create_operation_v3.operation_id;
     END IF;
 END;
 $$;
@@ -870,6 +954,30 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.take_allowance_v1(p_user_id text, p_policy text, p_quota bigint, p_window_seconds integer, p_wanted bigint, OUT granted bigint, OUT remaining bigint, OUT reset_seconds double precision) RETURNS record
+    LANGUAGE sql
+    AS $$
+    WITH now_ AS (
+        SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / p_window_seconds)
+                            * p_window_seconds) AS window_start
+    ), taken AS (
+        INSERT INTO rate_limit_windows AS w (user_id, policy, window_start, used, granted)
+        SELECT p_user_id, p_policy, n.window_start, least(p_wanted, p_quota), least(p_wanted, p_quota) FROM now_ n
+        ON CONFLICT (user_id, policy) DO UPDATE SET
+            -- Every expression sees the row as it was: the window's use so far is 0 when a new window began.
+            window_start = EXCLUDED.window_start,
+            used = (CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used ELSE 0 END)
+                   + greatest(0, least(p_wanted,
+                                       p_quota - CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used ELSE 0 END)),
+            granted = greatest(0, least(p_wanted,
+                                        p_quota - CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used ELSE 0 END))
+        RETURNING w.granted, w.used, w.window_start
+    )
+    SELECT t.granted, greatest(0, p_quota - t.used),
+           extract(epoch FROM t.window_start + make_interval(secs => p_window_seconds) - statement_timestamp())::float8
+      FROM taken t
+$$;
+
 CREATE TABLE public.access_events (
     access_event_id bigint NOT NULL,
     operation_id text NOT NULL,
@@ -1032,6 +1140,14 @@ CREATE SEQUENCE public.outbox_outbox_id_seq
 
 ALTER SEQUENCE public.outbox_outbox_id_seq OWNED BY public.outbox.outbox_id;
 
+CREATE TABLE public.rate_limit_windows (
+    user_id text NOT NULL,
+    policy text NOT NULL,
+    window_start timestamp with time zone NOT NULL,
+    used bigint NOT NULL,
+    granted bigint NOT NULL
+);
+
 CREATE TABLE public.schema_migrations (
     version text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -1115,6 +1231,9 @@ ALTER TABLE ONLY public.operations
 
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (outbox_id);
+
+ALTER TABLE ONLY public.rate_limit_windows
+    ADD CONSTRAINT rate_limit_windows_pkey PRIMARY KEY (user_id, policy);
 
 ALTER TABLE ONLY public.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);

@@ -585,6 +585,100 @@ class WaitSettings(BaseSettings):
     event_heartbeat_seconds: float = seconds(15.0, "the interval of an event stream's heartbeat comments")
 
 
+class RateLimitSettings(BaseSettings):
+    """Each user's rate limits and storage budget, the fields that announce them, and what the limiter does when
+    its store fails (docs/api.md: Rate limits)."""
+
+    model_config = _CONFIG
+
+    rate_limit_submits: int = Field(
+        100,
+        ge=1,
+        description="exports one user may submit per `CHATEXPORT_RATE_LIMIT_SUBMITS_WINDOW_SECONDS`, counted"
+        " exactly across every API process; `429 RATE_LIMITED` beyond (a replay counts nothing)",
+        json_schema_extra={"unit": "requests"},
+    )
+
+    rate_limit_submits_window_seconds: int = Field(
+        3600, ge=1, le=86400, description="the window of `CHATEXPORT_RATE_LIMIT_SUBMITS`"
+    )
+
+    rate_limit_polls: int = Field(
+        600,
+        ge=1,
+        description="reads of operations (a poll, a long poll, an event stream's opening, the list, `GET"
+        " /v3/limits`) one user may make per `CHATEXPORT_RATE_LIMIT_POLLS_WINDOW_SECONDS`; `429 RATE_LIMITED`"
+        " beyond",
+        json_schema_extra={"unit": "requests"},
+    )
+
+    rate_limit_polls_window_seconds: int = Field(
+        60, ge=1, le=86400, description="the window of `CHATEXPORT_RATE_LIMIT_POLLS`"
+    )
+
+    rate_limit_downloads: int = Field(
+        100,
+        ge=1,
+        description="downloads of results (whole or a part, served or redirected) one user may start per"
+        " `CHATEXPORT_RATE_LIMIT_DOWNLOADS_WINDOW_SECONDS`; `429 RATE_LIMITED` beyond",
+        json_schema_extra={"unit": "requests"},
+    )
+
+    rate_limit_downloads_window_seconds: int = Field(
+        3600, ge=1, le=86400, description="the window of `CHATEXPORT_RATE_LIMIT_DOWNLOADS`"
+    )
+
+    rate_limit_content_bytes: int = size(
+        10 * 1024**3,
+        "the bytes one user may hold in results not yet expired plus exports being written; a submit"
+        " once they are spent is `429 CONTENT_BYTES_SPENT`",
+    )
+
+    rate_limit_batch: int = Field(
+        20,
+        ge=1,
+        description="polls and downloads an API process takes from a user's allowance in one statement and"
+        " grants locally: a user may go over a policy by at most one batch per API process in a window",
+        json_schema_extra={"unit": "requests"},
+    )
+
+    rate_limit_admin_exempt: bool = Field(
+        True,
+        description="tokens with the `admin` scope are counted by no policy",
+        json_schema_extra={"unit": "flag"},
+    )
+
+    rate_limit_fields: bool = Field(
+        True,
+        description="answers carry the `RateLimit-Policy` and `RateLimit` fields; the limits hold either way",
+        json_schema_extra={"unit": "flag"},
+    )
+
+    rate_limit_on_store_failure: Literal["open", "closed"] = Field(
+        "open",
+        description="what a poll or a download gets when the limiter's statement fails or times out: `open`"
+        " lets it through, `closed` answers `503` (a submit is counted in its own statement either way)",
+    )
+
+    rate_limit_timeout_seconds: float = seconds(
+        0.5, "the limiter's own deadline: waiting for a connection of its pool and running its statement"
+    )
+
+    rate_limit_pool_max: int = Field(
+        2,
+        ge=1,
+        description="connections of the limiter's own pool in one API process, apart from the API's pool",
+        json_schema_extra={"unit": "connections"},
+    )
+
+    rate_limit_partition_key: str | None = Field(
+        None,
+        description="the key of the HMAC that makes a field's `pk` from a user id; by default one derived from"
+        " `CHATEXPORT_WEBHOOK_SIGNING_KEY`",
+        json_schema_extra={"unit": "secret"},
+    )
+
+
 class WebhookSettings(BaseSettings):
     """Completion callbacks: their signing keys, which receivers they may reach, their timeouts and retries."""
 
@@ -836,6 +930,7 @@ class PartSettings(MonitoringSettings, DatabaseSettings, CommonSettings):
 
 
 class ApiPartSettings(
+    RateLimitSettings,
     WebhookSettings,
     WaitSettings,
     DownloadSettings,

@@ -12,7 +12,9 @@ from aiohttp import web
 from services.api.exporting.changes import CHANGES, OperationChanges
 from services.api.http.keys import (
     DOWNLOAD_SLOTS,
+    LIMITER,
     MONITOR,
+    POLICIES,
     POOL,
     PRESIGNER,
     S3,
@@ -21,9 +23,11 @@ from services.api.http.keys import (
     VERIFIER,
     WAIT_SLOTS,
 )
-from services.api.http.middlewares import auth_middleware, error_middleware, metrics_middleware
+from services.api.http.middlewares import add_rate_limit_fields, auth_middleware, error_middleware, metrics_middleware
 from services.api.http.server import api_runner
 from services.api.http.slots import ConnectionSlots
+from services.api.limiting.limiter import RateLimiter
+from services.api.limiting.policies import policies
 from services.api.routes import setup_routes
 from shared import tracing
 from shared.auth import TokenVerifier
@@ -33,17 +37,18 @@ from shared.lifecycle import listening_site, run_until_signalled
 from shared.logs import configure_logging
 from shared.migrator import require_schema
 from shared.monitoring import Monitor, database_check, serving, storage_check
+from shared.rate_policies import PolicyName
 from shared.settings import ApiPartSettings
 from shared.storage import open_presigner, open_s3_client
 
 log = logging.getLogger(__name__)
 
 
-# What each kind of slot holds, and the problem code of a refusal at one user's cap.
+# What each kind of slot holds, the problem code of a refusal at one user's cap, and that cap as a policy.
 SLOT_WORDS = {
-    "download": ("downloads", "TOO_MANY_DOWNLOADS"),
-    "wait": ("waiting requests", "TOO_MANY_WAITERS"),
-    "upload": ("uploads", "TOO_MANY_UPLOADS"),
+    "download": ("downloads", "TOO_MANY_DOWNLOADS", PolicyName.OPEN_DOWNLOADS),
+    "wait": ("waiting requests", "TOO_MANY_WAITERS", PolicyName.OPEN_WAITERS),
+    "upload": ("uploads", "TOO_MANY_UPLOADS", PolicyName.OPEN_UPLOADS),
 }
 
 
@@ -72,6 +77,12 @@ async def _s3_context(app: web.Application) -> AsyncIterator[None]:
         app[PRESIGNER] = presigner
         app[MONITOR].checks["storage"] = storage_check(client, app[SETTINGS].s3_bucket)
         yield
+
+
+async def _limiter_context(app: web.Application) -> AsyncIterator[None]:
+    await app[LIMITER].start()
+    yield
+    await app[LIMITER].close()
 
 
 async def _changes_context(app: web.Application) -> AsyncIterator[None]:
@@ -122,19 +133,23 @@ def init_app(settings: ApiPartSettings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[VERIFIER] = TokenVerifier(settings)
-    # (total, per user, name) of each kind of long connection a process caps (docs/api.md: Downloads; Message
-    # store, Attachments).
+    app[POLICIES] = policies(settings)
+    app[LIMITER] = RateLimiter(settings)
+    # (total, name) of each kind of long connection a process caps; the per-user cap is the slot's policy
+    # (docs/api.md: Downloads; Message store, Attachments; Rate limits).
     caps = {
-        DOWNLOAD_SLOTS: (settings.download_concurrency, settings.download_per_user_concurrency, "download"),
-        WAIT_SLOTS: (settings.wait_concurrency, settings.wait_per_user_concurrency, "wait"),
-        UPLOAD_SLOTS: (settings.upload_concurrency, settings.upload_per_user_concurrency, "upload"),
+        DOWNLOAD_SLOTS: (settings.download_concurrency, "download"),
+        WAIT_SLOTS: (settings.wait_concurrency, "wait"),
+        UPLOAD_SLOTS: (settings.upload_concurrency, "upload"),
     }
-    for key, (total, per_user, name) in caps.items():
-        what, code = SLOT_WORDS[name]
-        app[key] = ConnectionSlots(total=total, per_user=per_user, name=name, what=what, code=code)
+    for key, (total, name) in caps.items():
+        what, code, policy = SLOT_WORDS[name]
+        app[key] = ConnectionSlots(total=total, policy=app[POLICIES][policy], name=name, what=what, code=code)
+    app.on_response_prepare.append(add_rate_limit_fields)
     app[MONITOR] = Monitor("api", needs=("database", "storage", "keys"))
     app.cleanup_ctx.append(_keys_context)
     app.cleanup_ctx.append(_pg_context)
+    app.cleanup_ctx.append(_limiter_context)
     app.cleanup_ctx.append(_changes_context)
     app.on_shutdown.append(_release_waiters)
     app.cleanup_ctx.append(_s3_context)

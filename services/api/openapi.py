@@ -24,8 +24,10 @@ from services.api.http import schemas
 from services.api.http.bodies import JSON_MEDIA_TYPE
 from services.api.http.contract import ANY_ROUTE_PROBLEMS, REF_TEMPLATE, Answer, Endpoint, header, ref, retry_after
 from services.api.http.problems import CODES, PROBLEM_CONTENT_TYPE
-from services.api.views import attachments, document, exports, messages, operations, schedules, webhooks
+from services.api.http.rate_fields import LIMIT_FIELD, POLICY_FIELD
+from services.api.views import attachments, document, exports, limits, messages, operations, schedules, webhooks
 from shared.ids import ID_PATTERN, OPERATION_ID_PATTERN
+from shared.rate_policies import PolicyName
 from shared.routes import ROUTES, Route
 from shared.version import VERSION
 
@@ -37,6 +39,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         *exports.ENDPOINTS,
         *operations.ENDPOINTS,
         *webhooks.ENDPOINTS,
+        *limits.ENDPOINTS,
         *schedules.ENDPOINTS,
         *document.ENDPOINTS,
     )
@@ -61,6 +64,28 @@ def _models(endpoints: Iterable[Endpoint]) -> tuple[tuple[type[BaseModel], Schem
 
 MODELS = _models(ENDPOINTS.values())
 
+# The fields of draft-ietf-httpapi-ratelimit-headers (docs/api.md: Rate limits, The fields): on every answer of a
+# route a policy counts, and on every refusal by a policy; absent when CHATEXPORT_RATE_LIMIT_FIELDS is off.
+RATE_LIMIT_HEADERS = {
+    POLICY_FIELD: header(
+        'The policies this answer concerns: a Structured Fields List of Strings, `"<policy>";q=<quota>[;w=<window'
+        ' seconds>][;qu="<unit>"];pk=:<partition key>:`.',
+        {"type": "string"},
+    ),
+    LIMIT_FIELD: header(
+        'Where the caller stands against them: `"<policy>";r=<remaining>[;t=<seconds to renewal>];pk=:<partition'
+        " key>:`.",
+        {"type": "string"},
+    ),
+}
+# The problems a route a policy counts may answer besides its own, by policy.
+POLICY_PROBLEMS: dict[PolicyName, tuple[str, ...]] = {
+    PolicyName.SUBMITS: ("RATE_LIMITED", "CONTENT_BYTES_SPENT"),
+    PolicyName.POLLS: ("RATE_LIMITED",),
+    PolicyName.DOWNLOADS: ("RATE_LIMITED",),
+}
+_QUOTA_HEADERS = {"Retry-After": retry_after("Seconds before trying again.", required=True), **RATE_LIMIT_HEADERS}
+
 # Headers that come with a problem code wherever it is answered.
 PROBLEM_HEADERS: dict[str, dict[str, dict[str, Any]]] = {
     "UNAUTHENTICATED": {
@@ -75,9 +100,12 @@ PROBLEM_HEADERS: dict[str, dict[str, dict[str, Any]]] = {
             "With `UNSUPPORTED_CONTENT_ENCODING`: the only coding accepted.", {"const": "identity"}
         )
     },
-    "TOO_MANY_ACTIVE_EXPORTS": {"Retry-After": retry_after("Seconds before trying again.", required=True)},
-    "TOO_MANY_DOWNLOADS": {"Retry-After": retry_after("Seconds before trying again.", required=True)},
-    "TOO_MANY_WAITERS": {"Retry-After": retry_after("Seconds before trying again.", required=True)},
+    "TOO_MANY_ACTIVE_EXPORTS": _QUOTA_HEADERS,
+    "TOO_MANY_DOWNLOADS": _QUOTA_HEADERS,
+    "TOO_MANY_WAITERS": _QUOTA_HEADERS,
+    "TOO_MANY_UPLOADS": _QUOTA_HEADERS,
+    "RATE_LIMITED": _QUOTA_HEADERS,
+    "CONTENT_BYTES_SPENT": _QUOTA_HEADERS,
     "SERVICE_UNAVAILABLE": {"Retry-After": retry_after("Seconds before trying again.", required=True)},
     "RANGE_NOT_SATISFIABLE": {
         "Content-Range": header("The file's size.", {"type": "string", "pattern": "^bytes \\*/[0-9]+$"}, required=True)
@@ -179,6 +207,10 @@ def _operation(route: Route, endpoint: Endpoint, components: dict[str, Any]) -> 
         operation["requestBody"] = {"description": body.description, "required": body.required, "content": content}
     problems = endpoint.problems if route.public else (*ANY_ROUTE_PROBLEMS, *endpoint.problems)
     answers = {str(answer.status): _answer(answer) for answer in endpoint.answers}
+    if route.policy is not None:
+        problems = (*problems, *(code for code in POLICY_PROBLEMS[route.policy] if code not in problems))
+        for response in answers.values():
+            response["headers"] = {**response.get("headers", {}), **RATE_LIMIT_HEADERS}
     operation["responses"] = {**answers, **problem_responses(problems)}
     return operation
 

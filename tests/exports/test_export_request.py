@@ -56,6 +56,7 @@ async def submit(conn: asyncpg.Connection, operation_id: str, key: str, request:
         request=request,
         replay_window_seconds=3600,
         max_active=100,
+        limits=None,
     )
 
 

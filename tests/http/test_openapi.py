@@ -161,6 +161,8 @@ def test_submit_documents_its_headers() -> None:
         "ETag",
         "Retry-After",
         "Idempotent-Replayed",
+        "RateLimit-Policy",
+        "RateLimit",
     }
     assert submit["responses"]["429"]["headers"]["Retry-After"]["required"]
     download = DOCUMENT["paths"]["/v3/exports/{operation_id}/result"]["get"]["responses"]

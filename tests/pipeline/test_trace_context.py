@@ -41,6 +41,7 @@ async def submit(conn: asyncpg.Connection, key: str, traceparent: str | None) ->
         request=ExportRequest(),
         replay_window_seconds=3600,
         max_active=100,
+        limits=None,
         traceparent=traceparent,
     )
     assert result.outcome in (SubmitOutcome.CREATED, SubmitOutcome.REPLAYED)

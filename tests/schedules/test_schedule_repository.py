@@ -116,6 +116,7 @@ async def test_keys_are_shared_with_submits_and_replays_return_the_schedule(conn
         request=request,
         replay_window_seconds=3600,
         max_active=5,
+        limits=None,
     )
     assert submitted.outcome is SubmitOutcome.REUSED
     await submit_export(
@@ -128,6 +129,7 @@ async def test_keys_are_shared_with_submits_and_replays_return_the_schedule(conn
         request=ExportRequest(),
         replay_window_seconds=3600,
         max_active=5,
+        limits=None,
     )
     assert await create(conn, "k2") == "reused"
     assert await create(conn, "k3", owner="carol") == "not_member"
@@ -309,6 +311,7 @@ async def test_at_the_quota_the_run_waits_and_is_created_once_a_slot_frees(conn:
         request=ExportRequest(),
         replay_window_seconds=3600,
         max_active=5,
+        limits=None,
     )
     assert (await fire(conn, schedule_id, max_active=1)).outcome is FireOutcome.WAITING_FOR_QUOTA
     view = await schedules.read_schedule(conn, schedule_id=schedule_id, owner_id="alice")

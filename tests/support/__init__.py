@@ -83,6 +83,13 @@ async def _delete_everything_sql(conn: asyncpg.Connection) -> str:
     return "; ".join(f'DELETE FROM "{table}"' for table in order)
 
 
+TEST_RATE_LIMITS: dict[str, int] = {
+    "rate_limit_submits": 1_000_000,
+    "rate_limit_polls": 1_000_000,
+    "rate_limit_downloads": 1_000_000,
+}
+
+
 def make_settings(database_url: str, s3_endpoint_url: str, **overrides: Any) -> Settings:
     """Settings for one test: its own database, bucket, exchange and queue; short timings."""
     values: dict[str, Any] = {
@@ -99,6 +106,8 @@ def make_settings(database_url: str, s3_endpoint_url: str, **overrides: Any) -> 
         "janitor_interval_seconds": 0.5,
         "shutdown_grace_seconds": 5.0,
         "metrics_port": 0,  # a free port each: tests run many parts side by side
+        # Tests poll and submit far faster than users: the rate limits' own tests set the policies they test.
+        **TEST_RATE_LIMITS,
     }
     values.update(overrides)
     return Settings(**values)

@@ -12,7 +12,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
-from tests.support import AMQP_URL
+from tests.support import AMQP_URL, TEST_RATE_LIMITS
 
 
 @contextlib.asynccontextmanager
@@ -25,7 +25,11 @@ async def local_system(database_url: str, log_dir: Path, **overrides: str) -> As
         database_url=database_url,
         amqp_url=AMQP_URL,
         log_dir=log_dir,
-        overrides={"CHATEXPORT_JANITOR_INTERVAL_SECONDS": "1", **overrides},
+        overrides={
+            "CHATEXPORT_JANITOR_INTERVAL_SECONDS": "1",
+            **{f"CHATEXPORT_{name.upper()}": str(value) for name, value in TEST_RATE_LIMITS.items()},
+            **overrides,
+        },
     )
     try:
         local.start()

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from services.api.http.metrics import IDEMPOTENCY_CONFLICTS, IDEMPOTENCY_REPLAYS
-from services.api.http.problems import ProblemError, not_found
+from services.api.http.problems import ProblemError, not_found, quota_exceeded
+from services.api.limiting.policies import Standing, policies
 from shared.metrics import AUTHORIZATION_REFUSALS
+from shared.rate_policies import PolicyName
 from shared.repository.submissions import SubmitOutcome
 from shared.settings import ApiPartSettings
 
@@ -22,7 +24,8 @@ QUOTA_RETRY_AFTER_SECONDS = 10
 class Creation:
     """What one kind of created work changes in the answers: the ``chatexport_authorization_refusals_total``
     label of a caller who is not a member, the end of an expired key's detail, and the quota's problem (its
-    code, its detail for the settings, and a ``Retry-After`` when waiting helps).
+    code, its detail for the settings, a ``Retry-After`` when waiting helps, and the policy a 429 names in its
+    rate-limit fields).
     """
 
     refusal_label: str
@@ -30,6 +33,7 @@ class Creation:
     quota_code: str
     quota_detail: Callable[[ApiPartSettings], str]
     quota_retry_after_seconds: int | None = None
+    quota_policy: PolicyName | None = None
 
     @property
     def problems(self) -> tuple[str, ...]:
@@ -43,6 +47,7 @@ EXPORT = Creation(
     "TOO_MANY_ACTIVE_EXPORTS",
     lambda settings: f"You already have {settings.max_active_exports} exports in progress; retry when one has ended.",
     QUOTA_RETRY_AFTER_SECONDS,
+    PolicyName.ACTIVE_EXPORTS,
 )
 SCHEDULE = Creation(
     "schedule",
@@ -76,6 +81,11 @@ def answer(outcome: SubmitOutcome, creation: Creation, settings: ApiPartSettings
         case SubmitOutcome.EXPIRED:
             detail = f"This Idempotency-Key is past its replay window; use a new key to {creation.anew}."
             raise _conflict("IDEMPOTENCY_KEY_EXPIRED", detail)
+        case SubmitOutcome.QUOTA if creation.quota_policy is not None:
+            standing = Standing(policies(settings)[creation.quota_policy], 0)
+            raise quota_exceeded(
+                creation.quota_code, creation.quota_detail(settings), standing, creation.quota_retry_after_seconds
+            )
         case SubmitOutcome.QUOTA:
             retry_after = creation.quota_retry_after_seconds
             headers = {} if retry_after is None else {"Retry-After": str(retry_after)}

@@ -8,8 +8,11 @@ import asyncpg
 from aiohttp import web
 
 from services.api.http.slots import ConnectionSlots
+from services.api.limiting.limiter import RateLimiter
+from services.api.limiting.policies import Policy, Standing
 from shared.auth import Principal, TokenVerifier
 from shared.monitoring import Monitor
+from shared.rate_policies import PolicyName
 from shared.settings import ApiPartSettings
 
 SETTINGS = web.AppKey("settings", ApiPartSettings)
@@ -27,6 +30,11 @@ WAIT_SLOTS = web.AppKey("wait_slots", ConnectionSlots)
 OPENAPI_DOCUMENT = web.AppKey("openapi_document", bytes)
 MONITOR = web.AppKey("monitor", Monitor)
 PRINCIPAL = web.RequestKey("principal", Principal)
+# Each user's policies (services.api.limiting.policies), and the limiter that counts polls and downloads.
+POLICIES = web.AppKey("policies", dict[PolicyName, Policy])
+LIMITER = web.AppKey("limiter", RateLimiter)
+# Where the caller stands against the policies this answer concerns: its RateLimit fields show them.
+RATE_LIMITS = web.RequestKey("rate_limits", tuple[Standing, ...])
 
 
 def s3_client(app: web.Application) -> Any:

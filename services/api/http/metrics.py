@@ -63,3 +63,16 @@ HEAD_TIMEOUTS = Counter(
     "Connections closed because a request line and its header fields did not arrive in full within"
     " request_header_timeout_seconds of the request's first byte.",
 )
+RATE_LIMIT_REFUSALS = counter_from_zero(
+    "chatexport_rate_limit_refusals_total",
+    "Requests refused with 429 because a user's policy was spent, by policy (docs/api.md: Rate limits).",
+    "policy",
+    ("submits", "polls", "downloads", "content-bytes"),
+)
+RATE_LIMIT_STORE_FAILURES = counter_from_zero(
+    "chatexport_rate_limit_store_failures_total",
+    "Takes from a user's allowance that failed or outlasted CHATEXPORT_RATE_LIMIT_TIMEOUT_SECONDS, by policy;"
+    " each was let through or refused as CHATEXPORT_RATE_LIMIT_ON_STORE_FAILURE says.",
+    "policy",
+    ("polls", "downloads"),
+)

@@ -11,11 +11,14 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from services.api.http.fields import RepeatedField, only_field
-from services.api.http.keys import PRINCIPAL, VERIFIER
+from services.api.http.keys import LIMITER, POLICIES, PRINCIPAL, RATE_LIMITS, SETTINGS, VERIFIER
 from services.api.http.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
 from services.api.http.problems import ProblemError
+from services.api.http.rate_fields import rate_limit_fields
+from services.api.limiting.policies import is_exempt, partition_key
 from shared.auth import InvalidToken
 from shared.db import TRANSIENT_DATABASE_ERRORS
+from shared.rate_policies import PolicyName
 from shared.routes import ROUTES
 
 log = logging.getLogger(__name__)
@@ -23,6 +26,11 @@ log = logging.getLogger(__name__)
 PROTECTED_PREFIXES = ("/v2/", "/v3/", "/admin/")
 # Public routes under those prefixes are let through; none of them has a path parameter.
 PUBLIC_PATHS = frozenset(route.path for route in ROUTES if route.public)
+
+# The routes whose every call the limiter counts (a submit is counted in its own statement, by its view).
+_COUNTED_POLICIES = {
+    route.name: route.policy for route in ROUTES if route.policy in (PolicyName.POLLS, PolicyName.DOWNLOADS)
+}
 
 # Any other method is counted as "other": the label set stays bounded whatever clients send.
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
@@ -97,6 +105,8 @@ async def _problem_for(request: web.Request, error: Exception) -> web.StreamResp
     try:
         raise error
     except ProblemError as problem:
+        if problem.limits:
+            request[RATE_LIMITS] = problem.limits
         if problem.code in _CLOSING_CODES:
             return await _answer_and_close(request, problem.response())
         return problem.response()
@@ -184,7 +194,26 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if path.startswith("/admin/") and not principal.is_admin:
         raise ProblemError("FORBIDDEN", "This route needs the admin scope.")
     request[PRINCIPAL] = principal
+    # After authentication: a request without a valid token never spends a user's allowance.
+    policy = _COUNTED_POLICIES.get(request.match_info.route.name or "")
+    if policy is not None and not is_exempt(principal, request.app[SETTINGS]):
+        standing = await request.app[LIMITER].admit(principal.user_id, request.app[POLICIES][policy])
+        if standing is not None:
+            request[RATE_LIMITS] = (standing,)
     return await handler(request)
+
+
+async def add_rate_limit_fields(request: web.Request, response: web.StreamResponse) -> None:
+    """Add the ``RateLimit-Policy`` and ``RateLimit`` fields of the standings the request gathered
+    (``RATE_LIMITS``) to its response, as it is prepared, unless ``CHATEXPORT_RATE_LIMIT_FIELDS`` is off
+    (docs/api.md: Rate limits, The fields).
+    """
+    standings = request.get(RATE_LIMITS)
+    if not standings or not request.app[SETTINGS].rate_limit_fields:
+        return
+    response.headers.update(
+        rate_limit_fields(standings, partition_key(request.app[SETTINGS], request[PRINCIPAL].user_id))
+    )
 
 
 def _authorization(request: web.Request) -> str | None:

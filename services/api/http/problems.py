@@ -6,11 +6,15 @@ token or a signed URL.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiohttp import web
 
 from shared import jsontext
+
+if TYPE_CHECKING:
+    from services.api.limiting.policies import Standing
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
@@ -224,6 +228,18 @@ CODES: dict[str, ProblemCode] = {
     "TOO_MANY_ACTIVE_EXPORTS": ProblemCode(
         429, "Too many active exports", "a submit over `CHATEXPORT_MAX_ACTIVE_EXPORTS`; with `Retry-After: 10`"
     ),
+    "RATE_LIMITED": ProblemCode(
+        429,
+        "Rate limit reached",
+        "a submit, poll or download over the user's policy for its window (`CHATEXPORT_RATE_LIMIT_*`); with"
+        " `violated-policies` and `Retry-After`",
+    ),
+    "CONTENT_BYTES_SPENT": ProblemCode(
+        429,
+        "Storage budget spent",
+        "a submit while the user's results and running exports hold `CHATEXPORT_RATE_LIMIT_CONTENT_BYTES`; with"
+        " `violated-policies` and `Retry-After` (until a result expires, or 60 when none will)",
+    ),
     "SERVICE_UNAVAILABLE": ProblemCode(
         503,
         "Service unavailable",
@@ -243,7 +259,8 @@ class ProblemError(Exception):
     """An error answered as ``application/problem+json``, whose body the model ``schemas.Problem`` describes.
 
     ``code`` is a key of ``CODES``; ``extra`` members (``errors``, ``state``, ...) are added to the body and
-    ``headers`` to the response.
+    ``headers`` to the response. ``limits`` are the user's standings the response's rate-limit fields show (a
+    refusal by a policy names it; docs/api.md: Rate limits).
     """
 
     def __init__(
@@ -252,6 +269,7 @@ class ProblemError(Exception):
         detail: str,
         *,
         headers: dict[str, str] | None = None,
+        limits: Sequence[Standing] = (),
         **extra: Any,
     ) -> None:
         super().__init__(code)
@@ -259,6 +277,7 @@ class ProblemError(Exception):
         self.status, self.title = CODES[code].status, CODES[code].title
         self.detail = detail
         self.headers = headers or {}
+        self.limits = tuple(limits)
         self.extra = extra
 
     def response(self) -> web.Response:
@@ -277,6 +296,17 @@ class ProblemError(Exception):
             content_type=PROBLEM_CONTENT_TYPE,
             headers=self.headers,
         )
+
+
+def quota_exceeded(code: str, detail: str, standing: Standing, retry_after_seconds: int | None) -> ProblemError:
+    """A 429 ``code`` for a spent ``standing``: ``violated-policies`` names its policy, as the quota-exceeded
+    problem of draft-ietf-httpapi-ratelimit-headers does, the response's fields show it, and ``Retry-After`` is
+    ``retry_after_seconds`` when waiting helps (docs/api.md: Rate limits, Refusals).
+    """
+    headers = {} if retry_after_seconds is None else {"Retry-After": str(retry_after_seconds)}
+    return ProblemError(
+        code, detail, headers=headers, limits=(standing,), **{"violated-policies": [standing.policy.name.value]}
+    )
 
 
 def not_found() -> ProblemError:

@@ -38,6 +38,7 @@ from shared.export.formats import (
 from shared.export.phases import described
 from shared.export.request import SCHEDULE_REFUSED_OPTIONS, SHOWN_FIELDS, ExportRequest
 from shared.ids import ID_PATTERN
+from shared.rate_policies import PolicyName
 from shared.states import TERMINAL, PauseReason, ScheduleMode, ScheduleState, State, WaitingReason
 from shared.timefmt import ceil_millisecond, parse_instant, parse_timestamp
 
@@ -444,7 +445,8 @@ class Problem(StrictModel):
     """An RFC 9457 problem (``application/problem+json``) with a stable ``code`` (docs/api.md: Error codes).
 
     ``errors`` comes with VALIDATION_FAILED only (at most ``problems.MAX_LISTED_ERRORS`` of them, and
-    ``error_count`` of them in all); ``state`` with refusals that depend on an operation's state.
+    ``error_count`` of them in all); ``state`` with refusals that depend on an operation's state;
+    ``violated-policies`` with a 429 of a rate limit or a per-user bound (docs/api.md: Rate limits).
     """
 
     type: Annotated[str, Field(json_schema_extra={"format": "uri"})]
@@ -455,6 +457,9 @@ class Problem(StrictModel):
     errors: list[FieldError] | SkipJsonSchema[None] = ABSENT
     error_count: Annotated[int, Field(ge=1)] | SkipJsonSchema[None] = ABSENT
     state: State | SkipJsonSchema[None] = ABSENT
+    violated_policies: Annotated[list[PolicyName], Field(min_length=1)] | SkipJsonSchema[None] = Field(
+        default=None, alias="violated-policies", json_schema_extra=_no_default
+    )
 
 
 class Message(StrictModel):
@@ -661,6 +666,28 @@ class WebhookSecret(StrictModel):
 
     secret: Annotated[str, Field(pattern="^whsec_[A-Za-z0-9+/=]+$")]
     previous_secret: Annotated[str, Field(pattern="^whsec_[A-Za-z0-9+/=]+$")] | None
+
+
+class PolicyStanding(StrictModel):
+    """One policy and where the caller stands against it (docs/api.md: Rate limits)."""
+
+    policy: PolicyName
+    quota: Annotated[int, Field(ge=1)]
+    window_seconds: Annotated[int, Field(ge=1)] | None = Field(
+        description="The window the quota renews over; null for a budget or a bound on what is held at once."
+    )
+    unit: Literal["requests", "content-bytes", "concurrent-requests"]
+    remaining: Annotated[int, Field(ge=0)]
+    reset_seconds: Annotated[int, Field(ge=0)] | None = Field(
+        description="Seconds until the window renews; for `content-bytes`, until a result expires; else null."
+    )
+
+
+class Limits(StrictModel):
+    """``GET /v3/limits``: every policy the caller is held to, and whether none counts them (an admin token)."""
+
+    exempt: bool
+    policies: list[PolicyStanding]
 
 
 class OperationPage(StrictModel):

@@ -10,7 +10,11 @@ from collections import Counter
 from collections.abc import Iterator
 
 from services.api.http.metrics import CAP_REFUSALS
-from services.api.http.problems import ProblemError
+from services.api.http.problems import ProblemError, quota_exceeded
+from services.api.limiting.policies import Policy, Standing
+
+# When a slot of one's own frees up is unknown: a short wait.
+_CAP_RETRY_AFTER_SECONDS = 5
 
 
 class ConnectionSlots:
@@ -19,13 +23,15 @@ class ConnectionSlots:
     ``name`` is the prefix of the two caps' settings, ``<name>_concurrency`` (``total``) and
     ``<name>_per_user_concurrency`` (``per_user``): ``CAP_REFUSALS`` counts each refusal under the name of
     the setting that caused it, so that an operator knows which one to raise. ``what`` names the connections
-    in the refusals' details ("downloads"); ``code`` is the problem code a user over their own cap gets.
-    Single-threaded asyncio: the counts need no lock.
+    in the refusals' details ("downloads"); ``code`` is the problem code a user over their own cap gets, which
+    names ``policy`` (the per-user cap as a policy) in its rate-limit fields. Single-threaded asyncio: the
+    counts need no lock.
     """
 
-    def __init__(self, *, total: int, per_user: int, name: str, what: str, code: str) -> None:
+    def __init__(self, *, total: int, policy: Policy, name: str, what: str, code: str) -> None:
         self._total = total
-        self._per_user = per_user
+        self._policy = policy
+        self._per_user = policy.quota
         self._what = what
         self._code = code
         self._held: Counter[str] = Counter()
@@ -38,16 +44,21 @@ class ConnectionSlots:
         """Slots held right now, by everyone."""
         return self._held.total()
 
+    def held_by(self, user_id: str) -> int:
+        """Slots ``user_id`` holds right now."""
+        return self._held[user_id]
+
     def check(self, user_id: str) -> None:
         """Raise the refusal ``take`` would raise for ``user_id`` now, without taking a slot: ``ProblemError`` 429
         with ``code`` when the user holds ``per_user`` slots, else 503 SERVICE_UNAVAILABLE when all are held.
         """
         if self._held[user_id] >= self._per_user:
             self._refused_per_user.inc()
-            raise ProblemError(
+            raise quota_exceeded(
                 self._code,
                 f"You already have {self._per_user} {self._what} open; finish one first.",
-                headers={"Retry-After": "5"},
+                Standing(self._policy, 0),
+                _CAP_RETRY_AFTER_SECONDS,
             )
         if self.in_use >= self._total:
             self._refused_total.inc()

@@ -30,13 +30,23 @@ from services.api.http.contract import (
 )
 from services.api.http.fields import sole_field
 from services.api.http.idempotency import HEADER, KEY_PROBLEMS, parse_idempotency_key
-from services.api.http.keys import DOWNLOAD_SLOTS, POOL, PRESIGNER, PRINCIPAL, SETTINGS, s3_client
+from services.api.http.keys import (
+    DOWNLOAD_SLOTS,
+    POLICIES,
+    POOL,
+    PRESIGNER,
+    PRINCIPAL,
+    RATE_LIMITS,
+    SETTINGS,
+    s3_client,
+)
 from services.api.http.metrics import DOWNLOADS, DOWNLOADS_STREAMING
 from services.api.http.preconditions import PreconditionOutcome, Validators
 from services.api.http.problems import ProblemError, not_found
 from services.api.http.ranges import ByteRange, RangeNotSatisfiable, parse_range
 from services.api.http.responses import NO_STORE, operation_answer, operation_response
 from services.api.http.schemas import DownloadQuery, EmptyQuery, ExportSubmission
+from services.api.limiting.policies import is_exempt
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.export.formats import FORMATS, GZIP_CONTENT_TYPE
 from shared.ids import is_operation_id
@@ -71,7 +81,7 @@ async def submit_export(request: web.Request) -> web.Response:
     """
     validate_query(EmptyQuery, request)
     settings = request.app[SETTINGS]
-    owner_id = request[PRINCIPAL].user_id
+    principal = request[PRINCIPAL]
     key = parse_idempotency_key(request.headers)
     body = await read_model(request, ExportSubmission, max_bytes=settings.export_request_max_bytes)
     conversation_id = request.match_info["cid"]
@@ -79,8 +89,15 @@ async def submit_export(request: web.Request) -> web.Response:
     export = body.export_request(notify_url=notify_url)
     async with request.app[POOL].acquire() as conn:
         submitted = await submit(
-            conn, settings, owner_id=owner_id, conversation_id=conversation_id, idempotency_key=key, request=export
+            conn,
+            settings,
+            owner_id=principal.user_id,
+            conversation_id=conversation_id,
+            idempotency_key=key,
+            request=export,
+            policies=None if is_exempt(principal, settings) else request.app[POLICIES],
         )
+    request[RATE_LIMITS] = submitted.limits
     row = submitted.operation
     headers = {"Location": path("getOperation", operation_id=row.operation_id)}
     if submitted.replayed:

@@ -1,0 +1,153 @@
+"""Polls and downloads counted across API processes (docs/api.md: Rate limits, Across processes).
+
+Each process takes a user's allowance from Postgres a batch at a time (``take_allowance``: one atomic
+statement on the database's clock) and grants it locally until it is used or its window ends. No window grants
+more than its quota, whatever the number of processes, so accepted requests never exceed the policy in a window;
+a process holding a batch it has not used may make a user's other processes refuse up to one batch per process
+early. A share ends when its window does as this process measured it from before its statement was sent, so it
+never outlives the database's window. A user whose window is spent is refused locally, without a statement,
+until the window ends.
+
+At most one statement per user and policy is in flight in a process; it runs on the limiter's own small pool
+under ``CHATEXPORT_RATE_LIMIT_TIMEOUT_SECONDS``, so a slow or lost database never takes the API's connections.
+A failure is logged, counted and answered as ``CHATEXPORT_RATE_LIMIT_ON_STORE_FAILURE`` says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import asyncpg
+
+from services.api.http.metrics import RATE_LIMIT_REFUSALS, RATE_LIMIT_STORE_FAILURES
+from services.api.http.problems import ProblemError, quota_exceeded
+from services.api.limiting.policies import Policy, Standing, retry_after_seconds
+from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool
+from shared.repository.rate_limits import take_allowance
+from shared.settings import ApiPartSettings
+
+log = logging.getLogger(__name__)
+
+# A batch is at most this share of a policy's quota, so that a small policy (downloads per hour) is not
+# taken whole by one process.
+_BATCH_SHARE = 10
+
+
+@dataclass
+class _Share:
+    """What this process may still grant from a user's window: ``left`` units, of a window with ``remaining``
+    more in the database, ending at ``ends_at`` (the loop's clock)."""
+
+    left: int
+    remaining: int
+    ends_at: float
+
+
+class RateLimiter:
+    """Counts each user's polls and downloads (``admit``). ``start`` opens its pool, ``close`` closes it."""
+
+    def __init__(self, settings: ApiPartSettings) -> None:
+        self._settings = settings
+        self._pool: asyncpg.Pool | None = None
+        self._shares: dict[tuple[str, str], _Share] = {}
+        self._taking: dict[tuple[str, str], asyncio.Task[_Share | None]] = {}
+
+    async def start(self) -> None:
+        """Open the limiter's own pool (no connection yet: the API starts while the database is down)."""
+        own = self._settings.model_copy(update={"database_pool_max": self._settings.rate_limit_pool_max})
+        self._pool = await create_pool(own, min_size=0)
+
+    async def close(self) -> None:
+        """Wait for the statements in flight, then close the pool."""
+        if self._taking:
+            await asyncio.gather(*self._taking.values(), return_exceptions=True)
+        if self._pool is not None:
+            await self._pool.close()
+
+    def batch(self, policy: Policy) -> int:
+        """The units one statement takes for ``policy``: ``CHATEXPORT_RATE_LIMIT_BATCH``, or a tenth of the
+        quota when that is smaller (at least one)."""
+        return max(1, min(self._settings.rate_limit_batch, policy.quota // _BATCH_SHARE))
+
+    async def admit(self, user_id: str, policy: Policy) -> Standing | None:
+        """Grant one unit of ``policy`` to ``user_id`` and say where the user stands after it; None when the
+        store failed and ``CHATEXPORT_RATE_LIMIT_ON_STORE_FAILURE`` is ``open`` (the request goes through
+        uncounted).
+
+        Raises ``ProblemError`` 429 RATE_LIMITED (``violated-policies``, ``Retry-After`` at least the time to
+        the window's end) when the window is spent, or 503 SERVICE_UNAVAILABLE when the store failed and the
+        setting is ``closed``.
+        """
+        key = (user_id, policy.name.value)
+        loop = asyncio.get_running_loop()
+        while True:
+            share = self._shares.get(key)
+            now = loop.time()
+            if share is not None and now >= share.ends_at:
+                del self._shares[key]
+                share = None
+            if share is not None and share.left > 0:
+                share.left -= 1
+                return Standing(policy, share.left + share.remaining, share.ends_at - now)
+            if share is not None and share.remaining == 0:
+                raise self._refusal(Standing(policy, 0, share.ends_at - now))
+            taking = self._taking.get(key)
+            if taking is None:
+                taking = asyncio.create_task(self._take(user_id, policy, key))
+                self._taking[key] = taking
+                taking.add_done_callback(lambda _: self._taking.pop(key, None))
+            # Shielded: a client that goes away does not cancel the statement the others wait for.
+            if await asyncio.shield(taking) is None:
+                self._refuse_if_closed()
+                return None
+
+    async def _take(self, user_id: str, policy: Policy, key: tuple[str, str]) -> _Share | None:
+        """Take a batch from the user's window into a new share; None when the store failed."""
+        assert self._pool is not None and policy.window_seconds is not None
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        try:
+            async with asyncio.timeout(self._settings.rate_limit_timeout_seconds):
+                async with self._pool.acquire() as conn:
+                    allowance = await take_allowance(
+                        conn,
+                        user_id=user_id,
+                        policy=policy.name.value,
+                        quota=policy.quota,
+                        window_seconds=policy.window_seconds,
+                        wanted=self.batch(policy),
+                    )
+        except (*TRANSIENT_DATABASE_ERRORS, asyncpg.PostgresError) as exc:
+            RATE_LIMIT_STORE_FAILURES.labels(policy.name.value).inc()
+            log.warning(
+                "rate limit store failed",
+                extra={"policy": policy.name.value, "error": type(exc).__name__, "mode": self._mode},
+            )
+            return None
+        share = _Share(allowance.granted, allowance.remaining, sent + allowance.reset_seconds)
+        self._shares[key] = share
+        return share
+
+    @property
+    def _mode(self) -> str:
+        return self._settings.rate_limit_on_store_failure
+
+    def _refuse_if_closed(self) -> None:
+        if self._mode == "closed":
+            raise ProblemError(
+                "SERVICE_UNAVAILABLE", "The service is busy; try again shortly.", headers={"Retry-After": "5"}
+            )
+
+    def _refusal(self, standing: Standing) -> ProblemError:
+        policy = standing.policy
+        RATE_LIMIT_REFUSALS.labels(policy.name.value).inc()
+        reset = standing.reset_seconds or 0.0
+        return quota_exceeded(
+            "RATE_LIMITED",
+            f"You have used the {policy.quota} {policy.name.value} allowed per {policy.window_seconds} s;"
+            " try again when Retry-After says.",
+            standing,
+            retry_after_seconds(reset, margin_seconds=self._settings.rate_limit_timeout_seconds),
+        )
