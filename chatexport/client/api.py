@@ -14,6 +14,8 @@ from urllib.parse import quote
 
 import aiohttp
 
+from chatexport.client.progress import Clock
+from chatexport.client.ratelimit import renewal_seconds
 from chatexport.client.tokens import Tokens
 
 # Time to connect, and between two reads of an answer; a stream's heartbeats come well within it.
@@ -71,6 +73,7 @@ class Api:
     use it as an async context manager.
     Files above ``redirect_above_bytes`` are downloaded by redirect (None: never), from the storage through
     ``storage_session``, tried again up to ``storage_retries`` times when the storage's connection fails.
+    ``clock`` times the renewal of a spent polls policy (``polls_renew_in``) and the waits for it.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class Api:
         *,
         redirect_above_bytes: int | None = REDIRECT_ABOVE_BYTES,
         storage_retries: int = STORAGE_RETRIES,
+        clock: Clock | None = None,
     ) -> None:
         self._base_url = base_url.rstrip("/")
         self.tokens = token if isinstance(token, Tokens) else Tokens(token)
@@ -90,6 +94,10 @@ class Api:
         # The newest representation read of each operation, by id, with its ETag: sent back as If-None-Match,
         # so that a poll of an unchanged operation costs a 304 (docs/api.md: Operations, Conditional polls).
         self._held: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.clock = clock or Clock()
+        # When (on ``clock``) the policies the newest answer to a poll showed spent give requests back: a poll
+        # before then is refused (docs/api.md: Rate limits). None while that answer showed none spent.
+        self._polls_renew_at: float | None = None
 
     async def __aenter__(self) -> Api:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=READ_TIMEOUT_SECONDS, sock_read=READ_TIMEOUT_SECONDS)
@@ -145,6 +153,7 @@ class Api:
         async with self.session.get(
             self.url(f"/v3/operations/{quote(operation_id, safe='')}"), params=params, headers=headers
         ) as response:
+            self._note_limits(response)
             if response.status == 304 and held is not None:
                 return _still_current(held[1], response.headers.get("Retry-After", ""))
             operation: dict[str, Any] = await _json(response)
@@ -156,10 +165,26 @@ class Api:
         if etag := response.headers.get("ETag"):
             self._held[operation["operation_id"]] = (etag, operation)
 
+    def polls_renew_in(self) -> float:
+        """Seconds until the policies that the newest answer to a poll (a poll, a long poll, a stream's opening,
+        the list of operations) showed spent give requests back, by its ``RateLimit`` field; 0 when it showed
+        none spent with a time, or that time has passed (docs/api.md: Rate limits).
+        """
+        if self._polls_renew_at is None:
+            return 0.0
+        return max(0.0, self._polls_renew_at - self.clock.now())
+
+    def _note_limits(self, response: aiohttp.ClientResponse) -> None:
+        """Remember when the answer's spent policies renew (``polls_renew_in``); each answer replaces the last."""
+        # A List field may come in several field lines; joined, they are the one value (RFC 9651, section 3.1).
+        seconds = renewal_seconds(", ".join(response.headers.getall("RateLimit", ())))
+        self._polls_renew_at = None if seconds is None else self.clock.now() + seconds
+
     async def operations(self, *, state: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The caller's newest ``limit`` operations (one page), in ``state`` when given."""
         params = {"limit": str(limit), **({"state": state} if state else {})}
         async with self.session.get(self.url("/v3/operations"), params=params) as response:
+            self._note_limits(response)
             page = await _json(response)
         operations: list[dict[str, Any]] = page["operations"]
         return operations
@@ -229,6 +254,7 @@ class Api:
         raises ``ApiError`` when refused and ``aiohttp.ClientError`` when the stream breaks.
         """
         async with self.session.get(self.url(f"/v3/operations/{quote(operation_id, safe='')}/events")) as response:
+            self._note_limits(response)
             if response.status != 200:
                 await _json(response)
             data: list[str] = []

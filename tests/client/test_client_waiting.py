@@ -10,14 +10,21 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from chatexport.client.api import Api
+from chatexport.client.progress import Clock
 from chatexport.client.waiting import is_done, until_terminal
 
 
 class StreamingApi:
-    """An API whose event stream sends ``representations``, then ends as a finished stream does."""
+    """An API whose event stream sends ``representations``, then ends as a finished stream does; no answer of it
+    shows a policy spent.
+    """
 
     def __init__(self, representations: list[dict[str, Any]]) -> None:
         self._representations = representations
+        self.clock = Clock()
+
+    def polls_renew_in(self) -> float:
+        return 0.0
 
     async def events(self, operation_id: str) -> AsyncIterator[dict[str, Any]]:
         await asyncio.sleep(0)  # a real stream reads the network

@@ -151,11 +151,40 @@ function notAMember(error, cid, field) {
   return new FieldError(field, "You are not a member of a conversation called \u201c" + cid + "\u201d, or there is none.");
 }
 
+// ``retryAfter``: the seconds a 429's Retry-After asks for (0 without one).
 class Problem extends Error {
-  constructor(problem) {
+  constructor(problem, response) {
     super((problem.detail || problem.title || "The request was refused.") + " (" + problem.code + ")");
     this.problem = problem;
+    this.retryAfter = response && response.status === 429 ? Number(response.headers.get("Retry-After")) || 0 : 0;
   }
+}
+
+// Seconds until every policy the answer's RateLimit field shows spent (r=0) gives requests back: the largest t;
+// 0 when none is (docs/api.md: Rate limits). Only what the page needs of the Structured Field: members that are
+// a "name" with ;key=value parameters, r and t Integers; anything else is skipped.
+function renewalSeconds(response) {
+  let seconds = 0;
+  for (const member of (response.headers.get("RateLimit") || "").split(",")) {
+    const [name, ...parameters] = member.split(";");
+    if (!/^\s*"[^"\\]*"\s*$/.test(name)) continue;
+    const integers = {};
+    for (const parameter of parameters) {
+      const integer = /^\s*([a-z*][a-z0-9_.*-]*)=(\d+)\s*$/.exec(parameter);
+      if (integer) integers[integer[1]] = Number(integer[2]);
+    }
+    if (integers.r === 0 && integers.t !== undefined) seconds = Math.max(seconds, integers.t);
+  }
+  return seconds;
+}
+
+// A wait the API asks for, with up to a quarter more so that pages refused together come back apart.
+function jittered(seconds) {
+  return seconds * (1 + Math.random() / 4);
+}
+
+function sleep(seconds) {
+  return new Promise((resolve) => setTimeout(resolve, 1000 * seconds));
 }
 
 async function call(path, options) {
@@ -172,7 +201,7 @@ async function call(path, options) {
   if (!response.ok && response.status !== 304) {
     let problem = { code: "HTTP_" + response.status, detail: response.statusText };
     try { problem = await response.json(); } catch (ignored) { /* not a problem body */ }
-    throw new Problem(problem);
+    throw new Problem(problem, response);
   }
   return response;
 }
@@ -455,16 +484,20 @@ function show(operation) {
 }
 
 async function watch(id) {
+  let retryAfter = 0;
   if (streams < MAX_STREAMS) {
     streams += 1;
     try {
       if (await streamed(id)) return;
-    } catch (ignored) {
+    } catch (error) {
       // The stream is a hint: when it cannot be had, or ends early, the status monitor is polled instead.
+      if (error instanceof Problem) retryAfter = error.retryAfter;
     } finally {
       streams -= 1;
     }
   }
+  // A stream's 429 holds for polls too (they count against the same policy), and the stream's place is free.
+  if (retryAfter) await sleep(jittered(retryAfter));
   await poll(id);
 }
 
@@ -491,7 +524,9 @@ async function streamed(id) {
 }
 
 // Poll the status monitor as it asks, sending the version shown, so that an unchanged operation answers 304
-// with no body (docs/api.md: Operations, Conditional polls); a failed poll is tried again, later each time.
+// with no body (docs/api.md: Operations, Conditional polls); a failed poll is tried again, later each time, and
+// never before a 429's Retry-After or the renewal of a policy the RateLimit field shows spent (docs/api.md: Rate
+// limits).
 async function poll(id) {
   let operation = null;
   let etag = null;
@@ -509,11 +544,13 @@ async function poll(id) {
       if (operation && operation.done) return;
       failures = 0;
       seconds = Number(response.headers.get("Retry-After")) || (operation && operation.next_poll_after_seconds) || 1;
+      seconds = Math.max(seconds, jittered(renewalSeconds(response)));
     } catch (error) {
       failures += 1;
       seconds = Math.min(60, 2 ** failures) * (0.5 + Math.random() / 2);
+      if (error instanceof Problem) seconds = Math.max(seconds, jittered(error.retryAfter));
     }
-    await new Promise((resolve) => setTimeout(resolve, 1000 * seconds));
+    await sleep(seconds);
   }
 }
 
