@@ -483,7 +483,7 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION public.create_operation_v3(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, p_submits_quota integer, p_submits_window_seconds integer, p_content_bytes bigint, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations, OUT violated text, OUT submits_remaining bigint, OUT submits_reset_seconds double precision, OUT content_bytes_used bigint, OUT retry_after_seconds double precision) RETURNS record
+CREATE FUNCTION public.create_operation_v3(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, p_submits_quota bigint, p_submits_window_seconds integer, p_content_bytes bigint, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations, OUT violated text, OUT submits_remaining bigint, OUT submits_reset_seconds double precision, OUT content_bytes_used bigint, OUT retry_after_seconds double precision) RETURNS record
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -955,27 +955,39 @@ END;
 $$;
 
 CREATE FUNCTION public.take_allowance_v1(p_user_id text, p_policy text, p_quota bigint, p_window_seconds integer, p_wanted bigint, OUT granted bigint, OUT remaining bigint, OUT reset_seconds double precision) RETURNS record
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    WITH now_ AS (
-        SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / p_window_seconds)
-                            * p_window_seconds) AS window_start
-    ), taken AS (
-        INSERT INTO rate_limit_windows AS w (user_id, policy, window_start, used, granted)
-        SELECT p_user_id, p_policy, n.window_start, least(p_wanted, p_quota), least(p_wanted, p_quota) FROM now_ n
-        ON CONFLICT (user_id, policy) DO UPDATE SET
-            -- Every expression sees the row as it was: the window's use so far is 0 when a new window began.
-            window_start = EXCLUDED.window_start,
-            used = (CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used ELSE 0 END)
-                   + greatest(0, least(p_wanted,
-                                       p_quota - CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used ELSE 0 END)),
-            granted = greatest(0, least(p_wanted,
-                                        p_quota - CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used ELSE 0 END))
-        RETURNING w.granted, w.used, w.window_start
-    )
-    SELECT t.granted, greatest(0, p_quota - t.used),
-           extract(epoch FROM t.window_start + make_interval(secs => p_window_seconds) - statement_timestamp())::float8
-      FROM taken t
+DECLARE
+    w rate_limit_windows;
+    v_now timestamptz;
+    v_start timestamptz;
+BEGIN
+    IF p_wanted > 0 THEN
+        INSERT INTO rate_limit_windows (user_id, policy, window_start, window_seconds, used)
+        VALUES (p_user_id, p_policy, '-infinity', p_window_seconds, 0)
+        ON CONFLICT (user_id, policy) DO NOTHING;
+        SELECT * INTO w FROM rate_limit_windows r
+         WHERE r.user_id = p_user_id AND r.policy = p_policy FOR UPDATE;
+    ELSE
+        SELECT * INTO w FROM rate_limit_windows r WHERE r.user_id = p_user_id AND r.policy = p_policy;
+    END IF;
+    v_now := clock_timestamp();
+    v_start := to_timestamp(floor(extract(epoch FROM v_now) / p_window_seconds) * p_window_seconds);
+    IF w.user_id IS NULL OR NOT (w.window_start >= v_start
+                                 OR w.window_start + make_interval(secs => w.window_seconds) > v_now) THEN
+        w.window_start := v_start;
+        w.window_seconds := p_window_seconds;
+        w.used := 0;
+    END IF;
+    granted := greatest(0, least(p_wanted, p_quota - w.used));
+    IF p_wanted > 0 THEN
+        UPDATE rate_limit_windows r
+           SET window_start = w.window_start, window_seconds = w.window_seconds, used = w.used + granted
+         WHERE r.user_id = p_user_id AND r.policy = p_policy;
+    END IF;
+    remaining := greatest(0, p_quota - w.used - granted);
+    reset_seconds := extract(epoch FROM w.window_start + make_interval(secs => w.window_seconds) - v_now);
+END;
 $$;
 
 CREATE TABLE public.access_events (
@@ -1144,8 +1156,8 @@ CREATE TABLE public.rate_limit_windows (
     user_id text NOT NULL,
     policy text NOT NULL,
     window_start timestamp with time zone NOT NULL,
-    used bigint NOT NULL,
-    granted bigint NOT NULL
+    window_seconds integer NOT NULL,
+    used bigint NOT NULL
 );
 
 CREATE TABLE public.schema_migrations (

@@ -36,6 +36,9 @@ DEFAULT_SCHEDULE_MIN_INTERVAL_SECONDS = 3600
 # The most chunks of one plan, whatever CHATEXPORT_CHUNK_TARGET_BYTES says: each chunk becomes at most two parts of
 # the assembled upload, which S3 allows 10,000 of (docs/chunks.md: The plan).
 MAX_CHUNKS = 5000
+# The largest quota of a rate limit: the largest Integer a Structured Field holds (RFC 9651 section 3.3.1), which
+# the RateLimit fields show it as.
+MAX_QUOTA = 999_999_999_999_999
 # What a public key may verify (RFC 7518 3.1, RFC 8037): never an HS algorithm, whose key is a shared secret.
 PUBLIC_KEY_ALGORITHMS = frozenset(
     {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
@@ -594,6 +597,7 @@ class RateLimitSettings(BaseSettings):
     rate_limit_submits: int = Field(
         100,
         ge=1,
+        le=MAX_QUOTA,
         description="exports one user may submit per `CHATEXPORT_RATE_LIMIT_SUBMITS_WINDOW_SECONDS`, counted"
         " exactly across every API process; `429 RATE_LIMITED` beyond (a replay counts nothing)",
         json_schema_extra={"unit": "requests"},
@@ -606,6 +610,7 @@ class RateLimitSettings(BaseSettings):
     rate_limit_polls: int = Field(
         600,
         ge=1,
+        le=MAX_QUOTA,
         description="reads of operations (a poll, a long poll, an event stream's opening, the list, `GET"
         " /v3/limits`) one user may make per `CHATEXPORT_RATE_LIMIT_POLLS_WINDOW_SECONDS`; `429 RATE_LIMITED`"
         " beyond",
@@ -619,6 +624,7 @@ class RateLimitSettings(BaseSettings):
     rate_limit_downloads: int = Field(
         100,
         ge=1,
+        le=MAX_QUOTA,
         description="downloads of results (whole or a part, served or redirected) one user may start per"
         " `CHATEXPORT_RATE_LIMIT_DOWNLOADS_WINDOW_SECONDS`; `429 RATE_LIMITED` beyond",
         json_schema_extra={"unit": "requests"},
@@ -628,10 +634,12 @@ class RateLimitSettings(BaseSettings):
         3600, ge=1, le=86400, description="the window of `CHATEXPORT_RATE_LIMIT_DOWNLOADS`"
     )
 
-    rate_limit_content_bytes: int = size(
+    rate_limit_content_bytes: int = Field(
         10 * 1024**3,
-        "the bytes one user may hold in results not yet expired plus exports being written; a submit"
-        " once they are spent is `429 CONTENT_BYTES_SPENT`",
+        ge=1,
+        le=MAX_QUOTA,
+        description="the bytes one user may hold in results not yet expired plus exports being written; a"
+        " submit once they are spent is `429 CONTENT_BYTES_SPENT`",
     )
 
     rate_limit_batch: int = Field(

@@ -14,38 +14,52 @@ CREATE TABLE rate_limit_windows (
     user_id text NOT NULL,
     policy text NOT NULL,
     window_start timestamptz NOT NULL,
+    -- The window's own length: processes configured with another one count into it until it ends.
+    window_seconds integer NOT NULL,
     used bigint NOT NULL,
-    -- What the last take granted: the statement's RETURNING cannot see the row as it was before.
-    granted bigint NOT NULL,
     PRIMARY KEY (user_id, policy)
 );
 
 -- Take up to p_wanted units from p_user_id's window of p_policy (p_quota units per p_window_seconds): granted
 -- is what was taken (0 when the window is spent), remaining what is left after it, reset_seconds the time to
--- the window's end. p_wanted 0 takes nothing and reads the window.
+-- the window's end. The clock is read once the row is locked, and a window never moves back: a take that
+-- waited for the lock across a window's end counts in the window the row holds. A row's window, whatever its
+-- length, is counted into until it ends. p_wanted 0 only reads, without a lock.
 CREATE FUNCTION take_allowance_v1(
     p_user_id text, p_policy text, p_quota bigint, p_window_seconds integer, p_wanted bigint,
     OUT granted bigint, OUT remaining bigint, OUT reset_seconds float8)
-LANGUAGE sql AS $$
-    WITH now_ AS (
-        SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / p_window_seconds)
-                            * p_window_seconds) AS window_start
-    ), taken AS (
-        INSERT INTO rate_limit_windows AS w (user_id, policy, window_start, used, granted)
-        SELECT p_user_id, p_policy, n.window_start, least(p_wanted, p_quota), least(p_wanted, p_quota) FROM now_ n
-        ON CONFLICT (user_id, policy) DO UPDATE SET
-            -- Every expression sees the row as it was: the window's use so far is 0 when a new window began.
-            window_start = EXCLUDED.window_start,
-            used = (CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used ELSE 0 END)
-                   + greatest(0, least(p_wanted,
-                                       p_quota - CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used ELSE 0 END)),
-            granted = greatest(0, least(p_wanted,
-                                        p_quota - CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used ELSE 0 END))
-        RETURNING w.granted, w.used, w.window_start
-    )
-    SELECT t.granted, greatest(0, p_quota - t.used),
-           extract(epoch FROM t.window_start + make_interval(secs => p_window_seconds) - statement_timestamp())::float8
-      FROM taken t
+LANGUAGE plpgsql AS $$
+DECLARE
+    w rate_limit_windows;
+    v_now timestamptz;
+    v_start timestamptz;
+BEGIN
+    IF p_wanted > 0 THEN
+        INSERT INTO rate_limit_windows (user_id, policy, window_start, window_seconds, used)
+        VALUES (p_user_id, p_policy, '-infinity', p_window_seconds, 0)
+        ON CONFLICT (user_id, policy) DO NOTHING;
+        SELECT * INTO w FROM rate_limit_windows r
+         WHERE r.user_id = p_user_id AND r.policy = p_policy FOR UPDATE;
+    ELSE
+        SELECT * INTO w FROM rate_limit_windows r WHERE r.user_id = p_user_id AND r.policy = p_policy;
+    END IF;
+    v_now := clock_timestamp();
+    v_start := to_timestamp(floor(extract(epoch FROM v_now) / p_window_seconds) * p_window_seconds);
+    IF w.user_id IS NULL OR NOT (w.window_start >= v_start
+                                 OR w.window_start + make_interval(secs => w.window_seconds) > v_now) THEN
+        w.window_start := v_start;
+        w.window_seconds := p_window_seconds;
+        w.used := 0;
+    END IF;
+    granted := greatest(0, least(p_wanted, p_quota - w.used));
+    IF p_wanted > 0 THEN
+        UPDATE rate_limit_windows r
+           SET window_start = w.window_start, window_seconds = w.window_seconds, used = w.used + granted
+         WHERE r.user_id = p_user_id AND r.policy = p_policy;
+    END IF;
+    remaining := greatest(0, p_quota - w.used - granted);
+    reset_seconds := extract(epoch FROM w.window_start + make_interval(secs => w.window_seconds) - v_now);
+END;
 $$;
 
 -- The bytes p_owner_id holds: results that have not expired, and what exports being written have written so far.
@@ -68,7 +82,7 @@ CREATE FUNCTION create_operation_v3(
     p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer,
     p_idempotency_key text, p_fingerprint text, p_replay_window_seconds float8,
     p_schedule_id text, p_due_at timestamptz, p_created_at timestamptz, p_traceparent text, p_answered boolean,
-    p_submits_quota integer, p_submits_window_seconds integer, p_content_bytes bigint,
+    p_submits_quota bigint, p_submits_window_seconds integer, p_content_bytes bigint,
     OUT outcome submit_outcome, OUT operation_id text, OUT accepted operation_representations,
     OUT violated text, OUT submits_remaining bigint, OUT submits_reset_seconds float8,
     OUT content_bytes_used bigint, OUT retry_after_seconds float8)

@@ -29,8 +29,9 @@ async def take_allowance(
     conn: asyncpg.Connection, *, user_id: str, policy: str, quota: int, window_seconds: int, wanted: int
 ) -> Allowance:
     """Take up to ``wanted`` units of ``user_id``'s window of ``policy`` (``quota`` units per ``window_seconds``,
-    windows aligned on the database's clock); ``wanted`` 0 only reads it. One atomic statement: any number of
-    processes taking at once never grant more than ``quota`` in a window. Commits with the caller's
+    windows aligned on the database's clock); ``wanted`` 0 only reads it, without a write or a lock. One round
+    trip, atomic under the window's row lock: any number of processes taking at once never grant more than
+    ``quota`` in a window, and a window never moves back. Commits with the caller's
     transaction, or at once without one. Raises what asyncpg raises (a timeout, a lost connection).
     """
     row = await conn.fetchrow(

@@ -5,8 +5,9 @@ statement on the database's clock) and grants it locally until it is used or its
 more than its quota, whatever the number of processes, so accepted requests never exceed the policy in a window;
 a process holding a batch it has not used may make a user's other processes refuse up to one batch per process
 early. A share ends when its window does as this process measured it from before its statement was sent, so it
-never outlives the database's window. A user whose window is spent is refused locally, without a statement,
-until the window ends.
+never outlives the database's window; the ``t`` and ``Retry-After`` it announces add the statement's timeout, so
+they are never earlier than the database's. A user whose window is spent is refused locally, without a
+statement, until the window ends. Shares of ended windows are dropped every minute.
 
 At most one statement per user and policy is in flight in a process; it runs on the limiter's own small pool
 under ``CHATEXPORT_RATE_LIMIT_TIMEOUT_SECONDS``, so a slow or lost database never takes the API's connections.
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 # A batch is at most this share of a policy's quota, so that a small policy (downloads per hour) is not
 # taken whole by one process.
 _BATCH_SHARE = 10
+# How often the shares whose windows have ended are dropped, in seconds: users who never come back would
+# otherwise keep theirs for the process's life.
+_SWEEP_SECONDS = 60.0
 
 
 @dataclass
@@ -46,13 +50,16 @@ class _Share:
 
 
 class RateLimiter:
-    """Counts each user's polls and downloads (``admit``). ``start`` opens its pool, ``close`` closes it."""
+    """Counts each user's polls and downloads (``admit``). ``start`` opens its pool, ``close`` closes it. Shares
+    of ended windows are dropped every ``sweep_seconds``, when a share is taken."""
 
-    def __init__(self, settings: ApiPartSettings) -> None:
+    def __init__(self, settings: ApiPartSettings, *, sweep_seconds: float = _SWEEP_SECONDS) -> None:
         self._settings = settings
+        self._sweep_seconds = sweep_seconds
         self._pool: asyncpg.Pool | None = None
         self._shares: dict[tuple[str, str], _Share] = {}
         self._taking: dict[tuple[str, str], asyncio.Task[_Share | None]] = {}
+        self._next_sweep = 0.0
 
     async def start(self) -> None:
         """Open the limiter's own pool (no connection yet: the API starts while the database is down)."""
@@ -65,6 +72,11 @@ class RateLimiter:
             await asyncio.gather(*self._taking.values(), return_exceptions=True)
         if self._pool is not None:
             await self._pool.close()
+
+    @property
+    def held_shares(self) -> int:
+        """The users' shares this process holds, by user and policy (at most one each)."""
+        return len(self._shares)
 
     def batch(self, policy: Policy) -> int:
         """The units one statement takes for ``policy``: ``CHATEXPORT_RATE_LIMIT_BATCH``, or a tenth of the
@@ -88,11 +100,14 @@ class RateLimiter:
             if share is not None and now >= share.ends_at:
                 del self._shares[key]
                 share = None
+            # The share ends early by up to the statement's round trip (``_take``); what is announced adds the
+            # longest one, so that a client that waits it out finds the database's window ended too.
+            renewal = share.ends_at - now + self._settings.rate_limit_timeout_seconds if share else 0.0
             if share is not None and share.left > 0:
                 share.left -= 1
-                return Standing(policy, share.left + share.remaining, share.ends_at - now)
+                return Standing(policy, share.left + share.remaining, renewal)
             if share is not None and share.remaining == 0:
-                raise self._refusal(Standing(policy, 0, share.ends_at - now))
+                raise self._refusal(Standing(policy, 0, renewal))
             taking = self._taking.get(key)
             if taking is None:
                 taking = asyncio.create_task(self._take(user_id, policy, key))
@@ -126,7 +141,12 @@ class RateLimiter:
                 extra={"policy": policy.name.value, "error": type(exc).__name__, "mode": self._mode},
             )
             return None
+        # Measured from before the statement was sent: the share never outlives the database's window.
         share = _Share(allowance.granted, allowance.remaining, sent + allowance.reset_seconds)
+        now = loop.time()
+        if now >= self._next_sweep:
+            self._shares = {held: kept for held, kept in self._shares.items() if kept.ends_at > now}
+            self._next_sweep = now + self._sweep_seconds
         self._shares[key] = share
         return share
 
@@ -149,5 +169,5 @@ class RateLimiter:
             f"You have used the {policy.quota} {policy.name.value} allowed per {policy.window_seconds} s;"
             " try again when Retry-After says.",
             standing,
-            retry_after_seconds(reset, margin_seconds=self._settings.rate_limit_timeout_seconds),
+            retry_after_seconds(reset, margin_seconds=0.0),
         )
