@@ -14,6 +14,7 @@ from services.api.http.keys import (
     DOWNLOAD_SLOTS,
     LIMITER,
     MONITOR,
+    PARTITION_KEYS,
     POLICIES,
     POOL,
     PRESIGNER,
@@ -27,7 +28,7 @@ from services.api.http.middlewares import add_rate_limit_fields, auth_middleware
 from services.api.http.server import api_runner
 from services.api.http.slots import ConnectionSlots
 from services.api.limiting.limiter import RateLimiter
-from services.api.limiting.policies import policies
+from services.api.limiting.policies import PartitionKeys, policies
 from services.api.routes import setup_routes
 from shared import tracing
 from shared.auth import TokenVerifier
@@ -135,6 +136,7 @@ def init_app(settings: ApiPartSettings) -> web.Application:
     app[VERIFIER] = TokenVerifier(settings)
     app[POLICIES] = policies(settings)
     app[LIMITER] = RateLimiter(settings)
+    app[PARTITION_KEYS] = PartitionKeys(settings)
     # (total, name) of each kind of long connection a process caps; the per-user cap is the slot's policy
     # (docs/api.md: Downloads; Message store, Attachments; Rate limits).
     caps = {

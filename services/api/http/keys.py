@@ -9,7 +9,7 @@ from aiohttp import web
 
 from services.api.http.slots import ConnectionSlots
 from services.api.limiting.limiter import RateLimiter
-from services.api.limiting.policies import Policy, Standing
+from services.api.limiting.policies import PartitionKeys, Policy, Standing
 from shared.auth import Principal, TokenVerifier
 from shared.monitoring import Monitor
 from shared.rate_policies import PolicyName
@@ -33,6 +33,7 @@ PRINCIPAL = web.RequestKey("principal", Principal)
 # Each user's policies (services.api.limiting.policies), and the limiter that counts polls and downloads.
 POLICIES = web.AppKey("policies", dict[PolicyName, Policy])
 LIMITER = web.AppKey("limiter", RateLimiter)
+PARTITION_KEYS = web.AppKey("partition_keys", PartitionKeys)
 # Where the caller stands against the policies this answer concerns: its RateLimit fields show them.
 RATE_LIMITS = web.RequestKey("rate_limits", tuple[Standing, ...])
 

@@ -11,11 +11,11 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from services.api.http.fields import RepeatedField, only_field
-from services.api.http.keys import LIMITER, POLICIES, PRINCIPAL, RATE_LIMITS, SETTINGS, VERIFIER
+from services.api.http.keys import LIMITER, PARTITION_KEYS, POLICIES, PRINCIPAL, RATE_LIMITS, SETTINGS, VERIFIER
 from services.api.http.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
 from services.api.http.problems import ProblemError
 from services.api.http.rate_fields import rate_limit_fields
-from services.api.limiting.policies import is_exempt, partition_key
+from services.api.limiting.policies import is_exempt
 from shared.auth import InvalidToken
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.rate_policies import PolicyName
@@ -211,9 +211,7 @@ async def add_rate_limit_fields(request: web.Request, response: web.StreamRespon
     standings = request.get(RATE_LIMITS)
     if not standings or not request.app[SETTINGS].rate_limit_fields:
         return
-    response.headers.update(
-        rate_limit_fields(standings, partition_key(request.app[SETTINGS], request[PRINCIPAL].user_id))
-    )
+    response.headers.update(rate_limit_fields(standings, request.app[PARTITION_KEYS](request[PRINCIPAL].user_id)))
 
 
 def _authorization(request: web.Request) -> str | None:

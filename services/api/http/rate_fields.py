@@ -10,12 +10,13 @@ until the window gives some back; absent when no window will) and ``pk``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
 import http_sfv
 
-from services.api.limiting.policies import Standing
+from services.api.limiting.policies import Policy, Standing
 
 POLICY_FIELD = "RateLimit-Policy"
 LIMIT_FIELD = "RateLimit"
@@ -23,10 +24,25 @@ LIMIT_FIELD = "RateLimit"
 
 def rate_limit_fields(standings: Sequence[Standing], partition_key: bytes) -> dict[str, str]:
     """The two fields for ``standings`` (one item per policy, in their order), each item with ``partition_key``."""
-    policies = http_sfv.List()
     limits = http_sfv.List()
     for standing in standings:
         policy = standing.policy
+        current = http_sfv.Item(policy.name.value)
+        current.params["r"] = max(0, standing.remaining)
+        if standing.reset_seconds is not None:
+            current.params["t"] = max(0, math.ceil(standing.reset_seconds))
+        current.params["pk"] = partition_key
+        limits.append(current)
+    policies = _policy_field(tuple(standing.policy for standing in standings), partition_key)
+    return {POLICY_FIELD: policies, LIMIT_FIELD: str(limits)}
+
+
+# A user's policies read the same on every answer: serialised once per user and set of policies (a poll's
+# cost; docs/benchmark.md).
+@functools.lru_cache(maxsize=16384)
+def _policy_field(policies: tuple[Policy, ...], partition_key: bytes) -> str:
+    field = http_sfv.List()
+    for policy in policies:
         declared = http_sfv.Item(policy.name.value)
         declared.params["q"] = policy.quota
         if policy.window_seconds is not None:
@@ -34,11 +50,5 @@ def rate_limit_fields(standings: Sequence[Standing], partition_key: bytes) -> di
         if policy.unit is not None:
             declared.params["qu"] = policy.unit
         declared.params["pk"] = partition_key
-        policies.append(declared)
-        current = http_sfv.Item(policy.name.value)
-        current.params["r"] = max(0, standing.remaining)
-        if standing.reset_seconds is not None:
-            current.params["t"] = max(0, math.ceil(standing.reset_seconds))
-        current.params["pk"] = partition_key
-        limits.append(current)
-    return {POLICY_FIELD: str(policies), LIMIT_FIELD: str(limits)}
+        field.append(declared)
+    return str(field)

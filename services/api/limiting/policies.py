@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import math
@@ -69,12 +70,28 @@ def partition_key(settings: ApiPartSettings, user_id: str) -> bytes:
     """The ``pk`` of ``user_id``'s fields: the first ``PARTITION_KEY_BYTES`` of an HMAC-SHA256 of the id under
     ``CHATEXPORT_RATE_LIMIT_PARTITION_KEY`` (or a key derived from the webhook signing key), so that a field
     never shows the id and no one without the key can tell whose it is."""
-    key = settings.rate_limit_partition_key
-    if key is None:
-        key = hmac.new(
-            settings.webhook_signing_key.encode(), b"chatexport rate-limit partition key", hashlib.sha256
-        ).hexdigest()
-    return hmac.new(key.encode(), user_id.encode(), hashlib.sha256).digest()[:PARTITION_KEY_BYTES]
+    return PartitionKeys(settings)(user_id)
+
+
+class PartitionKeys:
+    """``partition_key`` for one process's settings, with the server key derived once and the last users' keys
+    kept: every answer of a counted route needs one (a poll's cost; docs/benchmark.md)."""
+
+    def __init__(self, settings: ApiPartSettings) -> None:
+        key = settings.rate_limit_partition_key
+        if key is None:
+            key = hmac.new(
+                settings.webhook_signing_key.encode(), b"chatexport rate-limit partition key", hashlib.sha256
+            ).hexdigest()
+        self._key = key.encode()
+        self._kept = functools.lru_cache(maxsize=16384)(self._of)
+
+    def __call__(self, user_id: str) -> bytes:
+        """The ``pk`` of ``user_id``."""
+        return self._kept(user_id)
+
+    def _of(self, user_id: str) -> bytes:
+        return hmac.new(self._key, user_id.encode(), hashlib.sha256).digest()[:PARTITION_KEY_BYTES]
 
 
 def retry_after_seconds(reset_seconds: float, *, margin_seconds: float) -> int:
