@@ -21,3 +21,9 @@ class PolicyName(StrEnum):
     OPEN_DOWNLOADS = "open-downloads"
     OPEN_WAITERS = "open-waiters"
     OPEN_UPLOADS = "open-uploads"
+
+
+# The policies counted in windows of time; of those, the ones each API process counts from local shares
+# (services.api.limiting.limiter), which a submit is not: it is counted in its own statement.
+WINDOWED = (PolicyName.SUBMITS, PolicyName.POLLS, PolicyName.DOWNLOADS)
+SHARED = (PolicyName.POLLS, PolicyName.DOWNLOADS)

@@ -12,9 +12,9 @@ from services.api.http.rate_fields import LIMIT_FIELD, POLICY_FIELD, rate_limit_
 from services.api.limiting.policies import (
     CONTENT_BYTES_UNIT,
     PARTITION_KEY_BYTES,
+    PartitionKeys,
     Policy,
     Standing,
-    partition_key,
     policies,
     retry_after_seconds,
 )
@@ -53,17 +53,17 @@ def test_a_budget_overspent_shows_nothing_remaining() -> None:
 
 def test_the_partition_key_is_a_truncated_keyed_hash_never_the_id() -> None:
     settings = Settings(environment="development", rate_limit_partition_key="a-server-key")
-    key = partition_key(settings, "alice")
+    key = PartitionKeys(settings)("alice")
     assert len(key) == PARTITION_KEY_BYTES
     assert key == hmac.new(b"a-server-key", b"alice", hashlib.sha256).digest()[:PARTITION_KEY_BYTES]
     assert key != hashlib.sha256(b"alice").digest()[:PARTITION_KEY_BYTES]
-    assert b"alice" not in key and partition_key(settings, "bob") != key
+    assert b"alice" not in key and PartitionKeys(settings)("bob") != key
     other = Settings(environment="development", rate_limit_partition_key="another-key")
-    assert partition_key(other, "alice") != key
+    assert PartitionKeys(other)("alice") != key
     # Without a key of its own, one derived from the webhook signing key: still keyed, and not that key.
     derived = Settings(environment="development", webhook_signing_key="w" * 40)
-    assert partition_key(derived, "alice") != hmac.new(b"w" * 40, b"alice", hashlib.sha256).digest()[:12]
-    assert partition_key(derived, "alice") == partition_key(derived.model_copy(), "alice")
+    assert PartitionKeys(derived)("alice") != hmac.new(b"w" * 40, b"alice", hashlib.sha256).digest()[:12]
+    assert PartitionKeys(derived)("alice") == PartitionKeys(derived.model_copy())("alice")
 
 
 def test_retry_after_is_never_before_the_window_ends() -> None:

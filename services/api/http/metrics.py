@@ -10,6 +10,7 @@ from typing import Literal, get_args
 from prometheus_client import Counter, Gauge, Histogram
 
 from shared.metrics import counter_from_zero
+from shared.rate_policies import SHARED, WINDOWED, PolicyName
 
 HTTP_REQUESTS = Counter(
     "chatexport_http_requests_total",
@@ -67,12 +68,12 @@ RATE_LIMIT_REFUSALS = counter_from_zero(
     "chatexport_rate_limit_refusals_total",
     "Requests refused with 429 because a user's policy was spent, by policy (docs/api.md: Rate limits).",
     "policy",
-    ("submits", "polls", "downloads", "content-bytes"),
+    [name.value for name in (*WINDOWED, PolicyName.CONTENT_BYTES)],
 )
 RATE_LIMIT_STORE_FAILURES = counter_from_zero(
     "chatexport_rate_limit_store_failures_total",
     "Takes from a user's allowance that failed or outlasted CHATEXPORT_RATE_LIMIT_TIMEOUT_SECONDS, by policy;"
     " each was let through or refused as CHATEXPORT_RATE_LIMIT_ON_STORE_FAILURE says.",
     "policy",
-    ("polls", "downloads"),
+    [name.value for name in SHARED],
 )

@@ -18,7 +18,7 @@ from services.api.http.rate_fields import rate_limit_fields
 from services.api.limiting.policies import is_exempt
 from shared.auth import InvalidToken
 from shared.db import TRANSIENT_DATABASE_ERRORS
-from shared.rate_policies import PolicyName
+from shared.rate_policies import SHARED
 from shared.routes import ROUTES
 
 log = logging.getLogger(__name__)
@@ -28,9 +28,7 @@ PROTECTED_PREFIXES = ("/v2/", "/v3/", "/admin/")
 PUBLIC_PATHS = frozenset(route.path for route in ROUTES if route.public)
 
 # The routes whose every call the limiter counts (a submit is counted in its own statement, by its view).
-_COUNTED_POLICIES = {
-    route.name: route.policy for route in ROUTES if route.policy in (PolicyName.POLLS, PolicyName.DOWNLOADS)
-}
+_COUNTED_POLICIES = {route.name: route.policy for route in ROUTES if route.policy in SHARED}
 
 # Any other method is counted as "other": the label set stays bounded whatever clients send.
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})

@@ -66,16 +66,12 @@ def is_exempt(principal: Principal, settings: ApiPartSettings) -> bool:
     return principal.is_admin and settings.rate_limit_admin_exempt
 
 
-def partition_key(settings: ApiPartSettings, user_id: str) -> bytes:
-    """The ``pk`` of ``user_id``'s fields: the first ``PARTITION_KEY_BYTES`` of an HMAC-SHA256 of the id under
-    ``CHATEXPORT_RATE_LIMIT_PARTITION_KEY`` (or a key derived from the webhook signing key), so that a field
-    never shows the id and no one without the key can tell whose it is."""
-    return PartitionKeys(settings)(user_id)
-
-
 class PartitionKeys:
-    """``partition_key`` for one process's settings, with the server key derived once and the last users' keys
-    kept: every answer of a counted route needs one (a poll's cost; docs/benchmark.md)."""
+    """The ``pk`` of a user's fields: the first ``PARTITION_KEY_BYTES`` of an HMAC-SHA256 of the id under
+    ``CHATEXPORT_RATE_LIMIT_PARTITION_KEY`` (or a key derived from the webhook signing key), so that a field
+    never shows the id and no one without the key can tell whose it is. The server key is derived once and
+    the last users' keys are kept: every answer of a counted route needs one (a poll's cost;
+    docs/benchmark.md)."""
 
     def __init__(self, settings: ApiPartSettings) -> None:
         key = settings.rate_limit_partition_key

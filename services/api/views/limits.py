@@ -10,11 +10,9 @@ from services.api.http.keys import DOWNLOAD_SLOTS, POLICIES, POOL, PRINCIPAL, SE
 from services.api.http.responses import NO_STORE, json_response
 from services.api.http.schemas import EmptyQuery, Limits
 from services.api.limiting.policies import Policy, is_exempt
-from shared.rate_policies import PolicyName
+from shared.rate_policies import WINDOWED, PolicyName
 from shared.repository.rate_limits import holdings, take_allowance
 
-# The policies counted in a window, read from the database without taking from them.
-_WINDOWED = (PolicyName.SUBMITS, PolicyName.POLLS, PolicyName.DOWNLOADS)
 # The per-user caps on long-held connections, which are per API process: what remains in the one answering.
 _SLOTS = {
     PolicyName.OPEN_DOWNLOADS: DOWNLOAD_SLOTS,
@@ -32,7 +30,8 @@ async def get_limits(request: web.Request) -> web.Response:
     policies = request.app[POLICIES]
     remaining: dict[PolicyName, tuple[int, float | None]] = {}
     async with request.app[POOL].acquire() as conn:
-        for name in _WINDOWED:
+        # Read from the database without taking from them.
+        for name in WINDOWED:
             policy = policies[name]
             assert policy.window_seconds is not None
             window = await take_allowance(
