@@ -4,6 +4,7 @@ length until it ends, and quotas as large as the fields can show."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import asyncpg
@@ -101,3 +102,32 @@ async def test_shares_of_ended_windows_are_dropped(settings: Settings) -> None:
         assert limiter.held_shares == 1
     finally:
         await limiter.close()
+
+
+def test_requests_arriving_as_a_take_ends_never_spin(settings: Settings) -> None:
+    """Requests that arrive while a take ends, and spend its share before the take is forgotten, wait for a new
+    take: the loop keeps turning (a spin would hold it, so the scenario runs on a loop of its own)."""
+    limited = settings.model_copy(update={"rate_limit_polls": 1_000_000, "rate_limit_batch": 2})
+    polls = policies(limited)[PolicyName.POLLS]
+    admitted: list[int] = []
+
+    async def scenario() -> None:
+        limiter = RateLimiter(limited)
+        await limiter.start()
+        try:
+            # Rounds of a few new requests on every turn of the loop, so that some are queued behind a take's end.
+            for user in ("alice", "bob", "carol"):
+                requests: list[asyncio.Task[object]] = []
+                for _ in range(300):
+                    requests.extend(asyncio.create_task(limiter.admit(user, polls)) for _ in range(3))
+                    await asyncio.sleep(0)
+                answers = await asyncio.gather(*requests)
+                admitted.append(sum(1 for answer in answers if answer is not None))
+        finally:
+            await limiter.close()
+
+    turning = threading.Thread(target=asyncio.run, args=(scenario(),), daemon=True)
+    turning.start()
+    turning.join(timeout=30)
+    assert not turning.is_alive(), "the limiter's loop stopped turning"
+    assert admitted == [900, 900, 900]

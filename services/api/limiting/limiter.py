@@ -112,14 +112,21 @@ class RateLimiter:
             if taking is None:
                 taking = asyncio.create_task(self._take(user_id, policy, key))
                 self._taking[key] = taking
-                taking.add_done_callback(lambda _: self._taking.pop(key, None))
             # Shielded: a client that goes away does not cancel the statement the others wait for.
             if await asyncio.shield(taking) is None:
                 self._refuse_if_closed()
                 return None
 
     async def _take(self, user_id: str, policy: Policy, key: tuple[str, str]) -> _Share | None:
-        """Take a batch from the user's window into a new share; None when the store failed."""
+        """Take a batch from the user's window into a new share; None when the store failed. Forgets itself
+        as it ends, not in a done callback: a request that runs between the two would find a finished take,
+        whose await does not yield, and spin in ``admit`` without letting the callback run."""
+        try:
+            return await self._take_share(user_id, policy, key)
+        finally:
+            del self._taking[key]
+
+    async def _take_share(self, user_id: str, policy: Policy, key: tuple[str, str]) -> _Share | None:
         assert self._pool is not None and policy.window_seconds is not None
         loop = asyncio.get_running_loop()
         sent = loop.time()
