@@ -1,9 +1,12 @@
 """The S3 emulator for development and tests: moto's server mode (``devtools.s3_emulator``) in a child process,
-on a port it binds itself (port 0) and reports, unless a port is asked for."""
+on a port it binds itself (port 0) and reports, unless a port is asked for. ``CHATEXPORT_S3_EMULATOR`` names
+the HTTP server under it (``cheroot``, the default, keeps connections alive; ``werkzeug`` is moto's own, which
+closes every one: for benchmarks of before)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import subprocess
 import sys
@@ -12,6 +15,10 @@ from dataclasses import dataclass
 
 from shared.lifecycle import die_with_parent
 from shared.settings import local_url
+
+SERVER_ENV = "CHATEXPORT_S3_EMULATOR"
+# The HTTP servers ``devtools.s3_emulator`` can put moto behind, the default first.
+SERVERS = ("cheroot", "werkzeug")
 
 
 @dataclass
@@ -36,10 +43,14 @@ def start_moto(host: str = "127.0.0.1", port: int = 0, *, timeout: float = 30.0)
     """Start the S3 emulator (moto's server mode) on ``host:port`` (0: a port it picks) and return once it
     listens, with the port it reported.
 
-    Raises ``RuntimeError`` when it exits or does not report its port within ``timeout`` seconds.
+    Raises ``RuntimeError`` when it exits or does not report its port within ``timeout`` seconds, and
+    ``ValueError`` when ``CHATEXPORT_S3_EMULATOR`` names no server of ``SERVERS``.
     """
+    server_name = os.environ.get(SERVER_ENV, SERVERS[0])
+    if server_name not in SERVERS:
+        raise ValueError(f"{SERVER_ENV}={server_name!r}: expected one of {', '.join(SERVERS)}")
     process = subprocess.Popen(
-        [sys.executable, "-m", "devtools.s3_emulator", "-H", host, "-p", str(port)],
+        [sys.executable, "-m", "devtools.s3_emulator", "-H", host, "-p", str(port), "--server", server_name],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         # A killed `chatexport dev` or test run must not leave the emulator behind.
