@@ -42,6 +42,9 @@ async def two_apis(template_db: str, moto: MotoServer, tmp_path: Path) -> AsyncI
         "CHATEXPORT_RATE_LIMIT_POLLS_WINDOW_SECONDS": str(WINDOW_SECONDS),
         "CHATEXPORT_RATE_LIMIT_BATCH": str(BATCH),
         "CHATEXPORT_MAX_ACTIVE_EXPORTS": "1000",
+        # This test counts: a take slowed past the default 0.5 s by a busy machine would let its polls through
+        # uncounted and without fields (fail-open, tested on its own in test_rate_limits.py).
+        "CHATEXPORT_RATE_LIMIT_TIMEOUT_SECONDS": "10",
     }
     async with cloned_database(template_db, "chatexport_limits") as database_url:
         local = LocalSystem(database_url=database_url, amqp_url=AMQP_URL, log_dir=tmp_path, overrides=overrides)

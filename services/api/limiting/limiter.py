@@ -9,7 +9,8 @@ never outlives the database's window; the ``t`` and ``Retry-After`` it announces
 they are never earlier than the database's. A user whose window is spent is refused locally, without a
 statement, until the window ends. Shares of ended windows are dropped every minute.
 
-At most one statement per user and policy is in flight in a process; it runs on the limiter's own small pool
+At most one statement per user and policy is in flight in a process, and the requests that wait for it are
+served in their order, each woken only by the take that serves it; it runs on the limiter's own small pool
 under ``CHATEXPORT_RATE_LIMIT_TIMEOUT_SECONDS``, so a slow or lost database never takes the API's connections.
 A failure is logged, counted and answered as ``CHATEXPORT_RATE_LIMIT_ON_STORE_FAILURE`` says.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 import asyncpg
@@ -58,7 +60,9 @@ class RateLimiter:
         self._sweep_seconds = sweep_seconds
         self._pool: asyncpg.Pool | None = None
         self._shares: dict[tuple[str, str], _Share] = {}
-        self._taking: dict[tuple[str, str], asyncio.Task[_Share | None]] = {}
+        # The requests waiting for a user's next batch, first come first served, and the one task taking it.
+        self._waiting: dict[tuple[str, str], deque[asyncio.Future[Standing | None]]] = {}
+        self._taking: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._next_sweep = 0.0
 
     async def start(self) -> None:
@@ -93,40 +97,78 @@ class RateLimiter:
         setting is ``closed``.
         """
         key = (user_id, policy.name.value)
-        loop = asyncio.get_running_loop()
-        while True:
-            share = self._shares.get(key)
-            now = loop.time()
-            if share is not None and now >= share.ends_at:
-                del self._shares[key]
-                share = None
-            # The share ends early by up to the statement's round trip (``_take``); what is announced adds the
-            # longest one, so that a client that waits it out finds the database's window ended too.
-            renewal = share.ends_at - now + self._settings.rate_limit_timeout_seconds if share else 0.0
-            if share is not None and share.left > 0:
-                share.left -= 1
-                return Standing(policy, share.left + share.remaining, renewal)
-            if share is not None and share.remaining == 0:
-                raise self._refusal(Standing(policy, 0, renewal))
-            taking = self._taking.get(key)
-            if taking is None:
-                taking = asyncio.create_task(self._take(user_id, policy, key))
-                self._taking[key] = taking
-            # Shielded: a client that goes away does not cancel the statement the others wait for.
-            if await asyncio.shield(taking) is None:
-                self._refuse_if_closed()
-                return None
+        standing = self._grant(key, policy)
+        if standing is not None:
+            return standing
+        waiter: asyncio.Future[Standing | None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, deque()).append(waiter)
+        if key not in self._taking:
+            self._taking[key] = asyncio.create_task(self._serve(user_id, policy, key))
+        # A client that goes away cancels its own wait only: the take goes on for the others.
+        standing = await waiter
+        if standing is None:
+            self._refuse_if_closed()
+        return standing
 
-    async def _take(self, user_id: str, policy: Policy, key: tuple[str, str]) -> _Share | None:
-        """Take a batch from the user's window into a new share; None when the store failed. Forgets itself
-        as it ends, not in a done callback: a request that runs between the two would find a finished take,
-        whose await does not yield, and spin in ``admit`` without letting the callback run."""
+    def _grant(self, key: tuple[str, str], policy: Policy) -> Standing | None:
+        """One unit of the share this process holds for ``key``, and where the user stands after it; None when
+        it holds none with a unit left and the window is not known to be spent (a take is needed). Raises the
+        429 of ``_refusal`` when it is.
+        """
+        share = self._shares.get(key)
+        if share is None:
+            return None
+        now = asyncio.get_running_loop().time()
+        if now >= share.ends_at:
+            del self._shares[key]
+            return None
+        # The share ends early by up to the statement's round trip (``_take_share``); what is announced adds the
+        # longest one, so that a client that waits it out finds the database's window ended too.
+        renewal = share.ends_at - now + self._settings.rate_limit_timeout_seconds
+        if share.left > 0:
+            share.left -= 1
+            return Standing(policy, share.left + share.remaining, renewal)
+        if share.remaining == 0:
+            raise self._refusal(Standing(policy, 0, renewal))
+        return None
+
+    async def _serve(self, user_id: str, policy: Policy, key: tuple[str, str]) -> None:
+        """Take batches for the requests waiting on ``key`` and hand their units out in their order, until none
+        waits: each take wakes only the requests it serves, however many wait (docs/api.md: Rate limits,
+        Across processes). A failed store answers every waiting request None; an unexpected error is raised
+        in each.
+        """
+        waiting = self._waiting[key]
         try:
-            return await self._take_share(user_id, policy, key)
+            while waiting:
+                if await self._take_share(user_id, policy, key) is None:
+                    _answer_all(waiting, None)
+                    break
+                while waiting:
+                    waiter = waiting[0]
+                    if waiter.done():  # its client went away
+                        waiting.popleft()
+                        continue
+                    try:
+                        standing = self._grant(key, policy)
+                    except ProblemError as refusal:
+                        waiting.popleft().set_exception(refusal)
+                        continue
+                    if standing is None:
+                        break  # this batch is handed out: take another
+                    waiting.popleft().set_result(standing)
+        except asyncio.CancelledError:
+            _answer_all(waiting, asyncio.CancelledError())
+            raise
+        except Exception as exc:  # raised in the requests that waited, which the error middleware answers
+            _answer_all(waiting, exc)
         finally:
             del self._taking[key]
+            if not waiting:
+                del self._waiting[key]
 
     async def _take_share(self, user_id: str, policy: Policy, key: tuple[str, str]) -> _Share | None:
+        """Take a batch from the user's window into a new share; None when the store failed."""
         assert self._pool is not None and policy.window_seconds is not None
         loop = asyncio.get_running_loop()
         sent = loop.time()
@@ -178,3 +220,17 @@ class RateLimiter:
             standing,
             retry_after_seconds(reset, margin_seconds=0.0),
         )
+
+
+def _answer_all(waiting: deque[asyncio.Future[Standing | None]], outcome: Standing | BaseException | None) -> None:
+    """End every request still waiting with ``outcome``: a result, or an exception raised in each."""
+    while waiting:
+        waiter = waiting.popleft()
+        if waiter.done():
+            continue
+        if isinstance(outcome, asyncio.CancelledError):
+            waiter.cancel()
+        elif isinstance(outcome, BaseException):
+            waiter.set_exception(outcome)
+        else:
+            waiter.set_result(outcome)
