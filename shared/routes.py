@@ -97,7 +97,7 @@ ROUTES: tuple[Route, ...] = (
         summary="the web page (`/ui/`), its script (`page.js`) and its style sheet (`page.css`)",
     ),
     # The API reference and its files, one literal path each: a public path under /v3 is let through by the
-    # auth middleware only as it is written (services.api.http.middlewares.PUBLIC_PATHS).
+    # request middleware only as it is written (services.api.http.middlewares.PUBLIC_PATHS).
     Route("docsPage", "GET", "/v3/docs", public=True, page=True, summary="the interactive API reference (Swagger UI)"),
     Route("docsScript", "GET", "/v3/docs/docs.js", public=True, page=True, summary="the API reference's own script"),
     Route(

@@ -24,7 +24,7 @@ from services.api.http.keys import (
     VERIFIER,
     WAIT_SLOTS,
 )
-from services.api.http.middlewares import add_rate_limit_fields, auth_middleware, error_middleware, metrics_middleware
+from services.api.http.middlewares import add_rate_limit_fields, request_middleware
 from services.api.http.server import api_runner
 from services.api.http.slots import ConnectionSlots
 from services.api.limiting.limiter import RateLimiter
@@ -129,7 +129,7 @@ def init_app(settings: ApiPartSettings) -> web.Application:
     """
     # The largest per-route limit; each route enforces its own, smaller one while streaming.
     app = web.Application(
-        middlewares=[metrics_middleware, error_middleware, auth_middleware],
+        middlewares=[request_middleware],
         client_max_size=settings.import_request_max_bytes,
     )
     app[SETTINGS] = settings

@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.api.http.keys import SETTINGS
-from services.api.http.middlewares import error_middleware
+from services.api.http.middlewares import request_middleware
 from services.api.views.exports import _copy
 from shared.settings import Settings
 
@@ -41,7 +41,7 @@ async def download(request: web.Request) -> web.StreamResponse:
 
 
 async def test_a_body_cut_by_storage_ends_the_download_after_what_was_read(caplog: Any) -> None:
-    app = web.Application(middlewares=[error_middleware])
+    app = web.Application(middlewares=[request_middleware])
     app[SETTINGS] = Settings()
     app.router.add_get("/result", download)
     with caplog.at_level(logging.INFO):

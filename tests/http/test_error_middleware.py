@@ -1,4 +1,4 @@
-"""How the API's error middleware answers failures that are not problems (docs/api.md: Error codes): a connection
+"""How the API's request middleware answers failures that are not problems (docs/api.md: Error codes): a connection
 reset that comes from the database while the client still waits is the database restarting, answered 503,
 never taken for the client going away; a failure after an answer began (a download, an event stream) closes
 the connection after what was sent, never appending a second answer that a client would read as the file.
@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from services.api.http.middlewares import error_middleware
+from services.api.http.middlewares import request_middleware
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ async def client() -> AsyncIterator[TestClient[web.Request, web.Application]]:
     async def reset_by_the_database(request: web.Request) -> web.Response:
         raise ConnectionResetError("Connection reset by peer")  # as a dropped database connection raises it
 
-    app = web.Application(middlewares=[error_middleware])
+    app = web.Application(middlewares=[request_middleware])
     app.router.add_get("/reset", reset_by_the_database)
     async with TestClient(TestServer(app)) as test_client:
         yield test_client
@@ -63,7 +63,7 @@ async def raw_exchange(port: int, path: str) -> bytes:
 
 @pytest.mark.parametrize("error", ["database", "ours"])
 async def test_a_failure_after_the_answer_began_closes_the_connection_without_a_second_answer(error: str) -> None:
-    app = web.Application(middlewares=[error_middleware])
+    app = web.Application(middlewares=[request_middleware])
     app.router.add_get("/begun", begun_then)
     async with TestServer(app) as server:
         assert server.port is not None

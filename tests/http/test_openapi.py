@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from services.api.http import schemas
 from services.api.http.contract import REF_TEMPLATE
 from services.api.http.keys import VERIFIER
-from services.api.http.middlewares import auth_middleware, error_middleware
+from services.api.http.middlewares import request_middleware
 from services.api.http.problems import CODES, PROBLEM_CONTENT_TYPE
 from services.api.openapi import MODELS, build_document, document_bytes
 from services.api.routes import setup_routes
@@ -173,7 +173,7 @@ def test_submit_documents_its_headers() -> None:
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient[Any, Any]]:
     """The API's middlewares and routes without its database: enough for the document and for 401s."""
-    app = web.Application(middlewares=[error_middleware, auth_middleware])
+    app = web.Application(middlewares=[request_middleware])
     app[VERIFIER] = TokenVerifier(Settings())
     setup_routes(app)
     async with TestClient(TestServer(app)) as test_client:

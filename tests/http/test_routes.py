@@ -59,7 +59,7 @@ def test_a_route_the_openapi_document_leaves_out_and_only_such_a_route_has_a_sum
 
 
 def test_public_routes_under_a_protected_prefix_have_literal_paths() -> None:
-    # The auth middleware compares the request's path with theirs as it is.
+    # The request middleware compares the request's path with theirs as it is.
     protected = [route for route in ROUTES if route.public and route.path.startswith(PROTECTED_PREFIXES)]
     assert protected and all(not route.parameters for route in protected)
 

@@ -6,6 +6,7 @@ exactly in the terminal states.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from typing import Any, get_args
@@ -118,19 +119,32 @@ async def test_the_model_declares_nothing_that_no_representation_shows(pool: asy
     assert declared_members(Operation) == shown
 
 
-async def test_a_row_is_rendered_once_and_each_read_as_it_stands(pool: asyncpg.Pool) -> None:
-    """Waiters woken together share one row object (``OperationChanges.read``) and so one JSON text; a later
-    read of the same operation is its own row, rendered anew.
-    """
+async def test_a_version_is_rendered_once_and_each_change_anew(pool: asyncpg.Pool) -> None:
+    """Polls of one version and waiters woken together share one JSON text; a change is rendered anew, and so is
+    the same version once its ``next_poll_after_seconds`` has grown."""
     await insert_operation(pool, "op_running", State.RUNNING)
     async with pool.acquire() as conn:
         row = await status_monitor.read_operation(conn, operation_id="op_running", owner_id=None)
-        assert row is not None
+        again = await status_monitor.read_operation(conn, operation_id="op_running", owner_id=None)
+        assert row is not None and again is not None and again is not row
         text = rendered_operation(row)
         assert json.loads(text) == represent(row)
-        assert rendered_operation(row) is text
+        assert rendered_operation(again) is text
+        older = dataclasses.replace(row, age_seconds=row.age_seconds + 3600)
+        assert json.loads(rendered_operation(older)) == represent(older) != represent(row)
         await conn.execute("UPDATE operations SET state = 'SUCCEEDED' WHERE operation_id = 'op_running'")
         later = await status_monitor.read_operation(conn, operation_id="op_running", owner_id=None)
-    assert later is not None
+    assert later is not None and later.version != row.version
     assert json.loads(rendered_operation(later))["state"] == "SUCCEEDED"
     assert rendered_operation(row) is text
+
+
+async def test_operations_of_one_id_and_version_in_two_databases_are_rendered_apart(pool: asyncpg.Pool) -> None:
+    await insert_operation(pool, "op_running", State.RUNNING)
+    async with pool.acquire() as conn:
+        row = await status_monitor.read_operation(conn, operation_id="op_running", owner_id=None)
+    assert row is not None
+    # The same id and version in another database: created at another time, in another state.
+    elsewhere = dataclasses.replace(row, created_at=datetime(2020, 1, 1, tzinfo=UTC), state=State.QUEUED)
+    assert json.loads(rendered_operation(row))["state"] == "RUNNING"
+    assert json.loads(rendered_operation(elsewhere))["state"] == "QUEUED"

@@ -53,7 +53,7 @@ async def body_chunks(request: web.Request, *, max_bytes: int, timeout_seconds: 
     Raises ``ProblemError``: 415 ``UNSUPPORTED_CONTENT_ENCODING`` before reading anything when the body has a
     content coding (``require_identity_coding``); 413 beyond ``max_bytes``; 408 ``REQUEST_TIMEOUT`` when
     the whole body has not arrived by the deadline, and 400 ``MALFORMED_REQUEST`` when its framing breaks (the
-    error middleware closes the connection after either, docs/api.md: API reference). Streams the body so that
+    request middleware closes the connection after either, docs/api.md: API reference). Streams the body so that
     a lying or absent Content-Length cannot make the server buffer more.
     """
     require_identity_coding(request)

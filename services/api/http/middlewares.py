@@ -1,5 +1,5 @@
-"""Request middlewares: problem rendering and bearer authentication (docs/api.md: Tokens and keys, Authentication;
-Error codes).
+"""The request middleware: bearer authentication and rate limits, problem rendering and request metrics in one
+layer (docs/api.md: Tokens and keys, Authentication; Error codes; Rate limits).
 """
 
 from __future__ import annotations
@@ -46,15 +46,29 @@ _CLOSING_CODES = frozenset({"REQUEST_TIMEOUT", "MALFORMED_REQUEST"})
 
 
 @web.middleware
-async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Count every request and time it by method, route template and final status (outermost, so it sees
-    the status the error middleware rendered). Unmatched paths share one ``route`` label, so a scanner
-    cannot grow the label set.
+async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every request's one middleware (one layer under each poll, docs/benchmark.md: What was tuned), in this
+    order:
+
+    - authentication (``_authenticate``): a bearer token on ``/v2``, ``/v3`` and ``/admin`` and the rate limit of
+      the route's policy;
+    - errors: ``ProblemError`` and aiohttp's HTTP errors rendered as problem+json, any other failure as a bare
+      500; a failure after the answer has begun (a download or an event stream) closes the connection instead,
+      since a second answer would be read as the rest of the first;
+    - metrics: every request counted and timed by method, route template and the final status, the rendered
+      problem's included. Unmatched paths share one ``route`` label, so a scanner cannot grow the label set.
     """
     started = time.perf_counter()
     status = 500
     try:
-        response = await handler(request)
+        try:
+            await _authenticate(request)
+            response = await handler(request)
+        except Exception as exc:
+            if request.writer.output_size > 0:
+                response = _cut_short(request, exc)
+            else:
+                response = await _problem_for(request, exc)
         status = response.status
         return response
     finally:
@@ -63,20 +77,6 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         labels = (request.method if request.method in _METHODS else "other", route, str(status))
         HTTP_REQUESTS.labels(*labels).inc()
         HTTP_REQUEST_DURATION.labels(*labels).observe(time.perf_counter() - started)
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Render ``ProblemError`` and aiohttp's HTTP errors as problem+json; any other failure as a bare 500. A
-    failure after the answer has begun (a download or an event stream) closes the connection instead: a second
-    answer would be read as the rest of the first.
-    """
-    try:
-        return await handler(request)
-    except Exception as exc:
-        if request.writer.output_size > 0:
-            return _cut_short(request, exc)
-        return await _problem_for(request, exc)
 
 
 def _cut_short(request: web.Request, exc: Exception) -> web.StreamResponse:
@@ -169,16 +169,16 @@ def _from_http_exception(exc: web.HTTPException) -> ProblemError:
     return ProblemError(code, detail, headers=headers)
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Require a valid bearer token on ``/v2``, ``/v3`` and ``/admin``; ``/admin`` also needs ``admin``.
+async def _authenticate(request: web.Request) -> None:
+    """Require a valid bearer token on ``/v2``, ``/v3`` and ``/admin``; ``/admin`` also needs ``admin``; then
+    count the route's policy for the user (docs/api.md: Tokens and keys, Authentication; Rate limits).
 
     The public routes of ``shared.routes`` are the exception: clients and tools read the OpenAPI document
     before they hold a token.
     """
     path = request.path
     if not path.startswith(PROTECTED_PREFIXES) or path in PUBLIC_PATHS:
-        return await handler(request)
+        return
     try:
         principal = await request.app[VERIFIER].verify(_authorization(request))
     except InvalidToken as refusal:
@@ -198,7 +198,6 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         standing = await request.app[LIMITER].admit(principal.user_id, request.app[POLICIES][policy])
         if standing is not None:
             request[RATE_LIMITS] = (standing,)
-    return await handler(request)
 
 
 async def add_rate_limit_fields(request: web.Request, response: web.StreamResponse) -> None:

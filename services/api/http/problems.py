@@ -1,6 +1,6 @@
 """RFC 9457 problem responses with stable ``code`` strings (docs/api.md: Error codes).
 
-A handler raises ``ProblemError``; the error middleware renders it. Nothing here may echo a message body, a
+A handler raises ``ProblemError``; the request middleware renders it. Nothing here may echo a message body, a
 token or a signed URL.
 """
 

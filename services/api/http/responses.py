@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -24,25 +25,38 @@ def dumps(body: Any) -> str:
 
 NO_STORE = {"Cache-Control": "no-store"}
 
-# How many of the last rendered rows keep their JSON text: enough for every operation changing at once.
-_RENDERINGS_KEPT = 256
-_renderings: OrderedDict[int, tuple[OperationView, str]] = OrderedDict()
+# How many operation renderings are kept: enough for every operation being polled or waited on at once.
+_RENDERINGS_KEPT = 4096
+# (operation_id, created_at, version, next_poll_after_seconds or None when terminal) -> the JSON text and its
+# UTF-8 bytes.
+_renderings: OrderedDict[tuple[str, datetime, int, int | None], tuple[str, bytes]] = OrderedDict()
+_JSON_CONTENT_TYPE = {"Content-Type": "application/json; charset=utf-8"}
+
+
+def _rendering(row: OperationView) -> tuple[str, bytes]:
+    """``row``'s representation as JSON text and bytes, built once per operation, version and
+    ``next_poll_after_seconds``: every field of the representation bumps the version but that one, which grows
+    with the operation's age (docs/api.md: Operations, Conditional polls), so the three name one text. The
+    creation time tells apart operations of one id in two databases (the tests run many in one process). The
+    last ``_RENDERINGS_KEPT`` are kept, least recently used first out.
+    """
+    poll_after = None if is_terminal(row) else next_poll_after_seconds(row.age_seconds)
+    key = (row.operation_id, row.created_at, row.version, poll_after)
+    kept = _renderings.get(key)
+    if kept is not None:
+        _renderings.move_to_end(key)
+        return kept
+    text = dumps(represent(row))
+    kept = _renderings[key] = (text, text.encode())
+    if len(_renderings) > _RENDERINGS_KEPT:
+        _renderings.popitem(last=False)
+    return kept
 
 
 def rendered_operation(row: OperationView) -> str:
-    """``row``'s representation as JSON text, built once per row object: the waiters woken by one change share
-    one read, so one row (``OperationChanges.read``), and a row is immutable, its age included, so its text
-    never changes. The last ``_RENDERINGS_KEPT`` rows are kept, each with its row so that its id cannot be
-    reused meanwhile.
-    """
-    kept = _renderings.get(id(row))
-    if kept is not None and kept[0] is row:
-        return kept[1]
-    text = dumps(represent(row))
-    _renderings[id(row)] = (row, text)
-    if len(_renderings) > _RENDERINGS_KEPT:
-        _renderings.popitem(last=False)
-    return text
+    """``row``'s representation as JSON text (``_rendering``): polls of one version and the waiters woken by
+    one change share it."""
+    return _rendering(row)[0]
 
 
 def operation_etag(row: OperationView) -> str:
@@ -60,11 +74,11 @@ def operation_response(
     replaces the representation's ``next_poll_after_seconds`` as ``Retry-After``.
     """
     poll_after = next_poll_after_seconds(row.age_seconds) if poll_after_seconds is None else poll_after_seconds
+    # The body as bytes with its Content-Type among the headers: aiohttp then neither encodes nor parses it.
     return web.Response(
-        text=rendered_operation(row),
+        body=_rendering(row)[1],
         status=status,
-        content_type="application/json",
-        headers={**_monitor_headers(row, poll_after), **headers},
+        headers={**_JSON_CONTENT_TYPE, **_monitor_headers(row, poll_after), **headers},
     )
 
 

@@ -125,7 +125,7 @@ class _ProblemRequestHandler(web.RequestHandler):
         message: str | None = None,
     ) -> web.StreamResponse:
         """Answer a request the parser refused (``exc`` an ``HttpProcessingError``, ``status`` 400) or whose
-        handler failed outside the error middleware (500, or 504 for a timeout) as a problem that closes
+        handler failed outside the request middleware (500, or 504 for a timeout) as a problem that closes
         the connection, as aiohttp's own answer does. ``message`` is the parser's text and is never used.
 
         Raises ``ConnectionError`` when part of another response was sent already, as aiohttp does.

@@ -210,7 +210,7 @@ async def _record_access(request: web.Request, operation_id: str, user_id: str, 
 
 async def _record_refusal(request: web.Request, operation_id: str, user_id: str, refusal: Exception) -> None:
     """Record a download attempt that ``refusal`` ended: a ``ProblemError`` under its code; any other failure
-    under the code the error middleware answers it with. Recording that other failure is best effort: a
+    under the code the request middleware answers it with. Recording that other failure is best effort: a
     database that cannot take the record must not hide the failure itself.
     """
     # The id as requested; a U+0000, which Postgres text cannot hold, is stored as U+FFFD.
