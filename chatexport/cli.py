@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sys
 import time
 import urllib.parse
@@ -24,16 +25,9 @@ from typing import Any, Generic, TypeVar
 import asyncpg
 import pydantic
 
-from chatexport.client import commands as client
-from chatexport.client import schedule_commands
-from services.api import app as api
-from services.janitor import main as janitor
-from services.relay import main as relay
-from services.worker import main as worker
-from shared.auth import mint_token
+from chatexport.client.arguments import positive_int, positive_seconds
 from shared.db import connect, create_pool
 from shared.ids import is_operation_id, is_valid_id
-from shared.jwks import KeySetError
 from shared.lifecycle import follow_parent
 from shared.migrator import BadMigration, SchemaOutOfRange, Step, migrate_database
 from shared.repair import Requeue, requeue
@@ -53,17 +47,25 @@ SettingsOf = TypeVar("SettingsOf", bound=PartSettings)
 
 @dataclass(frozen=True)
 class Part(Generic[SettingsOf]):
-    """A long-running part: the settings it builds and the ``main(settings)`` that runs it until SIGTERM/SIGINT."""
+    """A long-running part: the settings it builds and the ``module`` whose ``main(settings)`` runs it until
+    SIGTERM/SIGINT. The module is imported only by the process that runs the part: a worker never holds the
+    api's code, nor the api the worker's (docs/benchmark.md: Memory).
+    """
 
     settings: type[SettingsOf]
-    main: Callable[[SettingsOf], None]
+    module: str
+
+    def main(self, settings: SettingsOf) -> None:
+        """Import the part's module and run its ``main(settings)``."""
+        run: Callable[[SettingsOf], None] = importlib.import_module(self.module).main
+        run(settings)
 
 
 PARTS: dict[str, Part[Any]] = {
-    "api": Part(ApiPartSettings, api.main),
-    "relay": Part(RelayPartSettings, relay.main),
-    "worker": Part(WorkerPartSettings, worker.main),
-    "janitor": Part(JanitorPartSettings, janitor.main),
+    "api": Part(ApiPartSettings, "services.api.app"),
+    "relay": Part(RelayPartSettings, "services.relay.main"),
+    "worker": Part(WorkerPartSettings, "services.worker.main"),
+    "janitor": Part(JanitorPartSettings, "services.janitor.main"),
 }
 
 
@@ -87,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dev(commands)
     _add_requeue(commands)
     _add_health(commands)
+    # The client's code is imported with its parser only: a part's process never builds it (``main``).
+    from chatexport.client import commands as client
+    from chatexport.client import schedule_commands
+
     client.add_commands(commands)
     schedule_commands.add_commands(commands)
     return parser
@@ -96,7 +102,7 @@ def _add_token(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = commands.add_parser("token", help="print a development JWT signed with CHATEXPORT_JWT_SECRET")
     sub.add_argument("--sub", required=True, type=_user_id, help="user id (the token's sub)")
     sub.add_argument("--admin", action="store_true", help="add the admin scope")
-    sub.add_argument("--ttl", type=client.positive_int, default=3600, metavar="SECONDS", help="lifetime (default 3600)")
+    sub.add_argument("--ttl", type=positive_int, default=3600, metavar="SECONDS", help="lifetime (default 3600)")
     sub.set_defaults(handler=_cmd_token)
 
 
@@ -107,20 +113,20 @@ def _add_import(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--language", action="append", metavar="NAME", help="a corpus language; repeatable (default: all)"
     )
     which.add_argument("--all", action="store_true", help="every language of the corpus (the default)")
-    sub.add_argument("--limit-files", type=client.positive_int, metavar="N", help="at most N files per language")
+    sub.add_argument("--limit-files", type=positive_int, metavar="N", help="at most N files per language")
     sub.set_defaults(handler=_cmd_import)
 
 
 def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub = commands.add_parser("dev", help="run every part locally with moto and demo data (make run)")
-    sub.add_argument("--workers", type=client.positive_int, default=2, metavar="N", help="worker processes (default 2)")
+    sub.add_argument("--workers", type=positive_int, default=2, metavar="N", help="worker processes (default 2)")
     sub.add_argument(
         "--language", action="append", metavar="NAME", help="demo corpus language; repeatable (default: all)"
     )
     sub.add_argument("--no-import", action="store_true", help="skip loading the demo corpus")
     sub.add_argument(
         "--ready-timeout",
-        type=client.positive_seconds,
+        type=positive_seconds,
         default=60.0,
         metavar="SECONDS",
         help="wait for /readyz (default 60)",
@@ -146,7 +152,7 @@ def _add_health(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "(default: 127.0.0.1, CHATEXPORT_METRICS_PORT)",
     )
     sub.add_argument(
-        "--timeout", type=client.positive_seconds, default=5.0, metavar="SECONDS", help="give up after (default 5)"
+        "--timeout", type=positive_seconds, default=5.0, metavar="SECONDS", help="give up after (default 5)"
     )
     sub.set_defaults(handler=_cmd_health)
 
@@ -179,14 +185,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argparse exits with 2 on a usage error; a settings error is reported on stderr and returns 2.
     """
-    args = build_parser().parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = args.handler
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if len(arguments) == 1 and arguments[0] in PARTS:
+        # A part takes no arguments, and its process builds no other command's parser: the client's code and
+        # the token minting's cryptography are about 10 MB that a part would hold for nothing
+        # (docs/benchmark.md: Memory).
+        return _handled(_cmd_part, argparse.Namespace(part=arguments[0]))
+    args = build_parser().parse_args(arguments)
+    return _handled(args.handler, args)
+
+
+def _handled(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """``handler(args)``, with a settings or key set error reported on stderr as exit code 2."""
     try:
         return handler(args)
     except pydantic.ValidationError as exc:
         print(f"chatexport: invalid settings: {_without_values(exc)}", file=sys.stderr)
         return 2
-    except KeySetError as exc:  # a key file or public key that cannot be used (docs/keys.md)
+    except Exception as exc:
+        from shared.jwks import KeySetError  # loaded by whatever raised it, if anything did
+
+        if not isinstance(exc, KeySetError):
+            raise
+        # A key file or public key that cannot be used (docs/keys.md).
         print(f"chatexport: {exc}", file=sys.stderr)
         return 2
 
@@ -200,6 +221,12 @@ def _without_values(exc: pydantic.ValidationError) -> str:
 
 
 def _cmd_part(args: argparse.Namespace) -> int:
+    # aiobotocore imports httpx whenever it is installed, for an HTTP session no part uses, and httpx imports
+    # its command line (rich, pygments, click): about 6 MB in every part that talks to S3. The image has no
+    # httpx; the development environment has it (the documentation's tools), so a part there marks it
+    # missing and measures as it runs in production (docs/benchmark.md: Memory).
+    for unused in ("httpx", "httpx2"):
+        sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
     part = PARTS[args.part]
     settings = part.settings()
     follow_parent()
@@ -225,6 +252,8 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
+    from shared.auth import mint_token  # as the client's code: never in a part's process
+
     settings = load_settings()
     scopes = ["admin"] if args.admin else None
     try:

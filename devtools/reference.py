@@ -135,12 +135,12 @@ def served_metrics(registry: CollectorRegistry = REGISTRY) -> list[ServedMetric]
     A part's process is started by the ``chatexport`` command, whose module (``chatexport.cli``) imports every
     part; this module imports it, so the default registry holds exactly what any part's ``/metrics`` serves.
     Which parts count a family is read from the modules that hold its metric object (or a labelled child of
-    it) as a module attribute: a part's package (the package of its ``main`` in ``chatexport.cli.PARTS``) or
+    it) as a module attribute: a part's package (the package of its module in ``chatexport.cli.PARTS``) or
     ``shared``. A family that only other modules hold (a test's own counter) is left out. Raises
     ``LookupError`` for a family no module holds, since its parts cannot be told: define metrics at module
     level.
     """
-    part_packages = {name: part.main.__module__.rpartition(".")[0] for name, part in PARTS.items()}
+    part_packages = {name: part.module.rpartition(".")[0] for name, part in PARTS.items()}
     holders = _metric_holders()
     served = []
     for family in registry.collect():

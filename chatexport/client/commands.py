@@ -21,12 +21,13 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 import aiohttp
 from rich.console import Console
 
 from chatexport.client.api import STORAGE_RETRIES, Api, ApiError
+from chatexport.client.arguments import matching, positive_seconds
 from chatexport.client.download import (
     Downloaded,
     NotVerified,
@@ -220,41 +221,6 @@ def _api_url(value: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"not an http(s) URL: {value!r}")
     return value
-
-
-Number = TypeVar("Number", int, float)
-
-
-def positive(parse: Callable[[str], Number], what: str, refusal: str) -> Callable[[str], Number]:
-    """An argparse type: ``value`` read with ``parse`` (``int``, ``float``) when it is above 0 and finite; else
-    ``ArgumentTypeError`` saying that it is not ``what``, or ``refusal``.
-    """
-
-    def read(value: str) -> Number:
-        try:
-            number = parse(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
-        if not 0 < number < float("inf"):
-            raise argparse.ArgumentTypeError(refusal)
-        return number
-
-    return read
-
-
-def matching(pattern: re.Pattern[str], refusal: str) -> Callable[[str], str]:
-    """An argparse type: ``value`` when ``pattern`` matches all of it; else ``ArgumentTypeError(refusal)``."""
-
-    def read(value: str) -> str:
-        if not pattern.fullmatch(value):
-            raise argparse.ArgumentTypeError(refusal)
-        return value
-
-    return read
-
-
-positive_seconds = positive(float, "a number of seconds", "must be a positive number of seconds")
-positive_int = positive(int, "a whole number", "must be at least 1")
 
 
 def interval_seconds(value: str) -> float:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from chatexport.client.api import Api
+from chatexport.client.arguments import matching
 from chatexport.client.commands import (
     EXIT_ENDED_BADLY,
     EXIT_REFUSED,
@@ -27,7 +28,6 @@ from chatexport.client.commands import (
     api_timestamp,
     connection_arguments,
     export_request,
-    matching,
     print_written,
     rfc3339_time,
     senders_problem,

@@ -20,8 +20,6 @@ from services.worker import metrics
 from services.worker.chunked.coordinator import ChunkedExport
 from services.worker.chunked.plan import ChunkPlanner
 from services.worker.writing.files import Destination, FileSet
-from services.worker.writing.media_parts import PART_RESERVE, MediaZipParts
-from services.worker.writing.media_zip import MediaZip
 from services.worker.writing.ranges import RangeReader
 from services.worker.writing.read_source import ReadSource
 from shared.artifact_removal import remove_artifact
@@ -201,6 +199,11 @@ class ExportJob:
         """Write the ZIP of an export with media (``MediaZip``): plan its attachments from those the selected
         messages carry, then stream it into the attempt's object; return it verified.
         """
+        # Imported by the first export with media: the ZIP writer and its cipher library are about 3 MB that an
+        # idle worker, and one that never writes media, would otherwise hold (docs/benchmark.md: Memory).
+        from services.worker.writing.media_parts import PART_RESERVE
+        from services.worker.writing.media_zip import MediaZip
+
         claimed, settings = self._claimed, self._settings
         request, last = claimed.request, last_seq(claimed)
         cid, after = claimed.conversation_id, request.after_seq
@@ -272,6 +275,8 @@ class ExportJob:
         """Write a split export with media (``MediaZipParts``): parts of self-contained ZIPs under the attempt's
         folder; return them verified.
         """
+        from services.worker.writing.media_parts import MediaZipParts  # as ``_write_zip``'s, on first use
+
         claimed, settings = self._claimed, self._settings
         request = claimed.request
         assert request.max_part_bytes is not None
