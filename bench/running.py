@@ -26,6 +26,17 @@ PG_SERVER = os.environ.get("CHATEXPORT_BENCH_PG", "postgresql://postgres@127.0.0
 AMQP_URL = os.environ.get("CHATEXPORT_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 
 
+# Quotas no benchmark reaches: a benchmark measures the work, never a 429 (docs/api.md: Rate limits); one that
+# measures the limiter itself sets its own.
+NEVER_REACHED = "1000000000"
+UNREACHED_RATE_LIMITS = {
+    "CHATEXPORT_RATE_LIMIT_SUBMITS": NEVER_REACHED,
+    "CHATEXPORT_RATE_LIMIT_POLLS": NEVER_REACHED,
+    "CHATEXPORT_RATE_LIMIT_DOWNLOADS": NEVER_REACHED,
+    "CHATEXPORT_RATE_LIMIT_CONTENT_BYTES": "999999999999999",
+}
+
+
 @contextlib.asynccontextmanager
 async def running_system(
     *, workers: int, overrides: Mapping[str, str] | None = None, template: str | None = None
@@ -56,7 +67,10 @@ async def proxied_system(
     name = f"chatexport_bench_{uuid.uuid4().hex[:8]}"
     database_url = f"{PG_SERVER}/{name}"
     system = LocalSystem(
-        database_url=database_url, amqp_url=AMQP_URL, log_dir=Path(tempfile.mkdtemp()), overrides=overrides
+        database_url=database_url,
+        amqp_url=AMQP_URL,
+        log_dir=Path(tempfile.mkdtemp()),
+        overrides={**UNREACHED_RATE_LIMITS, **(overrides or {})},
     )
     storage_proxy: TcpProxy | None = None
     try:
