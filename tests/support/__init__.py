@@ -88,6 +88,10 @@ TEST_RATE_LIMITS: dict[str, int] = {
     "rate_limit_polls": 1_000_000,
     "rate_limit_downloads": 1_000_000,
 }
+# The same as a part's environment, for the tests that run the parts as processes.
+TEST_RATE_LIMIT_ENV: dict[str, str] = {
+    f"CHATEXPORT_{name.upper()}": str(value) for name, value in TEST_RATE_LIMITS.items()
+}
 
 
 def make_settings(database_url: str, s3_endpoint_url: str, **overrides: Any) -> Settings:

@@ -12,7 +12,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from devtools.broker import delete_broker_objects
 from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
-from tests.support import AMQP_URL, TEST_RATE_LIMITS
+from tests.support import AMQP_URL, TEST_RATE_LIMIT_ENV
 
 
 @contextlib.asynccontextmanager
@@ -27,7 +27,7 @@ async def local_system(database_url: str, log_dir: Path, **overrides: str) -> As
         log_dir=log_dir,
         overrides={
             "CHATEXPORT_JANITOR_INTERVAL_SECONDS": "1",
-            **{f"CHATEXPORT_{name.upper()}": str(value) for name, value in TEST_RATE_LIMITS.items()},
+            **TEST_RATE_LIMIT_ENV,
             **overrides,
         },
     )

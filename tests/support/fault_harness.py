@@ -24,11 +24,12 @@ from shared.auth import mint_token
 from shared.settings import Settings
 from shared.states import TERMINAL, values
 from shared.storage import artifact_prefix, ensure_bucket, open_s3_client
-from tests.support import AMQP_URL, cloned_database, wait_for
+from tests.support import AMQP_URL, TEST_RATE_LIMIT_ENV, cloned_database, wait_for
 from tests.support.api_calls import expected_file, metric_samples, read_all, submit
 
 # Short leases and passes so that a takeover or a clean-up happens within seconds.
 FAST: dict[str, str] = {
+    **TEST_RATE_LIMIT_ENV,
     "CHATEXPORT_LEASE_SECONDS": "4",
     "CHATEXPORT_HEARTBEAT_SECONDS": "1",
     "CHATEXPORT_JANITOR_INTERVAL_SECONDS": "0.5",
