@@ -107,7 +107,11 @@ async def test_shares_of_ended_windows_are_dropped(settings: Settings) -> None:
 def test_requests_arriving_as_a_take_ends_never_spin(settings: Settings) -> None:
     """Requests that arrive while a take ends, and spend its share before the take is forgotten, wait for a new
     take: the loop keeps turning (a spin would hold it, so the scenario runs on a loop of its own)."""
-    limited = settings.model_copy(update={"rate_limit_polls": 1_000_000, "rate_limit_batch": 2})
+    # A take slowed past the default 0.5 s by a busy machine would answer its requests uncounted (fail-open,
+    # tested on its own in test_rate_limits.py); this test counts the units granted.
+    limited = settings.model_copy(
+        update={"rate_limit_polls": 1_000_000, "rate_limit_batch": 2, "rate_limit_timeout_seconds": 10.0}
+    )
     polls = policies(limited)[PolicyName.POLLS]
     admitted: list[int] = []
 
