@@ -90,7 +90,7 @@ class _KeptAliveServer(wsgi.Server):
         self.gateway = _NamesAsSent
 
 
-def serve(host: str, port: int, server_name: str = "cheroot") -> None:
+def serve(host: str, port: int, server_name: str = SERVERS[0]) -> None:
     """Serve moto's S3 on ``host:port`` (0: a free port) with ``server_name`` (one of ``SERVERS``) until SIGTERM
     or SIGINT, as ``moto_server`` does, and write the bound port as one line on stdout once it listens.
     """
