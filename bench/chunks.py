@@ -11,6 +11,9 @@ kind in this run:
 - crash cost: a worker holding a chunk SIGKILLed once 50 % and once 90 % of the export's chunks are done
   (two workers): the bytes written again over the file's size, and the time over the undisturbed two-worker
   time;
+- a coordinator's takeover: the worker holding the export's lease SIGKILLed once half of the file is in its
+  upload's parts (two workers): the bytes the coordinator that takes over reads, over the file's size, beside
+  the share of the file not yet in parts when it was killed (docs/chunks.md: A coordinator's takeover);
 - a cancel's ``202`` -> CANCELED with four chunks of the export running;
 - a 100-message export's 202 -> SUCCEEDED while two chunked exports keep every worker's chunk slot busy.
 
@@ -208,6 +211,52 @@ async def crash_cost(template: str, fraction: float) -> tuple[float, float]:
         return again / size, seconds
 
 
+async def coordinator_crash_cost(template: str) -> tuple[float, float]:
+    """(bytes the coordinator that takes over reads / file size, share of the file not yet in parts at the kill)
+    of an export whose coordinator is SIGKILLed once half of the file is in its upload's parts, two workers.
+    """
+    async with (
+        system_on(template, workers=2, throttled=False) as system,
+        aiohttp.ClientSession(base_url=system.base_url) as api,
+        asyncpg.create_pool(system.settings().database_url, min_size=1, max_size=2) as pool,
+    ):
+        operation_id = await submit(api, system)
+        sql = """
+            SELECT (a.assembly ->> 'size_bytes')::bigint AS in_parts, o.lease_owner, o.state,
+                   (SELECT sum(estimated_bytes) FROM export_chunks WHERE operation_id = $1) AS estimated
+            FROM operations o JOIN artifacts a ON a.operation_id = o.operation_id AND a.generation = o.generation
+            WHERE o.operation_id = $1
+        """
+        async with asyncio.timeout(EXPORT_TIMEOUT_SECONDS):
+            while True:
+                row = await pool.fetchrow(sql, operation_id)
+                # Half of the file as the plan estimates it; the share is taken again of the real size below.
+                if row["in_parts"] is not None and row["in_parts"] * 2 >= row["estimated"]:
+                    break
+                assert row["state"] != "SUCCEEDED", "the export ended before half of it was in parts"
+                await asyncio.sleep(0.01)  # polling another process's progress
+        killed = system.holder(row["lease_owner"])
+        system.group.kill(killed)
+        in_parts = await pool.fetchval(
+            "SELECT (assembly ->> 'size_bytes')::bigint FROM artifacts WHERE operation_id = $1 AND generation = ("
+            " SELECT generation FROM operations WHERE operation_id = $1)",
+            operation_id,
+        )
+        await wait_succeeded(pool, operation_id)
+        size = await pool.fetchval("SELECT result_size_bytes FROM operations WHERE operation_id = $1", operation_id)
+        survivor = next(name for name in system.metrics_ports if name.startswith("worker") and name != killed)
+        async with aiohttp.ClientSession() as scrape:
+            url = f"http://127.0.0.1:{system.metrics_ports[survivor]}/metrics"
+            async with scrape.get(url) as response:
+                text = await response.text()
+        read = next(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("chatexport_worker_assembly_bytes_read_total ")
+        )
+        return read / size, 1 - in_parts / size
+
+
 async def _chunk_holder_at(pool: asyncpg.Pool, operation_id: str, fraction: float) -> str:
     """Wait until ``fraction`` of the export's chunks are DONE while another one runs; the lease owner of a
     running chunk then. Fails when the export ends first.
@@ -303,6 +352,16 @@ async def figures(messages: int, samples: int) -> list[Figure]:
             name = f"SIGKILL of a chunk holder at {fraction:.0%} (2 workers)"
             table.append(Figure(f"{name}: bytes written again / file size", again * 100, "%", target="<= its chunks"))
             table.append(Figure(f"{name}: time", seconds, "s", one.whole, "undisturbed, 2 workers"))
+        read, not_in_parts = await coordinator_crash_cost(template)
+        table.append(
+            Figure(
+                "SIGKILL of the coordinator with half of the file in parts (2 workers): bytes read by the"
+                " coordinator that takes over / file size",
+                read * 100,
+                "%",
+                target=f"<= the share not yet in parts: {not_in_parts:.0%}",
+            )
+        )
         cancels = await cancel_latencies(template, samples)
         for label, fraction in (("p50", 0.5), ("p99", 0.99)):
             value = percentile(cancels, fraction)

@@ -182,6 +182,30 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.claim_export_v3(p_operation_id text, p_worker_id text, p_lease_seconds double precision, p_max_attempts integer, p_lost_message text, p_key_stem text, p_suffixes jsonb, OUT parked boolean, OUT took_over boolean, OUT member boolean, OUT claimed public.operations, OUT artifact_key text) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    claim record;
+BEGIN
+    SELECT * INTO claim FROM claim_export_v2(p_operation_id, p_worker_id, p_lease_seconds, p_max_attempts,
+                                             p_lost_message);
+    parked := claim.parked;
+    took_over := claim.took_over;
+    member := claim.member;
+    claimed := claim.claimed;
+    IF claimed.operation_id IS NOT NULL THEN
+        artifact_key := p_key_stem || claimed.generation || CASE
+            WHEN claimed.max_part_bytes IS NOT NULL THEN '/'
+            ELSE p_suffixes ->> concat_ws('/', claimed.format, claimed.compression,
+                                          coalesce(claimed.media, false)::int)
+        END;
+        INSERT INTO artifacts (operation_id, generation, object_key, state)
+        VALUES (p_operation_id, claimed.generation, artifact_key, 'WRITING');
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION public.claim_lease(p_operation_id text, p_worker_id text, p_lease_seconds double precision, OUT took_over boolean, OUT claimed public.operations) RETURNS record
     LANGUAGE plpgsql
     AS $$
@@ -765,6 +789,25 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.publish_artifact_v2(p_operation_id text, p_artifact_generation bigint, p_generation bigint, p_size_bytes bigint, p_sha256 text, p_message_count bigint, p_parts jsonb) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE artifacts SET state = 'PUBLISHED', size_bytes = p_size_bytes, sha256 = p_sha256,
+        message_count = p_message_count, parts = p_parts, updated_at = now()
+    WHERE operation_id = p_operation_id AND generation = p_artifact_generation
+      AND (state = 'COMPLETE' OR (state = 'WRITING' AND generation = p_generation));
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_artifact_generation <> p_generation THEN
+        UPDATE artifacts SET state = 'DELETED', updated_at = now()
+        WHERE operation_id = p_operation_id AND generation = p_generation AND state = 'WRITING';
+    END IF;
+    RETURN true;
+END;
+$$;
+
 CREATE FUNCTION public.record_webhook_attempts_v1(p_delivery_ids bigint[], p_generations bigint[], p_delivered boolean[], p_status_codes integer[], p_durations_ms integer[], p_errors text[], p_retry_seconds double precision[], p_attempted_at timestamp with time zone[]) RETURNS SETOF bigint
     LANGUAGE sql
     AS $$
@@ -926,6 +969,29 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.succeed_export_v2(p_conversation_id text, p_owner_id text, p_artifact_generation bigint, p_operation_id text, p_generation bigint, p_key text, p_size_bytes bigint, p_sha256 text, p_message_count bigint, p_parts jsonb, p_ttl_seconds double precision, p_bytes_written bigint) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT member_locked(p_conversation_id, p_owner_id) THEN
+        RETURN 'not_member';
+    END IF;
+    BEGIN
+        IF NOT succeed_lease(p_operation_id, p_generation, p_key, p_size_bytes, p_sha256, p_message_count,
+                             p_parts, p_ttl_seconds, p_bytes_written) THEN
+            RETURN 'lease_lost';
+        END IF;
+        IF NOT publish_artifact_v2(p_operation_id, p_artifact_generation, p_generation, p_bytes_written,
+                                   p_sha256, p_message_count, p_parts) THEN
+            RAISE EXCEPTION USING ERRCODE = 'CX001';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'CX001' THEN
+        RETURN 'artifact_gone';
+    END;
+    RETURN 'succeeded';
+END;
+$$;
+
 CREATE FUNCTION public.succeed_lease(p_operation_id text, p_generation bigint, p_key text, p_size_bytes bigint, p_sha256 text, p_message_count bigint, p_parts jsonb, p_ttl_seconds double precision, p_bytes_written bigint) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -1020,6 +1086,7 @@ CREATE TABLE public.artifacts (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     parts jsonb,
+    assembly jsonb,
     CONSTRAINT artifacts_state_check CHECK ((state = ANY (ARRAY['WRITING'::text, 'COMPLETE'::text, 'PUBLISHED'::text, 'REMOVING'::text, 'DELETED'::text])))
 );
 

@@ -6,18 +6,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
 
+from shared.export.formats import COMPRESSIONS, FORMAT_NAMES, FileKind
 from shared.settings import StorageSettings
 
 # What an unreachable, failing or misconfigured S3 raises.
@@ -38,9 +40,32 @@ def artifact_prefix(settings: StorageSettings, operation_id: str) -> str:
 def artifact_key(settings: StorageSettings, operation_id: str, generation: int, *, extension: str, split: bool) -> str:
     """The key of one attempt's artifact, derived from (operation, fencing generation): the object
     ``<op>/g<gen>.<extension>``, or for a split result the folder ``<op>/g<gen>/`` of its parts (``part_key``).
+    The claim that records it builds the same key in SQL from ``artifact_key_stem`` and ``ARTIFACT_KEY_SUFFIXES``.
     """
-    stem = f"{artifact_prefix(settings, operation_id)}g{generation}"
-    return f"{stem}/" if split else f"{stem}.{extension}"
+    return f"{artifact_key_stem(settings, operation_id)}{generation}{_artifact_key_suffix(extension, split=split)}"
+
+
+def artifact_key_stem(settings: StorageSettings, operation_id: str) -> str:
+    """What every artifact key of the operation starts with, the generation following it: ``<op>/g``."""
+    return f"{artifact_prefix(settings, operation_id)}g"
+
+
+def _artifact_key_suffix(extension: str, *, split: bool) -> str:
+    return "/" if split else f".{extension}"
+
+
+# The suffix of a file's artifact key after its generation, by "<format>/<compression>/<media 0 or 1>", as JSON:
+# the claim that records an attempt's artifact (``leases.claim_export``) looks its key up here.
+ARTIFACT_KEY_SUFFIXES: Final = json.dumps(
+    {
+        f"{name}/{compression}/{int(media)}": _artifact_key_suffix(
+            FileKind(name, compression, zipped=media).extension, split=False
+        )
+        for name in FORMAT_NAMES
+        for compression in COMPRESSIONS
+        for media in (False, True)
+    }
+)
 
 
 # A chunk's object is a piece of a file, served by nobody: its name says so whatever the format.

@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge
 from shared.metrics import counter_from_zero
 
 ATTEMPT_OUTCOMES = ("SUCCEEDED", "RETRY_AT", "FAILED", "FAILED_REPAIR", "CANCELED", "HANDED_BACK", "LEASE_LOST")
-FENCED_WRITES = ("heartbeat", "progress", "artifact", "result", "state")
+FENCED_WRITES = ("heartbeat", "progress", "artifact", "assembly", "result", "state")
 
 STALE_GENERATION_WRITES = counter_from_zero(
     "chatexport_worker_stale_generation_writes_total",
@@ -66,6 +66,15 @@ CHUNKS_ENDED = counter_from_zero(
 CHUNK_TAKEOVERS = Counter(
     "chatexport_worker_chunk_takeovers_total",
     "Chunk leases taken over from a holder whose lease had expired.",
+)
+ASSEMBLY_BYTES_READ = Counter(
+    "chatexport_worker_assembly_bytes_read_total",
+    "Bytes of chunk objects a coordinator read to assemble a chunked export's file.",
+)
+ASSEMBLIES_RESUMED = Counter(
+    "chatexport_worker_assemblies_resumed_total",
+    "Assemblies a coordinator that took over resumed from the earlier generation's last checkpoint instead of"
+    " reading every chunk again.",
 )
 CHUNKS_RUNNING = Gauge(
     "chatexport_worker_chunks_running",

@@ -76,22 +76,6 @@ class ArtifactFiles:
         return cls(key, (StoredPart(1, key, size_bytes, sha256, message_count, None, None),), split=False)
 
 
-async def record_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int, object_key: str) -> bool:
-    """Record the artifact key before its first byte is uploaded (docs/architecture.md: How it works); False without the
-    lease."""
-    status = await conn.execute(
-        """
-        INSERT INTO artifacts (operation_id, generation, object_key, state)
-        SELECT $1, $2, $3, 'WRITING' FROM operations
-        WHERE operation_id = $1 AND generation = $2 AND state = 'RUNNING'
-        """,
-        operation_id,
-        generation,
-        object_key,
-    )
-    return status == "INSERT 0 1"
-
-
 async def record_upload_id(conn: asyncpg.Connection, *, operation_id: str, generation: int, upload_id: str) -> None:
     """Remember the multipart upload of an artifact, for operators; clean-up lists uploads by key anyway."""
     await conn.execute(
@@ -100,6 +84,29 @@ async def record_upload_id(conn: asyncpg.Connection, *, operation_id: str, gener
         generation,
         upload_id,
     )
+
+
+async def record_assembly(
+    conn: asyncpg.Connection, *, operation_id: str, generation: int, holder_generation: int, checkpoint: str
+) -> bool:
+    """Record an assembly's ``checkpoint`` (JSON, ``services.worker.chunked.assembly.Checkpoint``) and its
+    upload in the WRITING artifact of ``generation``, for the lease holder of ``holder_generation``, which is
+    that generation or a later one that resumed it (docs/chunks.md: Chunked exports, A coordinator's takeover);
+    False when the lease or the record moved on.
+    """
+    status = await conn.execute(
+        """
+        UPDATE artifacts a SET assembly = $4::jsonb, upload_id = $4::jsonb ->> 'upload_id', updated_at = now()
+        FROM operations o
+        WHERE a.operation_id = $1 AND a.generation = $2 AND a.state = 'WRITING'
+          AND o.operation_id = $1 AND o.generation = $3 AND o.state = 'RUNNING'
+        """,
+        operation_id,
+        generation,
+        holder_generation,
+        checkpoint,
+    )
+    return status == "UPDATE 1"
 
 
 async def complete_artifact(
@@ -172,8 +179,8 @@ async def finish_removal(conn: asyncpg.Connection, *, operation_id: str, generat
 
 @dataclass(frozen=True)
 class ArtifactRecord(Row):
-    """The record of one generation's object: its key and state, and, once COMPLETE, the verified size
-    (bytes), sha256 (hex) and message count (None before).
+    """The record of one generation's object: its key and state, once COMPLETE the verified size (bytes), sha256
+    (hex) and message count (None before), and an assembly's last checkpoint (JSON text, ``record_assembly``).
     """
 
     generation: int
@@ -183,6 +190,7 @@ class ArtifactRecord(Row):
     sha256: str | None
     message_count: int | None
     parts: str | None
+    assembly: str | None
 
     def files(self) -> ArtifactFiles:
         """The verified files of a COMPLETE (or PUBLISHED) record."""
@@ -204,7 +212,8 @@ async def unremoved_artifacts(
     """
     rows = await conn.fetch(
         """
-        SELECT generation, object_key, state, size_bytes, sha256, message_count, parts::text FROM artifacts
+        SELECT generation, object_key, state, size_bytes, sha256, message_count, parts::text, assembly::text
+        FROM artifacts
         WHERE operation_id = $1 AND state <> 'DELETED' AND ($2::bigint IS NULL OR generation < $2)
         ORDER BY generation DESC
         """,

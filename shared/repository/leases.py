@@ -112,9 +112,12 @@ async def claim_export(
     lease_seconds: float,
     max_attempts: int,
     message: str,
+    key_stem: str,
+    key_suffixes: str,
 ) -> ExportClaim:
-    """A wake-up's claim in one call of the SQL function ``claim_export_v2`` (migrations 0017 and 0026), atomic on
-    its own (docs/states.md: States and failure model). ``lease_seconds`` in seconds; times are the database's.
+    """A wake-up's claim in one call of the SQL function ``claim_export_v3`` (migrations 0017, 0026 and 0029),
+    atomic on its own (docs/states.md: States and failure model). ``lease_seconds`` in seconds; times are the
+    database's.
 
     First it parks: a RUNNING operation whose lease expired after ``max_attempts`` attempts goes to
     FAILED_REPAIR with the error ``WORKER_LOST`` and ``message`` instead of being taken over, since every attempt
@@ -130,14 +133,21 @@ async def claim_export(
     ``worker_id``, and closes an older one still open (``attempts.supersede_attempts``); ``took_over`` tells
     whether it closed one. When it claimed, ``member`` is the owner's membership, its row share-locked until
     the call's transaction ends, so that "still a member" and the lease are one decision.
+
+    A claim also records the new generation's artifact WRITING, before its first byte
+    (docs/architecture.md: How it works), under ``key_stem`` + the generation + the suffix ``key_suffixes`` (JSON,
+    ``shared.storage.ARTIFACT_KEY_SUFFIXES``) gives the request's file, or ``/`` for a split result: the key
+    ``shared.storage.artifact_key`` makes.
     """
     row = await conn.fetchrow(
-        "SELECT parked, took_over, member, (claimed).* FROM claim_export_v2($1, $2, $3, $4, $5)",
+        "SELECT parked, took_over, member, (claimed).* FROM claim_export_v3($1, $2, $3, $4, $5, $6, $7::jsonb)",
         operation_id,
         worker_id,
         lease_seconds,
         max_attempts,
         message,
+        key_stem,
+        key_suffixes,
     )
     return ExportClaim(parked=row["parked"], claimed=_claimed(row), member=bool(row["member"]))
 
@@ -255,7 +265,7 @@ async def record_estimate(conn: asyncpg.Connection, *, operation_id: str, genera
 
 
 class SucceedOutcome(StrEnum):
-    """What ``succeed_export`` did, as the SQL function of that name answers it (migration 0017)."""
+    """What ``succeed_export`` did, as the SQL function ``succeed_export_v2`` answers it (migrations 0017, 0029)."""
 
     SUCCEEDED = "succeeded"
     NOT_MEMBER = "not_member"
@@ -271,14 +281,16 @@ async def succeed_export(
     artifact_generation: int,
     result_ttl_seconds: int,
 ) -> SucceedOutcome:
-    """RUNNING -> SUCCEEDED with the published ``files``, in one call of the SQL function ``succeed_export``
-    (migration 0017), atomic on its own (docs/states.md: States and failure model). Three checks, in order: the
-    owner's membership, re-checked with its row share-locked (else NOT_MEMBER); the lease, the operation RUNNING
-    under ``claimed``'s generation (else LEASE_LOST: the lease or the state moved on; a committed
-    CANCEL_REQUESTED matches nothing either, so SUCCEEDED can never follow it, docs/states.md: States and failure
-    model, Cancel); and the artifact of ``artifact_generation`` (an adopted artifact's is older than the
-    lease's) going COMPLETE -> PUBLISHED, as ``artifacts.publish_artifact`` does (else ARTIFACT_GONE: it was
-    removed meanwhile).
+    """RUNNING -> SUCCEEDED with the published ``files``, in one call of the SQL function ``succeed_export_v2``
+    (migrations 0017 and 0029), atomic on its own (docs/states.md: States and failure model). Three checks, in
+    order: the owner's membership, re-checked with its row share-locked (else NOT_MEMBER); the lease, the
+    operation RUNNING under ``claimed``'s generation (else LEASE_LOST: the lease or the state moved on; a
+    committed CANCEL_REQUESTED matches nothing either, so SUCCEEDED can never follow it, docs/states.md: States
+    and failure model, Cancel); and the artifact of ``artifact_generation`` going to PUBLISHED with ``files``'
+    figures (else ARTIFACT_GONE: it was removed meanwhile): COMPLETE, as ``artifacts.publish_artifact`` takes
+    it, or the lease's own still WRITING, so a file that was not recorded COMPLETE costs no round trip of its
+    own. When ``artifact_generation`` is an earlier one (adopted), the lease's own record, which the claim made
+    and nothing was written under, goes to DELETED.
 
     Nothing is written unless all three pass; then the attempt is closed as SUCCEEDED. An outcome other than
     SUCCEEDED leaves the caller's transaction, if any, usable. A split result has no size or sha256 of its own,
@@ -286,7 +298,7 @@ async def succeed_export(
     connection, when the outcome is unknown.
     """
     outcome: str = await conn.fetchval(
-        "SELECT succeed_export($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12)",
+        "SELECT succeed_export_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12)",
         claimed.conversation_id,
         claimed.owner_id,
         artifact_generation,
@@ -298,7 +310,7 @@ async def succeed_export(
 
 
 def _result(files: ArtifactFiles, result_ttl_seconds: int) -> tuple[Any, ...]:
-    """The result's arguments of the SQL function ``succeed_export`` after the operation and generation: key,
+    """The result's arguments of the SQL function ``succeed_export_v2`` after the operation and generation: key,
     size (bytes), sha256, message count, parts (JSON), time to live (seconds) and bytes written.
     """
     single = files.single

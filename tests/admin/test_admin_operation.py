@@ -151,7 +151,8 @@ async def test_a_takeover_shows_the_lost_generation_and_its_holder_cannot_rewrit
     assert (view["generation"], view["attempt"]) == (2, 2)
     expected = [(1, 1, "w-frozen", "LEASE_LOST", None), (2, 2, PIPELINE_WORKER, "SUCCEEDED", None)]
     assert attempt_summary(view) == expected
-    assert [(item["generation"], item["state"]) for item in view["artifacts"]] == [(2, "PUBLISHED")]
+    # Generation 1's claim recorded its artifact; the takeover removed it before writing its own.
+    assert [(item["generation"], item["state"]) for item in view["artifacts"]] == [(1, "DELETED"), (2, "PUBLISHED")]
 
     # The frozen worker wakes up and runs its lease: every write of generation 1 is fenced off.
     await LeaseRunner(pool=pool, s3=s3, settings=settings).run(frozen)

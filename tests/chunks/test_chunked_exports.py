@@ -7,6 +7,7 @@ succeeded.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import itertools
@@ -15,13 +16,16 @@ from typing import Any
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
 from devtools.broker import delete_broker_objects
 from devtools.moto import MotoServer
-from shared.repository import export_reader
+from services.worker.chunked.assembly import Checkpoint
+from services.worker.operation.job import ExportJob
+from shared.repository import export_reader, outbox
 from shared.settings import Settings
-from tests.support import make_settings, wait_for
-from tests.support.api_calls import make_conversation, running_pipeline, succeeded
+from tests.support import claims, make_settings, wait_for
+from tests.support.api_calls import make_conversation, running_pipeline, submit, succeeded, wait_terminal
 from tests.support.bucket import objects_under
 from tests.support.exported_files import assert_self_contained, parsed
 from tests.support.exports import Auth, Client
@@ -299,3 +303,57 @@ async def test_chunks_are_planned_on_the_messages_the_export_writes_not_the_reca
     assert len(chunks) >= 2 and all(chunk["message_count"] > 0 for chunk in chunks)
     # About one chunk per target's worth of what is written (a chunk ends past its target by one message).
     assert len(chunks) <= written // small.chunk_target_bytes + 1
+
+
+async def test_a_coordinator_that_takes_over_resumes_the_assembly_from_its_last_checkpoint(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool, s3: Any
+) -> None:
+    """docs/chunks.md: A coordinator's takeover. Generation 1's coordinator is lost (its process gone: nothing of
+    it cleans up) once it has recorded a checkpoint; the coordinator that takes over reads only what follows.
+    """
+    one_at_a_time = settings.model_copy(
+        update={"chunk_threshold_bytes": 4 * MIB, "chunk_target_bytes": 2 * MIB, "chunks_per_export": 1}
+    )
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await fill(pool, "c-a", 1000, body_bytes=30_000)
+    response = await submit(api, auth, "alice", "c-a", {}, "taken-over")
+    assert response.status == 202, await response.text()
+    operation_id = (await response.json())["operation_id"]
+    async with pool.acquire() as conn:
+        first = await claims.claim(conn, operation_id, "w-lost", lease_seconds=one_at_a_time.lease_seconds)
+    checkpoint_sql = "SELECT assembly::text FROM artifacts WHERE operation_id = $1 AND generation = 1"
+
+    async with running_pipeline(one_at_a_time):
+        lost = ExportJob(pool=pool, s3=s3, settings=one_at_a_time, claimed=first)
+
+        async def gone(generation: int) -> None:
+            """A killed process removes nothing."""
+
+        lost.discard = gone  # type: ignore[method-assign]
+        writing = asyncio.create_task(lost.write())
+        await wait_for(lambda: pool.fetchval(checkpoint_sql, operation_id), timeout=60)
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
+        checkpoint = Checkpoint.from_json(await pool.fetchval(checkpoint_sql, operation_id))
+        assert checkpoint is not None
+        read_before = REGISTRY.get_sample_value("chatexport_worker_assembly_bytes_read_total") or 0.0
+        resumed_before = REGISTRY.get_sample_value("chatexport_worker_assemblies_resumed_total") or 0.0
+        # Its lease runs out; a wake-up brings the pipeline's worker, which takes over.
+        await pool.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
+        async with pool.acquire() as conn:
+            await outbox.enqueue_run(conn, operation_id=operation_id)
+        operation = await wait_terminal(api, auth, "alice", f"/v3/operations/{operation_id}", timeout=120)
+    assert operation["state"] == "SUCCEEDED", operation
+    content = await api.get(operation["result"]["url"], headers=auth("alice"))
+    taken_over = await content.read()
+    async with running_pipeline(settings.model_copy(update={"chunk_threshold_bytes": 0})):
+        streamed, _ = await export_file(api, auth, "c-a", {}, "streamed")
+    assert taken_over == streamed
+    assert operation["result"]["sha256"] == hashlib.sha256(streamed).hexdigest()
+    assert REGISTRY.get_sample_value("chatexport_worker_assemblies_resumed_total") == resumed_before + 1
+    read_again = (REGISTRY.get_sample_value("chatexport_worker_assembly_bytes_read_total") or 0.0) - read_before
+    assert checkpoint.size_bytes > 0 and read_again == len(streamed) - checkpoint.size_bytes
+    states = await pool.fetch(
+        "SELECT generation, state FROM artifacts WHERE operation_id = $1 ORDER BY generation", operation_id
+    )
+    assert [tuple(row) for row in states] == [(1, "PUBLISHED"), (2, "DELETED")]

@@ -12,7 +12,8 @@ import asyncpg
 import pytest
 
 from shared.export.request import ExportRequest
-from shared.repository import export_reader, leases, message_store
+from shared.repository import export_reader, message_store
+from tests.support import claims
 from tests.support.api_calls import (
     every_format,
     expect_problem,
@@ -118,9 +119,7 @@ async def test_an_export_shows_each_body_as_of_its_snapshot(
     answer = await submit(api, auth, "u-a", chat, {"format": "jsonl"}, "k-snapshot")
     operation_id = (await answer.json())["operation_id"]
     async with pool.acquire() as conn:
-        claim = await leases.claim_export(
-            conn, operation_id=operation_id, worker_id="w-test", lease_seconds=60, max_attempts=3, message=""
-        )
+        claim = await claims.claim_export(conn, operation_id, "w-test", lease_seconds=60, max_attempts=3)
     assert claim.claimed is not None
     before_edits = await read_all(api, auth, "u-a", chat)
 
@@ -190,9 +189,7 @@ async def test_a_replaced_body_is_kept_while_an_export_may_show_it(
     # Not yet claimed: its claim may fix an edit version older than an edit committing beside it.
     assert await prune() == 0
     async with pool.acquire() as conn:
-        await leases.claim_export(
-            conn, operation_id=operation_id, worker_id="w-test", lease_seconds=60, max_attempts=3, message=""
-        )
+        await claims.claim_export(conn, operation_id, "w-test", lease_seconds=60, max_attempts=3)
     assert await prune() == 1  # the edit before the snapshot: no export shows "one" any more
     await edit(api, auth, "u-a", chat, "m-1", "one-b")
     assert await prune() == 0  # "one-a" is what the claimed export shows

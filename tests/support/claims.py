@@ -1,5 +1,5 @@
-"""Leases taken and files recorded through the calls the worker makes (``leases.claim_export``,
-``artifacts.record_artifact`` and ``complete_artifact``), for tests of what a holder's writes may do.
+"""Leases taken and files recorded through the calls the worker makes (``leases.claim_export``, which records
+the artifact, and ``artifacts.complete_artifact``), for tests of what a holder's writes may do.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import asyncpg
 from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.leases import ClaimedOperation
+from shared.storage import ARTIFACT_KEY_SUFFIXES
+from tests.support.rows import S3_PREFIX
 
 # A budget no test spends, so that a claim never parks the operation instead; a test of parking passes its own.
 NEVER_PARKED = 1_000_000
@@ -30,6 +32,8 @@ async def claim_export(
         lease_seconds=lease_seconds,
         max_attempts=max_attempts,
         message="lost",
+        key_stem=f"{S3_PREFIX}{operation_id}/g",
+        key_suffixes=ARTIFACT_KEY_SUFFIXES,
     )
 
 
@@ -43,9 +47,8 @@ async def claim(
 
 
 async def verified_artifact(conn: asyncpg.Connection, claimed: ClaimedOperation, files: ArtifactFiles) -> None:
-    """``files`` recorded and verified as the artifact of ``claimed``'s generation, as an export leaves them for
-    its SUCCEEDED commit.
+    """``files`` verified as the artifact the claim recorded for ``claimed``'s generation, as an export of more than
+    one PutObject leaves them for its SUCCEEDED commit.
     """
     operation_id, generation = claimed.operation_id, claimed.generation
-    assert await artifacts.record_artifact(conn, operation_id=operation_id, generation=generation, object_key=files.key)
     assert await artifacts.complete_artifact(conn, operation_id=operation_id, generation=generation, files=files)

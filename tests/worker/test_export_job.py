@@ -65,7 +65,8 @@ async def test_the_job_returns_the_verified_file_it_wrote_and_leaves_the_end_to_
     state = await pool.fetchval("SELECT state FROM operations WHERE operation_id = 'op_1'")
     artifact = await pool.fetchrow("SELECT state, sha256 FROM artifacts WHERE operation_id = 'op_1'")
     assert state == "RUNNING"
-    assert tuple(artifact) == ("COMPLETE", hashlib.sha256(data).hexdigest())
+    # One PutObject: the SUCCEEDED commit publishes it from WRITING, with no round trip to record COMPLETE.
+    assert tuple(artifact) == ("WRITING", None)
 
 
 async def test_the_job_records_the_multipart_upload_its_file_began(
@@ -77,8 +78,10 @@ async def test_the_job_records_the_multipart_upload_its_file_began(
     written = await ExportJob(pool=pool, s3=s3, settings=settings, claimed=claim).write()
 
     assert written.files.size_bytes > settings.s3_part_size_bytes
-    upload_id = await pool.fetchval("SELECT upload_id FROM artifacts WHERE operation_id = 'op_1'")
-    assert upload_id is not None
+    artifact = await pool.fetchrow("SELECT upload_id, state, sha256 FROM artifacts WHERE operation_id = 'op_1'")
+    assert artifact["upload_id"] is not None
+    # A multipart upload is recorded COMPLETE before the commit, so a takeover adopts it instead of writing it again.
+    assert (artifact["state"], artifact["sha256"]) == ("COMPLETE", written.files.parts[0].sha256)
 
 
 async def test_split_files_come_back_as_the_parts_s3_holds(pool: asyncpg.Pool, s3: Any, settings: Settings) -> None:
@@ -97,3 +100,4 @@ async def test_split_files_come_back_as_the_parts_s3_holds(pool: asyncpg.Pool, s
         assert part.key == f"{folder}part-{part.number}.jsonl"
         assert (part.size_bytes, part.sha256) == (len(data), hashlib.sha256(data).hexdigest())
         assert part.message_count == data.count(b"\n")
+    assert await pool.fetchval("SELECT state FROM artifacts WHERE operation_id = 'op_1'") == "COMPLETE"

@@ -107,7 +107,8 @@ async def test_a_takeover_adopts_the_earlier_generations_verified_object(
     row = await operation(pool)
     assert (row["state"], row["generation"], row["result_key"]) == ("SUCCEEDED", 2, key)
     assert row["result_sha256"] == hashlib.sha256(data).hexdigest()
-    assert await artifact_states(pool) == {1: "PUBLISHED"}
+    # Generation 2's record, which its claim made and nothing was written under, goes with the commit.
+    assert await artifact_states(pool) == {1: "PUBLISHED", 2: "DELETED"}
     assert await keys(s3, settings) == {key}
     assert REGISTRY.get_sample_value("chatexport_worker_artifacts_adopted_total") == adopted_before + 1
 
@@ -128,7 +129,7 @@ async def test_an_adoption_refused_by_access_or_a_cancel_removes_the_object(
 
     row = await operation(pool)
     assert (row["state"], row["error_code"], row["result_key"]) == (state, error_code, None)
-    assert await artifact_states(pool) == {1: "DELETED"}
+    assert await artifact_states(pool) == {1: "DELETED", 2: "DELETED"}
     assert await keys(s3, settings) == set()
 
 
@@ -218,16 +219,17 @@ async def test_a_superseded_holders_writes_are_rejected_and_counted(
         await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
         await claims.claim(conn, "op_1", "w2", lease_seconds=settings.lease_seconds)
     sample = "chatexport_worker_stale_generation_writes_total"
-    before = REGISTRY.get_sample_value(sample, {"write": "artifact"}) or 0.0
+    before = REGISTRY.get_sample_value(sample, {"write": "result"}) or 0.0
 
-    # The old holder wakes up and runs its lease: its very first fenced write is refused.
+    # The old holder wakes up and runs its lease: a small export's first fenced write is its SUCCEEDED commit,
+    # refused, and what it uploaded is removed.
     await LeaseRunner(pool=pool, s3=s3, settings=settings).run(first)
 
     row = await operation(pool)
     assert (row["state"], row["generation"], row["lease_owner"]) == ("RUNNING", 2, "w2")
-    assert await artifact_states(pool) == {}
+    assert await artifact_states(pool) == {1: "DELETED", 2: "WRITING"}
     assert await keys(s3, settings) == set()
-    assert REGISTRY.get_sample_value(sample, {"write": "artifact"}) == before + 1
+    assert REGISTRY.get_sample_value(sample, {"write": "result"}) == before + 1
 
 
 async def test_a_removal_that_commits_first_wins_over_an_adoption_waiting_on_the_row(
@@ -293,7 +295,7 @@ async def test_a_takeover_refused_at_start_removes_what_earlier_generations_left
 
     row = await operation(pool)
     assert (row["state"], row["error_code"], row["generation"]) == ("FAILED", "ACCESS_REVOKED", 2)
-    assert await artifact_states(pool) == {1: "DELETED"}
+    assert await artifact_states(pool) == {1: "DELETED", 2: "DELETED"}
     assert await keys(s3, settings) == set()
 
 
@@ -334,7 +336,7 @@ async def test_a_takeover_adopts_an_earlier_generations_verified_parts(
         None,
     )
     assert [part["sha256"] for part in json.loads(row["result_parts"])] == [hashlib.sha256(data).hexdigest()]
-    assert await artifact_states(pool) == {1: "PUBLISHED"}
+    assert await artifact_states(pool) == {1: "PUBLISHED", 2: "DELETED"}
     assert await keys(s3, settings) == {f"{folder}part-1.jsonl"}
 
 

@@ -11,13 +11,26 @@ from typing import Any
 import asyncpg
 import pytest
 
+from shared.export.formats import COMPRESSIONS, FORMAT_NAMES, FileKind
 from shared.export.phases import Phase
-from shared.repository import artifacts, leases
+from shared.repository import leases
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.leases import ClaimedOperation, finish_cancel
+from shared.settings import Settings
+from shared.storage import artifact_key
 from tests.support import claims
+from tests.support.rows import S3_PREFIX
 
 LEASE = 30.0
+# Every kind of file an export writes: (format, compression, media, split).
+KINDS = [
+    (name, compression, media, split)
+    for name in FORMAT_NAMES
+    for compression in COMPRESSIONS
+    for media in (False, True)
+    for split in (False, True)
+    if not (media and compression == "gzip")
+]
 NOTHING_TO_RUN = leases.ExportClaim(parked=False, claimed=None, member=False)
 
 
@@ -61,6 +74,11 @@ async def succeed_export(conn: asyncpg.Connection, claimed: ClaimedOperation) ->
     )
 
 
+async def artifact_rows(conn: asyncpg.Connection) -> list[tuple[int, str, str]]:
+    rows = await conn.fetch("SELECT generation, object_key, state FROM artifacts ORDER BY generation")
+    return [tuple(found) for found in rows]
+
+
 async def expire_lease(conn: asyncpg.Connection) -> None:
     await conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
 
@@ -92,18 +110,20 @@ async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyn
     await expire_lease(conn)
     second = await claim(conn, "w2")
     before = await row(conn)
+    # Each claim recorded its generation's artifact before any byte.
+    recorded = [(1, "exports/op_1/g1.jsonl", "WRITING"), (2, "exports/op_1/g2.jsonl", "WRITING")]
+    assert await artifact_rows(conn) == recorded
 
     old: dict[str, Any] = {"operation_id": "op_1", "generation": 1}
     assert not await leases.extend_lease(conn, **old, lease_seconds=LEASE)
     assert not await leases.record_progress(
         conn, **old, phase=Phase.WRITING, messages_written=5, bytes_written=50, lease_seconds=LEASE
     )
-    assert not await artifacts.record_artifact(conn, **old, object_key="exports/op_1/g1.jsonl")
     assert await succeed_export(conn, first) is leases.SucceedOutcome.LEASE_LOST
     assert not await leases.end_attempt(conn, **old, state="FAILED", error_code="X", error_message="x")
     assert not await leases.hand_back(conn, **old)
     assert await row(conn) == before
-    assert await conn.fetchval("SELECT count(*) FROM artifacts") == 0
+    assert await artifact_rows(conn) == recorded
 
     await claims.verified_artifact(conn, second, files_of(2))
     assert await succeed_export(conn, second) is leases.SucceedOutcome.SUCCEEDED
@@ -228,3 +248,60 @@ async def test_a_column_added_while_workers_run_leaves_their_claims_working(conn
     again = await claim_export(conn, "w2")
     assert again.claimed is not None and again.claimed.generation == 2
     assert await conn.fetchval("SELECT lease_owner FROM operations") == "w2"
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+async def test_the_claim_records_the_key_the_worker_writes_for_every_kind_of_file(
+    conn: asyncpg.Connection, kind: tuple[str, str, bool, bool]
+) -> None:
+    name, compression, media, split = kind
+    await conn.execute(
+        "UPDATE operations SET format = $1, compression = $2, media = $3, max_part_bytes = $4",
+        name,
+        compression,
+        media,
+        10 * 1024 * 1024 if split else None,
+    )
+    claimed = await claim(conn, "w1")
+    extension = FileKind(name, compression, zipped=media).extension
+    key = artifact_key(Settings(s3_prefix=S3_PREFIX), "op_1", 1, extension=extension, split=split)
+    assert await artifact_rows(conn) == [(1, key, "WRITING")]
+    assert claimed.request.file_kind.extension == extension
+
+
+async def test_the_succeeded_call_publishes_its_own_file_from_writing_with_its_figures(
+    conn: asyncpg.Connection,
+) -> None:
+    await add_member(conn)
+    claimed = await claim(conn, "w1")
+    assert await succeed_export(conn, claimed) is leases.SucceedOutcome.SUCCEEDED
+    assert await conn.fetch("SELECT generation, state, size_bytes, sha256, message_count, parts FROM artifacts") == [
+        (1, "PUBLISHED", 1, "s", 1, None)
+    ]
+
+
+async def test_an_adopting_succeeded_call_deletes_the_record_its_claim_made(conn: asyncpg.Connection) -> None:
+    await add_member(conn)
+    first = await claim(conn, "w1")
+    await claims.verified_artifact(conn, first, files_of(1))
+    await expire_lease(conn)
+    second = await claim(conn, "w2")
+    adopted = await leases.succeed_export(
+        conn, claimed=second, files=files_of(1), artifact_generation=1, result_ttl_seconds=60
+    )
+    assert adopted is leases.SucceedOutcome.SUCCEEDED
+    assert [(g, state) for g, _, state in await artifact_rows(conn)] == [(1, "PUBLISHED"), (2, "DELETED")]
+
+
+async def test_an_earlier_generations_file_still_writing_is_never_published(conn: asyncpg.Connection) -> None:
+    await add_member(conn)
+    await claim(conn, "w1")
+    await expire_lease(conn)
+    second = await claim(conn, "w2")
+    before = await row(conn)
+    gone = await leases.succeed_export(
+        conn, claimed=second, files=files_of(1), artifact_generation=1, result_ttl_seconds=60
+    )
+    assert gone is leases.SucceedOutcome.ARTIFACT_GONE
+    assert await row(conn) == before
+    assert [state for _, _, state in await artifact_rows(conn)] == ["WRITING", "WRITING"]

@@ -96,7 +96,8 @@ async def submit(
         # replay answers 202 only once the synchronous standbys hold it.
         await await_replication(conn)
     else:
-        log.info("export submitted", extra={"operation_id": result.operation_id, "conversation_id": conversation_id})
+        # DEBUG: one line per export would be most of the output (docs/operations.md: Logs).
+        log.debug("export submitted", extra={"operation_id": result.operation_id, "conversation_id": conversation_id})
     assert result.accepted is not None
     return AcceptedSubmission(result.accepted, replayed=replayed, limits=standings)
 

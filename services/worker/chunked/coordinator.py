@@ -4,8 +4,9 @@ per-export cap frees a place, folds their progress into the operation, and assem
 chunk is DONE.
 
 The plan is kept by every later generation (the same snapshot, the same ranges), and a DONE chunk is never
-redone: a coordinator that takes over waits only for the chunks not yet DONE. A split result's chunks are
-its parts: each is copied, whole, to the part's key (docs/chunks.md: Split results).
+redone: a coordinator that takes over waits only for the chunks not yet DONE, and resumes the file's assembly
+from its last checkpoint (docs/chunks.md: Chunked exports, A coordinator's takeover). A split result's chunks
+are its parts: each is copied, whole, to the part's key (docs/chunks.md: Split results).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from services.worker.chunked.assembly import Assembly
+from services.worker.chunked.assembly import Assembly, Checkpoint
 from services.worker.errors import NeedsRepair, access_revoked
 from services.worker.writing.files import Destination
 from shared.export.phases import Phase
@@ -34,6 +35,7 @@ _REVOKED = access_revoked().code
 
 Progress = Callable[[Phase, tuple[int, int]], Awaitable[None]]
 OnUpload = Callable[[str], Awaitable[None]]
+OnCheckpoint = Callable[[Checkpoint], Awaitable[None]]
 
 
 @dataclass(kw_only=True)
@@ -41,7 +43,8 @@ class ChunkedExport:
     """The chunked path of one attempt for ``claimed``, once its ``ChunkPlanner`` has planned the chunks.
 
     ``progress(phase, (messages, bytes))`` is the attempt's fenced progress write (it raises ``LeaseLost``
-    on a cancel or a takeover); ``on_upload(upload_id)`` records the assembly's upload.
+    on a cancel or a takeover); ``on_upload(upload_id)`` records the assembly's upload, and
+    ``on_checkpoint(checkpoint)`` each checkpoint of a file's assembly (also fenced).
     """
 
     pool: asyncpg.Pool
@@ -50,27 +53,42 @@ class ChunkedExport:
     claimed: ClaimedOperation
     progress: Progress
 
-    async def write(self, destination: Destination, *, on_upload: OnUpload) -> ArtifactFiles:
+    async def write(
+        self,
+        destination: Destination,
+        *,
+        on_upload: OnUpload,
+        on_checkpoint: OnCheckpoint,
+        resume: Checkpoint | None = None,
+    ) -> ArtifactFiles:
         """Wake the chunks and assemble the files of ``destination`` from them, each chunk as soon as it and
         every one before it are DONE, while the later ones are written; ``on_upload(upload_id)`` records each
-        upload before its first part. Raises ``LeaseLost`` (a cancel, a takeover), ``PermanentError`` (a chunk
-        found the owner no longer a member), ``NeedsRepair`` (a chunk spent its budget), ``StoredBytesDiffer``
-        and S3's errors.
+        upload before its first part, and a file's assembly starts from ``resume`` when given. Raises
+        ``LeaseLost`` (a cancel, a takeover), ``PermanentError`` (a chunk found the owner no longer a member),
+        ``NeedsRepair`` (a chunk spent its budget), ``StoredBytesDiffer`` and S3's errors.
         """
         totals = (0, 0)
 
         async def after_part() -> None:
             await self.progress(Phase.WRITING, totals)
 
-        def assembly(key: str) -> Assembly:
-            content_type = destination.kind.content_type
+        def assembly(key: str, *, checkpoints: bool = False) -> Assembly:
             return Assembly(
-                self.s3, self.settings, key=key, content_type=content_type, on_upload=on_upload, after_part=after_part
+                self.s3,
+                self.settings,
+                key=key,
+                content_type=destination.kind.content_type,
+                on_upload=on_upload,
+                after_part=after_part,
+                on_checkpoint=on_checkpoint if checkpoints else None,
             )
 
         done: asyncio.Queue[Chunk | None] = asyncio.Queue()
-        assemble = _assemble_parts if destination.max_part_bytes is not None else _assemble_file
-        assembling = asyncio.create_task(assemble(destination, assembly, done))
+        if destination.max_part_bytes is not None:
+            assembling = asyncio.create_task(_assemble_parts(destination, assembly, done))
+        else:
+            file = assembly(destination.key, checkpoints=True)
+            assembling = asyncio.create_task(_assemble_file(file, done, resume))
         try:
             added = 0
             while True:
@@ -111,19 +129,21 @@ class ChunkedExport:
         return now
 
 
-async def _assemble_file(
-    destination: Destination, assembly: Callable[[str], Assembly], done: asyncio.Queue[Chunk | None]
-) -> ArtifactFiles:
-    """One file: add each chunk ``done`` yields, in order, until None, to one upload; then finish it."""
-    file = assembly(destination.key)
-    await file.start()
+async def _assemble_file(file: Assembly, done: asyncio.Queue[Chunk | None], resume: Checkpoint | None) -> ArtifactFiles:
+    """One file: add each chunk ``done`` yields, in order, until None, to one upload, begun or taken up
+    from ``resume``; then finish it.
+    """
+    if resume is None:
+        await file.start()
+    else:
+        file.resume(resume)
     while (chunk := await done.get()) is not None:
         await file.add(chunk)
     return await file.finish()
 
 
 async def _assemble_parts(
-    destination: Destination, assembly: Callable[[str], Assembly], done: asyncio.Queue[Chunk | None]
+    destination: Destination, assembly: Callable[..., Assembly], done: asyncio.Queue[Chunk | None]
 ) -> ArtifactFiles:
     """A split result: each chunk ``done`` yields that holds a message becomes the next part, whole (a chunk
     a filter left empty adds nothing, unless no chunk holds a message: an empty export has one part).
@@ -141,7 +161,7 @@ async def _assemble_parts(
 
 
 async def _part(
-    destination: Destination, assembly: Callable[[str], Assembly], chunk: Chunk, *, number: int
+    destination: Destination, assembly: Callable[..., Assembly], chunk: Chunk, *, number: int
 ) -> StoredPart:
     """Part ``number`` of a split result: ``chunk``'s object copied to the part's key."""
     key = destination.file_key(number)

@@ -20,6 +20,7 @@ from shared.ids import is_operation_id
 from shared.repository import leases
 from shared.repository.leases import ClaimedOperation, current_state
 from shared.settings import WorkerPartSettings
+from shared.storage import ARTIFACT_KEY_SUFFIXES, artifact_key_stem
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,10 @@ class OperationDeliveries:
         claimed, purpose = work
         tracing.set_attributes(**claimed.span_attributes(), **{"chatexport.lease_purpose": purpose.value})
         if purpose is LeasePurpose.EXPORT:
-            log.info("lease taken", extra=claimed.log_extra(worker=self.worker_id))
+            # An export's ordinary course logs at DEBUG; a takeover is news to an operator (docs/operations.md: Logs).
+            (log.info if claimed.took_over else log.debug)(
+                "lease taken", extra=claimed.log_extra(worker=self.worker_id)
+            )
             await self.runner.run(claimed)
         elif purpose is LeasePurpose.REFUSE:
             await self.runner.refuse(claimed)
@@ -100,6 +104,8 @@ class OperationDeliveries:
                 lease_seconds=self.settings.lease_seconds,
                 max_attempts=self.settings.max_attempts,
                 message=WORKER_LOST_MESSAGE,
+                key_stem=artifact_key_stem(self.settings, operation_id),
+                key_suffixes=ARTIFACT_KEY_SUFFIXES,
             )
             if claim.parked:
                 log.warning("export parked: every attempt lost its worker", extra={"operation_id": operation_id})

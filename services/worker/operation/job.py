@@ -7,6 +7,7 @@ runner (``services.worker.operation.runner``) commits SUCCEEDED with it, as it r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import asyncpg
 from botocore.exceptions import ClientError
 
 from services.worker import metrics
+from services.worker.chunked.assembly import Checkpoint
 from services.worker.chunked.coordinator import ChunkedExport
 from services.worker.chunked.plan import ChunkPlanner
 from services.worker.writing.files import Destination, FileSet
@@ -54,6 +56,17 @@ class Written:
     generation: int
     files: ArtifactFiles
     adopted: bool
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """An earlier generation's assembly that this attempt takes up (docs/chunks.md: Chunked exports, A
+    coordinator's takeover): the ``generation`` and ``key`` of its record and its last ``checkpoint``.
+    """
+
+    generation: int
+    key: str
+    checkpoint: Checkpoint
 
 
 class ExportJob:
@@ -99,6 +112,8 @@ class ExportJob:
             pool=pool, settings=settings, claimed=claimed, last_seq=last_seq(claimed), reads=reads
         )
         self._recorded_upload_id: str | None = None
+        # The generation whose artifact record holds this attempt's file: its own, or the one it resumed.
+        self._artifact_generation = claimed.generation
         self._zip_writers: list[ObjectWriter] = []
         # The claim wrote ``starting``: an export that ends within the interval writes no progress at all.
         self._progress_written_at = time.monotonic()
@@ -106,27 +121,36 @@ class ExportJob:
 
     async def write(self) -> Written:
         """An earlier generation's verified files to adopt, or this attempt's own, written and verified (its
-        record COMPLETE); on any failure remove what this attempt uploaded. Call it once per job.
+        record COMPLETE, except a file of one PutObject, which the SUCCEEDED commit publishes from WRITING); on
+        any failure remove what this attempt uploaded. Call it once per job.
         """
         earlier = await self._settle_earlier_generations()
-        if earlier is not None:
+        if isinstance(earlier, Written):
             return earlier
         claimed = self._claimed
         # An export with media is one stream, never chunks (docs/api.md: Submitting an export, Exports with media).
         planned = [] if claimed.request.media else await self._planner.plan()
         self.chunked = bool(planned)
-        async with self._pool.acquire() as conn:
-            if not await artifacts.record_artifact(
-                conn, operation_id=claimed.operation_id, generation=claimed.generation, object_key=self.key
-            ):
-                raise LeaseLost("artifact")
+        # The claim recorded the artifact WRITING under ``self.key`` (``leases.claim_export``).
+        destination = self._destination
+        if earlier is not None and planned:
+            await self._take_up(earlier)
+            destination = dataclasses.replace(destination, key=earlier.key)
+        elif earlier is not None:
+            await self._remove(earlier.generation)  # a checkpoint of chunks this attempt does not write
+            earlier = None
         try:
             if planned:
                 # Built only for an export the plan chunked: most are written in one stream.
                 coordinator = ChunkedExport(
                     pool=self._pool, s3=self._s3, settings=self._settings, claimed=claimed, progress=self._progress
                 )
-                files = await coordinator.write(self._destination, on_upload=self._record_assembly_upload)
+                files = await coordinator.write(
+                    destination,
+                    on_upload=self._record_assembly_upload,
+                    on_checkpoint=self._record_checkpoint,
+                    resume=None if earlier is None else earlier.checkpoint,
+                )
             elif claimed.request.media:
                 files = await self._write_zip()
             else:
@@ -136,16 +160,22 @@ class ExportJob:
                 # checks what S3 stored against what it sent (``ObjectWriter.finish``).
                 files = ArtifactFiles(self.key, tuple(await self._files.finish()), split=self._split)
                 await self._record_upload_id()
-            await self._complete(files)
+            if planned or claimed.request.media or self._split or self._recorded_upload_id is not None:
+                # Recorded COMPLETE, so that a takeover after an unknown outcome adopts it rather than writing
+                # it again; a file of one PutObject costs less to rewrite than this round trip on every export,
+                # and the SUCCEEDED commit publishes it from WRITING (docs/states.md: States and failure
+                # model, Unknown outcomes).
+                await self._complete(files)
         except BaseException:
-            await asyncio.shield(self.discard(claimed.generation))
+            await asyncio.shield(self.discard(self._artifact_generation))
             raise
-        return Written(claimed.generation, files, adopted=False)
+        return Written(self._artifact_generation, files, adopted=False)
 
-    async def _settle_earlier_generations(self) -> Written | None:
+    async def _settle_earlier_generations(self) -> Written | Resumed | None:
         """After a takeover, the newest earlier generation's complete files if S3 still holds exactly what was
-        verified; every earlier object and upload newer than those, or all when there are none, is removed
-        (docs/states.md: States and failure model, Unknown outcomes).
+        verified, else the newest assembly that can be resumed from its checkpoint; every other earlier object
+        and upload is removed (docs/states.md: States and failure model, Unknown outcomes; docs/chunks.md:
+        Chunked exports, A coordinator's takeover). Raises ``LeaseLost`` when taking up an assembly is refused.
         """
         claimed = self._claimed
         if claimed.generation == FIRST_GENERATION:
@@ -154,9 +184,14 @@ class ExportJob:
             earlier = await artifacts.unremoved_artifacts(
                 conn, operation_id=claimed.operation_id, below_generation=claimed.generation
             )
+        resumed: Resumed | None = None
         for artifact in earlier:
             if artifact.state == ArtifactState.COMPLETE and await self._still_stored(artifact):
+                if resumed is not None:
+                    await self._remove(resumed.generation)
                 return Written(artifact.generation, artifact.files(), adopted=True)
+            if resumed is None and (resumed := await self._resumable(artifact)) is not None:
+                continue
             removed = await self._remove(artifact.generation)
             if removed:
                 metrics.EARLIER_ARTIFACTS_REMOVED.inc()
@@ -164,7 +199,42 @@ class ExportJob:
                 "earlier generation's artifact removed" if removed else "earlier generation's artifact kept",
                 extra=claimed.log_extra(artifact_generation=artifact.generation, artifact_state=artifact.state),
             )
-        return None
+        return resumed
+
+    async def _take_up(self, resumed: Resumed) -> None:
+        """Make ``resumed``'s record the one that holds this attempt's file, its checkpoint recorded again under
+        this lease (which also tells the janitor the record is in use); raises ``LeaseLost``.
+        """
+        self._artifact_generation = resumed.generation
+        await self._record_checkpoint(resumed.checkpoint)
+        metrics.ASSEMBLIES_RESUMED.inc()
+        log.info(
+            "assembly resumed from its checkpoint",
+            extra=self._claimed.log_extra(
+                artifact_generation=resumed.generation,
+                resumed_at_bytes=resumed.checkpoint.size_bytes,
+                parts=len(resumed.checkpoint.parts),
+            ),
+        )
+
+    async def _resumable(self, artifact: ArtifactRecord) -> Resumed | None:
+        """``artifact``'s assembly to take up: a WRITING record with a checkpoint of a version this release
+        knows, whose upload S3 still holds; None otherwise.
+        """
+        if artifact.state != ArtifactState.WRITING or artifact.assembly is None:
+            return None
+        checkpoint = Checkpoint.from_json(artifact.assembly)
+        if checkpoint is None:
+            return None
+        try:
+            await self._s3.list_parts(
+                Bucket=self._settings.s3_bucket, Key=artifact.object_key, UploadId=checkpoint.upload_id, MaxParts=1
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("NoSuchUpload", "404"):
+                raise
+            return None
+        return Resumed(artifact.generation, artifact.object_key, checkpoint)
 
     async def _still_stored(self, artifact: ArtifactRecord) -> bool:
         """True when S3 holds every file of the COMPLETE ``artifact`` with its recorded size and sha256."""
@@ -308,13 +378,28 @@ class ExportJob:
         return ArtifactFiles(self.key, tuple(parts), split=True)
 
     async def _complete(self, files: ArtifactFiles) -> None:
-        """Record the verified ``files`` in the attempt's artifact (COMPLETE); raises ``LeaseLost``."""
+        """Record the verified ``files`` in the artifact that holds them (COMPLETE); raises ``LeaseLost``."""
         claimed = self._claimed
         async with self._pool.acquire() as conn:
             if not await artifacts.complete_artifact(
-                conn, operation_id=claimed.operation_id, generation=claimed.generation, files=files
+                conn, operation_id=claimed.operation_id, generation=self._artifact_generation, files=files
             ):
                 raise LeaseLost("artifact")
+
+    async def _record_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Record an assembly's ``checkpoint`` in the artifact that holds the file, fenced on this attempt's
+        lease; raises ``LeaseLost``.
+        """
+        claimed = self._claimed
+        async with self._pool.acquire() as conn:
+            if not await artifacts.record_assembly(
+                conn,
+                operation_id=claimed.operation_id,
+                generation=self._artifact_generation,
+                holder_generation=claimed.generation,
+                checkpoint=checkpoint.as_json(),
+            ):
+                raise LeaseLost("assembly")
 
     async def _progress(self, phase: Phase, counts: tuple[int, int] | None = None) -> None:
         """Show ``phase`` and the counts so far (messages, bytes: the files', or ``counts``) in the operation,
@@ -348,7 +433,7 @@ class ExportJob:
         """
         async with self._pool.acquire() as conn:
             await artifacts.record_upload_id(
-                conn, operation_id=self._claimed.operation_id, generation=self._claimed.generation, upload_id=upload_id
+                conn, operation_id=self._claimed.operation_id, generation=self._artifact_generation, upload_id=upload_id
             )
         self._recorded_upload_id = upload_id
 
@@ -362,20 +447,22 @@ class ExportJob:
 
     async def discard(self, generation: int) -> None:
         """Stop the upload in flight and remove the objects and uploads of ``generation`` (this attempt's, or
-        the earlier one ``write`` returned); what cannot be removed now, the janitor removes later.
+        the earlier one ``write`` returned, and then also this attempt's record, which its claim made); what
+        cannot be removed now, the janitor removes later.
 
         Under the artifact's record: a newer generation may have adopted the object meanwhile, and then it is
         kept (``remove_artifact`` refuses a served result).
         """
         for writer in (*self._files.writers(), *self._zip_writers):
             await writer.abandon()
-        try:
-            await self._remove(generation)
-        except Exception:
-            log.warning(
-                "could not remove artifact; left to the janitor",
-                extra=self._claimed.log_extra(artifact_generation=generation),
-            )
+        for each in dict.fromkeys((generation, self._claimed.generation)):
+            try:
+                await self._remove(each)
+            except Exception:
+                log.warning(
+                    "could not remove artifact; left to the janitor",
+                    extra=self._claimed.log_extra(artifact_generation=each),
+                )
 
     async def _remove(self, generation: int) -> bool:
         """``remove_artifact`` for this operation's ``generation``; raises what it raises."""

@@ -287,9 +287,11 @@ def _report_rejection(claimed: ClaimedOperation, *, write: str, now: CurrentStat
 
 
 def _report_success(claimed: ClaimedOperation, written: Written) -> None:
-    """Log the committed SUCCEEDED with its figures; count and log an adoption."""
+    """Log the committed SUCCEEDED with its figures (DEBUG: the attempts-ended counter counts them, docs/operations.md:
+    Logs); count and log an adoption.
+    """
     files = written.files
-    log.info(
+    log.debug(
         "export succeeded",
         extra=claimed.log_extra(
             size_bytes=files.size_bytes,
