@@ -229,11 +229,11 @@ async def coordinator_crash_cost(template: str) -> tuple[float, float]:
         """
         async with asyncio.timeout(EXPORT_TIMEOUT_SECONDS):
             while True:
-                row = await pool.fetchrow(sql, operation_id)
+                row = await pool.fetchrow(sql, operation_id)  # none before the claim
                 # Half of the file as the plan estimates it; the share is taken again of the real size below.
-                if row["in_parts"] is not None and row["in_parts"] * 2 >= row["estimated"]:
+                if row is not None and row["in_parts"] is not None and row["in_parts"] * 2 >= row["estimated"]:
                     break
-                assert row["state"] != "SUCCEEDED", "the export ended before half of it was in parts"
+                assert row is None or row["state"] != "SUCCEEDED", "the export ended before half was in parts"
                 await asyncio.sleep(0.01)  # polling another process's progress
         killed = system.holder(row["lease_owner"])
         system.group.kill(killed)

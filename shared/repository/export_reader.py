@@ -112,42 +112,61 @@ LINE_OVERHEAD_BYTES = 160
 
 
 async def range_bytes(
-    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, recalled: bool = True
+    conn: asyncpg.Connection,
+    *,
+    conversation_id: str,
+    after_seq: int,
+    last_seq: int,
+    recalled: bool = True,
+    request: ExportRequest | None = None,
 ) -> int:
-    """About the JSONL bytes of every message of seqs ``after_seq < seq <= last_seq``, whatever an export's
-    options select: with ``recalled``, recalled messages too (what a range of the same seqs may hold, which a
-    read's size must allow for); without, only those an export writes when it selects every message (what
-    chunks are planned on). Reads sizes only (a compressed or out-of-line body is not decompressed).
+    """About the JSONL bytes of messages of seqs ``after_seq < seq <= last_seq``: with ``recalled``, every one,
+    recalled messages too (what a range of the same seqs may hold, which a read's size must allow for);
+    without, those an export writes: the ones ``request``'s options select, every one not recalled when no
+    ``request`` is given (what chunks are planned on). Reads sizes only (a compressed or out-of-line body is not
+    decompressed).
     """
-    size: int = await conn.fetchval(
-        f"SELECT coalesce(sum(octet_length(body) + $4), 0) {_RANGE_MESSAGES if recalled else _UNRECALLED_MESSAGES}",
-        conversation_id,
-        after_seq,
-        last_seq,
-        LINE_OVERHEAD_BYTES,
-    )
+    weighed: tuple[object, ...] = ()
+    if recalled:
+        sql = f"SELECT coalesce(sum(octet_length(body) + $4), 0) {_RANGE_MESSAGES}"
+    else:
+        sql, weighed = f"SELECT coalesce(sum(octet_length(body) + $7), 0) {_SELECTED_MESSAGES}", _weighed(request)
+    size: int = await conn.fetchval(sql, conversation_id, after_seq, last_seq, *weighed, LINE_OVERHEAD_BYTES)
     return size
 
 
+def _weighed(request: ExportRequest | None) -> tuple[datetime | None, datetime | None, list[str] | None]:
+    """``_SELECTED_MESSAGES``' parameters $4 to $6 for what an export of ``request`` writes; None: every message."""
+    return (None, None, None) if request is None else _options(request)
+
+
 async def plan_ranges(
-    conn: asyncpg.Connection, *, conversation_id: str, after_seq: int, last_seq: int, target_bytes: int
+    conn: asyncpg.Connection,
+    *,
+    conversation_id: str,
+    after_seq: int,
+    last_seq: int,
+    target_bytes: int,
+    request: ExportRequest | None = None,
 ) -> list[PlannedRange]:
     """Cut the seqs ``after_seq < seq <= last_seq`` into contiguous ranges of about ``target_bytes`` each, as
-    ``range_bytes`` without ``recalled`` measures them (so bodies of any size weigh what they hold, not one
-    each, and a recalled message, which no export writes, weighs nothing): a range ends with the message that
-    takes it to the next multiple of ``target_bytes`` (docs/chunks.md: The plan). The first range starts at
-    ``after_seq`` and the last ends at ``last_seq``; empty when the seqs hold no message an export writes.
+    ``range_bytes`` without ``recalled`` measures them for ``request`` (so bodies of any size weigh what they
+    hold, not one each, and a message the export does not write, recalled or left out by a filter, weighs
+    nothing): a range ends with the message that takes it to the next multiple of ``target_bytes``
+    (docs/chunks.md: The plan). The first range starts at ``after_seq`` and the last ends at ``last_seq``;
+    empty when the seqs hold no message the export writes.
     """
     rows = await conn.fetch(
         f"""
         SELECT max(seq) AS high, sum(size) AS size FROM (
             SELECT seq, size, sum(size) OVER (ORDER BY seq) - size AS before FROM (
-                SELECT seq, octet_length(body) + $5 AS size {_UNRECALLED_MESSAGES}) sized) placed
-        GROUP BY floor(before / $4) ORDER BY high
+                SELECT seq, octet_length(body) + $8 AS size {_SELECTED_MESSAGES}) sized) placed
+        GROUP BY floor(before / $7) ORDER BY high
         """,
         conversation_id,
         after_seq,
         last_seq,
+        *_weighed(request),
         target_bytes,
         LINE_OVERHEAD_BYTES,
     )

@@ -11,6 +11,7 @@ import asyncio
 import gzip
 import hashlib
 import itertools
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -139,7 +140,8 @@ async def test_a_chunked_file_is_the_streamed_file_byte_for_byte(
     # bob sent every third message (fill).
     assert result["message_count"] == (2000 if len(request_body) == 1 else len(range(102, 2001, 3)))
     planned = await chunks_of(pool, operation["operation_id"])
-    assert len(planned) > 5 and {chunk["state"] for chunk in planned} == {"DONE"}
+    # The plan weighs what the export writes: bob's filter leaves about a third of the chunks.
+    assert len(planned) > (5 if len(request_body) == 1 else 2) and {chunk["state"] for chunk in planned} == {"DONE"}
     # Operators see the chunks in the admin view.
     admin = await api.get(f"/admin/operations/{operation['operation_id']}", headers=auth("root", admin=True))
     shown = (await admin.json())["chunks"]
@@ -357,3 +359,26 @@ async def test_a_coordinator_that_takes_over_resumes_the_assembly_from_its_last_
         "SELECT generation, state FROM artifacts WHERE operation_id = $1 ORDER BY generation", operation_id
     )
     assert [tuple(row) for row in states] == [(1, "PUBLISHED"), (2, "DELETED")]
+
+
+async def test_a_filtered_split_result_is_planned_on_the_messages_it_writes(
+    api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """docs/chunks.md: The plan; docs/chunks.md: Split results. Bob's third of the messages is weighed alone:
+    each part holds about a chunk's worth of his messages, not a third of one.
+    """
+    await make_conversation(api, auth, "c-a", ["alice", "bob"])
+    await fill(pool, "c-a", 3000, body_bytes=3000)
+    body = {"senders": ["bob"], "max_part_bytes": 5 * MIB}
+    written = await pool.fetchval(
+        "SELECT sum(octet_length(body) + $1) FROM messages WHERE conversation_id = 'c-a' AND sender_id = 'bob'",
+        export_reader.LINE_OVERHEAD_BYTES,
+    )
+    async with running_pipeline(settings):
+        operation = await succeeded(api, auth, "alice", "c-a", body, "bob-split")
+    chunks = await done_chunks(pool, operation["operation_id"])
+    parts = operation["result"]["parts"]
+    assert 2 <= len(parts) == len(chunks) <= written // settings.chunk_target_bytes + 1
+    lines = [line for part in await parts_of(api, auth, operation) for line in part.splitlines()]
+    bob = await pool.fetch("SELECT seq FROM messages WHERE conversation_id = 'c-a' AND sender_id = 'bob' ORDER BY seq")
+    assert [json.loads(line)["seq"] for line in lines] == [row["seq"] for row in bob]

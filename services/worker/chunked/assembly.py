@@ -37,8 +37,8 @@ from shared.storage import upload_deadline
 
 # Each chunk is read in ranges of this size, this many at once (so at most 32 MiB held): against a store that
 # limits each connection, the assembly must read faster than the chunks' writers write.
-READ_RANGE_BYTES = 4 * 1024 * 1024
-READS_IN_FLIGHT = 8
+READ_RANGE_BYTES = 2 * 1024 * 1024
+READS_IN_FLIGHT = 16
 # The version of a recorded ``Checkpoint``'s JSON; a coordinator resumes only a version it knows.
 CHECKPOINT_VERSION = 1
 

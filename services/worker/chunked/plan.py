@@ -35,16 +35,6 @@ class ChunkPlanner:
     last_seq: int
     reads: ReadSource
 
-    def applies(self) -> bool:
-        """Whether this export may be chunked at all: chunking is on, and it is not a split result with a
-        filter (the plan weighs every message, so such a result's parts would each hold a filter's share of
-        a part: many small ones where one stream writes few).
-        """
-        request = self.claimed.request
-        return self.settings.chunk_threshold_bytes > 0 and not (
-            request.max_part_bytes is not None and request.selects_messages
-        )
-
     async def plan(self) -> list[Chunk]:
         """The export's chunks: those an earlier generation planned (FAILED ones made PENDING again: this is
         a new attempt), or a new plan when the messages are estimated above ``chunk_threshold_bytes``;
@@ -53,7 +43,7 @@ class ChunkPlanner:
         claimed = self.claimed
         after = claimed.request.after_seq
         # A small export costs no query: the same snapshot and settings never planned it either.
-        if not self.applies() or not self._may_exceed_threshold(self.last_seq - after):
+        if self.settings.chunk_threshold_bytes <= 0 or not self._may_exceed_threshold(self.last_seq - after):
             return []
         async with self.pool.acquire() as conn:
             existing = await chunks.chunks_of(conn, operation_id=claimed.operation_id)
@@ -73,12 +63,19 @@ class ChunkPlanner:
             return await chunks.chunks_of(conn, operation_id=claimed.operation_id)
 
     async def _weigh(self, conn: asyncpg.Connection) -> list[PlannedRange]:
-        """The ranges of the chunks the export's messages would make; none when they are estimated at or
-        below ``chunk_threshold_bytes``.
+        """The ranges of the chunks the messages the export writes would make (its filters applied: a chunk
+        holds about its share of the file, and a split result's part about a part's worth); none when they are
+        estimated at or below ``chunk_threshold_bytes``.
         """
-        conversation_id, after = self.claimed.conversation_id, self.claimed.request.after_seq
+        request = self.claimed.request
+        conversation_id, after = self.claimed.conversation_id, request.after_seq
         total = await export_reader.range_bytes(
-            conn, conversation_id=conversation_id, after_seq=after, last_seq=self.last_seq, recalled=False
+            conn,
+            conversation_id=conversation_id,
+            after_seq=after,
+            last_seq=self.last_seq,
+            recalled=False,
+            request=request,
         )
         if total <= self.settings.chunk_threshold_bytes:
             return []
@@ -88,6 +85,7 @@ class ChunkPlanner:
             after_seq=after,
             last_seq=self.last_seq,
             target_bytes=self._target_bytes(total),
+            request=request,
         )
 
     def _target_bytes(self, total: int) -> int:
