@@ -389,7 +389,7 @@ async def speed_up(template: str, *, throttled: bool) -> list[Figure]:
     for workers, run in runs.items():
         if workers == 1:
             continue
-        targets = (0.75, 0.6) if throttled else (None, None)
+        targets = (0.75, 0.65) if throttled else (None, None)
         for phase, value, baseline, target in (
             ("writing", run.writing, base.writing, targets[0]),
             ("whole export", run.whole, base.whole, targets[1]),
