@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.chatexport-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock prerequisites run test test-quick test-clusters test-upgrade pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts bench-media bench-tokens chaos clusters replay-standby-conflicts screenshots clean
+.PHONY: help install lock prerequisites run test test-quick test-clusters test-upgrade pytest lint fmt typecheck docs bench bench-http bench-drain bench-export bench-chunks bench-redirect bench-tracing bench-callbacks bench-waiters bench-counts bench-media bench-tokens bench-lines chaos clusters replay-standby-conflicts screenshots clean
 
 # A stamp alone would not notice a venv whose project was uninstalled or that a failed install left
 # half-done: in that case force the install target to run.
@@ -27,9 +27,9 @@ help:
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make bench      the benchmarks: polls, submits, the drain and latency beside a bare pipeline, the"
 	@echo "                1M-message export, recovery, downloads by redirect, chunked exports, tracing's cost,"
-	@echo "                callbacks, waiters, counts per export, an export with media (make bench-http, -drain,"
-	@echo "                -export, -redirect, -chunks, -tracing, -callbacks, -waiters, -counts, -media, -tokens"
-	@echo "                run one)"
+	@echo "                callbacks, waiters, counts per export, an export with media, the read of an export's"
+	@echo "                lines (make bench-http, -drain, -export, -redirect, -chunks, -tracing, -callbacks,"
+	@echo "                -waiters, -counts, -media, -tokens, -lines run one)"
 	@echo "make chaos      the fault harness: ROUNDS=1000 rounds of random faults, SEED=S (default random),"
 	@echo "                ROUND=K replays one, LANES=2 runs rounds on two systems at once, CLUSTER=1 on a"
 	@echo "                RabbitMQ cluster and a PostgreSQL primary with standbys (node kills, failovers)"
@@ -137,6 +137,7 @@ bench: install
 	$(BIN)/python bench/chunks.py
 	$(BIN)/python bench/counts.py
 	$(BIN)/python bench/media.py
+	$(BIN)/python bench/read_lines.py
 
 # One row of the table each: the polls and submits, the drain beside the bare pipeline, the 1M export.
 bench-http: install
@@ -169,6 +170,9 @@ bench-counts: install
 
 bench-media: install
 	$(BIN)/python bench/media.py
+
+bench-lines: install
+	$(BIN)/python bench/read_lines.py
 
 bench-tokens: install
 	@command -v wrk >/dev/null || apt-get install -y wrk || sudo apt-get install -y wrk

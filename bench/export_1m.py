@@ -29,12 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.running import running_system
 from bench.table import Figure, print_table
 from shared.auth import mint_token
-from shared.export.request import ExportRequest
-from shared.repository.export_reader import copy_export_lines
+from shared.repository.export_reader import EXPORT_LINES_SQL
 from shared.settings import Settings
 from shared.storage import open_s3_client
 
 CID = "bench-1m"
+# COPY's csv format with quote and delimiter characters that JSON text never contains passes the lines through
+# verbatim; the text format would double every backslash.
+COPY_OPTIONS = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
 WORDS = ["hello", "world", "export", "message", "你好", "привет", "café", "naïve", "ok", "😀", '"quoted"']
 WORDS += ["back\\slash", "tab\tnewline\n"]
 
@@ -89,17 +91,21 @@ async def export(
 
 
 async def copy_every_line(conn: asyncpg.Connection, last_seq: int, sink: Callable[[bytes], Awaitable[None]]) -> None:
-    """Every JSONL line of the conversation up to ``last_seq`` through ``sink``, as an export reads them. No
-    operation's id: every body as it is now, which is what an export of unedited messages shows.
+    """Every JSONL line of the conversation up to ``last_seq`` through ``sink``: Postgres' own ``COPY`` of the lines
+    an export writes, the same statement. No operation's id: every body as it is now, which is what an export of
+    unedited messages shows.
     """
-    await copy_export_lines(
-        conn,
-        operation_id="",
-        conversation_id=CID,
-        after_seq=0,
-        last_seq=last_seq,
-        request=ExportRequest(),
+    await conn.copy_from_query(
+        EXPORT_LINES_SQL,
+        CID,
+        0,
+        last_seq,
+        None,
+        None,
+        None,
+        "",
         output=sink,
+        **COPY_OPTIONS,
     )
 
 

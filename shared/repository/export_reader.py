@@ -8,10 +8,8 @@ across an export.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 
@@ -56,15 +54,16 @@ _SHOWN = f"""(
     {_SELECTED_MESSAGES}) shown"""
 _ROW_COLUMNS = f"seq, message_id, sender_id, sent_at, body, reply_to, edited_at, attachments, {JSONL_LINE_SQL} AS line"
 
-# JSONL lines are rendered by Postgres (docs/api.md: Submitting an export, The file), so no row crosses into Python
-# objects.
+# JSONL lines are rendered by Postgres (docs/api.md: Submitting an export, The file). A range's lines reach Python
+# as one value, the bytes of every line in seq order, newline included (bytea, which asyncpg hands over without
+# decoding text): no row of its own per line. The parameters are _SHOWN's; the benchmarks' COPY of the same lines
+# uses the text, a row each (``EXPORT_LINES_SQL``).
 EXPORT_LINES_SQL = f"SELECT {JSONL_LINE_SQL} FROM {_SHOWN} ORDER BY seq"
+_EXPORT_LINE_BYTES_SQL = (
+    f"SELECT convert_to(string_agg({JSONL_LINE_SQL} || E'\\n', '' ORDER BY seq), 'UTF8') FROM {_SHOWN}"
+)
 _EXPORT_ROWS_SQL = f"SELECT {_ROW_COLUMNS} FROM {_SHOWN} ORDER BY seq"
 _LAST_ROW_SQL = f"SELECT {_ROW_COLUMNS} FROM {_SHOWN} ORDER BY seq DESC LIMIT 1"
-
-# COPY's csv format with quote and delimiter characters that JSON text never contains passes the
-# lines through verbatim; the text format would double every backslash.
-_COPY_OPTIONS: dict[str, Any] = {"format": "csv", "quote": "\x01", "delimiter": "\x02"}
 
 
 def _options(request: ExportRequest) -> tuple[datetime | None, datetime | None, list[str] | None]:
@@ -79,7 +78,7 @@ def _selection(
     return (*_options(request), operation_id)
 
 
-async def copy_export_lines(
+async def fetch_export_lines(
     conn: asyncpg.Connection,
     *,
     operation_id: str,
@@ -87,24 +86,41 @@ async def copy_export_lines(
     after_seq: int,
     last_seq: int,
     request: ExportRequest,
-    output: Callable[[bytes], Awaitable[None]],
-) -> None:
-    """Stream the JSONL export lines of the messages ``request`` selects among seqs ``after_seq < seq <=
-    last_seq`` to ``output`` as raw bytes, one ``\\n``-terminated line per message, each body as of the edit
-    snapshot of export ``operation_id``.
+) -> bytes:
+    """The JSONL export lines of the messages ``request`` selects among seqs ``after_seq < seq <= last_seq``,
+    one ``\\n``-terminated line per message, each body as of the edit snapshot of export ``operation_id``.
 
     One short statement: no snapshot stays open across the export (a snapshot held open holds back vacuum
-    of every table, the outbox included).
+    of every table, the outbox included). A query, not a ``COPY``: asyncpg prepares it once per connection,
+    while a ``COPY`` with arguments costs two more round trips and a parse of the statement every time; and one
+    value, not a row per line, which would cost the worker as much CPU as Postgres spends rendering them
+    (docs/benchmark.md: The read of an export's lines).
     """
-    await conn.copy_from_query(
-        EXPORT_LINES_SQL,
-        conversation_id,
-        after_seq,
-        last_seq,
-        *_selection(request, operation_id),
-        output=output,
-        **_COPY_OPTIONS,
-    )
+    try:
+        lines: bytes | None = await conn.fetchval(
+            _EXPORT_LINE_BYTES_SQL, conversation_id, after_seq, last_seq, *_selection(request, operation_id)
+        )
+    except asyncpg.ProgramLimitExceededError:
+        # Over the 1 GB one value may hold (a range sized from small messages that met large ones): each half
+        # on its own, down to a single message.
+        if last_seq - after_seq < 2:
+            raise
+        middle = (after_seq + last_seq) // 2
+        halves = [(after_seq, middle), (middle, last_seq)]
+        return b"".join(
+            [
+                await fetch_export_lines(
+                    conn,
+                    operation_id=operation_id,
+                    conversation_id=conversation_id,
+                    after_seq=low,
+                    last_seq=high,
+                    request=request,
+                )
+                for low, high in halves
+            ]
+        )
+    return lines or b""
 
 
 # About what an export line adds to its body (the other fields and the JSON around them), in bytes.
@@ -180,7 +196,7 @@ async def plan_ranges(
 @dataclass(frozen=True)
 class ExportRow(Row):
     """One exported message (``shared.export.message_shape.ExportedMessage``): its fields, and ``line``, its JSONL line
-    without the newline (as ``copy_export_lines`` writes it)."""
+    without the newline (as ``fetch_export_lines`` writes it)."""
 
     seq: int
     message_id: str
@@ -202,9 +218,9 @@ async def fetch_export_rows(
     last_seq: int,
     request: ExportRequest,
 ) -> list[ExportRow]:
-    """The messages ``copy_export_lines`` would write, one row each, for formats rendered message by message.
+    """The messages ``fetch_export_lines`` would write, one row each, for formats rendered message by message.
 
-    One short statement, like ``copy_export_lines``.
+    One short statement, like ``fetch_export_lines``.
     """
     rows = await conn.fetch(_EXPORT_ROWS_SQL, conversation_id, after_seq, last_seq, *_selection(request, operation_id))
     return [ExportRow.from_row(row) for row in rows]

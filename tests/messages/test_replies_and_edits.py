@@ -132,21 +132,10 @@ async def test_an_export_shows_each_body_as_of_its_snapshot(
         rows = await export_reader.fetch_export_rows(
             conn, operation_id=operation_id, conversation_id=chat, after_seq=0, last_seq=2, request=ExportRequest()
         )
-        lines: list[bytes] = []
-
-        async def collect(data: bytes) -> None:
-            lines.append(data)
-
-        await export_reader.copy_export_lines(
-            conn,
-            operation_id=operation_id,
-            conversation_id=chat,
-            after_seq=0,
-            last_seq=2,
-            request=ExportRequest(),
-            output=collect,
+        lines = await export_reader.fetch_export_lines(
+            conn, operation_id=operation_id, conversation_id=chat, after_seq=0, last_seq=2, request=ExportRequest()
         )
-    assert b"".join(lines) == expected_file(before_edits)
+    assert lines == expected_file(before_edits)
     assert [(row.body, row.edited_at is not None) for row in rows] == [("one", False), ("two-a", True)]
     assert rows[1].line == json.dumps(before_edits[1], separators=(",", ":"), ensure_ascii=False)
     assert before_edits[1]["edited_at"] == first_edit["edited_at"]

@@ -25,8 +25,8 @@ FIRST_RANGE_SEQS = 1000
 
 @dataclass(frozen=True)
 class Range:
-    """The selected messages of seqs ``low < seq <= high``: as JSONL ``lines`` read by COPY (chunks of
-    whole lines), or as ``rows``; ``size`` (bytes) sizes the next range (``RangeReader._read_range``).
+    """The selected messages of seqs ``low < seq <= high``: as JSONL ``lines`` (Postgres' rendering, whole
+    lines), or as ``rows``; ``size`` (bytes) sizes the next range (``RangeReader._read_range``).
     """
 
     low: int
@@ -69,8 +69,8 @@ class RangeReader:
         self._operation_id = operation_id
         self._conversation_id = conversation_id
         self._request = request
-        # Postgres writes JSONL lines straight through COPY; other formats, and parts (which need each
-        # message's seq and size), render message by message.
+        # Postgres renders JSONL lines itself; other formats, and parts (which need each message's seq and
+        # size), render message by message.
         self._by_row = not kind.postgres_renders or split
 
     async def write(self, files: Files, *, after: int, last: int, after_each: Callable[[], Awaitable[None]]) -> None:
@@ -78,7 +78,7 @@ class RangeReader:
         statement has ended, reading the next range while the files take the current one; await
         ``after_each()`` after each range (where a holder records progress and notices a lost lease).
 
-        A range is collected in memory rather than streamed from COPY into the writer: waiting for a slow
+        A range is collected in memory rather than streamed from Postgres into the writer: waiting for a slow
         S3 inside the statement would hold its snapshot open and run into the statement timeout. To keep
         that memory near one part per range whatever the messages' size, each range is sized from the bytes
         per seq of the one before (at most ``export_batch_rows`` seqs, the first one ``FIRST_RANGE_SEQS``).
@@ -127,17 +127,12 @@ class RangeReader:
             selected = sum(len(row.line) for row in rows)
             lines: list[bytes] = []
         else:
-            rows, lines = None, []
-            await export_reader.copy_export_lines(
-                conn,
-                operation_id=shown_as_of,
-                conversation_id=cid,
-                after_seq=low,
-                last_seq=high,
-                request=request,
-                output=_appender(lines),
+            rows = None
+            data = await export_reader.fetch_export_lines(
+                conn, operation_id=shown_as_of, conversation_id=cid, after_seq=low, last_seq=high, request=request
             )
-            selected = sum(map(len, lines))
+            lines = [data] if data else []
+            selected = len(data)
         size = (
             await export_reader.range_bytes(conn, conversation_id=cid, after_seq=low, last_seq=high)
             if request.selects_messages
@@ -156,12 +151,3 @@ async def _take(files: Files, current: Range) -> None:
         await files.add_rows(current.rows)
     for chunk in current.lines:
         await files.add_lines(chunk)
-
-
-def _appender(chunks: list[bytes]) -> Callable[[bytes], Awaitable[None]]:
-    """A COPY sink that appends each chunk to ``chunks``."""
-
-    async def append(data: bytes) -> None:
-        chunks.append(data)
-
-    return append
