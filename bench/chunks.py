@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -250,9 +251,10 @@ async def coordinator_crash_cost(template: str) -> tuple[float, float]:
             async with scrape.get(url) as response:
                 text = await response.text()
         read = next(
-            float(line.split()[-1])
-            for line in text.splitlines()
-            if line.startswith("chatexport_worker_assembly_bytes_read_total ")
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "chatexport_worker_assembly_bytes_read_total"
         )
         return read / size, 1 - in_parts / size
 

@@ -90,14 +90,16 @@ async def export(
         await asyncio.sleep(0.05)  # polling the status monitor, as a client does
 
 
-async def copy_every_line(conn: asyncpg.Connection, last_seq: int, sink: Callable[[bytes], Awaitable[None]]) -> None:
-    """Every JSONL line of the conversation up to ``last_seq`` through ``sink``: Postgres' own ``COPY`` of the lines
-    an export writes, the same statement. No operation's id: every body as it is now, which is what an export of
-    unedited messages shows.
+async def copy_every_line(
+    conn: asyncpg.Connection, last_seq: int, sink: Callable[[bytes], Awaitable[None]], *, cid: str = CID
+) -> None:
+    """Every JSONL line of conversation ``cid`` up to ``last_seq`` through ``sink``: Postgres' own ``COPY`` of the
+    lines an export writes, the same statement with its arguments. No operation's id: every body as it is now,
+    which is what an export of unedited messages shows.
     """
     await conn.copy_from_query(
         EXPORT_LINES_SQL,
-        CID,
+        cid,
         0,
         last_seq,
         None,

@@ -22,12 +22,12 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.export_1m import COPY_OPTIONS
+from bench.export_1m import copy_every_line
 from bench.running import PG_SERVER, admin_execute
 from bench.table import Figure, print_table
 from shared.export.request import ExportRequest
 from shared.migrator import migrate
-from shared.repository.export_reader import EXPORT_LINES_SQL, fetch_export_lines
+from shared.repository.export_reader import fetch_export_lines
 
 CID = "bench-lines"
 SIZES = (100, 40_000)
@@ -70,9 +70,7 @@ async def figures(reads: int) -> list[Figure]:
                     async def sink(data: bytes) -> None:
                         out.append(data)
 
-                    await conn.copy_from_query(
-                        EXPORT_LINES_SQL, CID, 0, lines, None, None, None, "", output=sink, **COPY_OPTIONS
-                    )
+                    await copy_every_line(conn, lines, sink, cid=CID)
                     return out
 
                 assert await fetched() == b"".join(await copied())

@@ -133,16 +133,6 @@ async def complete_artifact(
     return status == "UPDATE 1"
 
 
-async def publish_artifact(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> bool:
-    """COMPLETE -> PUBLISHED, in the SUCCEEDED transaction; False when the artifact was removed meanwhile.
-
-    The row lock this takes orders it against ``shared.artifact_removal.remove_artifact``. The SQL function
-    ``publish_artifact`` (migration 0017), which ``succeed_export`` calls too.
-    """
-    published: bool = await conn.fetchval("SELECT publish_artifact($1, $2)", operation_id, generation)
-    return published
-
-
 async def start_removal(conn: asyncpg.Connection, *, operation_id: str, generation: int) -> str | None:
     """Move an artifact to REMOVING and return its object key; None when it is a served result (PUBLISHED
     and its operation not EXPIRED) or was never recorded.

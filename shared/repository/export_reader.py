@@ -123,6 +123,8 @@ async def fetch_export_lines(
     return lines or b""
 
 
+# A request with no option that leaves a message out: what ``range_bytes`` and ``plan_ranges`` weigh by default.
+_EVERY_MESSAGE = ExportRequest()
 # About what an export line adds to its body (the other fields and the JSON around them), in bytes.
 LINE_OVERHEAD_BYTES = 160
 
@@ -134,26 +136,21 @@ async def range_bytes(
     after_seq: int,
     last_seq: int,
     recalled: bool = True,
-    request: ExportRequest | None = None,
+    request: ExportRequest = _EVERY_MESSAGE,
 ) -> int:
     """About the JSONL bytes of messages of seqs ``after_seq < seq <= last_seq``: with ``recalled``, every one,
     recalled messages too (what a range of the same seqs may hold, which a read's size must allow for);
-    without, those an export writes: the ones ``request``'s options select, every one not recalled when no
-    ``request`` is given (what chunks are planned on). Reads sizes only (a compressed or out-of-line body is not
+    without, those an export of ``request`` writes: the ones its options select, by default every one not
+    recalled (what chunks are planned on). Reads sizes only (a compressed or out-of-line body is not
     decompressed).
     """
     weighed: tuple[object, ...] = ()
     if recalled:
         sql = f"SELECT coalesce(sum(octet_length(body) + $4), 0) {_RANGE_MESSAGES}"
     else:
-        sql, weighed = f"SELECT coalesce(sum(octet_length(body) + $7), 0) {_SELECTED_MESSAGES}", _weighed(request)
+        sql, weighed = f"SELECT coalesce(sum(octet_length(body) + $7), 0) {_SELECTED_MESSAGES}", _options(request)
     size: int = await conn.fetchval(sql, conversation_id, after_seq, last_seq, *weighed, LINE_OVERHEAD_BYTES)
     return size
-
-
-def _weighed(request: ExportRequest | None) -> tuple[datetime | None, datetime | None, list[str] | None]:
-    """``_SELECTED_MESSAGES``' parameters $4 to $6 for what an export of ``request`` writes; None: every message."""
-    return (None, None, None) if request is None else _options(request)
 
 
 async def plan_ranges(
@@ -163,7 +160,7 @@ async def plan_ranges(
     after_seq: int,
     last_seq: int,
     target_bytes: int,
-    request: ExportRequest | None = None,
+    request: ExportRequest = _EVERY_MESSAGE,
 ) -> list[PlannedRange]:
     """Cut the seqs ``after_seq < seq <= last_seq`` into contiguous ranges of about ``target_bytes`` each, as
     ``range_bytes`` without ``recalled`` measures them for ``request`` (so bodies of any size weigh what they
@@ -182,7 +179,7 @@ async def plan_ranges(
         conversation_id,
         after_seq,
         last_seq,
-        *_weighed(request),
+        *_options(request),
         target_bytes,
         LINE_OVERHEAD_BYTES,
     )

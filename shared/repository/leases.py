@@ -287,10 +287,10 @@ async def succeed_export(
     operation RUNNING under ``claimed``'s generation (else LEASE_LOST: the lease or the state moved on; a
     committed CANCEL_REQUESTED matches nothing either, so SUCCEEDED can never follow it, docs/states.md: States
     and failure model, Cancel); and the artifact of ``artifact_generation`` going to PUBLISHED with ``files``'
-    figures (else ARTIFACT_GONE: it was removed meanwhile): COMPLETE, as ``artifacts.publish_artifact`` takes
-    it, or the lease's own still WRITING, so a file that was not recorded COMPLETE costs no round trip of its
-    own. When ``artifact_generation`` is an earlier one (adopted), the lease's own record, which the claim made
-    and nothing was written under, goes to DELETED.
+    figures (else ARTIFACT_GONE: it was removed meanwhile; the row lock this takes orders it against
+    ``shared.artifact_removal.remove_artifact``): COMPLETE, or the lease's own still WRITING, so a file that was
+    not recorded COMPLETE costs no round trip of its own. When ``artifact_generation`` is an earlier one
+    (adopted), the lease's own record, which the claim made and nothing was written under, goes to DELETED.
 
     Nothing is written unless all three pass; then the attempt is closed as SUCCEEDED. An outcome other than
     SUCCEEDED leaves the caller's transaction, if any, usable. A split result has no size or sha256 of its own,

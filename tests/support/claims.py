@@ -9,7 +9,8 @@ import asyncpg
 from shared.repository import artifacts, leases
 from shared.repository.artifacts import ArtifactFiles
 from shared.repository.leases import ClaimedOperation
-from shared.storage import ARTIFACT_KEY_SUFFIXES
+from shared.settings import StorageSettings
+from shared.storage import ARTIFACT_KEY_SUFFIXES, artifact_key_stem
 from tests.support.rows import S3_PREFIX
 
 # A budget no test spends, so that a claim never parks the operation instead; a test of parking passes its own.
@@ -32,7 +33,7 @@ async def claim_export(
         lease_seconds=lease_seconds,
         max_attempts=max_attempts,
         message="lost",
-        key_stem=f"{S3_PREFIX}{operation_id}/g",
+        key_stem=artifact_key_stem(StorageSettings(s3_prefix=S3_PREFIX), operation_id),
         key_suffixes=ARTIFACT_KEY_SUFFIXES,
     )
 

@@ -72,7 +72,7 @@ class ChunkedExport:
         async def after_part() -> None:
             await self.progress(Phase.WRITING, totals)
 
-        def assembly(key: str, *, checkpoints: bool = False) -> Assembly:
+        def assembly(key: str, checkpoints: OnCheckpoint | None = None) -> Assembly:
             return Assembly(
                 self.s3,
                 self.settings,
@@ -80,14 +80,14 @@ class ChunkedExport:
                 content_type=destination.kind.content_type,
                 on_upload=on_upload,
                 after_part=after_part,
-                on_checkpoint=on_checkpoint if checkpoints else None,
+                on_checkpoint=checkpoints,
             )
 
         done: asyncio.Queue[Chunk | None] = asyncio.Queue()
         if destination.max_part_bytes is not None:
             assembling = asyncio.create_task(_assemble_parts(destination, assembly, done))
         else:
-            file = assembly(destination.key, checkpoints=True)
+            file = assembly(destination.key, on_checkpoint)
             assembling = asyncio.create_task(_assemble_file(file, done, resume))
         try:
             added = 0
@@ -143,7 +143,7 @@ async def _assemble_file(file: Assembly, done: asyncio.Queue[Chunk | None], resu
 
 
 async def _assemble_parts(
-    destination: Destination, assembly: Callable[..., Assembly], done: asyncio.Queue[Chunk | None]
+    destination: Destination, assembly: Callable[[str], Assembly], done: asyncio.Queue[Chunk | None]
 ) -> ArtifactFiles:
     """A split result: each chunk ``done`` yields that holds a message becomes the next part, whole (a chunk
     a filter left empty adds nothing, unless no chunk holds a message: an empty export has one part).
@@ -161,7 +161,7 @@ async def _assemble_parts(
 
 
 async def _part(
-    destination: Destination, assembly: Callable[..., Assembly], chunk: Chunk, *, number: int
+    destination: Destination, assembly: Callable[[str], Assembly], chunk: Chunk, *, number: int
 ) -> StoredPart:
     """Part ``number`` of a split result: ``chunk``'s object copied to the part's key."""
     key = destination.file_key(number)

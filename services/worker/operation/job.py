@@ -230,9 +230,7 @@ class ExportJob:
             await self._s3.list_parts(
                 Bucket=self._settings.s3_bucket, Key=artifact.object_key, UploadId=checkpoint.upload_id, MaxParts=1
             )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") not in ("NoSuchUpload", "404"):
-                raise
+        except self._s3.exceptions.NoSuchUpload:
             return None
         return Resumed(artifact.generation, artifact.object_key, checkpoint)
 
