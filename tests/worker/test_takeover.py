@@ -14,6 +14,8 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
+from services.worker.chunked.assembly import Checkpoint
+from services.worker.chunked.sha256_state import ResumableSha256
 from services.worker.operation.runner import LeaseRunner
 from shared.artifact_removal import remove_artifact
 from shared.repository import artifacts
@@ -95,6 +97,17 @@ async def artifact_states(pool: asyncpg.Pool) -> dict[int, str]:
     return {row["generation"]: row["state"] for row in rows}
 
 
+async def published_its_own(pool: asyncpg.Pool, settings: Settings, *, split: bool = False) -> asyncpg.Record:
+    """Assert that op_1 SUCCEEDED with generation 2's own file (a folder of parts when ``split``), generation 1's
+    record removed; return the operation's row.
+    """
+    row = await operation(pool)
+    key = artifact_key(settings, "op_1", 2, extension="jsonl", split=split)
+    assert (row["state"], row["result_key"]) == ("SUCCEEDED", key)
+    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+    return row
+
+
 async def test_a_takeover_adopts_the_earlier_generations_verified_object(
     pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
 ) -> None:
@@ -142,15 +155,40 @@ async def test_a_takeover_removes_a_partial_object_and_its_open_upload_then_writ
 
     await take_over(pool, s3, settings)
 
-    row = await operation(pool)
-    new_key = artifact_key(settings, "op_1", 2, extension="jsonl", split=False)
-    assert (row["state"], row["result_key"]) == ("SUCCEEDED", new_key)
-    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+    new_key = (await published_its_own(pool, settings))["result_key"]
     assert await keys(s3, settings) == {new_key}
     assert await open_uploads(s3, settings) == set()
     stored = await s3.get_object(Bucket=settings.s3_bucket, Key=new_key)
     async with stored["Body"] as body:
         assert await body.read() == expected_file()
+
+
+async def test_a_checkpoint_whose_upload_is_gone_is_removed_not_resumed(
+    pool: asyncpg.Pool, s3: Any, settings: Settings, conversation: None
+) -> None:
+    # Generation 1 recorded an assembly's checkpoint; its upload was aborted since.
+    await abandoned_at_generation_one(pool)
+    old_key = await insert_artifact(pool, "op_1", 1, "WRITING", data=b"")
+    created = await s3.create_multipart_upload(Bucket=settings.s3_bucket, Key=old_key)
+    await s3.abort_multipart_upload(Bucket=settings.s3_bucket, Key=old_key, UploadId=created["UploadId"])
+    checkpoint = Checkpoint(
+        upload_id=created["UploadId"],
+        parts=(),
+        size_bytes=0,
+        messages=0,
+        after_seq=0,
+        chunk_sha256=None,
+        offset=0,
+        file_state=ResumableSha256().state().hex(),
+        chunk_state=ResumableSha256().state().hex(),
+    )
+    await pool.execute("UPDATE artifacts SET assembly = $1::jsonb WHERE generation = 1", checkpoint.as_json())
+    resumed_before = REGISTRY.get_sample_value("chatexport_worker_assemblies_resumed_total") or 0.0
+
+    await take_over(pool, s3, settings)
+
+    await published_its_own(pool, settings)
+    assert REGISTRY.get_sample_value("chatexport_worker_assemblies_resumed_total") == resumed_before
 
 
 async def test_an_object_whose_removal_died_halfway_is_never_adopted(
@@ -164,12 +202,7 @@ async def test_an_object_whose_removal_died_halfway_is_never_adopted(
 
     await take_over(pool, s3, settings)
 
-    row = await operation(pool)
-    assert (row["state"], row["result_key"]) == (
-        "SUCCEEDED",
-        artifact_key(settings, "op_1", 2, extension="jsonl", split=False),
-    )
-    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+    await published_its_own(pool, settings)
     assert await keys(s3, settings) == {artifact_key(settings, "op_1", 2, extension="jsonl", split=False)}
 
 
@@ -182,13 +215,8 @@ async def test_a_complete_object_that_no_longer_matches_its_record_is_not_adopte
 
     await take_over(pool, s3, settings)
 
-    row = await operation(pool)
-    assert (row["state"], row["result_key"]) == (
-        "SUCCEEDED",
-        artifact_key(settings, "op_1", 2, extension="jsonl", split=False),
-    )
+    row = await published_its_own(pool, settings)
     assert row["result_sha256"] == hashlib.sha256(expected_file()).hexdigest()
-    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
 
 
 async def test_a_served_result_is_never_removed_until_it_expires(
@@ -250,12 +278,7 @@ async def test_a_removal_that_commits_first_wins_over_an_adoption_waiting_on_the
     finally:
         await pool.release(remover)
 
-    row = await operation(pool)
-    assert (row["state"], row["result_key"]) == (
-        "SUCCEEDED",
-        artifact_key(settings, "op_1", 2, extension="jsonl", split=False),
-    )
-    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+    await published_its_own(pool, settings)
     assert await keys(s3, settings) == {artifact_key(settings, "op_1", 2, extension="jsonl", split=False)}
 
 
@@ -351,10 +374,7 @@ async def test_a_takeover_removes_earlier_parts_it_cannot_adopt_and_writes_its_o
 
     await take_over(pool, s3, settings)
 
-    row = await operation(pool)
-    new_folder = artifact_key(settings, "op_1", 2, extension="jsonl", split=True)
-    assert (row["state"], row["result_key"]) == ("SUCCEEDED", new_folder)
-    assert await artifact_states(pool) == {1: "DELETED", 2: "PUBLISHED"}
+    new_folder = (await published_its_own(pool, settings, split=True))["result_key"]
     assert await keys(s3, settings) == {f"{new_folder}part-1.jsonl"}
     assert await open_uploads(s3, settings) == set()
     stored = await s3.get_object(Bucket=settings.s3_bucket, Key=f"{new_folder}part-1.jsonl")
