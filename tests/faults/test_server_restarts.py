@@ -11,6 +11,7 @@ import aio_pika
 import pytest
 
 from devtools.servers import PrivatePostgres, PrivateRabbitMQ
+from shared.storage import MIN_UPLOAD_BYTES_PER_SECOND
 from tests.support import AMQP_URL, cloned_database, wait_for
 from tests.support.fault_harness import (
     SLOW_UPLOADS,
@@ -106,7 +107,10 @@ async def test_the_worker_acks_before_the_export_finishes(
         operation_id = await f.submit("alice", "c-mid", "ack-1")
 
         await uploading(f, operation_id)
-        # The broker's figures lag a little behind the ack: wait for them, then check the export still runs.
+        # At twice the slowest rate an upload's deadline allows, the rest of the file takes about 30 s to send:
+        # far longer than the broker's figures, which lag a little behind the ack and come from a command line
+        # tool that is slow on a loaded machine, take to show it.
+        f.proxy.throttle(2 * MIN_UPLOAD_BYTES_PER_SECOND)
         await wait_for_queue_counts(private_rabbitmq, f.settings.amqp_queue, ready=0, unacked=0)
         assert (await f.operation(operation_id))["state"] == "RUNNING"
         f.proxy.throttle(None)
