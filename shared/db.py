@@ -62,6 +62,11 @@ TRANSIENT_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
 # (PostgreSQL's syncrep.c; English server messages, ``lc_messages``, are assumed): the commit then reports
 # success although it holds on this server only.
 SYNC_REP_CANCELLED = "canceling wait for synchronous replication"
+# Set on every pooled session. JIT compilation is off: Postgres compiles a statement at each execution whose
+# estimated cost passes ``jit_above_cost``, and the export read's estimate counts the per-row subplans (edits,
+# replies, attachments) that almost never run, so a part-sized range paid about 0.75 s of compilation for
+# 0.2 s of work (docs/benchmark.md: The read of an export's lines). Every pooled statement is short.
+POOL_SESSION_PARAMETERS = {"jit": "off"}
 
 
 def split_hosts(dsn: str) -> list[tuple[str, str]]:
@@ -161,6 +166,7 @@ async def create_pool(
             writable=writable,
             **kwargs,
         ),
+        server_settings=POOL_SESSION_PARAMETERS,
         min_size=min_size,
         max_size=settings.database_pool_max,
         command_timeout=settings.database_timeout_seconds,

@@ -48,3 +48,15 @@ async def test_a_connection_that_cannot_close_in_time_is_dropped_without_an_erro
         proxy.throttle(1)  # a byte a second: the close's Terminate message never gets through in time
         await close_connection(conn, timeout_seconds=0.2)
         assert conn.is_closed()
+
+
+async def test_pooled_sessions_never_compile_statements(settings: Settings) -> None:
+    """JIT compilation is off on every pooled session, whatever the server's default (docs/operations.md:
+    Database sessions).
+    """
+    single = await create_pool(settings.model_copy(update={"database_pool_max": 1}))
+    try:
+        async with single.acquire() as conn:
+            assert await conn.fetchval("SHOW jit") == "off"
+    finally:
+        await single.close()
