@@ -133,7 +133,9 @@ async def copy_to_s3_baseline(settings: Settings, last_seq: int) -> float:
     ``s3_part_size_bytes``, one in flight while the next fills): the least an export must do.
     """
     conn = await asyncpg.connect(settings.database_url)
-    key = f"{settings.s3_prefix}baseline-{uuid.uuid4().hex}.jsonl"
+    # Outside the janitor's prefixes: it would abort this upload, which no record names, at its first pass,
+    # since the emulator lists every upload as initiated years ago (docs/retention.md).
+    key = f"bench-baseline-{uuid.uuid4().hex}.jsonl"
     try:
         async with open_s3_client(settings) as s3:
             started = time.perf_counter()
