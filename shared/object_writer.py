@@ -4,6 +4,9 @@ Bytes are buffered up to one part (``s3_part_size_bytes``); a file that outgrows
 multipart upload, a smaller one a single PutObject. A full part uploads in the background while the next
 one fills, so reading from Postgres and writing to S3 overlap; at most one upload is in flight, so the
 writer holds about two parts whatever the export's size (the export adds the range it has just read).
+What is written is kept as the caller's own objects until a part is cut from them, so each byte is copied
+once on its way to S3, and not at all when one write is exactly a part (docs/benchmark.md: The read of an
+export's lines).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +60,9 @@ class ObjectWriter:
         self._key = key
         self._part_size = part_size
         self._content_type = content_type
-        self._buffer = bytearray()
+        # What was written and is not yet in a part: the caller's bytes, or views of their tail.
+        self._pending: list[memoryview] = []
+        self._pending_size = 0
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
         self._in_flight: asyncio.Task[None] | None = None
@@ -86,14 +92,27 @@ class ObjectWriter:
         return Digest(self._size, self._hash.hexdigest())
 
     async def write(self, data: bytes) -> None:
-        """Append ``data``; starts a part's upload whenever a full one is buffered."""
+        """Append ``data``; starts a part's upload whenever a full one is buffered. ``data`` is kept, not
+        copied, until it is in a part: the caller must not change it (``bytes`` never change).
+        """
         self._hash.update(data)
         self._size += len(data)
-        self._buffer += data
-        while len(self._buffer) >= self._part_size:
-            chunk = bytes(self._buffer[: self._part_size])
-            del self._buffer[: self._part_size]
-            await self._start_part(chunk)
+        rest = memoryview(data)
+        while self._pending_size + len(rest) >= self._part_size:
+            room = self._part_size - self._pending_size
+            self._pending.append(rest[:room])
+            rest = rest[room:]
+            await self._start_part(self._take_pending())
+        if rest:
+            self._pending.append(rest)
+            self._pending_size += len(rest)
+
+    def _take_pending(self) -> bytes:
+        """Everything pending, as one ``bytes``: the caller's own object when it is one whole write."""
+        pieces, self._pending, self._pending_size = self._pending, [], 0
+        if len(pieces) == 1 and isinstance(pieces[0].obj, bytes) and pieces[0].nbytes == len(pieces[0].obj):
+            return pieces[0].obj
+        return b"".join(pieces)
 
     async def _start_part(self, chunk: bytes) -> None:
         # Waiting for the previous part first bounds memory and surfaces its error here.
@@ -109,9 +128,15 @@ class ObjectWriter:
 
     async def _upload_part(self, part: dict[str, Any], chunk: bytes) -> None:
         md5 = hashlib.md5(chunk, usedforsecurity=False)
-        async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=len(chunk)):
+        size = len(chunk)
+        # botocore hands a body of bytes to aiohttp as a BytesIO over them, and aiohttp copies the buffer of a
+        # BytesIO that shares its bytes with anybody else: one the writer made from a part it joined, and holds
+        # no more, is sent as it is, so a part in flight is held once.
+        body = io.BytesIO(chunk)
+        del chunk
+        async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=size):
             uploaded = await self._s3.upload_part(
-                Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=part["PartNumber"], Body=chunk
+                Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=part["PartNumber"], Body=body
             )
         check_etag(uploaded["ETag"], md5.hexdigest(), what=f"part {part['PartNumber']} of {self._key}")
         part["ETag"] = uploaded["ETag"]
@@ -134,8 +159,7 @@ class ObjectWriter:
         client's own checksums cannot serve: some S3 implementations (moto among them) echo them without
         checking.
         """
-        rest = bytes(self._buffer)
-        self._buffer.clear()
+        rest = self._take_pending()
         if self._upload_id is None:
             md5 = hashlib.md5(rest, usedforsecurity=False).hexdigest()
             async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=len(rest)):
@@ -158,7 +182,7 @@ class ObjectWriter:
         """Stop the part upload in flight and drop the buffer; removing what S3 holds is the caller's job
         (``shared.artifact_removal.remove_artifact``), under the artifact's record.
         """
-        self._buffer.clear()
+        self._pending, self._pending_size = [], 0
         if self._in_flight is not None:
             self._in_flight.cancel()
             with contextlib.suppress(BaseException):

@@ -21,7 +21,7 @@ from services.worker.queue.members import watching_queue_members
 from services.worker.writing.read_source import ReadSource
 from shared import broker, tracing
 from shared.db import create_pool
-from shared.lifecycle import drain, keep_trying, run_until_signalled
+from shared.lifecycle import drain, keep_trying, map_large_allocations, run_until_signalled
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, Unavailable, broker_check, serving_with_database, storage_check
 from shared.settings import WorkerPartSettings
@@ -116,6 +116,7 @@ async def _consuming(consumers: tuple[Consumer[Any], ...]) -> None:
 def main(settings: WorkerPartSettings) -> None:
     """Run the worker until SIGINT or SIGTERM."""
     configure_logging(settings, service="worker")
+    map_large_allocations()
     with tracing.traced("worker"), asyncio.Runner() as runner:
         # Each export with media holds a thread of the default executor while its ZIP is written (stream-zip
         # pulls its members across from the event loop): enough threads that exports never take every one

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from shared.artifact_removal import remove_object
-from shared.object_writer import ObjectWriter, StoredBytesDiffer, read_digest
+from shared.object_writer import Digest, ObjectWriter, StoredBytesDiffer, read_digest
 from shared.settings import Settings
 
 MIB = 1024 * 1024
@@ -49,6 +49,52 @@ async def test_large_file_becomes_a_multipart_upload_with_matching_digest(s3: An
     assert await read_digest(s3, bucket=settings.s3_bucket, key="exports/op/g1.jsonl") == digest
     head = await s3.head_object(Bucket=settings.s3_bucket, Key="exports/op/g1.jsonl")
     assert head["ContentLength"] == len(data)
+
+
+class RecordingParts:
+    """The real S3 client, remembering the body of every part it is asked to upload."""
+
+    def __init__(self, s3: Any) -> None:
+        self._s3 = s3
+        self.bodies: list[bytes] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._s3, name)
+        if name != "upload_part":
+            return method
+
+        async def recorded(**arguments: Any) -> Any:
+            # A BytesIO's value is the very object it was made from while nothing wrote to it.
+            self.bodies.append(arguments["Body"].getvalue())
+            return await method(**arguments)
+
+        return recorded
+
+
+async def test_writes_across_part_boundaries_are_cut_into_whole_parts(s3: Any, settings: Settings) -> None:
+    """Writes smaller than a part, exactly one, and over several, in every order: each part but the last is
+    exactly a part long, the object holds the bytes in their order, and a write that is exactly one part
+    (nothing pending before it) is uploaded as the caller's own object, not a copy.
+    """
+    data = payload(20 * MIB + 3)
+    sizes = [3 * MIB, 2 * MIB, 5 * MIB, 7 * MIB + 1, 3 * MIB, 2]
+    recording = RecordingParts(s3)
+    artifact = writer(recording, settings, "exports/op/uneven.jsonl")
+    written: list[bytes] = []
+    offset = 0
+    for size in sizes:
+        written.append(data[offset : offset + size])
+        offset += size
+        await artifact.write(written[-1])
+    digest = await artifact.finish()
+
+    assert offset == len(data)
+    assert [len(body) for body in recording.bodies] == [5 * MIB, 5 * MIB, 5 * MIB, 5 * MIB, 3]
+    assert recording.bodies[1] is written[2]
+    stored = await s3.get_object(Bucket=settings.s3_bucket, Key="exports/op/uneven.jsonl")
+    async with stored["Body"] as body:
+        assert await body.read() == data
+    assert digest == Digest(len(data), hashlib.sha256(data).hexdigest())
 
 
 async def test_small_and_empty_files_are_single_objects(s3: Any, settings: Settings) -> None:
@@ -93,7 +139,9 @@ class ChangedOnTheWay:
         async def changed(**arguments: Any) -> Any:
             self._seen += 1
             if self._seen == self._upload:
-                arguments["Body"] = arguments["Body"][:-1] + b"!"
+                body = arguments["Body"]
+                sent = body if isinstance(body, bytes) else body.getvalue()  # a part's is a BytesIO
+                arguments["Body"] = sent[:-1] + b"!"
             return await method(**arguments)
 
         return changed
