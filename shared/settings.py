@@ -771,9 +771,10 @@ class LeaseSettings(BaseSettings):
     export_batch_rows: int = Field(
         20000,
         ge=1,
-        description="the most seqs read per statement; each range is held in memory until handed to the upload,"
-        " so ranges are sized from the previous range's bytes per seq to about one part (the first is"
-        " 1,000 seqs); cancellation and lease loss are noticed between ranges",
+        description="the most seqs read at once, by the two statements that read the next ranges together (half"
+        " each); each range is held in memory until handed to the upload, so ranges are sized from the previous"
+        " range's bytes per seq to about half a part (the first ones are 1,000 seqs); cancellation and lease"
+        " loss are noticed between ranges",
         json_schema_extra={"unit": "seqs"},
     )
 

@@ -5,18 +5,23 @@ at once as soon as the filter starts to match.
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
 
-from services.worker.writing.ranges import Range, RangeReader
-from services.worker.writing.read_source import ReadSource
+from services.worker.writing.ranges import READS_IN_FLIGHT, Range, RangeReader
+from services.worker.writing.read_source import ExportReads, ReadSource
 from shared.export.request import ExportRequest
+from shared.repository.export_reader import ExportRow
 from shared.settings import Settings
 
 BODY_BYTES = 10_000
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -32,9 +37,11 @@ async def old_then_new(pool: asyncpg.Pool) -> None:
     )
 
 
-def reader(pool: asyncpg.Pool, settings: Settings, request: ExportRequest) -> RangeReader:
+def reader(
+    pool: asyncpg.Pool, settings: Settings, request: ExportRequest, source: ReadSource | None = None
+) -> RangeReader:
     return RangeReader(
-        source=ReadSource(primary=pool),
+        source=source or ReadSource(primary=pool),
         settings=settings,
         operation_id="op-none",
         conversation_id="c-a",
@@ -47,7 +54,7 @@ def reader(pool: asyncpg.Pool, settings: Settings, request: ExportRequest) -> Ra
 async def read_range(pool: asyncpg.Pool, settings: Settings, request: ExportRequest) -> Range:
     """The range of seqs 0 < seq <= 50 as ``RangeReader`` reads it."""
     reads = await ReadSource(primary=pool).begin()
-    return await reader(pool, settings, request)._read_range(reads, 0, 50, 100)
+    return await reader(pool, settings, request)._read_range(reads, 0, 50)
 
 
 @pytest.mark.parametrize("file_format", ["jsonl", "csv"])
@@ -60,3 +67,67 @@ async def test_a_range_a_filter_left_empty_is_sized_by_every_message_it_spans(
     assert (filtered.rows or filtered.lines) in ([], None)  # the filter kept nothing of seqs 1-50
     assert unfiltered.size * 0.9 <= filtered.size <= unfiltered.size * 1.2
     assert filtered.size >= 50 * BODY_BYTES
+
+
+class FirstReadLast(ExportReads):
+    """The primary's reads, the first of which answers only once the second has: as a range that Postgres
+    takes longer to render than the one after it."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        super().__init__(pool, None, position=None, deadline=0.0)
+        self.started = 0
+        self._second_done = asyncio.Event()
+
+    async def run(self, read: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        self.started += 1
+        number = self.started
+        result = await super().run(read)
+        if number == 1:
+            await self._second_done.wait()
+        elif number == 2:
+            self._second_done.set()
+        return result
+
+
+class Collected:
+    """What ``RangeReader`` hands on, in the order it hands it."""
+
+    def __init__(self) -> None:
+        self.lines = b""
+
+    async def add_rows(self, rows: list[ExportRow]) -> None:
+        raise AssertionError("a JSONL export's lines come whole")
+
+    async def add_lines(self, data: bytes) -> None:
+        self.lines += data
+
+    def progress(self) -> tuple[int, int]:
+        return self.lines.count(b"\n"), len(self.lines)
+
+
+async def test_ranges_read_at_once_are_handed_on_in_seq_order(
+    pool: asyncpg.Pool, settings: Settings, old_then_new: None
+) -> None:
+    """The next ranges are read while the files take one (``READS_IN_FLIGHT``), and a later range that is read
+    first waits for the ranges before it. Reading one range at a time, the first read here would never end.
+    """
+    assert READS_IN_FLIGHT >= 2
+    reads = FirstReadLast(pool)
+
+    class Source(ReadSource):
+        async def begin(self) -> ExportReads:
+            return reads
+
+    small_ranges = settings.model_copy(update={"export_batch_rows": 2 * READS_IN_FLIGHT})
+    ranges = reader(pool, small_ranges, ExportRequest(format="jsonl"), Source(primary=pool))
+    files = Collected()
+
+    async def nothing() -> None:
+        return None
+
+    async with asyncio.timeout(30):
+        await ranges.write(files, after=0, last=100, after_each=nothing)
+
+    ids = [json.loads(line)["message_id"] for line in files.lines.splitlines()]
+    assert ids == [f"m{n}" for n in range(1, 101)]
+    assert reads.started > 2

@@ -5,6 +5,7 @@ chunk of a chunked export (docs/chunks.md: Chunked exports) both do with their s
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from shared.settings import WorkerPartSettings
 
 # Seqs in the first range an attempt reads, before it knows how many bytes a seq takes.
 FIRST_RANGE_SEQS = 1000
+# Ranges read at once while the files take the one before: Postgres renders each range's lines in one backend,
+# so a second read keeps a second one busy (docs/benchmark.md: The read of an export's lines).
+READS_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -74,47 +78,54 @@ class RangeReader:
         self._by_row = not kind.postgres_renders or split
 
     async def write(self, files: Files, *, after: int, last: int, after_each: Callable[[], Awaitable[None]]) -> None:
-        """Hand the messages of seqs ``after < seq <= last`` to ``files`` range by range, each once its
-        statement has ended, reading the next range while the files take the current one; await
-        ``after_each()`` after each range (where a holder records progress and notices a lost lease).
+        """Hand the messages of seqs ``after < seq <= last`` to ``files`` range by range, in seq order, each
+        once its statement has ended, reading the next ``READS_IN_FLIGHT`` ranges while the files take the
+        current one; await ``after_each()`` after each range (where a holder records progress and notices a
+        lost lease).
 
         A range is collected in memory rather than streamed from Postgres into the writer: waiting for a slow
         S3 inside the statement would hold its snapshot open and run into the statement timeout. To keep
-        that memory near one part per range whatever the messages' size, each range is sized from the bytes
-        per seq of the one before (at most ``export_batch_rows`` seqs, the first one ``FIRST_RANGE_SEQS``).
+        the ranges read at once near one part whatever the messages' size, each range is sized from the bytes
+        per seq of the one before (``_next_span``; the first ones ``FIRST_RANGE_SEQS``).
         """
         if after >= last:
             return
         reads = await self._source.begin()
-        reading: asyncio.Task[Range] | None = asyncio.create_task(
-            self._read_range(reads, after, FIRST_RANGE_SEQS, last)
-        )
+        reading: collections.deque[asyncio.Task[Range]] = collections.deque()
+        span, low = min(FIRST_RANGE_SEQS, self._most_seqs()), after
+
+        def read_ahead() -> None:
+            nonlocal low
+            while len(reading) < READS_IN_FLIGHT and low < last:
+                high = min(low + span, last)
+                reading.append(asyncio.create_task(self._read_range(reads, low, high)))
+                low = high
+
         try:
-            while reading is not None:
-                current = await reading
-                reading = None
-                if current.high < last:
-                    span = self._next_span(seqs=current.high - current.low, size=current.size)
-                    reading = asyncio.create_task(self._read_range(reads, current.high, span, last))
+            read_ahead()
+            while reading:
+                current = await reading.popleft()
+                span = self._next_span(seqs=current.high - current.low, size=current.size)
+                read_ahead()
                 handed = files.progress()[1]
                 await _take(files, current)
                 metrics.EXPORTED_BYTES.inc(files.progress()[1] - handed)
                 await after_each()
         finally:
-            if reading is not None:
-                reading.cancel()
+            for task in reading:
+                task.cancel()
+            for task in reading:
                 with contextlib.suppress(BaseException):
-                    await reading
+                    await task
             reads.finish()
 
-    async def _read_range(self, reads: ExportReads, low: int, span: int, last: int) -> Range:
-        """The selected messages of seqs ``low < seq <= low + span`` (and ``<= last``).
+    async def _read_range(self, reads: ExportReads, low: int, high: int) -> Range:
+        """The selected messages of seqs ``low < seq <= high``.
 
         With options that leave messages out, the range's ``size`` is that of all its messages, not of those
         selected: sizing the next range from what a filter kept (nothing, in a range older than ``since``)
         would make it hold every message of ``export_batch_rows`` seqs at once.
         """
-        high = min(low + min(span, self._settings.export_batch_rows), last)
         return await reads.run(lambda conn: self._read_on(conn, low, high))
 
     async def _read_on(self, conn: asyncpg.Connection, low: int, high: int) -> Range:
@@ -141,9 +152,16 @@ class RangeReader:
         return Range(low, high, size, lines=lines, rows=rows)
 
     def _next_span(self, *, seqs: int, size: int) -> int:
-        """Seqs for about one part of lines, judged from the last range's ``size`` bytes over ``seqs`` seqs."""
+        """Seqs for about one part of lines among the ``READS_IN_FLIGHT`` ranges read at once, at most a share
+        as large of ``export_batch_rows``, judged from the last range's ``size`` bytes over ``seqs`` seqs.
+        """
         bytes_per_seq = max(size / seqs, 1.0)
-        return max(1, int(self._settings.s3_part_size_bytes / bytes_per_seq))
+        span = int(self._settings.s3_part_size_bytes / READS_IN_FLIGHT / bytes_per_seq)
+        return max(1, min(span, self._most_seqs()))
+
+    def _most_seqs(self) -> int:
+        """A range's share of ``export_batch_rows``, the most seqs read at once."""
+        return max(1, self._settings.export_batch_rows // READS_IN_FLIGHT)
 
 
 async def _take(files: Files, current: Range) -> None:

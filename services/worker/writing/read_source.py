@@ -168,13 +168,16 @@ class ExportReads:
         return True
 
     def _give_up(self, reason: str, exc: BaseException | None = None) -> None:
-        """Send the rest of these reads to the primary; raises ``_GaveUp``."""
-        self._standby = None
-        metrics.STANDBY_FALLBACKS.labels(reason).inc()
-        log.warning(
-            "export reads moved to the primary",
-            extra={"reason": reason, "error": None if exc is None else type(exc).__name__},
-        )
+        """Send the rest of these reads to the primary; raises ``_GaveUp``. Counted and logged once, by the
+        first of the reads in flight together (``RangeReader``) that gives up.
+        """
+        if self._standby is not None:
+            self._standby = None
+            metrics.STANDBY_FALLBACKS.labels(reason).inc()
+            log.warning(
+                "export reads moved to the primary",
+                extra={"reason": reason, "error": None if exc is None else type(exc).__name__},
+            )
         raise _GaveUp(reason)
 
 
