@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 
 import http_sfv
+import pytest
 
 from services.api.http.rate_fields import LIMIT_FIELD, POLICY_FIELD, rate_limit_fields
 from services.api.limiting.policies import (
@@ -78,3 +80,26 @@ def test_every_policy_has_a_name_of_its_own() -> None:
     shown = policies(Settings(environment="development"))
     assert set(shown) == set(PolicyName)
     assert all(name is policy.name for name, policy in shown.items())
+
+
+def test_the_rate_limit_field_is_what_the_structured_fields_library_writes() -> None:
+    """The ``RateLimit`` items are written around a name and a ``pk`` serialised once; for every policy, figure
+    and partition key they read exactly as ``http-sfv`` serialises the whole list.
+    """
+    shown = policies(Settings(environment="development"))
+    keys = [b"k", bytes(range(12)), b"\xff" * 12]
+    figures = [(0, None), (1, 0.0), (41, 17.2), (-5, 0.4), (10 * 1024**3, 3599.01), (999_999_999_999_999, None)]
+    for key in keys:
+        for remaining, reset in figures:
+            standings = [Standing(policy, remaining, reset) for policy in shown.values()]
+            expected = http_sfv.List()
+            for standing in standings:
+                item = http_sfv.Item(standing.policy.name.value)
+                item.params["r"] = max(0, remaining)
+                if reset is not None:
+                    item.params["t"] = max(0, math.ceil(reset))
+                item.params["pk"] = key
+                expected.append(item)
+            assert rate_limit_fields(standings, key)[LIMIT_FIELD] == str(expected)
+    with pytest.raises(ValueError, match="15 digits"):
+        rate_limit_fields([Standing(shown[PolicyName.POLLS], 10**15)], b"k")

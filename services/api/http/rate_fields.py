@@ -1,6 +1,6 @@
 """The ``RateLimit-Policy`` and ``RateLimit`` fields of draft-ietf-httpapi-ratelimit-headers (draft -11's
-syntax), serialised as Structured Fields (RFC 9651) by ``http-sfv``, and nowhere else: the draft still changes
-(docs/api.md: Rate limits, The fields).
+syntax), serialised as Structured Fields (RFC 9651) by ``http-sfv``, and nowhere else but for the integers an
+answer writes between the pieces it serialised: the draft still changes (docs/api.md: Rate limits, The fields).
 
 ``RateLimit-Policy`` is a List of Strings, one per policy, with ``q`` (the quota), ``w`` (the window in seconds;
 absent for a budget or a bound on what is held at once), ``qu`` (the quota unit, when not requests) and ``pk``
@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 
 import http_sfv
+from http_sfv.item import Parameters
 
 from services.api.limiting.policies import Policy, Standing
 
@@ -23,25 +24,39 @@ LIMIT_FIELD = "RateLimit"
 
 
 def rate_limit_fields(standings: Sequence[Standing], partition_key: bytes) -> dict[str, str]:
-    """The two fields for ``standings`` (one item per policy, in their order), each item with ``partition_key``."""
-    limits = http_sfv.List()
-    for standing in standings:
-        policy = standing.policy
-        current = http_sfv.Item(policy.name.value)
-        current.params["r"] = max(0, standing.remaining)
+    """The two fields for ``standings`` (one item per policy, in their order), each item with ``partition_key``.
+
+    Raises ``ValueError`` for a figure outside a Structured Field Integer's 15 digits.
+    """
+    policies, limits = _serialised(tuple(standing.policy for standing in standings), partition_key)
+    items = []
+    for standing, (name, key) in zip(standings, limits, strict=True):
+        remaining = f"{name};r={_integer(max(0, standing.remaining))}"
         if standing.reset_seconds is not None:
-            current.params["t"] = max(0, math.ceil(standing.reset_seconds))
-        current.params["pk"] = partition_key
-        limits.append(current)
-    policies = _policy_field(tuple(standing.policy for standing in standings), partition_key)
-    return {POLICY_FIELD: policies, LIMIT_FIELD: str(limits)}
+            remaining += f";t={_integer(max(0, math.ceil(standing.reset_seconds)))}"
+        items.append(remaining + key)
+    return {POLICY_FIELD: policies, LIMIT_FIELD: ", ".join(items)}
 
 
-# A user's policies read the same on every answer: serialised once per user and set of policies (a poll's
-# cost; docs/benchmark.md).
+def _integer(value: int) -> str:
+    """A non-negative Structured Field Integer (RFC 9651, 4.1.4): its decimal digits, at most 15."""
+    if value > _MAX_INTEGER:
+        raise ValueError(f"{value} is over a Structured Field Integer's 15 digits")
+    return str(value)
+
+
+_MAX_INTEGER = 999_999_999_999_999
+
+
+# A user's policies read the same on every answer, and so does each ``RateLimit`` item but for its integers:
+# both are serialised by ``http-sfv`` once per user and set of policies, and an answer writes its integers
+# between the item's name and its ``pk`` (a poll's cost; docs/benchmark.md: Rate limits).
 @functools.lru_cache(maxsize=16384)
-def _policy_field(policies: tuple[Policy, ...], partition_key: bytes) -> str:
+def _serialised(policies: tuple[Policy, ...], partition_key: bytes) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``RateLimit-Policy``, and for each policy the ``RateLimit`` item's name and its ``pk`` parameter."""
     field = http_sfv.List()
+    key = Parameters()
+    key["pk"] = partition_key
     for policy in policies:
         declared = http_sfv.Item(policy.name.value)
         declared.params["q"] = policy.quota
@@ -51,4 +66,5 @@ def _policy_field(policies: tuple[Policy, ...], partition_key: bytes) -> str:
             declared.params["qu"] = policy.unit
         declared.params["pk"] = partition_key
         field.append(declared)
-    return str(field)
+    limits = tuple((str(http_sfv.Item(policy.name.value)), str(key)) for policy in policies)
+    return str(field), limits
