@@ -98,6 +98,9 @@ class FailingStandby:
         self._rows = rows
         self.reads = 0
 
+    def get_idle_size(self) -> int:
+        return self._pool.get_idle_size()
+
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[FailingConnection]:
         async with self._pool.acquire() as conn:

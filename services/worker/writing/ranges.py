@@ -23,7 +23,8 @@ from shared.settings import WorkerPartSettings
 # Seqs in the first range an attempt reads, before it knows how many bytes a seq takes.
 FIRST_RANGE_SEQS = 1000
 # Ranges read at once while the files take the one before: Postgres renders each range's lines in one backend,
-# so a second read keeps a second one busy (docs/benchmark.md: The read of an export's lines).
+# so a second read keeps a second one busy (docs/benchmark.md: The read of an export's lines). A read beyond the
+# first waits for an idle connection of the pool rather than open one.
 READS_IN_FLIGHT = 2
 
 
@@ -96,7 +97,7 @@ class RangeReader:
 
         def read_ahead() -> None:
             nonlocal low
-            while len(reading) < READS_IN_FLIGHT and low < last:
+            while low < last and (not reading or (len(reading) < READS_IN_FLIGHT and reads.spare_connection())):
                 high = min(low + span, last)
                 reading.append(asyncio.create_task(self._read_range(reads, low, high)))
                 low = high

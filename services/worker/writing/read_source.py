@@ -129,6 +129,14 @@ class ExportReads:
         async with self._primary.acquire() as conn:
             return await read(conn)
 
+    def spare_connection(self) -> bool:
+        """True when the pool the next read would use holds an idle connection: a read ahead takes only one
+        of those, so that reading ahead never opens connections of its own (docs/deploy.md: Which parts may
+        run as several replicas).
+        """
+        pool = self._standby if self._standby is not None else self._primary
+        return bool(pool.get_idle_size() > 0)
+
     def finish(self) -> None:
         """Count this attempt's or chunk's reads by server: ``standby``, ``primary`` or ``both``."""
         if self._servers:
