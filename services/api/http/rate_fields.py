@@ -28,14 +28,17 @@ def rate_limit_fields(standings: Sequence[Standing], partition_key: bytes) -> di
 
     Raises ``ValueError`` for a figure outside a Structured Field Integer's 15 digits.
     """
-    policies, limits = _serialised(tuple(standing.policy for standing in standings), partition_key)
+    policies, names, key = _serialised(tuple(standing.policy for standing in standings), partition_key)
     items = []
-    for standing, (name, key) in zip(standings, limits, strict=True):
+    for standing, name in zip(standings, names, strict=True):
         remaining = f"{name};r={_integer(max(0, standing.remaining))}"
         if standing.reset_seconds is not None:
             remaining += f";t={_integer(max(0, math.ceil(standing.reset_seconds)))}"
         items.append(remaining + key)
     return {POLICY_FIELD: policies, LIMIT_FIELD: ", ".join(items)}
+
+
+_MAX_INTEGER = 999_999_999_999_999
 
 
 def _integer(value: int) -> str:
@@ -45,18 +48,14 @@ def _integer(value: int) -> str:
     return str(value)
 
 
-_MAX_INTEGER = 999_999_999_999_999
-
-
 # A user's policies read the same on every answer, and so does each ``RateLimit`` item but for its integers:
 # both are serialised by ``http-sfv`` once per user and set of policies, and an answer writes its integers
 # between the item's name and its ``pk`` (a poll's cost; docs/benchmark.md: Rate limits).
 @functools.lru_cache(maxsize=16384)
-def _serialised(policies: tuple[Policy, ...], partition_key: bytes) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """``RateLimit-Policy``, and for each policy the ``RateLimit`` item's name and its ``pk`` parameter."""
+def _serialised(policies: tuple[Policy, ...], partition_key: bytes) -> tuple[str, tuple[str, ...], str]:
+    """``RateLimit-Policy``; each policy's name as a ``RateLimit`` item begins; the ``pk`` parameter every item
+    ends with."""
     field = http_sfv.List()
-    key = Parameters()
-    key["pk"] = partition_key
     for policy in policies:
         declared = http_sfv.Item(policy.name.value)
         declared.params["q"] = policy.quota
@@ -66,5 +65,6 @@ def _serialised(policies: tuple[Policy, ...], partition_key: bytes) -> tuple[str
             declared.params["qu"] = policy.unit
         declared.params["pk"] = partition_key
         field.append(declared)
-    limits = tuple((str(http_sfv.Item(policy.name.value)), str(key)) for policy in policies)
-    return str(field), limits
+    key = Parameters()
+    key["pk"] = partition_key
+    return str(field), tuple(str(http_sfv.Item(policy.name.value)) for policy in policies), str(key)
