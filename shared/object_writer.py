@@ -159,8 +159,8 @@ class ObjectWriter:
         client's own checksums cannot serve: some S3 implementations (moto among them) echo them without
         checking.
         """
-        rest = self._take_pending()
         if self._upload_id is None:
+            rest = self._take_pending()
             md5 = hashlib.md5(rest, usedforsecurity=False).hexdigest()
             async with upload_deadline(timeout_seconds=self._timeout_seconds, size_bytes=len(rest)):
                 stored = await self._s3.put_object(
@@ -168,8 +168,9 @@ class ObjectWriter:
                 )
             check_etag(stored["ETag"], md5, what=self._key)
             return self.digest()
-        if rest:
-            await self._start_part(rest)
+        if self._pending:
+            # Not held here while it uploads, as no other part is (``_upload_part``).
+            await self._start_part(self._take_pending())
         await self._wait_in_flight()
         completed = await self._s3.complete_multipart_upload(
             Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
