@@ -7,7 +7,6 @@ import base64
 import binascii
 import json
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -17,6 +16,7 @@ from prometheus_client import Counter
 
 from shared.ids import is_valid_id
 from shared.jwks import KeySource, VerificationKey, key_source
+from shared.recent import RecentlyUsed
 from shared.settings import TokenSettings
 
 # What a refusal counts as on ``chatexport_tokens_refused_total``: a bounded set, unlike the logged reason.
@@ -89,7 +89,7 @@ class TokenVerifier:
         self._max_lifetime = settings.jwt_max_lifetime_seconds
         self._clock = clock
         # token -> (principal, exp, the fingerprint of the key that verified it)
-        self._verified: OrderedDict[str, tuple[Principal, float, str]] = OrderedDict()
+        self._verified: RecentlyUsed[str, tuple[Principal, float, str]] = RecentlyUsed(VERIFIED_TOKENS_KEPT)
 
     async def verify(self, authorization: str | None) -> Principal:
         """Return the principal of an ``Authorization: Bearer <JWT>`` header value.
@@ -114,13 +114,10 @@ class TokenVerifier:
             raise InvalidToken("not a bearer token", kind="missing")
         remembered = self._verified.get(token)
         if remembered is not None and self._clock() < remembered[1] and self.keys.holds(remembered[2]):
-            self._verified.move_to_end(token)
             return remembered[0]
-        self._verified.pop(token, None)
+        self._verified.forget(token)
         principal, exp, fingerprint = await self._check(token)
-        self._verified[token] = (principal, exp, fingerprint)
-        if len(self._verified) > VERIFIED_TOKENS_KEPT:
-            self._verified.popitem(last=False)
+        self._verified.put(token, (principal, exp, fingerprint))
         return principal
 
     async def _check(self, token: str) -> tuple[Principal, float, str]:

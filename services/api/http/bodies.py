@@ -231,11 +231,26 @@ def validate_query(model: type[ModelT], request: web.Request) -> ModelT:
     422 at ``["query", name]`` (which of its values counts would otherwise be a guess); schema errors are
     422 under ``"query"`` too (docs/api.md: Error codes). Raises ``ProblemError``.
     """
+    if not request.query_string:
+        return _without_parameters(model)
     repeated = sorted({name for name in request.query if len(request.query.getall(name)) > 1})
     if repeated:
         raise validation_failed([{"loc": ["query", name], "msg": "must be given at most once"} for name in repeated])
+    return _parameters(model, dict(request.query))
+
+
+@functools.cache
+def _without_parameters(model: type[ModelT]) -> ModelT:
+    """``model`` validated from no parameters, once per model: most polls carry none. Shared, since every query
+    model is frozen (``StrictModel``); a model that needs a parameter raises ``ProblemError`` every time, since
+    ``functools.cache`` keeps no exception.
+    """
+    return _parameters(model, {})
+
+
+def _parameters(model: type[ModelT], parameters: dict[str, str]) -> ModelT:
     try:
-        return model.model_validate(dict(request.query))
+        return model.model_validate(parameters)
     except ValidationError as exc:
         raise validation_failed(validation_errors(exc, prefix=("query",))) from None
 

@@ -5,7 +5,7 @@ Shared with other parts: ``shared.metrics.AUTHORIZATION_REFUSALS`` (stages submi
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -23,6 +23,26 @@ HTTP_REQUEST_DURATION = Histogram(
     ["method", "route", "status"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
+# (method, route, status) -> that label set's counter and histogram: ``labels()`` validates and locks on every
+# call, a third of the middleware's own time under polls (docs/benchmark.md: The poll's own work). The callers
+# bound the label set, so the dict is bounded with it.
+_request_series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def count_request(method: str, route: str, status: int, seconds: float) -> None:
+    """Count one answered request in ``HTTP_REQUESTS`` and its time (seconds) in ``HTTP_REQUEST_DURATION``,
+    under the labels ``method``, ``route`` (a route template) and ``status``; the caller keeps each to a
+    bounded set.
+    """
+    labels = (method, route, status)
+    series = _request_series.get(labels)
+    if series is None:
+        named = (method, route, str(status))
+        series = _request_series[labels] = (HTTP_REQUESTS.labels(*named), HTTP_REQUEST_DURATION.labels(*named))
+    series[0].inc()
+    series[1].observe(seconds)
+
+
 IDEMPOTENCY_REPLAYS = Counter(
     "chatexport_idempotency_replays_total",
     "Export submissions and schedule creations answered with what an earlier request with the same key created.",

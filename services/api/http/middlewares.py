@@ -12,7 +12,7 @@ from aiohttp.typedefs import Handler
 
 from services.api.http.fields import RepeatedField, only_field
 from services.api.http.keys import LIMITER, PARTITION_KEYS, POLICIES, PRINCIPAL, RATE_LIMITS, SETTINGS, VERIFIER
-from services.api.http.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
+from services.api.http.metrics import count_request
 from services.api.http.problems import ProblemError
 from services.api.http.rate_fields import rate_limit_fields
 from services.api.limiting.policies import is_exempt
@@ -74,9 +74,8 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
-        labels = (request.method if request.method in _METHODS else "other", route, str(status))
-        HTTP_REQUESTS.labels(*labels).inc()
-        HTTP_REQUEST_DURATION.labels(*labels).observe(time.perf_counter() - started)
+        method = request.method if request.method in _METHODS else "other"
+        count_request(method, route, status, time.perf_counter() - started)
 
 
 def _cut_short(request: web.Request, exc: Exception) -> web.StreamResponse:

@@ -4,7 +4,6 @@ body exactly as the export file does, and the status monitor's headers.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -14,6 +13,7 @@ from aiohttp import web
 from services.api.http.contract import NO_STORE_HEADER, OPERATION_ETAG_HEADER, Answer
 from services.api.http.schemas import Operation
 from shared import jsontext
+from shared.recent import RecentlyUsed
 from shared.repository.operation_view import OperationView
 from shared.representation import is_terminal, next_poll_after_seconds, represent
 
@@ -27,9 +27,9 @@ NO_STORE = {"Cache-Control": "no-store"}
 
 # How many operation renderings are kept: enough for every operation being polled or waited on at once.
 _RENDERINGS_KEPT = 4096
-# (operation_id, created_at, version, next_poll_after_seconds or None when terminal) -> the JSON text and its
-# UTF-8 bytes.
-_renderings: OrderedDict[tuple[str, datetime, int, int | None], tuple[str, bytes]] = OrderedDict()
+# (operation_id, version, next_poll_after_seconds or None when terminal) -> the operation's created_at, and the
+# JSON text and its UTF-8 bytes.
+_renderings: RecentlyUsed[tuple[str, int, int | None], tuple[datetime, str, bytes]] = RecentlyUsed(_RENDERINGS_KEPT)
 _JSON_CONTENT_TYPE = {"Content-Type": "application/json; charset=utf-8"}
 
 
@@ -37,20 +37,17 @@ def _rendering(row: OperationView) -> tuple[str, bytes]:
     """``row``'s representation as JSON text and bytes, built once per operation, version and
     ``next_poll_after_seconds``: every field of the representation bumps the version but that one, which grows
     with the operation's age (docs/api.md: Operations, Conditional polls), so the three name one text. The
-    creation time tells apart operations of one id in two databases (the tests run many in one process). The
-    last ``_RENDERINGS_KEPT`` are kept, least recently used first out.
+    creation time tells apart operations of one id in two databases (the tests run many in one process); it is
+    compared, not hashed, since hashing an aware datetime costs more than the rest of the lookup. The last
+    ``_RENDERINGS_KEPT`` are kept, least recently used first out.
     """
     poll_after = None if is_terminal(row) else next_poll_after_seconds(row.age_seconds)
-    key = (row.operation_id, row.created_at, row.version, poll_after)
+    key = (row.operation_id, row.version, poll_after)
     kept = _renderings.get(key)
-    if kept is not None:
-        _renderings.move_to_end(key)
-        return kept
-    text = dumps(represent(row))
-    kept = _renderings[key] = (text, text.encode())
-    if len(_renderings) > _RENDERINGS_KEPT:
-        _renderings.popitem(last=False)
-    return kept
+    if kept is None or kept[0] != row.created_at:
+        text = dumps(represent(row))
+        kept = _renderings.put(key, (row.created_at, text, text.encode()))
+    return kept[1], kept[2]
 
 
 def rendered_operation(row: OperationView) -> str:
