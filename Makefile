@@ -100,7 +100,7 @@ test: prerequisites lint docs
 # Two processes: the tests on the RabbitMQ cluster on one, those on PostgreSQL clusters on the other, each
 # group one test at a time, since its tests freeze, kill and time nodes (tests/clusters/conftest.py).
 test-clusters: prerequisites
-	@$(MAKE) --no-print-directory pytest MARKERS="cluster" WORKERS=2 DIST=loadgroup
+	@$(MAKE) --no-print-directory pytest MARKERS="cluster" WORKERS=2
 
 # The live upgrade from the previous release and back, and the previous release's database tests on this
 # schema (docs/deploy.md: Upgrading, The live upgrade test); the first run on a machine also builds that
@@ -118,7 +118,7 @@ test-quick: lint
 MARKERS ?=
 DURATIONS ?= 25
 WORKERS ?= 4
-DIST ?= loadfile
+DIST ?= loadgroup
 pytest:
 	@status=0; $(BIN)/pytest -m "$(MARKERS)" -n $(WORKERS) --dist $(DIST) --durations=$(DURATIONS) \
 		-p devtools.test_times --time-table || status=$$?; \

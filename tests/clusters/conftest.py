@@ -25,9 +25,11 @@ POSTGRES_ONLY = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test collected from this folder ``cluster`` and ``e2e`` (a conftest's ``pytestmark`` would
-    not), and put it in the xdist group of its cluster (``--dist loadgroup``: one group, one process).
+    not), and put it in the xdist group of its cluster (``--dist loadgroup``: one group, one process). First
+    among the hooks, before the top conftest's, which gives every test without a group its file's.
     """
     for item in items:
         if HERE in item.path.parents:

@@ -348,6 +348,8 @@ async def test_a_set_that_arrives_in_pieces_is_read_whole(provider: IdentityProv
         json.dumps({"keys": [{**NEW.public_jwk(), "alg": "none"}]}).encode(),
         json.dumps({"keys": [{**NEW.public_jwk(), "d": "AQAB"}]}).encode(),  # a private key has no place here
     ],
+    # Named, not shown: the keys are made anew in each process, and xdist needs one collection in all.
+    ids=["nested-too-deeply", "alg-not-a-string", "alg-none", "private-key"],
 )
 async def test_a_bad_set_keeps_the_old_keys_and_the_refresh_goes_on(
     provider: IdentityProvider, document: bytes
