@@ -5,10 +5,12 @@ stores, the tokens it verified. One mechanism for each of them: the least recent
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
+S = TypeVar("S")
 
 
 class RecentlyUsed(Generic[K, V]):
@@ -44,3 +46,16 @@ class RecentlyUsed(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def built_for(memo: RecentlyUsed[K, tuple[S, V]], key: K, stamp: S, build: Callable[[], V]) -> V:
+    """The value ``memo`` keeps under ``key`` for ``stamp``, else ``build()``, kept for ``stamp`` from now on.
+
+    The stamp tells apart what one key names at two times or places (an operation's creation time: the tests run
+    operations of one id in many databases in one process). It is compared, not hashed with the key: hashing an
+    aware datetime costs more than the rest of the lookup (docs/benchmark.md: The poll's own work).
+    """
+    kept = memo.get(key)
+    if kept is None or kept[0] != stamp:
+        kept = memo.put(key, (stamp, build()))
+    return kept[1]

@@ -12,7 +12,7 @@ from operator import itemgetter
 from typing import Any
 
 from shared.export.request import ExportRequest
-from shared.recent import RecentlyUsed
+from shared.recent import RecentlyUsed, built_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +67,14 @@ class OperationView:
         # Positional, in field order: the poll path builds one per answer (docs/benchmark.md: The poll's own work).
         columns: tuple[Any, ...] = _read_columns(row)
         # A request's columns are written once, by the submit: one operation's rows share one request.
-        operation_id, created_at = row["operation_id"], row["created_at"]
-        kept = _requests.get(operation_id)
-        if kept is None or kept[0] != created_at:
-            kept = _requests.put(operation_id, (created_at, ExportRequest.from_row(row)))
-        return cls(kept[1], *columns)
+        request = built_for(_requests, row["operation_id"], row["created_at"], lambda: ExportRequest.from_row(row))
+        return cls(request, *columns)
 
 
 # Every field but the first, ``request``, which ``ExportRequest.from_row`` reads from the request's columns.
 _read_columns = itemgetter(*(field.name for field in dataclasses.fields(OperationView)[1:]))
-# operation_id -> its created_at and its request. The creation time tells apart operations of one id in two
-# databases (the tests run many in one process); compared, not hashed, since hashing an aware datetime costs more
-# than the rest of the lookup. Enough for every operation polled at once.
-_requests: RecentlyUsed[str, tuple[datetime, ExportRequest]] = RecentlyUsed(4096)
+# How many operations a process keeps what it built of (their requests, their renderings): enough for every
+# operation being polled or waited on at once.
+OPERATIONS_KEPT = 4096
+# operation_id -> its created_at (``built_for``'s stamp) and its request.
+_requests: RecentlyUsed[str, tuple[datetime, ExportRequest]] = RecentlyUsed(OPERATIONS_KEPT)

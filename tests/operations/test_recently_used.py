@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shared.export.request import ExportRequest
-from shared.recent import RecentlyUsed
+from shared.recent import RecentlyUsed, built_for
 from shared.repository.operation_view import OperationView
 
 
@@ -64,3 +64,19 @@ def test_another_operation_or_database_reads_its_own_request() -> None:
     assert kept.request == ExportRequest(format="csv")
     assert other_id.request == ExportRequest(format="jsonl")
     assert other_database.request == ExportRequest(compression="gzip")
+
+
+def test_a_stamped_value_is_built_once_per_stamp() -> None:
+    memo: RecentlyUsed[str, tuple[int, str]] = RecentlyUsed(4)
+    builds: list[str] = []
+
+    def build(value: str) -> str:
+        builds.append(value)
+        return value
+
+    assert built_for(memo, "op", 1, lambda: build("first")) == "first"
+    assert built_for(memo, "op", 1, lambda: build("again")) == "first"
+    # The same key at another stamp (the id in another database) is built anew, and replaces the first.
+    assert built_for(memo, "op", 2, lambda: build("second")) == "second"
+    assert built_for(memo, "op", 1, lambda: build("third")) == "third"
+    assert builds == ["first", "second", "third"]

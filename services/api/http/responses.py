@@ -13,8 +13,8 @@ from aiohttp import web
 from services.api.http.contract import NO_STORE_HEADER, OPERATION_ETAG_HEADER, Answer
 from services.api.http.schemas import Operation
 from shared import jsontext
-from shared.recent import RecentlyUsed
-from shared.repository.operation_view import OperationView
+from shared.recent import RecentlyUsed, built_for
+from shared.repository.operation_view import OPERATIONS_KEPT, OperationView
 from shared.representation import is_terminal, next_poll_after_seconds, represent
 
 
@@ -25,11 +25,11 @@ def dumps(body: Any) -> str:
 
 NO_STORE = {"Cache-Control": "no-store"}
 
-# How many operation renderings are kept: enough for every operation being polled or waited on at once.
-_RENDERINGS_KEPT = 4096
-# (operation_id, version, next_poll_after_seconds or None when terminal) -> the operation's created_at, and the
-# JSON text and its UTF-8 bytes.
-_renderings: RecentlyUsed[tuple[str, int, int | None], tuple[datetime, str, bytes]] = RecentlyUsed(_RENDERINGS_KEPT)
+# (operation_id, version, next_poll_after_seconds or None when terminal) -> the operation's created_at
+# (``built_for``'s stamp), and the JSON text and its UTF-8 bytes.
+_renderings: RecentlyUsed[tuple[str, int, int | None], tuple[datetime, tuple[str, bytes]]] = RecentlyUsed(
+    OPERATIONS_KEPT
+)
 _JSON_CONTENT_TYPE = {"Content-Type": "application/json; charset=utf-8"}
 
 
@@ -37,17 +37,15 @@ def _rendering(row: OperationView) -> tuple[str, bytes]:
     """``row``'s representation as JSON text and bytes, built once per operation, version and
     ``next_poll_after_seconds``: every field of the representation bumps the version but that one, which grows
     with the operation's age (docs/api.md: Operations, Conditional polls), so the three name one text. The
-    creation time tells apart operations of one id in two databases (the tests run many in one process); it is
-    compared, not hashed, since hashing an aware datetime costs more than the rest of the lookup. The last
-    ``_RENDERINGS_KEPT`` are kept, least recently used first out.
+    last ``OPERATIONS_KEPT`` are kept, least recently used first out.
     """
     poll_after = None if is_terminal(row) else next_poll_after_seconds(row.age_seconds)
     key = (row.operation_id, row.version, poll_after)
-    kept = _renderings.get(key)
-    if kept is None or kept[0] != row.created_at:
-        text = dumps(represent(row))
-        kept = _renderings.put(key, (row.created_at, text, text.encode()))
-    return kept[1], kept[2]
+    return built_for(_renderings, key, row.created_at, lambda: _encoded(dumps(represent(row))))
+
+
+def _encoded(text: str) -> tuple[str, bytes]:
+    return text, text.encode()
 
 
 def rendered_operation(row: OperationView) -> str:
