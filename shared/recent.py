@@ -48,14 +48,21 @@ class RecentlyUsed(Generic[K, V]):
         return len(self._entries)
 
 
-def built_for(memo: RecentlyUsed[K, tuple[S, V]], key: K, stamp: S, build: Callable[[], V]) -> V:
-    """The value ``memo`` keeps under ``key`` for ``stamp``, else ``build()``, kept for ``stamp`` from now on.
+def kept_for(memo: RecentlyUsed[K, tuple[S, V]], key: K, stamp: S) -> V | None:
+    """The value ``memo`` keeps under ``key`` for ``stamp``, now the most recently used; None when it keeps none,
+    or one for another stamp.
 
     The stamp tells apart what one key names at two times or places (an operation's creation time: the tests run
     operations of one id in many databases in one process). It is compared, not hashed with the key: hashing an
     aware datetime costs more than the rest of the lookup (docs/benchmark.md: The poll's own work).
     """
     kept = memo.get(key)
-    if kept is None or kept[0] != stamp:
-        kept = memo.put(key, (stamp, build()))
-    return kept[1]
+    return None if kept is None or kept[0] != stamp else kept[1]
+
+
+def built_for(memo: RecentlyUsed[K, tuple[S, V]], key: K, stamp: S, build: Callable[[], V]) -> V:
+    """``kept_for``, else ``build()``, kept under ``key`` for ``stamp`` from now on."""
+    value = kept_for(memo, key, stamp)
+    if value is None:
+        value = memo.put(key, (stamp, build()))[1]
+    return value

@@ -14,7 +14,7 @@ import asyncpg
 from shared.export.phases import Phase
 from shared.export.request import SCHEDULE_REFUSED_OPTIONS, SUBMIT_ONLY_OPTIONS
 from shared.repository.chunks import Chunk
-from shared.repository.operation_view import OperationView
+from shared.repository.operation_view import OperationView, Stamped
 from shared.repository.schedules import ScheduleView
 from shared.routes import path
 from shared.states import TERMINAL, State
@@ -28,7 +28,7 @@ def next_poll_after_seconds(age_seconds: float) -> int:
     return max(1, min(30, math.ceil(age_seconds / 10)))
 
 
-def is_terminal(row: OperationView) -> bool:
+def is_terminal(row: Stamped) -> bool:
     """True when the operation will not change without an operator: no Retry-After (docs/api.md: Operations,
     Operation).
     """

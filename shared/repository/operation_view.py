@@ -9,10 +9,41 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from operator import itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 from shared.export.request import ExportRequest
 from shared.recent import RecentlyUsed, built_for
+
+
+class Stamped(Protocol):
+    """What names one representation of an operation (``OperationView``, ``OperationStamp``): its id and
+    creation time, its version and state, and its age (s), which sets ``next_poll_after_seconds``.
+    """
+
+    @property
+    def operation_id(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def age_seconds(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OperationStamp:
+    """The columns of ``operation_representations`` that name one representation (``Stamped``): a poll reads
+    these first and answers from the rendering its process keeps, reading the rest only when it keeps none
+    (docs/benchmark.md: The poll's own work).
+    """
+
+    operation_id: str
+    state: str
+    created_at: datetime
+    version: int
+    age_seconds: float
 
 
 @dataclass(frozen=True, slots=True)

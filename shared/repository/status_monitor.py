@@ -13,7 +13,7 @@ from datetime import datetime
 
 import asyncpg
 
-from shared.repository.operation_view import OperationView
+from shared.repository.operation_view import OperationStamp, OperationView
 from shared.states import State, sources_of
 
 
@@ -30,6 +30,21 @@ async def read_operation(conn: asyncpg.Connection, *, operation_id: str, owner_i
         owner_id,
     )
     return None if row is None else OperationView.from_row(row)
+
+
+async def read_operation_stamp(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> OperationStamp | None:
+    """``read_operation``'s answer for ``owner_id`` narrowed to an ``OperationStamp``: None when the operation
+    is missing or someone else's.
+    """
+    row = await conn.fetchrow(
+        """
+        SELECT operation_id, state, created_at, version, age_seconds FROM operation_representations
+        WHERE operation_id = $1 AND owner_id = $2
+        """,
+        operation_id,
+        owner_id,
+    )
+    return None if row is None else OperationStamp(*row)
 
 
 async def stored_traceparent(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> str | None:

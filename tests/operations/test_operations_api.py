@@ -15,6 +15,7 @@ import pytest
 
 from services.api.http.bodies import EMPTY_BODY_MAX_BYTES
 from services.janitor.janitor import Janitor
+from shared.repository import status_monitor
 from shared.settings import Settings
 from tests.support import documented
 from tests.support.api_calls import expect_problem, import_lines, make_conversation, read_all, submit
@@ -32,6 +33,24 @@ pytestmark = pytest.mark.module_database
 
 VALID = {"format": "jsonl"}
 URL_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+# What a poll's answer carries besides its body (docs/api.md: Operations, Operation).
+ANSWER_HEADERS = ("Content-Type", "Cache-Control", "ETag", "Retry-After")
+
+
+@pytest.fixture
+def monitor_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the operations the status monitor reads whole (``status_monitor.read_operation``)."""
+    reads: list[str] = []
+    read_operation = status_monitor.read_operation
+
+    async def counted(conn: asyncpg.Connection, *, operation_id: str, owner_id: str | None) -> Any:
+        reads.append(operation_id)
+        return await read_operation(conn, operation_id=operation_id, owner_id=owner_id)
+
+    monkeypatch.setattr(status_monitor, "read_operation", counted)
+    return reads
 
 
 @pytest.fixture
@@ -164,6 +183,35 @@ async def test_poll_interval_grows_with_age_and_stops_at_the_end(
     assert "next_poll_after_seconds" not in body
     assert body["links"] == {"self": f"/v3/operations/{operation_id}"}
     assert ended.headers["Cache-Control"] == "no-store"
+
+
+async def test_a_poll_of_a_version_already_rendered_reads_only_its_stamp(
+    api: Client, auth: Auth, pool: asyncpg.Pool, members: None, monitor_reads: list[str]
+) -> None:
+    """docs/benchmark.md: The poll's own work. The submit's answer rendered the operation, so polls of that
+    version answer alike from the rendering the process keeps; a new version is read whole, once.
+    """
+    operation_id = (await create(api, auth, "alice", "c-a", "k-1"))["operation_id"]
+    url = f"/v3/operations/{operation_id}"
+    monitor_reads.clear()
+
+    async def answers() -> list[tuple[bytes, dict[str, str]]]:
+        polled = []
+        for _ in range(3):
+            response = await api.get(url, headers=auth("alice"))
+            assert response.status == 200
+            polled.append((await response.read(), {name: response.headers[name] for name in ANSWER_HEADERS}))
+        return polled
+
+    first = await answers()
+    assert first[1:] == first[:1] * 2
+    assert monitor_reads == []
+
+    await pool.execute("UPDATE operations SET messages_written = 7 WHERE operation_id = $1", operation_id)
+    second = await answers()
+    assert second[1:] == second[:1] * 2
+    assert b'"messages_written": 7' in second[0][0] and second[0][1]["ETag"] != first[0][1]["ETag"]
+    assert monitor_reads == [operation_id]
 
 
 async def test_anyone_but_the_owner_gets_the_404_of_an_id_that_never_existed(

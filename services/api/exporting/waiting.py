@@ -28,7 +28,7 @@ from services.api.http.problems import not_found
 from shared.db import TRANSIENT_DATABASE_ERRORS
 from shared.ids import is_operation_id
 from shared.repository import status_monitor
-from shared.repository.operation_view import OperationView
+from shared.repository.operation_view import OperationStamp, OperationView
 from shared.representation import is_terminal
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,15 @@ class Reader:
             return None
         async with self.pool.acquire() as conn:
             return await status_monitor.read_operation(conn, operation_id=self.operation_id, owner_id=self.owner_id)
+
+    async def stamp(self) -> OperationStamp | None:
+        """What names the operation's representation (``OperationStamp``); None as for the whole read."""
+        if not is_operation_id(self.operation_id):
+            return None
+        async with self.pool.acquire() as conn:
+            return await status_monitor.read_operation_stamp(
+                conn, operation_id=self.operation_id, owner_id=self.owner_id
+            )
 
 
 @contextlib.asynccontextmanager

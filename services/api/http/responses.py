@@ -13,8 +13,8 @@ from aiohttp import web
 from services.api.http.contract import NO_STORE_HEADER, OPERATION_ETAG_HEADER, Answer
 from services.api.http.schemas import Operation
 from shared import jsontext
-from shared.recent import RecentlyUsed, built_for
-from shared.repository.operation_view import OPERATIONS_KEPT, OperationView
+from shared.recent import RecentlyUsed, built_for, kept_for
+from shared.repository.operation_view import OPERATIONS_KEPT, OperationView, Stamped
 from shared.representation import is_terminal, next_poll_after_seconds, represent
 
 
@@ -33,15 +33,18 @@ _renderings: RecentlyUsed[tuple[str, int, int | None], tuple[datetime, tuple[str
 _JSON_CONTENT_TYPE = {"Content-Type": "application/json; charset=utf-8"}
 
 
+def _key(row: Stamped) -> tuple[str, int, int | None]:
+    """The key of ``row``'s rendering: its id, version and ``next_poll_after_seconds`` (None when terminal)."""
+    return row.operation_id, row.version, None if is_terminal(row) else next_poll_after_seconds(row.age_seconds)
+
+
 def _rendering(row: OperationView) -> tuple[str, bytes]:
     """``row``'s representation as JSON text and bytes, built once per operation, version and
     ``next_poll_after_seconds``: every field of the representation bumps the version but that one, which grows
     with the operation's age (docs/api.md: Operations, Conditional polls), so the three name one text. The
     last ``OPERATIONS_KEPT`` are kept, least recently used first out.
     """
-    poll_after = None if is_terminal(row) else next_poll_after_seconds(row.age_seconds)
-    key = (row.operation_id, row.version, poll_after)
-    return built_for(_renderings, key, row.created_at, lambda: _encoded(dumps(represent(row))))
+    return built_for(_renderings, _key(row), row.created_at, lambda: _encoded(dumps(represent(row))))
 
 
 def _encoded(text: str) -> tuple[str, bytes]:
@@ -54,7 +57,7 @@ def rendered_operation(row: OperationView) -> str:
     return _rendering(row)[0]
 
 
-def operation_etag(row: OperationView) -> str:
+def operation_etag(row: Stamped) -> str:
     """The operation's weak ``ETag``, ``W/"<version>"`` (docs/api.md: Operations, Conditional polls): every
     field of the representation bumps the version, but ``next_poll_after_seconds`` grows with age at one
     version, so the tag is weak (RFC 9110 section 8.8.1).
@@ -68,21 +71,33 @@ def operation_response(
     """The operation as JSON with the status monitor's headers (``_monitor_headers``); ``poll_after_seconds``
     replaces the representation's ``next_poll_after_seconds`` as ``Retry-After``.
     """
+    return _operation_response(row, _rendering(row)[1], status, poll_after_seconds, headers)
+
+
+def kept_operation_response(stamp: Stamped) -> web.Response | None:
+    """``operation_response`` of the representation ``stamp`` names, from the rendering this process keeps of it;
+    None when it keeps none (docs/benchmark.md: The poll's own work).
+    """
+    kept = kept_for(_renderings, _key(stamp), stamp.created_at)
+    return None if kept is None else _operation_response(stamp, kept[1], 200, None, {})
+
+
+def _operation_response(
+    row: Stamped, body: bytes, status: int, poll_after_seconds: int | None, headers: Mapping[str, str]
+) -> web.Response:
     poll_after = next_poll_after_seconds(row.age_seconds) if poll_after_seconds is None else poll_after_seconds
     # The body as bytes with its Content-Type among the headers: aiohttp then neither encodes nor parses it.
     return web.Response(
-        body=_rendering(row)[1],
-        status=status,
-        headers={**_JSON_CONTENT_TYPE, **_monitor_headers(row, poll_after), **headers},
+        body=body, status=status, headers={**_JSON_CONTENT_TYPE, **_monitor_headers(row, poll_after), **headers}
     )
 
 
-def operation_not_modified(row: OperationView) -> web.Response:
+def operation_not_modified(row: Stamped) -> web.Response:
     """``304 Not Modified`` for the operation: no body, the headers its 200 would carry (RFC 9110 section 15.4.5)."""
     return web.Response(status=304, headers=_monitor_headers(row, next_poll_after_seconds(row.age_seconds)))
 
 
-def _monitor_headers(row: OperationView, poll_after_seconds: int | None) -> dict[str, str]:
+def _monitor_headers(row: Stamped, poll_after_seconds: int | None) -> dict[str, str]:
     """no-store, the weak ``ETag``, and while the operation is not terminal ``Retry-After``."""
     headers = {**NO_STORE, "ETag": operation_etag(row)}
     if not is_terminal(row) and poll_after_seconds is not None:
