@@ -9,6 +9,7 @@ matches nothing. Every function runs on the caller's connection, in the caller's
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 
 import asyncpg
@@ -36,15 +37,15 @@ async def read_operation_stamp(conn: asyncpg.Connection, *, operation_id: str, o
     """``read_operation``'s answer for ``owner_id`` narrowed to an ``OperationStamp``: None when the operation
     is missing or someone else's.
     """
-    row = await conn.fetchrow(
-        """
-        SELECT operation_id, state, created_at, version, age_seconds FROM operation_representations
-        WHERE operation_id = $1 AND owner_id = $2
-        """,
-        operation_id,
-        owner_id,
-    )
+    row = await conn.fetchrow(_READ_STAMP, operation_id, owner_id)
     return None if row is None else OperationStamp(*row)
+
+
+# The stamp's columns are its fields, in their order.
+_READ_STAMP = f"""
+    SELECT {", ".join(field.name for field in dataclasses.fields(OperationStamp))} FROM operation_representations
+    WHERE operation_id = $1 AND owner_id = $2
+"""
 
 
 async def stored_traceparent(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> str | None:

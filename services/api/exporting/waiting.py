@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import asyncpg
 from aiohttp import web
@@ -32,6 +33,8 @@ from shared.repository.operation_view import OperationStamp, OperationView
 from shared.representation import is_terminal
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # An event stream whose read of the operation failed reads again after this.
 READ_RETRY_SECONDS = 1.0
@@ -56,19 +59,18 @@ class Reader:
         return self.operation_id, self.owner_id
 
     async def __call__(self) -> OperationView | None:
-        if not is_operation_id(self.operation_id):
-            return None
-        async with self.pool.acquire() as conn:
-            return await status_monitor.read_operation(conn, operation_id=self.operation_id, owner_id=self.owner_id)
+        return await self._read(status_monitor.read_operation)
 
     async def stamp(self) -> OperationStamp | None:
         """What names the operation's representation (``OperationStamp``); None as for the whole read."""
+        return await self._read(status_monitor.read_operation_stamp)
+
+    async def _read(self, read: Callable[..., Awaitable[T | None]]) -> T | None:
+        """``read`` of the operation as ``owner_id`` may see it; None without a query for an id that is none."""
         if not is_operation_id(self.operation_id):
             return None
         async with self.pool.acquire() as conn:
-            return await status_monitor.read_operation_stamp(
-                conn, operation_id=self.operation_id, owner_id=self.owner_id
-            )
+            return await read(conn, operation_id=self.operation_id, owner_id=self.owner_id)
 
 
 @contextlib.asynccontextmanager
@@ -187,8 +189,9 @@ async def operation_events(
         row = fresh
 
 
-async def read_or_404(read: Reader) -> OperationView:
-    """The operation ``read`` returns; raises ``ProblemError`` 404 when it finds none."""
+async def read_or_404(read: Callable[[], Awaitable[T | None]]) -> T:
+    """What ``read`` (a ``Reader`` or its ``stamp``) returns of the operation; raises ``ProblemError`` 404 when it
+    finds none."""
     row = await read()
     if row is None:
         raise not_found()

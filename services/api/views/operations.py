@@ -67,9 +67,7 @@ async def get_operation(request: web.Request) -> web.Response:
     if query.wait is None:
         # What names the representation first: it answers a 304, or a 200 from the rendering this process
         # keeps, without the rest of the row (docs/benchmark.md: The poll's own work).
-        stamp = await read.stamp()
-        if stamp is None:
-            raise not_found()
+        stamp = await read_or_404(read.stamp)
         if known is not None and known(stamp):
             return operation_not_modified(stamp)
         kept = kept_operation_response(stamp)
