@@ -44,18 +44,20 @@ _SYSTEM_GROUP = "system"
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test ``integration`` or ``e2e`` by the server fixtures its closure holds, and give it its
     xdist group (``--dist loadgroup``): ``_SYSTEM_GROUP`` when it holds the session's system, else its file's,
-    unless a folder's conftest gave it one. First among the hooks, so that xdist's own, which reads the
-    groups, runs after it; a folder's conftest that gives groups does so first among them too.
+    unless a folder's conftest gave it one (none under ``-p no:xdist``, which does not know the marker). First
+    among the hooks, so that xdist's own, which reads the groups, runs after it; a folder's conftest that gives
+    groups does so first among them too.
     """
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         for fixture, marker in _COST_MARKERS.items():
             if fixture in fixtures:
                 item.add_marker(marker)
-        if item.get_closest_marker("xdist_group") is None:
+        if grouped and item.get_closest_marker("xdist_group") is None:
             group = _SYSTEM_GROUP if "system" in fixtures else item.path.relative_to(item.config.rootpath).as_posix()
             item.add_marker(pytest.mark.xdist_group(group))
 

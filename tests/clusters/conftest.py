@@ -26,15 +26,18 @@ POSTGRES_ONLY = {
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test collected from this folder ``cluster`` and ``e2e`` (a conftest's ``pytestmark`` would
-    not), and put it in the xdist group of its cluster (``--dist loadgroup``: one group, one process). First
-    among the hooks, before the top conftest's, which gives every test without a group its file's.
+    not), and put it in the xdist group of its cluster (``--dist loadgroup``: one group, one process; none
+    under ``-p no:xdist``). First among the hooks, before the top conftest's, which gives every test without a
+    group its file's.
     """
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.cluster)
             item.add_marker(pytest.mark.e2e)
+            if not config.pluginmanager.hasplugin("xdist"):
+                continue
             group = "postgres-clusters" if item.path.name in POSTGRES_ONLY else "rabbitmq-cluster"
             item.add_marker(pytest.mark.xdist_group(group))
 

@@ -223,10 +223,16 @@ class Upgrade:
         owners = await self.pool.fetch("SELECT DISTINCT worker_id FROM attempts WHERE claimed_at >= $1", self.since)
         return {release for row in owners for release in self._release_of(row["worker_id"])}
 
-    async def holding(self, version: str) -> bool:
-        """Whether a worker of ``version`` holds an export's lease now."""
+    async def coordinating(self, version: str) -> bool:
+        """Whether a worker of ``version`` holds the lease of a RUNNING chunked export with at least two chunks
+        not DONE: work that cannot end in the milliseconds before a stop sent next. (A small export's lease,
+        seen held, can end before the signal lands, and then nothing is handed back.)
+        """
         held: bool = await self.pool.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM attempts WHERE ended_at IS NULL AND worker_id = ANY($1::text[]))",
+            "SELECT EXISTS (SELECT 1 FROM attempts a JOIN operations o USING (operation_id)"
+            " WHERE a.ended_at IS NULL AND a.worker_id = ANY($1::text[]) AND o.state = 'RUNNING'"
+            " AND (SELECT count(*) FROM export_chunks c WHERE c.operation_id = a.operation_id"
+            " AND c.state <> 'DONE') >= 2)",
             list(self.workers.get(version, ())),
         )
         return held

@@ -137,7 +137,8 @@ async def test_the_previous_release_alone_finishes_everything_after_a_rollback(
             # No grace: what this release's workers hold when they stop is handed back at once.
             await both_releases_side_by_side(upgrade, previous, load, CHATEXPORT_SHUTDOWN_GRACE_SECONDS="0")
             await upgrade.retire_api("new")
-            await wait_for(lambda: upgrade.holding(VERSION), timeout=60, interval=0.05)  # stopped mid-way
+            # Stopped mid-way, while coordinating a chunked export.
+            await wait_for(lambda: upgrade.coordinating(VERSION), timeout=60, interval=0.05)
             with upgrade.timed("this release's parts stopped"):
                 codes = await asyncio.to_thread(upgrade.new.stop)
             assert all(code in (0, -15) for code in codes.values()), codes
