@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
@@ -31,6 +33,16 @@ NOTIFY_CHANNEL = "chatexport_outbox"
 MIN_WAIT_SECONDS = 0.05
 
 
+@dataclass(frozen=True)
+class Batch:
+    """What one claim did: ``handled`` rows (published, held back or put back) and ``next_due_seconds`` until
+    the next row is due (``outbox.Claim``), this batch's held-back rows included.
+    """
+
+    handled: int
+    next_due_seconds: float | None
+
+
 class Relay:
     """Moves due outbox rows to ``exchange``, declared on the robust ``channel``; several relays may run side by
     side.
@@ -45,19 +57,22 @@ class Relay:
         self._settings = settings
         self._closing: asyncio.Future[Any] | None = None  # the last renewal's close of the channel
 
-    async def publish_due(self) -> int:
-        """Publish one batch of due rows; return how many rows it handled (0 when none was due)."""
+    async def publish_due(self) -> Batch:
+        """Publish one batch of due rows; return how many rows it handled (0 when none was due) and how long
+        until the next row is due.
+        """
         started = time.perf_counter()
-        handled = await self._publish_batch()
-        if handled:  # an empty claim is a poll, not a batch
+        batch = await self._publish_batch()
+        if batch.handled:  # an empty claim is a poll, not a batch
             metrics.BATCH_DURATION.observe(time.perf_counter() - started)
-        return handled
+        return batch
 
-    async def _publish_batch(self) -> int:
+    async def _publish_batch(self) -> Batch:
         async with self._pool.acquire() as conn, conn.transaction():
-            claimed = await outbox.claim_due(conn, limit=self._settings.relay_batch_size)
+            claim = await outbox.claim_due(conn, limit=self._settings.relay_batch_size)
+            claimed = claim.rows
             if not claimed:
-                return 0
+                return Batch(0, claim.next_due_seconds)
             rows: list[outbox.OutboxRow] = []
             unreadable: list[outbox.OutboxRow] = []
             for row in claimed:
@@ -78,7 +93,10 @@ class Relay:
         if any(isinstance(result, (aio_pika.exceptions.DeliveryError, TimeoutError)) for result in results):
             log.warning("publish refused or not confirmed; renewing the channel")
             await self._renew_channel()
-        return len(claimed)
+        next_due = claim.next_due_seconds
+        if failed or unreadable:  # this batch's own rows held back come due again too
+            next_due = min(FAILED_PUBLISH_RETRY_SECONDS, next_due if next_due is not None else math.inf)
+        return Batch(len(claimed), next_due)
 
     async def _put_back(self, conn: asyncpg.Connection, rows: list[outbox.OutboxRow]) -> None:
         """Leave rows of a payload version this release does not read to a relay that reads it
@@ -161,28 +179,29 @@ class Relay:
             while not stop.is_set():
                 listener = await self._ensure_listener(listener, wake)
                 wake.clear()
-                await self._publish_all()
-                await self._wait(wake, stop)
+                next_due = await self._publish_all()
+                await self._wait(wake, stop, next_due)
         finally:
             if listener is not None:
                 await close_connection(listener)
 
-    async def _publish_all(self) -> None:
+    async def _publish_all(self) -> float | None:
+        """Publish batches until one is not full; return how long until the next row is due (None: none waits,
+        or the database is unavailable, and then the poll interval applies and the next batch reports it).
+        """
         try:
-            while await self.publish_due() == self._settings.relay_batch_size:
+            while (batch := await self.publish_due()).handled == self._settings.relay_batch_size:
                 pass
         except TRANSIENT_DATABASE_ERRORS as exc:
             log.warning("database unavailable; will retry", extra={"error": type(exc).__name__})
+            return None
+        return batch.next_due_seconds
 
-    async def _wait(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
+    async def _wait(self, wake: asyncio.Event, stop: asyncio.Event, next_due: float | None) -> None:
         timeout = self._settings.relay_poll_seconds
-        # Without the database the poll interval still applies; the next batch reports the outage.
-        with contextlib.suppress(*TRANSIENT_DATABASE_ERRORS):
-            async with self._pool.acquire() as conn:
-                due = await outbox.seconds_until_next_due(conn)
-            if due is not None:
-                # A due row that another relay holds locked would otherwise make this loop spin.
-                timeout = min(timeout, max(due, MIN_WAIT_SECONDS))
+        if next_due is not None:
+            # A due row that another relay holds locked would otherwise make this loop spin.
+            timeout = min(timeout, max(next_due, MIN_WAIT_SECONDS))
         waiters = [asyncio.create_task(wake.wait()), asyncio.create_task(stop.wait())]
         await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waiters:

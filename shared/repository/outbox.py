@@ -63,26 +63,56 @@ class OutboxRow(Row):
     traceparent: str | None
 
 
-async def claim_due(conn: asyncpg.Connection, *, limit: int) -> list[OutboxRow]:
-    """Lock up to ``limit`` due, unpublished rows, oldest first; other relays skip them.
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the relay: ``rows`` locked for it, oldest first, and ``next_due_seconds``, how long until
+    the earliest unpublished row it did not claim is due (0 if one is due now: another relay holds it), None
+    when none waits. The relay waits that long at most before its next claim, so a row held back by a failed
+    publish, or claimed and then lost by a relay that died, goes out when it is due, not a poll interval later.
+    """
+
+    rows: list[OutboxRow]
+    next_due_seconds: float | None
+
+
+async def claim_due(conn: asyncpg.Connection, *, limit: int) -> Claim:
+    """Lock up to ``limit`` due, unpublished rows, oldest first (other relays skip them), and read when the
+    earliest row left is due, in one statement.
 
     Must run inside the transaction that later marks them, so the locks hold until then. Each row comes with
     its operation's stored trace context, whoever wrote the row (docs/monitoring.md: Monitoring, Traces).
     """
-    # A subquery, not a join: FOR UPDATE must lock the outbox rows only, never the operations.
+    # FOR UPDATE in the CTE locks the outbox rows only, never the operations. The one-row left join carries
+    # the next due time when nothing is claimed. Not greatest(0, ...) in SQL: Postgres' greatest skips NULLs,
+    # and an empty outbox would read as due.
     rows = await conn.fetch(
         """
-        SELECT outbox_id, operation_id, routing_key, payload::text AS payload, payload_version,
-               (SELECT o.traceparent FROM operations o WHERE o.operation_id = outbox.operation_id) AS traceparent
-        FROM outbox
-        WHERE published_at IS NULL AND not_before <= now()
-        ORDER BY not_before, outbox_id
-        LIMIT $1
-        FOR UPDATE SKIP LOCKED
+        WITH claimed AS (
+            SELECT outbox_id, operation_id, routing_key, payload::text AS payload, payload_version, not_before
+            FROM outbox
+            WHERE published_at IS NULL AND not_before <= now()
+            ORDER BY not_before, outbox_id
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        ), waiting AS (
+            SELECT extract(epoch FROM min(w.not_before) - now())::float8 AS next_due_seconds
+            FROM outbox w
+            WHERE w.published_at IS NULL AND w.dead_lettered_at IS NULL
+              AND w.outbox_id NOT IN (SELECT outbox_id FROM claimed)
+        )
+        SELECT c.outbox_id, c.operation_id, c.routing_key, c.payload, c.payload_version,
+               (SELECT o.traceparent FROM operations o WHERE o.operation_id = c.operation_id) AS traceparent,
+               waiting.next_due_seconds
+        FROM waiting LEFT JOIN claimed c ON true
+        ORDER BY c.not_before, c.outbox_id
         """,
         limit,
     )
-    return [OutboxRow.from_row(row) for row in rows]
+    due = rows[0]["next_due_seconds"]
+    return Claim(
+        rows=[OutboxRow.from_row(row) for row in rows if row["outbox_id"] is not None],
+        next_due_seconds=None if due is None else max(due, 0.0),
+    )
 
 
 async def mark_published(conn: asyncpg.Connection, *, outbox_ids: list[int]) -> None:
@@ -128,16 +158,6 @@ async def put_back(conn: asyncpg.Connection, *, outbox_ids: list[int], retry_sec
         limit,
     )
     return dead
-
-
-async def seconds_until_next_due(conn: asyncpg.Connection) -> float | None:
-    """Seconds until the earliest unpublished row is due (0 if one is due now); None when none waits."""
-    # Not greatest(0, ...) in SQL: Postgres' greatest skips NULLs, and an empty outbox would read as due.
-    value: float | None = await conn.fetchval(
-        "SELECT extract(epoch FROM min(not_before) - now())::float8 FROM outbox"
-        " WHERE published_at IS NULL AND dead_lettered_at IS NULL"
-    )
-    return None if value is None else max(value, 0.0)
 
 
 async def purge_published(conn: asyncpg.Connection, *, older_than_seconds: float) -> int:

@@ -46,7 +46,7 @@ async def test_a_publish_that_is_not_confirmed_in_time_renews_the_channel(
             async with pool.acquire() as conn:
                 await outbox.enqueue_run(conn, operation_id="op_1")
             proxy.freeze()  # as a frozen node: the publish and its confirm never pass
-            assert await relay.publish_due() == 1
+            assert (await relay.publish_due()).handled == 1
             assert await unpublished(pool) == 1  # held back, to be published again
             proxy.thaw()
 
@@ -55,7 +55,7 @@ async def test_a_publish_that_is_not_confirmed_in_time_renews_the_channel(
 
             await wait_for(renewed, timeout=30)
             await pool.execute("UPDATE outbox SET not_before = now()")
-            assert await relay.publish_due() == 1
+            assert (await relay.publish_due()).handled == 1
             assert await unpublished(pool) == 0
         finally:
             await session.connection.close()

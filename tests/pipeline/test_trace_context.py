@@ -72,7 +72,7 @@ async def claimed(conn: asyncpg.Connection) -> dict[str, set[str | None]]:
     """Every due outbox row's operation and trace context, claimed (and marked, so each is seen once)."""
     seen: dict[str, set[str | None]] = {}
     async with conn.transaction():
-        rows = await outbox.claim_due(conn, limit=100)
+        rows = (await outbox.claim_due(conn, limit=100)).rows
         await outbox.mark_published(conn, outbox_ids=[row.outbox_id for row in rows])
     for row in rows:
         seen.setdefault(row.operation_id, set()).add(row.traceparent)
