@@ -288,22 +288,27 @@ CREATE FUNCTION public.claim_webhook_deliveries_v1(p_limit integer, p_lease_seco
 $$;
 
 CREATE FUNCTION public.close_attempt(p_operation_id text, p_generation bigint, p_outcome text, p_error_code text) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+BEGIN
     UPDATE attempts SET ended_at = now(), outcome = p_outcome, error_code = p_error_code
-    WHERE operation_id = p_operation_id AND generation = p_generation AND ended_at IS NULL
+    WHERE operation_id = p_operation_id AND generation = p_generation AND ended_at IS NULL;
+END;
 $$;
 
 CREATE FUNCTION public.content_bytes_used_v1(p_owner_id text, p_active_states text[], OUT used_bytes bigint, OUT next_expiry_seconds double precision, OUT active_count bigint) RETURNS record
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
+BEGIN
     SELECT coalesce(sum(CASE WHEN o.state = 'SUCCEEDED' THEN coalesce(o.result_size_bytes, 0)
                              ELSE coalesce(o.bytes_written, 0) END), 0)::bigint,
            extract(epoch FROM min(o.result_expires_at) FILTER (WHERE o.state = 'SUCCEEDED') - now())::float8,
            count(*) FILTER (WHERE o.state = ANY(p_active_states))
+      INTO used_bytes, next_expiry_seconds, active_count
       FROM operations o
      WHERE o.owner_id = p_owner_id
-       AND ((o.state = 'SUCCEEDED' AND o.result_expires_at > now()) OR o.state = ANY(p_active_states))
+       AND ((o.state = 'SUCCEEDED' AND o.result_expires_at > now()) OR o.state = ANY(p_active_states));
+END;
 $$;
 
 CREATE FUNCTION public.create_export_schedule(p_schedule_id text, p_owner_id text, p_conversation_id text, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_max_schedules integer, p_every text, p_start_at timestamp with time zone, p_mode text, p_request jsonb, OUT outcome public.submit_outcome, OUT schedule_id text) RETURNS record
@@ -512,22 +517,29 @@ CREATE FUNCTION public.create_operation_v3(p_operation_id text, p_owner_id text,
     AS $$
 DECLARE
     allowance record;
+    active bigint;
 BEGIN
     SELECT b.outcome, b.earlier_id INTO outcome, operation_id
       FROM begin_creation_v1(p_owner_id, p_conversation_id, p_idempotency_key, p_fingerprint,
                              p_replay_window_seconds, 'operation') b;
     IF outcome IS NULL THEN
         -- The count's snapshot is taken after the lock is granted (READ COMMITTED): a submit and a run cannot
-        -- both take the last slot.
-        IF (SELECT count(*) FROM operations o WHERE o.owner_id = p_owner_id AND o.state = ANY(p_active_states))
-           >= p_max_active THEN
+        -- both take the last slot. With a storage budget, the one read of the owner's holdings counts them too.
+        IF p_content_bytes IS NOT NULL THEN
+            SELECT u.used_bytes, u.next_expiry_seconds, u.active_count INTO content_bytes_used, retry_after_seconds, active
+              FROM content_bytes_used_v1(p_owner_id, p_active_states) u;
+        ELSE
+            active := (SELECT count(*) FROM operations o
+                        WHERE o.owner_id = p_owner_id AND o.state = ANY(p_active_states));
+        END IF;
+        IF active >= p_max_active THEN
             outcome := 'quota';
             violated := 'active-exports';
+            content_bytes_used := NULL;  -- the active-export quota answers alone, as it did before it read them
+            retry_after_seconds := NULL;
             RETURN;
         END IF;
         IF p_content_bytes IS NOT NULL THEN
-            SELECT u.used_bytes, u.next_expiry_seconds INTO content_bytes_used, retry_after_seconds
-              FROM content_bytes_used_v1(p_owner_id, p_active_states) u;
             IF content_bytes_used >= p_content_bytes THEN
                 outcome := 'quota';
                 violated := 'content-bytes';
@@ -663,10 +675,12 @@ END;
 $$;
 
 CREATE FUNCTION public.open_attempt(p_operation_id text, p_generation bigint, p_attempt integer, p_worker_id text) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+BEGIN
     INSERT INTO attempts (operation_id, generation, attempt, worker_id)
-    VALUES (p_operation_id, p_generation, p_attempt, p_worker_id)
+    VALUES (p_operation_id, p_generation, p_attempt, p_worker_id);
+END;
 $$;
 
 CREATE FUNCTION public.operation_changed() RETURNS trigger
