@@ -237,6 +237,12 @@ class Upgrade:
         )
         return held
 
+    async def fired_since_both_started(self) -> bool:
+        """Whether the schedule has a run due at or after ``both_started``: one that the releases side by side,
+        or the one left, created (``check_the_schedule`` asks for one)."""
+        due = await self.pool.fetchval("SELECT max(due_at) FROM operations WHERE schedule_id = $1", self.schedule_id)
+        return due is not None and due >= self.since
+
     def check_no_error_logged(self) -> None:
         """Fail when a part of either release logged an error: what one release wrote, the other could not
         handle."""
