@@ -11,7 +11,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any, Protocol
 
-from shared.export.request import ExportRequest
+from shared.export.request import SHOWN_FIELDS, ExportRequest
 from shared.recent import RecentlyUsed, built_for
 
 
@@ -104,6 +104,19 @@ class OperationView:
 
 # Every field but the first, ``request``, which ``ExportRequest.from_row`` reads from the request's columns.
 _read_columns = itemgetter(*(field.name for field in dataclasses.fields(OperationView)[1:]))
+# The view's columns ``OperationView.from_row`` reads, for a select list: named, never ``*``, so that a column a
+# later release's pre migration adds to the view leaves the shape of this release's prepared statements as it
+# was. Postgres refuses a prepared statement whose result changed shape, and asyncpg can prepare it again only
+# outside a transaction (docs/deploy.md: Upgrading, What each mix of releases may do).
+REPRESENTATION_COLUMNS: tuple[str, ...] = tuple(
+    dict.fromkeys([*(field.name for field in dataclasses.fields(OperationView)[1:]), *SHOWN_FIELDS])
+)
+
+
+def representation_columns(prefix: str = "") -> str:
+    """``REPRESENTATION_COLUMNS`` as a select list, each name after ``prefix`` (``"(accepted)."`` for a
+    composite of the view's row type)."""
+    return ", ".join(prefix + column for column in REPRESENTATION_COLUMNS)
 # How many operations a process keeps what it built of (their requests, their renderings): enough for every
 # operation being polled or waited on at once.
 OPERATIONS_KEPT = 4096

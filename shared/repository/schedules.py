@@ -19,7 +19,7 @@ from shared.export.cadence import Cadence
 from shared.export.request import FIELDS, ExportRequest
 from shared.ids import is_valid_id
 from shared.repository.message_store import is_member
-from shared.repository.operation_view import OperationView
+from shared.repository.operation_view import OperationView, representation_columns
 from shared.repository.submissions import SubmitOutcome
 from shared.states import ACTIVE, PauseReason, ScheduleState, WaitingReason, values
 
@@ -182,12 +182,7 @@ async def read_runs(
             return None
         after_due, after_id = after if after else (None, None)
         rows = await conn.fetch(
-            """
-            SELECT * FROM operation_representations
-            WHERE schedule_id = $1 AND owner_id = $2
-              AND ($3::timestamptz IS NULL OR (due_at, operation_id) < ($3, $4))
-            ORDER BY due_at DESC, operation_id DESC LIMIT $5
-            """,
+            _READ_RUNS,
             schedule_id,
             owner_id,
             after_due,
@@ -195,6 +190,14 @@ async def read_runs(
             limit,
         )
     return [OperationView.from_row(row) for row in rows]
+
+
+_READ_RUNS = f"""
+    SELECT {representation_columns()} FROM operation_representations
+    WHERE schedule_id = $1 AND owner_id = $2
+      AND ($3::timestamptz IS NULL OR (due_at, operation_id) < ($3, $4))
+    ORDER BY due_at DESC, operation_id DESC LIMIT $5
+"""
 
 
 async def pause(conn: asyncpg.Connection, *, schedule_id: str, owner_id: str) -> ScheduleView | None:

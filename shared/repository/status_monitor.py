@@ -14,7 +14,7 @@ from datetime import datetime
 
 import asyncpg
 
-from shared.repository.operation_view import OperationStamp, OperationView
+from shared.repository.operation_view import OperationStamp, OperationView, representation_columns
 from shared.states import State, sources_of
 
 
@@ -22,15 +22,14 @@ async def read_operation(conn: asyncpg.Connection, *, operation_id: str, owner_i
     """The operation if it exists AND belongs to ``owner_id`` (one 404 for both, docs/api.md: API reference), or
     whoever owns it when ``owner_id`` is None (the admin view); None otherwise.
     """
-    row = await conn.fetchrow(
-        """
-        SELECT * FROM operation_representations
-        WHERE operation_id = $1 AND ($2::text IS NULL OR owner_id = $2)
-        """,
-        operation_id,
-        owner_id,
-    )
+    row = await conn.fetchrow(_READ_OPERATION, operation_id, owner_id)
     return None if row is None else OperationView.from_row(row)
+
+
+_READ_OPERATION = f"""
+    SELECT {representation_columns()} FROM operation_representations
+    WHERE operation_id = $1 AND ($2::text IS NULL OR owner_id = $2)
+"""
 
 
 async def read_operation_stamp(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> OperationStamp | None:
@@ -74,15 +73,7 @@ async def read_operations(
     """
     after_created, after_id = after if after else (None, None)
     rows = await conn.fetch(
-        """
-        SELECT * FROM operation_representations
-        WHERE ($1::text IS NULL OR owner_id = $1)
-          AND ($2::text IS NULL OR state = $2)
-          AND ($3::text IS NULL OR conversation_id = $3)
-          AND ($4::timestamptz IS NULL OR (created_at, operation_id) < ($4, $5))
-        ORDER BY created_at DESC, operation_id DESC
-        LIMIT $6
-        """,
+        _READ_OPERATIONS,
         owner_id,
         state,
         conversation_id,
@@ -91,6 +82,17 @@ async def read_operations(
         limit,
     )
     return [OperationView.from_row(row) for row in rows]
+
+
+_READ_OPERATIONS = f"""
+    SELECT {representation_columns()} FROM operation_representations
+    WHERE ($1::text IS NULL OR owner_id = $1)
+      AND ($2::text IS NULL OR state = $2)
+      AND ($3::text IS NULL OR conversation_id = $3)
+      AND ($4::timestamptz IS NULL OR (created_at, operation_id) < ($4, $5))
+    ORDER BY created_at DESC, operation_id DESC
+    LIMIT $6
+"""
 
 
 async def request_cancel(conn: asyncpg.Connection, *, operation_id: str, owner_id: str) -> bool:

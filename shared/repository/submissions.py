@@ -25,7 +25,7 @@ from shared.export.request import ExportRequest
 from shared.ids import is_valid_id
 from shared.payloads import PAYLOAD_VERSION
 from shared.rate_policies import PolicyName
-from shared.repository.operation_view import OperationView
+from shared.repository.operation_view import OperationView, representation_columns
 from shared.states import ACTIVE
 
 _ACTIVE_STATES = sorted(state.value for state in ACTIVE)
@@ -74,6 +74,15 @@ class SubmitResult:
     submits_reset_seconds: float | None = None
 
 
+# The accepted operation's columns named (``representation_columns``), not ``(accepted).*``.
+_SUBMIT = (
+    "SELECT outcome::text, operation_id AS submitted_id, violated, submits_remaining, submits_reset_seconds,"
+    f" content_bytes_used, retry_after_seconds, {representation_columns('(accepted).')}"
+    " FROM create_operation_v3($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, NULL, NULL, NULL, $12, true,"
+    " $13, $14, $15)"
+)
+
+
 async def submit_export(
     conn: asyncpg.Connection,
     *,
@@ -103,10 +112,7 @@ async def submit_export(
     if not is_valid_id(conversation_id):
         return SubmitResult(SubmitOutcome.NOT_MEMBER, None)
     row = await conn.fetchrow(
-        "SELECT outcome::text, operation_id AS submitted_id, violated, submits_remaining, submits_reset_seconds,"
-        " content_bytes_used, retry_after_seconds, (accepted).*"
-        " FROM create_operation_v3($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, NULL, NULL, NULL, $12, true,"
-        " $13, $14, $15)",
+        _SUBMIT,
         operation_id,
         owner_id,
         conversation_id,

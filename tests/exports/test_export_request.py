@@ -162,3 +162,32 @@ async def test_a_column_added_to_the_view_while_apis_run_leaves_their_submits_wo
             await conn.close()
     assert again.outcome is SubmitOutcome.CREATED and again.accepted is not None
     assert again.accepted.operation_id == "op-2"
+
+
+async def test_a_column_added_to_the_view_leaves_reads_in_a_transaction_working(template_db: str) -> None:
+    # asyncpg prepares a statement again after its result changed shape only outside a transaction; a read
+    # that named `*` would fail here (docs/deploy.md: Upgrading, What each mix of releases may do).
+    async with cloned_database(template_db, "chatexport_t") as url:
+        conn = await asyncpg.connect(url)
+        other = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO conversations (conversation_id) VALUES ('c-a')")
+            await conn.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
+            await submit(conn, "op-1", "k-1", ExportRequest())
+            async with conn.transaction():
+                assert await status_monitor.read_operation(conn, operation_id="op-1", owner_id="alice") is not None
+                listed = await status_monitor.read_operations(conn, owner_id="alice", state=None, limit=5, after=None)
+                assert [row.operation_id for row in listed] == ["op-1"]
+            definition = await other.fetchval("SELECT pg_get_viewdef('operation_representations')")
+            head, _, tail = definition.rstrip().rstrip(";").rpartition("FROM ")
+            await other.execute(
+                f"CREATE OR REPLACE VIEW operation_representations AS {head}, 1 AS added_later FROM {tail}"
+            )
+            async with conn.transaction():
+                again = await status_monitor.read_operation(conn, operation_id="op-1", owner_id="alice")
+                listed = await status_monitor.read_operations(conn, owner_id="alice", state=None, limit=5, after=None)
+        finally:
+            await conn.close()
+            await other.close()
+    assert again is not None and again.operation_id == "op-1"
+    assert [row.operation_id for row in listed] == ["op-1"]
