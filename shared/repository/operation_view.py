@@ -117,6 +117,8 @@ def representation_columns(prefix: str = "") -> str:
     """``REPRESENTATION_COLUMNS`` as a select list, each name after ``prefix`` (``"(accepted)."`` for a
     composite of the view's row type)."""
     return ", ".join(prefix + column for column in REPRESENTATION_COLUMNS)
+
+
 # How many operations a process keeps what it built of (their requests, their renderings): enough for every
 # operation being polled or waited on at once.
 OPERATIONS_KEPT = 4096
