@@ -111,12 +111,14 @@ _read_columns = itemgetter(*(field.name for field in dataclasses.fields(Operatio
 REPRESENTATION_COLUMNS: tuple[str, ...] = tuple(
     dict.fromkeys([*(field.name for field in dataclasses.fields(OperationView)[1:]), *SHOWN_FIELDS])
 )
+# The columns an ``OperationStamp`` is built from, by position: its fields, in their order.
+STAMP_COLUMNS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(OperationStamp))
 
 
-def representation_columns(prefix: str = "") -> str:
-    """``REPRESENTATION_COLUMNS`` as a select list, each name after ``prefix`` (``"(accepted)."`` for a
-    composite of the view's row type)."""
-    return ", ".join(prefix + column for column in REPRESENTATION_COLUMNS)
+def select_list(columns: tuple[str, ...], prefix: str = "") -> str:
+    """``columns`` (``REPRESENTATION_COLUMNS`` or ``STAMP_COLUMNS``) as a select list, each name after
+    ``prefix`` (``"(accepted)."`` for a composite of the view's row type)."""
+    return ", ".join(prefix + column for column in columns)
 
 
 # How many operations a process keeps what it built of (their requests, their renderings): enough for every

@@ -9,12 +9,17 @@ matches nothing. Every function runs on the caller's connection, in the caller's
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import datetime
 
 import asyncpg
 
-from shared.repository.operation_view import OperationStamp, OperationView, representation_columns
+from shared.repository.operation_view import (
+    REPRESENTATION_COLUMNS,
+    STAMP_COLUMNS,
+    OperationStamp,
+    OperationView,
+    select_list,
+)
 from shared.states import State, sources_of
 
 
@@ -27,7 +32,7 @@ async def read_operation(conn: asyncpg.Connection, *, operation_id: str, owner_i
 
 
 _READ_OPERATION = f"""
-    SELECT {representation_columns()} FROM operation_representations
+    SELECT {select_list(REPRESENTATION_COLUMNS)} FROM operation_representations
     WHERE operation_id = $1 AND ($2::text IS NULL OR owner_id = $2)
 """
 
@@ -40,9 +45,8 @@ async def read_operation_stamp(conn: asyncpg.Connection, *, operation_id: str, o
     return None if row is None else OperationStamp(*row)
 
 
-# The stamp's columns are its fields, in their order.
 _READ_STAMP = f"""
-    SELECT {", ".join(field.name for field in dataclasses.fields(OperationStamp))} FROM operation_representations
+    SELECT {select_list(STAMP_COLUMNS)} FROM operation_representations
     WHERE operation_id = $1 AND owner_id = $2
 """
 
@@ -85,7 +89,7 @@ async def read_operations(
 
 
 _READ_OPERATIONS = f"""
-    SELECT {representation_columns()} FROM operation_representations
+    SELECT {select_list(REPRESENTATION_COLUMNS)} FROM operation_representations
     WHERE ($1::text IS NULL OR owner_id = $1)
       AND ($2::text IS NULL OR state = $2)
       AND ($3::text IS NULL OR conversation_id = $3)

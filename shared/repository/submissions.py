@@ -25,7 +25,7 @@ from shared.export.request import ExportRequest
 from shared.ids import is_valid_id
 from shared.payloads import PAYLOAD_VERSION
 from shared.rate_policies import PolicyName
-from shared.repository.operation_view import OperationView, representation_columns
+from shared.repository.operation_view import REPRESENTATION_COLUMNS, OperationView, select_list
 from shared.states import ACTIVE
 
 _ACTIVE_STATES = sorted(state.value for state in ACTIVE)
@@ -74,10 +74,10 @@ class SubmitResult:
     submits_reset_seconds: float | None = None
 
 
-# The accepted operation's columns named (``representation_columns``), not ``(accepted).*``.
+# The accepted operation's columns named (``REPRESENTATION_COLUMNS``), not ``(accepted).*``.
 _SUBMIT = (
     "SELECT outcome::text, operation_id AS submitted_id, violated, submits_remaining, submits_reset_seconds,"
-    f" content_bytes_used, retry_after_seconds, {representation_columns('(accepted).')}"
+    f" content_bytes_used, retry_after_seconds, {select_list(REPRESENTATION_COLUMNS, '(accepted).')}"
     " FROM create_operation_v3($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, NULL, NULL, NULL, $12, true,"
     " $13, $14, $15)"
 )
