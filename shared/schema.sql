@@ -412,12 +412,7 @@ CREATE VIEW public.operation_representations AS
     operations.max_part_bytes,
     operations.result_parts,
     operations.schedule_id,
-    operations.due_at,
-    operations.media,
-    operations.media_types,
-    operations.media_max_file_bytes,
-    operations.media_max_total_bytes,
-    operations.estimate_bytes
+    operations.due_at
    FROM public.operations;
 
 CREATE FUNCTION public.create_operation_v1(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
@@ -465,7 +460,52 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION public.create_operation_v2(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations) RETURNS record
+CREATE VIEW public.operation_representations_v2 AS
+ SELECT operations.operation_id,
+    operations.kind,
+    operations.owner_id,
+    operations.conversation_id,
+    operations.format,
+    operations.before_seq,
+    operations.after_seq,
+    operations.state,
+    operations.created_at,
+    operations.updated_at,
+    operations.attempt,
+    operations.generation,
+    operations.progress_phase,
+    operations.messages_written,
+    operations.bytes_written,
+    operations.snapshot_max_seq,
+    operations.retry_at,
+    operations.error_code,
+    operations.error_message,
+    operations.result_key,
+    operations.result_size_bytes,
+    operations.result_sha256,
+    operations.result_message_count,
+    operations.result_expires_at,
+    operations.finished_at,
+    operations.lease_owner,
+    operations.lease_expires_at,
+    (EXTRACT(epoch FROM (now() - operations.created_at)))::double precision AS age_seconds,
+    operations.version,
+    operations.since,
+    operations.until,
+    operations.senders,
+    operations.compression,
+    operations.max_part_bytes,
+    operations.result_parts,
+    operations.schedule_id,
+    operations.due_at,
+    operations.media,
+    operations.media_types,
+    operations.media_max_file_bytes,
+    operations.media_max_total_bytes,
+    operations.estimate_bytes
+   FROM public.operations;
+
+CREATE FUNCTION public.create_operation_v2(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations_v2) RETURNS record
     LANGUAGE plpgsql
     AS $$
 BEGIN
@@ -506,13 +546,13 @@ BEGIN
         END IF;
     END IF;
     IF p_answered AND outcome IN ('created', 'replayed') THEN
-        SELECT r.* INTO accepted FROM operation_representations r
+        SELECT r.* INTO accepted FROM operation_representations_v2 r
          WHERE r.operation_id = create_operation_v2.operation_id;
     END IF;
 END;
 $$;
 
-CREATE FUNCTION public.create_operation_v3(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, p_submits_quota bigint, p_submits_window_seconds integer, p_content_bytes bigint, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations, OUT violated text, OUT submits_remaining bigint, OUT submits_reset_seconds double precision, OUT content_bytes_used bigint, OUT retry_after_seconds double precision) RETURNS record
+CREATE FUNCTION public.create_operation_v3(p_operation_id text, p_owner_id text, p_conversation_id text, p_request jsonb, p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer, p_idempotency_key text, p_fingerprint text, p_replay_window_seconds double precision, p_schedule_id text, p_due_at timestamp with time zone, p_created_at timestamp with time zone, p_traceparent text, p_answered boolean, p_submits_quota bigint, p_submits_window_seconds integer, p_content_bytes bigint, OUT outcome public.submit_outcome, OUT operation_id text, OUT accepted public.operation_representations_v2, OUT violated text, OUT submits_remaining bigint, OUT submits_reset_seconds double precision, OUT content_bytes_used bigint, OUT retry_after_seconds double precision) RETURNS record
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -585,7 +625,7 @@ BEGIN
         END IF;
     END IF;
     IF p_answered AND outcome IN ('created', 'replayed') THEN
-        SELECT r.* INTO accepted FROM operation_representations r
+        SELECT r.* INTO accepted FROM operation_representations_v2 r
          WHERE r.operation_id = create_operation_v3.operation_id;
     END IF;
 END;

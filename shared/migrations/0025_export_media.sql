@@ -1,8 +1,10 @@
 -- step: pre
 -- Exports with media (docs/api.md: Submitting an export, Exports with media): the request's four
--- new fields, stored as every request field is, in the column of its name; the representation's view shows them
--- (a view may only gain columns at its end); create_operation_v2 is create_operation_v1 (migration 0020) storing
--- them too. The previous release submits through create_operation_v1, which leaves them NULL: no media.
+-- new fields, stored as every request field is, in the column of its name; the representation's view of this
+-- release, operation_representations_v2, shows them; create_operation_v2 is create_operation_v1 (migration 0020)
+-- storing them too. The previous release submits through create_operation_v1, which leaves them NULL: no media.
+-- It reads operation_representations with `*` through prepared statements, which Postgres refuses to run once
+-- their result changes shape, so that view keeps its columns (docs/deploy.md: What each mix of releases may do).
 
 ALTER TABLE operations
     ADD COLUMN media boolean,
@@ -10,7 +12,7 @@ ALTER TABLE operations
     ADD COLUMN media_max_file_bytes bigint,
     ADD COLUMN media_max_total_bytes bigint;
 
-CREATE OR REPLACE VIEW operation_representations AS
+CREATE VIEW operation_representations_v2 AS
 SELECT operation_id, kind, owner_id, conversation_id, format, before_seq, after_seq, state, created_at,
        updated_at, attempt, generation, progress_phase, messages_written, bytes_written, snapshot_max_seq,
        retry_at, error_code, error_message, result_key, result_size_bytes, result_sha256, result_message_count,
@@ -54,7 +56,7 @@ CREATE FUNCTION create_operation_v2(
     p_max_active integer, p_active_states text[], p_routing_key text, p_payload_version integer,
     p_idempotency_key text, p_fingerprint text, p_replay_window_seconds float8,
     p_schedule_id text, p_due_at timestamptz, p_created_at timestamptz, p_traceparent text, p_answered boolean,
-    OUT outcome submit_outcome, OUT operation_id text, OUT accepted operation_representations)
+    OUT outcome submit_outcome, OUT operation_id text, OUT accepted operation_representations_v2)
 LANGUAGE plpgsql AS $$
 BEGIN
     SELECT b.outcome, b.earlier_id INTO outcome, operation_id
@@ -94,7 +96,7 @@ BEGIN
         END IF;
     END IF;
     IF p_answered AND outcome IN ('created', 'replayed') THEN
-        SELECT r.* INTO accepted FROM operation_representations r
+        SELECT r.* INTO accepted FROM operation_representations_v2 r
          WHERE r.operation_id = create_operation_v2.operation_id;
     END IF;
 END;

@@ -1,12 +1,13 @@
 -- step: pre
 -- The bytes an export will store, as soon as its worker knows them (docs/api.md: Operations, Operation): an export
--- with media records its messages' estimate and the files it plans to include before its first byte. The
--- representation's view shows it (a view may only gain columns at its end) and operation_versioned (migration
--- 0025) watches it, so a poll sees it appear. The previous release neither writes nor reads it.
+-- with media records its messages' estimate and the files it plans to include before its first byte. This
+-- release's view of the representation (migration 0025) shows it (a view may only gain columns at its end) and
+-- operation_versioned (migration 0025) watches it, so a poll sees it appear. The previous release neither writes
+-- nor reads it.
 
 ALTER TABLE operations ADD COLUMN estimate_bytes bigint;
 
-CREATE OR REPLACE VIEW operation_representations AS
+CREATE OR REPLACE VIEW operation_representations_v2 AS
 SELECT operation_id, kind, owner_id, conversation_id, format, before_seq, after_seq, state, created_at,
        updated_at, attempt, generation, progress_phase, messages_written, bytes_written, snapshot_max_seq,
        retry_at, error_code, error_message, result_key, result_size_bytes, result_sha256, result_message_count,

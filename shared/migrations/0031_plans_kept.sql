@@ -47,7 +47,7 @@ CREATE OR REPLACE FUNCTION create_operation_v3(
     p_idempotency_key text, p_fingerprint text, p_replay_window_seconds float8,
     p_schedule_id text, p_due_at timestamptz, p_created_at timestamptz, p_traceparent text, p_answered boolean,
     p_submits_quota bigint, p_submits_window_seconds integer, p_content_bytes bigint,
-    OUT outcome submit_outcome, OUT operation_id text, OUT accepted operation_representations,
+    OUT outcome submit_outcome, OUT operation_id text, OUT accepted operation_representations_v2,
     OUT violated text, OUT submits_remaining bigint, OUT submits_reset_seconds float8,
     OUT content_bytes_used bigint, OUT retry_after_seconds float8)
 LANGUAGE plpgsql AS $$
@@ -121,7 +121,7 @@ BEGIN
         END IF;
     END IF;
     IF p_answered AND outcome IN ('created', 'replayed') THEN
-        SELECT r.* INTO accepted FROM operation_representations r
+        SELECT r.* INTO accepted FROM operation_representations_v2 r
          WHERE r.operation_id = create_operation_v3.operation_id;
     END IF;
 END;

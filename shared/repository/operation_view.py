@@ -1,5 +1,5 @@
-"""The typed row of the view ``operation_representations`` (migration 0004): what the API and the relay's
-callbacks read of an operation to show it (docs/api.md: Operations, Operation; Admin view of an operation).
+"""The typed row of the view ``operation_representations_v2`` (migrations 0025 and 0027): what the API and the
+relay's callbacks read of an operation to show it (docs/api.md: Operations, Operation; Admin view of an operation).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ class Stamped(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OperationStamp:
-    """The columns of ``operation_representations`` that name one representation (``Stamped``): a poll reads
-    these first and answers from the rendering its process keeps, reading the rest only when it keeps none
-    (docs/benchmark.md: The poll's own work).
+    """The columns of the representation's view (``REPRESENTATION_VIEW``) that name one representation
+    (``Stamped``): a poll reads these first and answers from the rendering its process keeps, reading the rest
+    only when it keeps none (docs/benchmark.md: The poll's own work).
     """
 
     operation_id: str
@@ -48,7 +48,8 @@ class OperationStamp:
 
 @dataclass(frozen=True, slots=True)
 class OperationView:
-    """One row of ``operation_representations``, its export request's columns gathered in ``request``.
+    """One row of the representation's view (``REPRESENTATION_VIEW``), its export request's columns gathered in
+    ``request``.
 
     ``state`` is the text of a ``shared.states.State`` (a ``StrEnum``, so it compares equal to one) kept as
     text: the poll path reads it without building an enum member. Times are aware datetimes; ``age_seconds``
@@ -102,6 +103,11 @@ class OperationView:
         return cls(request, *columns)
 
 
+# The view this release reads an operation's representation from. The previous release reads
+# ``operation_representations`` (migration 0004) with ``*`` through prepared statements, so that one keeps its
+# columns and each release that adds to the representation reads a view of its own (docs/deploy.md: Upgrading,
+# What each mix of releases may do).
+REPRESENTATION_VIEW = "operation_representations_v2"
 # Every field but the first, ``request``, which ``ExportRequest.from_row`` reads from the request's columns.
 _read_columns = itemgetter(*(field.name for field in dataclasses.fields(OperationView)[1:]))
 # The view's columns ``OperationView.from_row`` reads, for a select list: named, never ``*``, so that a column a

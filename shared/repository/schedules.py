@@ -19,7 +19,7 @@ from shared.export.cadence import Cadence
 from shared.export.request import FIELDS, ExportRequest
 from shared.ids import is_valid_id
 from shared.repository.message_store import is_member
-from shared.repository.operation_view import REPRESENTATION_COLUMNS, OperationView, select_list
+from shared.repository.operation_view import REPRESENTATION_COLUMNS, REPRESENTATION_VIEW, OperationView, select_list
 from shared.repository.submissions import SubmitOutcome
 from shared.states import ACTIVE, PauseReason, ScheduleState, WaitingReason, values
 
@@ -193,7 +193,7 @@ async def read_runs(
 
 
 _READ_RUNS = f"""
-    SELECT {select_list(REPRESENTATION_COLUMNS)} FROM operation_representations
+    SELECT {select_list(REPRESENTATION_COLUMNS)} FROM {REPRESENTATION_VIEW}
     WHERE schedule_id = $1 AND owner_id = $2
       AND ($3::timestamptz IS NULL OR (due_at, operation_id) < ($3, $4))
     ORDER BY due_at DESC, operation_id DESC LIMIT $5

@@ -2,7 +2,7 @@
 requests that change one from outside a lease, the owner's cancel and the admin's requeue (docs/api.md: API
 reference; docs/states.md: States and failure model).
 
-Reads return typed rows of the view ``operation_representations`` (``OperationView``). Each write is one conditional
+Reads return typed rows of the representation's view (``OperationView``). Each write is one conditional
 ``UPDATE`` whose ``WHERE`` names the states it leaves (``shared.states``), so a request that lost a race
 matches nothing. Every function runs on the caller's connection, in the caller's transaction if any.
 """
@@ -15,6 +15,7 @@ import asyncpg
 
 from shared.repository.operation_view import (
     REPRESENTATION_COLUMNS,
+    REPRESENTATION_VIEW,
     STAMP_COLUMNS,
     OperationStamp,
     OperationView,
@@ -32,7 +33,7 @@ async def read_operation(conn: asyncpg.Connection, *, operation_id: str, owner_i
 
 
 _READ_OPERATION = f"""
-    SELECT {select_list(REPRESENTATION_COLUMNS)} FROM operation_representations
+    SELECT {select_list(REPRESENTATION_COLUMNS)} FROM {REPRESENTATION_VIEW}
     WHERE operation_id = $1 AND ($2::text IS NULL OR owner_id = $2)
 """
 
@@ -46,7 +47,7 @@ async def read_operation_stamp(conn: asyncpg.Connection, *, operation_id: str, o
 
 
 _READ_STAMP = f"""
-    SELECT {select_list(STAMP_COLUMNS)} FROM operation_representations
+    SELECT {select_list(STAMP_COLUMNS)} FROM {REPRESENTATION_VIEW}
     WHERE operation_id = $1 AND owner_id = $2
 """
 
@@ -89,7 +90,7 @@ async def read_operations(
 
 
 _READ_OPERATIONS = f"""
-    SELECT {select_list(REPRESENTATION_COLUMNS)} FROM operation_representations
+    SELECT {select_list(REPRESENTATION_COLUMNS)} FROM {REPRESENTATION_VIEW}
     WHERE ($1::text IS NULL OR owner_id = $1)
       AND ($2::text IS NULL OR state = $2)
       AND ($3::text IS NULL OR conversation_id = $3)

@@ -16,7 +16,7 @@ from shared.broker import EXPORT_ROUTING_KEY
 from shared.export.fingerprint import fingerprint
 from shared.export.request import FIELDS, SHOWN_FIELDS, ExportRequest
 from shared.repository import status_monitor
-from shared.repository.operation_view import OperationView
+from shared.repository.operation_view import REPRESENTATION_VIEW, OperationView
 from shared.repository.submissions import SubmitOutcome, SubmitResult, submit_export
 from tests.support import cloned_database
 from tests.support.api_calls import make_conversation
@@ -143,6 +143,13 @@ def aged_as(shown: OperationView | None, result: SubmitResult) -> OperationView:
     return dataclasses.replace(shown, age_seconds=result.accepted.age_seconds)
 
 
+async def add_a_column_to_the_view(conn: asyncpg.Connection) -> None:
+    """Add a column at the end of the representation's view, as a later release's pre migration may."""
+    definition = await conn.fetchval("SELECT pg_get_viewdef($1::regclass)", REPRESENTATION_VIEW)
+    head, _, tail = definition.rstrip().rstrip(";").rpartition("FROM ")
+    await conn.execute(f"CREATE OR REPLACE VIEW {REPRESENTATION_VIEW} AS {head}, 1 AS added_later FROM {tail}")
+
+
 async def test_a_column_added_to_the_view_while_apis_run_leaves_their_submits_working(template_db: str) -> None:
     # A rolling deploy migrates while the previous release still submits (docs/deploy.md: Rolling deploys). A
     # database of its own: the view it changes outlives the test.
@@ -152,11 +159,7 @@ async def test_a_column_added_to_the_view_while_apis_run_leaves_their_submits_wo
             await conn.execute("INSERT INTO conversations (conversation_id) VALUES ('c-a')")
             await conn.execute("INSERT INTO conversation_members (conversation_id, user_id) VALUES ('c-a', 'alice')")
             assert (await submit(conn, "op-1", "k-1", ExportRequest())).accepted is not None  # its statement cached
-            definition = await conn.fetchval("SELECT pg_get_viewdef('operation_representations')")
-            head, _, tail = definition.rstrip().rstrip(";").rpartition("FROM ")
-            await conn.execute(
-                f"CREATE OR REPLACE VIEW operation_representations AS {head}, 1 AS added_later FROM {tail}"
-            )
+            await add_a_column_to_the_view(conn)
             again = await submit(conn, "op-2", "k-2", ExportRequest())
         finally:
             await conn.close()
@@ -178,11 +181,7 @@ async def test_a_column_added_to_the_view_leaves_reads_in_a_transaction_working(
                 assert await status_monitor.read_operation(conn, operation_id="op-1", owner_id="alice") is not None
                 listed = await status_monitor.read_operations(conn, owner_id="alice", state=None, limit=5, after=None)
                 assert [row.operation_id for row in listed] == ["op-1"]
-            definition = await other.fetchval("SELECT pg_get_viewdef('operation_representations')")
-            head, _, tail = definition.rstrip().rstrip(";").rpartition("FROM ")
-            await other.execute(
-                f"CREATE OR REPLACE VIEW operation_representations AS {head}, 1 AS added_later FROM {tail}"
-            )
+            await add_a_column_to_the_view(other)
             async with conn.transaction():
                 again = await status_monitor.read_operation(conn, operation_id="op-1", owner_id="alice")
                 listed = await status_monitor.read_operations(conn, owner_id="alice", state=None, limit=5, after=None)

@@ -18,6 +18,7 @@ from chatexport.client.api import Api
 from devtools.moto import MotoServer
 from services.api.exporting.changes import CHANGES
 from services.api.http.preconditions import tag_list_matches
+from shared.repository.operation_view import REPRESENTATION_VIEW
 from shared.settings import Settings
 from tests.support import wait_for
 from tests.support.api_calls import make_conversation
@@ -173,7 +174,7 @@ async def test_the_version_trigger_watches_every_column_of_the_representation(po
     """
     unwatched = {"generation", "lease_owner", "lease_expires_at", "age_seconds", "version"}
     columns = await pool.fetch(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'operation_representations'"
+        "SELECT column_name FROM information_schema.columns WHERE table_name = $1", REPRESENTATION_VIEW
     )
     names = {row["column_name"] for row in columns}
     assert unwatched <= names

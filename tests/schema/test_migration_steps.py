@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -15,27 +13,11 @@ import pytest
 
 from devtools import migration_lint
 from shared import migrator
-from shared.db import ensure_database
 from shared.migrator import LAST_UNMARKED, BadMigration, Migration, SchemaOutOfRange, Step, check_range, parse
-from tests.support import PG_SERVER
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def fresh_url() -> AsyncIterator[str]:
-    """The URL of a new, empty database; dropped after the test."""
-    name = f"chatexport_steps_{uuid.uuid4().hex[:10]}"
-    url = f"{PG_SERVER}/{name}"
-    await ensure_database(url)
-    yield url
-    conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
 
 
 def test_every_migration_after_the_unmarked_ones_says_its_step_and_passes_the_linter() -> None:
@@ -120,27 +102,27 @@ async def recorded(url: str) -> dict[str, str]:
 
 
 async def test_pre_runs_the_pre_migrations_and_post_the_rest_after_them(
-    fresh_url: str, monkeypatch: pytest.MonkeyPatch
+    empty_database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(migrator, "migrations", lambda: SYNTHETIC)
     with pytest.raises(BadMigration, match="run the pre step first: 9001_table"):
-        await migrator.migrate(fresh_url, steps=[Step.POST])
-    assert await recorded(fresh_url) == {}
+        await migrator.migrate(empty_database_url, steps=[Step.POST])
+    assert await recorded(empty_database_url) == {}
 
-    assert await migrator.migrate(fresh_url, steps=[Step.PRE]) == ["9001_table", "9003_index"]
-    assert await recorded(fresh_url) == {"9001_table": "pre", "9003_index": "pre"}
-    conn = await asyncpg.connect(fresh_url)
+    assert await migrator.migrate(empty_database_url, steps=[Step.PRE]) == ["9001_table", "9003_index"]
+    assert await recorded(empty_database_url) == {"9001_table": "pre", "9003_index": "pre"}
+    conn = await asyncpg.connect(empty_database_url)
     try:
         indexes = {
             row["indexname"] for row in await conn.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'things'")
         }
         assert {"things_new", "things_id_new"} <= indexes
         assert await conn.fetchval("SELECT count(*) FROM information_schema.columns WHERE column_name = 'old'") == 1
-        assert await migrator.migrate(fresh_url, steps=[Step.POST]) == ["9002_drop_old"]
+        assert await migrator.migrate(empty_database_url, steps=[Step.POST]) == ["9002_drop_old"]
         assert await conn.fetchval("SELECT count(*) FROM information_schema.columns WHERE column_name = 'old'") == 0
     finally:
         await conn.close()
-    assert await migrator.migrate(fresh_url) == []
+    assert await migrator.migrate(empty_database_url) == []
 
 
 def test_a_release_runs_on_later_pre_migrations_but_not_on_a_later_post_one() -> None:
@@ -171,9 +153,9 @@ def test_a_release_that_needs_its_post_migration_refuses_to_start_beside_the_pre
             parse("9004_bad", marks + "SELECT 1;\n")
 
 
-async def test_a_part_on_a_database_one_migration_too_old_refuses_and_names_it(fresh_url: str) -> None:
+async def test_a_part_on_a_database_one_migration_too_old_refuses_and_names_it(empty_database_url: str) -> None:
     shipped = migrator.migrations()
-    conn = await asyncpg.connect(fresh_url)
+    conn = await asyncpg.connect(empty_database_url)
     try:
         await conn.execute(
             "CREATE TABLE schema_migrations (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now(),"
@@ -183,7 +165,7 @@ async def test_a_part_on_a_database_one_migration_too_old_refuses_and_names_it(f
             await migrator._apply(conn, migration)
     finally:
         await conn.close()
-    env = {"CHATEXPORT_DATABASE_URL": fresh_url, "CHATEXPORT_METRICS_PORT": "0", "PATH": "/usr/bin:/bin"}
+    env = {"CHATEXPORT_DATABASE_URL": empty_database_url, "CHATEXPORT_METRICS_PORT": "0", "PATH": "/usr/bin:/bin"}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
