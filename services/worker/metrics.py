@@ -47,6 +47,12 @@ ATTEMPTS_ENDED = counter_from_zero(
     "outcome",
     ATTEMPT_OUTCOMES,
 )
+CONSUMER_PAUSES = Counter(
+    "chatexport_worker_consumer_pauses_total",
+    "Times a queue's consumer was cancelled because every slot stayed busy with no work ending; it consumes"
+    " again once a slot frees. By work: export or chunk.",
+    ["work"],
+)
 EXPORTS_RUNNING = Gauge(
     "chatexport_worker_exports_running",
     "Exports this worker is running now (at most CHATEXPORT_WORKER_CONCURRENCY).",

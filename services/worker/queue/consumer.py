@@ -33,6 +33,8 @@ DATABASE_RETRY_SECONDS = 2.0
 # Retrying to consume after a channel failed under us: 1 s doubling to 30 s, like the start-up retries.
 RESUME_RETRY_SECONDS = 1.0
 RESUME_RETRY_MAX_SECONDS = 30.0
+# How long every slot must stay busy, with no work ending, before the consumer is cancelled (``Consumer``).
+PAUSE_AFTER_SECONDS = 0.2
 # A stop waits this long for the broker to take the consumer's cancel; beyond it the connection's close
 # ends the consumer anyway, and the drain of running exports must not wait behind a dead broker.
 STOP_TIMEOUT_SECONDS = 5.0
@@ -61,19 +63,34 @@ class Consumer(Generic[Key]):
     """Turns deliveries of ``queue`` into leases through ``deliveries``; at most ``concurrency`` run at once.
 
     Because a delivery is acked as soon as its lease commits, the broker's prefetch does not bound the
-    work in progress. Flow control does instead: when every slot is busy the consumer is cancelled
-    (the broker sends nothing more, so no wake-up waits here or is bounced towards the dead-letter queue),
-    and it consumes again as soon as a slot frees.
+    work in progress; it bounds the deliveries that wait here for a slot. Flow control bounds the rest:
+    when every slot stays busy for ``pause_after_seconds`` with no work ending, the consumer is cancelled (the
+    broker sends nothing more, so a wake-up published meanwhile goes to a worker with a free slot instead of
+    waiting behind long exports here), and it consumes again as soon as a slot frees. While work keeps
+    ending (a backlog of small exports) the consumer stays: a cancel and a consume for every few exports
+    cost the worker and the broker more than the exports' own messages (docs/benchmark.md: The consumer
+    stays while work ends).
     """
 
-    def __init__(self, *, queue: AbstractQueue, deliveries: Deliveries[Key], concurrency: int) -> None:
+    def __init__(
+        self,
+        *,
+        queue: AbstractQueue,
+        deliveries: Deliveries[Key],
+        concurrency: int,
+        pause_after_seconds: float = PAUSE_AFTER_SECONDS,
+    ) -> None:
         self._queue = queue
         self._deliveries = deliveries
         self._slots = asyncio.Semaphore(concurrency)
+        self._pause_after_seconds = pause_after_seconds
         self._flow = asyncio.Lock()
         self._consumer_tag: str | None = None
         self._closing = False
         self._flow_tasks: set[asyncio.Task[None]] = set()
+        # Work ended so far, and whether a pause is waiting to see if any ends within ``pause_after_seconds``.
+        self._ended = 0
+        self._pause_pending = False
         self.running: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
@@ -128,11 +145,13 @@ class Consumer(Generic[Key]):
         task = asyncio.create_task(self._deliveries.handle(message, key), name=f"{what}-{key}")
         self.running.add(task)
         task.add_done_callback(self._finished)
-        if self._slots.locked():
-            await self._pause()
+        if self._slots.locked() and not self._pause_pending:
+            self._pause_pending = True
+            self._in_background(self._pause_while_busy())
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
+        self._ended += 1
         self._slots.release()
         if not task.cancelled() and task.exception() is not None:
             log.error("task failed", exc_info=task.exception(), extra={"task": task.get_name()})
@@ -140,16 +159,26 @@ class Consumer(Generic[Key]):
             self._in_background(self._resume())
 
     def _in_background(self, flow: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(flow, name="consumer-resume")
+        task = asyncio.create_task(flow, name="consumer-flow")
         self._flow_tasks.add(task)
         task.add_done_callback(self._flow_tasks.discard)
 
-    async def _pause(self) -> None:
-        async with self._flow:
-            if self._consumer_tag is not None and self._slots.locked():
-                tag, self._consumer_tag = self._consumer_tag, None
-                await self._queue.cancel(tag)
-                log.info("all slots busy; consumer paused", extra={"queue": self._queue.name})
+    async def _pause_while_busy(self) -> None:
+        """Cancel the consumer once every slot has stayed busy for ``pause_after_seconds`` with no work
+        ending; return as soon as a slot is free."""
+        try:
+            while self._slots.locked() and not self._closing:
+                ended = self._ended
+                await asyncio.sleep(self._pause_after_seconds)
+                async with self._flow:
+                    if self._consumer_tag is not None and self._slots.locked() and self._ended == ended:
+                        tag, self._consumer_tag = self._consumer_tag, None
+                        await self._queue.cancel(tag)
+                        metrics.CONSUMER_PAUSES.labels(self._deliveries.what).inc()
+                        log.debug("all slots busy; consumer paused", extra={"queue": self._queue.name})
+                        return
+        finally:
+            self._pause_pending = False
 
     async def _resume(self) -> None:
         # A robust channel waits for the reconnect by itself; a channel closed under us raises, and then
