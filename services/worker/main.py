@@ -90,9 +90,13 @@ async def serve(settings: WorkerPartSettings, *, stop: asyncio.Event) -> None:
         await stop.wait()
         await costing
         for consumer in consumers:
-            await consumer.stop()
+            consumer.close_intake()
+        # The grace runs from the stop, not from the broker's answer to the consumers' cancels: a broker that is
+        # slow or gone must not hold back the hand-back of what the worker holds.
         running = set().union(*(consumer.running for consumer in consumers))
-        await drain(running, grace_seconds=settings.shutdown_grace_seconds)
+        await asyncio.gather(
+            drain(running, grace_seconds=settings.shutdown_grace_seconds), *(consumer.stop() for consumer in consumers)
+        )
 
 
 async def _standby_pool(settings: WorkerPartSettings, resources: contextlib.AsyncExitStack) -> asyncpg.Pool | None:

@@ -105,15 +105,20 @@ class Consumer(Generic[Key]):
         busy."""
         return not self._closing and (self._consumer_tag is not None or self._slots.locked())
 
+    def close_intake(self) -> None:
+        """Start no more work: from now on ``running`` gains no task, and a delivery goes back to the queue."""
+        self._closing = True
+        for task in self._flow_tasks:
+            task.cancel()
+
     async def stop(self) -> None:
-        """Stop taking work: cancel the consumer; deliveries still arriving go back to the queue.
+        """Stop taking work (``close_intake``) and cancel the consumer; deliveries still arriving go back to the
+        queue.
 
         Bounded by ``STOP_TIMEOUT_SECONDS``: while the broker is unreachable a channel operation waits for
         the reconnect, and a stop must not; the connection's close then ends the consumer anyway.
         """
-        self._closing = True
-        for task in self._flow_tasks:
-            task.cancel()
+        self.close_intake()
         with contextlib.suppress(TimeoutError, *BROKER_ERRORS):
             async with asyncio.timeout(STOP_TIMEOUT_SECONDS), self._flow:
                 if self._consumer_tag is not None:
