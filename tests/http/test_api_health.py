@@ -9,7 +9,7 @@ import asyncpg
 from devtools.moto import MotoServer
 from services.api.http.keys import POOL
 from shared.settings import Settings
-from tests.support import PG_SERVER, wait_for
+from tests.support import PG_SERVER, refuse_connections
 from tests.support.api_calls import expect_problem
 from tests.support.messages import Auth, Client, configured_api
 
@@ -45,9 +45,7 @@ async def test_readyz_and_requests_are_503_while_the_database_refuses_connection
     database = settings.database_url.rsplit("/", 1)[1]
     admin = await asyncpg.connect(f"{PG_SERVER}/postgres")
     try:
-        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
-        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", database)
-        await wait_for(lambda: admin.fetchval("SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = $1", database))
+        await refuse_connections(admin, database)
 
         refused = await api.get("/readyz")
         poll = await api.get("/v3/operations/op_whatever", headers=auth("alice"))

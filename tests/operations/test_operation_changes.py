@@ -13,7 +13,7 @@ import pytest
 
 from services.api.exporting.changes import CHANNEL, OperationChanges
 from shared.settings import Settings
-from tests.support import PG_SERVER, wait_for
+from tests.support import PG_SERVER, refuse_connections, wait_for
 
 
 async def test_the_listener_listens_again_after_the_database_refused_connections(
@@ -26,8 +26,7 @@ async def test_the_listener_listens_again_after_the_database_refused_connections
     try:
         await wait_for(lambda: changes.listening)
         # "database is not accepting connections" (SQLSTATE 55000), not the refusal of a restart.
-        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
-        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", database)
+        await refuse_connections(admin, database)
         with caplog.at_level(logging.WARNING, logger="services.api.exporting.changes"):
             await wait_for(lambda: "operation changes unavailable" in caplog.text, timeout=30)
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')

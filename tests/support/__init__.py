@@ -46,6 +46,22 @@ async def admin_execute(sql: str) -> None:
         await conn.close()
 
 
+async def refuse_connections(admin: asyncpg.Connection, database: str) -> None:
+    """Make ``database`` refuse new connections and end every session on it, through ``admin`` (a connection to
+    another database); returns once none is left. A session whose start passed the check before the refusal
+    committed shows in ``pg_stat_activity`` only later, so each look ends what it sees.
+    """
+    await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+
+    async def none_left() -> bool:
+        ended: int = await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1", database
+        )
+        return ended == 0
+
+    await wait_for(none_left)
+
+
 @contextlib.asynccontextmanager
 async def cloned_database(template_db: str, prefix: str) -> AsyncIterator[str]:
     """Yield the URL of a new clone of ``template_db`` named ``<prefix>_<hex>``; dropped on exit."""
