@@ -136,6 +136,7 @@ bench: install
 	$(BIN)/python bench/redirect.py
 	$(BIN)/python bench/chunks.py
 	$(BIN)/python bench/counts.py
+	$(BIN)/python bench/claim_cost.py
 	$(BIN)/python bench/media.py
 	$(BIN)/python bench/read_lines.py
 

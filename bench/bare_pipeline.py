@@ -73,6 +73,9 @@ CLAIM_OUTBOX = """
 SELECT outbox_id, operation_id FROM outbox WHERE published_at IS NULL ORDER BY outbox_id LIMIT 100
 FOR UPDATE SKIP LOCKED
 """
+# The worker's claim and its SUCCEEDED commit, one statement each (``bench/claim_cost.py`` runs them too).
+CLAIM = "UPDATE operations SET state = 'RUNNING' WHERE operation_id = $1 AND state = 'QUEUED' RETURNING conversation_id"
+SUCCEED = "UPDATE operations SET state = 'SUCCEEDED', finished_at = now() WHERE operation_id = $1"
 MESSAGES_AS_JSON_LINES = """
 SELECT json_build_object('message_id', message_id, 'sender_id', sender_id, 'body', body, 'sent_at', sent_at)
 FROM messages WHERE conversation_id = $1 ORDER BY seq
@@ -159,21 +162,14 @@ async def worker() -> None:
         async def run(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             operation_id = message.body.decode()
             async with pool.acquire() as conn:
-                cid = await conn.fetchval(
-                    "UPDATE operations SET state = 'RUNNING' WHERE operation_id = $1 AND state = 'QUEUED'"
-                    " RETURNING conversation_id",
-                    operation_id,
-                )
+                cid = await conn.fetchval(CLAIM, operation_id)
                 await message.ack()
                 if cid is None:
                     return
                 lines: list[bytes] = []
                 await conn.copy_from_query(MESSAGES_AS_JSON_LINES, cid, output=_appender(lines))
                 await s3.put_object(Bucket=setting("BUCKET"), Key=f"{operation_id}.jsonl", Body=b"".join(lines))
-                await conn.execute(
-                    "UPDATE operations SET state = 'SUCCEEDED', finished_at = now() WHERE operation_id = $1",
-                    operation_id,
-                )
+                await conn.execute(SUCCEED, operation_id)
 
         await queue.consume(run)
         print(READY, flush=True)
