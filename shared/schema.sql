@@ -169,7 +169,11 @@ CREATE FUNCTION public.claim_export_v2(p_operation_id text, p_worker_id text, p_
 DECLARE
     lease record;
 BEGIN
-    parked := park_abandoned(p_operation_id, p_max_attempts, p_lost_message);
+    -- park_abandoned's own update re-checks all of this under the row's lock.
+    PERFORM FROM operations o
+     WHERE o.operation_id = p_operation_id AND o.state = 'RUNNING' AND o.lease_expires_at < now()
+       AND o.attempt >= p_max_attempts;
+    parked := FOUND AND park_abandoned(p_operation_id, p_max_attempts, p_lost_message);
     IF parked THEN
         RETURN;
     END IF;
@@ -239,14 +243,17 @@ BEGIN
         snapshot_max_seq = coalesce(o.snapshot_max_seq, greatest(o.after_seq, least(
             (SELECT c.last_seq FROM conversations c WHERE c.conversation_id = o.conversation_id),
             o.before_seq - 1))),
+        snapshot_edit_version = CASE WHEN o.snapshot_max_seq IS NULL
+            THEN (SELECT c.last_edit_version FROM conversations c WHERE c.conversation_id = o.conversation_id)
+            ELSE o.snapshot_edit_version END,
         progress_phase = 'starting', messages_written = 0, bytes_written = 0,
-        retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now()
+        retry_at = NULL, error_code = NULL, error_message = NULL, updated_at = now(), version = o.version + 1
     WHERE o.operation_id = p_operation_id AND operation_is_runnable(o.state, o.retry_at, o.lease_expires_at)
     RETURNING o.* INTO claimed;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    took_over := supersede_attempts(p_operation_id, claimed.generation);
+    took_over := claimed.generation > 1 AND supersede_attempts(p_operation_id, claimed.generation);
     PERFORM open_attempt(p_operation_id, claimed.generation, claimed.attempt, p_worker_id);
 END;
 $$;
@@ -1054,7 +1061,8 @@ BEGIN
         result_sha256 = p_sha256, result_message_count = p_message_count, result_parts = p_parts,
         result_expires_at = now() + make_interval(secs => p_ttl_seconds),
         progress_phase = 'done', messages_written = p_message_count, bytes_written = p_bytes_written,
-        lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now()
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now(),
+        version = version + 1
     WHERE operation_id = p_operation_id AND generation = p_generation AND state = 'RUNNING';
     IF NOT FOUND THEN
         RETURN false;
@@ -1420,7 +1428,7 @@ CREATE TRIGGER operation_changed AFTER UPDATE ON public.operations FOR EACH ROW 
 
 CREATE TRIGGER operation_ended_notify AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.notify_url IS NOT NULL) AND (new.state IS DISTINCT FROM old.state) AND (new.state = ANY (ARRAY['SUCCEEDED'::text, 'FAILED'::text, 'CANCELED'::text, 'FAILED_REPAIR'::text])))) EXECUTE FUNCTION public.operation_ended_notify();
 
-CREATE TRIGGER operation_versioned BEFORE UPDATE ON public.operations FOR EACH ROW EXECUTE FUNCTION public.operation_versioned();
+CREATE TRIGGER operation_versioned BEFORE UPDATE ON public.operations FOR EACH ROW WHEN ((new.version = old.version)) EXECUTE FUNCTION public.operation_versioned();
 
 CREATE TRIGGER outbox_notify AFTER INSERT ON public.outbox FOR EACH ROW EXECUTE FUNCTION public.outbox_notify();
 

@@ -115,7 +115,7 @@ async def claim_export(
     key_stem: str,
     key_suffixes: str,
 ) -> ExportClaim:
-    """A wake-up's claim in one call of the SQL function ``claim_export_v3`` (migrations 0017, 0026 and 0029),
+    """A wake-up's claim in one call of the SQL function ``claim_export_v3`` (migrations 0017, 0026, 0029 and 0032),
     atomic on its own (docs/states.md: States and failure model). ``lease_seconds`` in seconds; times are the
     database's.
 
@@ -282,7 +282,7 @@ async def succeed_export(
     result_ttl_seconds: int,
 ) -> SucceedOutcome:
     """RUNNING -> SUCCEEDED with the published ``files``, in one call of the SQL function ``succeed_export_v2``
-    (migrations 0017 and 0029), atomic on its own (docs/states.md: States and failure model). Three checks, in
+    (migrations 0017, 0029 and 0032), atomic on its own (docs/states.md: States and failure model). Three checks, in
     order: the owner's membership, re-checked with its row share-locked (else NOT_MEMBER); the lease, the
     operation RUNNING under ``claimed``'s generation (else LEASE_LOST: the lease or the state moved on; a
     committed CANCEL_REQUESTED matches nothing either, so SUCCEEDED can never follow it, docs/states.md: States

@@ -103,6 +103,31 @@ async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(c
     assert second.snapshot_max_seq == 7
 
 
+async def versioned_calls(conn: asyncpg.Connection) -> int:
+    """How often the version trigger's function ran in the connection's open transaction."""
+    calls = await conn.fetchval("SELECT pg_stat_get_xact_function_calls('operation_versioned'::regproc)")
+    return int(calls or 0)
+
+
+async def test_the_claim_and_the_commit_raise_the_version_once_without_the_trigger(conn: asyncpg.Connection) -> None:
+    """They raise the version in their own statements, and the claim fixes the snapshot's edit version as the
+    trigger would; the trigger still versions every other update (docs/benchmark.md: The claim's own steps).
+    """
+    await add_member(conn)
+    await conn.execute("UPDATE conversations SET last_edit_version = 4")
+    before = (await row(conn))["version"]
+    async with conn.transaction():
+        await conn.execute("SET LOCAL track_functions = 'pl'")
+        claimed = await claim(conn, "w1")
+        claimed_row = await row(conn)
+        assert (claimed_row["version"], claimed_row["snapshot_edit_version"]) == (before + 1, 4)
+        assert await succeed_export(conn, claimed) is leases.SucceedOutcome.SUCCEEDED
+        assert (await row(conn))["version"] == before + 2
+        assert await versioned_calls(conn) == 0
+        await conn.execute("UPDATE operations SET result_size_bytes = 2")
+        assert ((await row(conn))["version"], await versioned_calls(conn)) == (before + 3, 1)
+
+
 async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyncpg.Connection) -> None:
     # A member, so that only the lease can refuse the old holder's SUCCEEDED.
     await add_member(conn)
