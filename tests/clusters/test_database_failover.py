@@ -81,7 +81,7 @@ async def test_every_session_moves_to_the_promoted_standby_by_itself(make_postgr
         # Replication is asynchronous: the table must have reached the standby before the crash.
         await wait_for(lambda: replayed(cluster.standbys[0], "SELECT 1 FROM notes"), timeout=FAILOVER_TIMEOUT_SECONDS)
         await changes.start()
-        await wait_for(lambda: changes.listening, timeout=FAILOVER_TIMEOUT_SECONDS)
+        await wait_for(lambda: changes.connected, timeout=FAILOVER_TIMEOUT_SECONDS)
         leader = await _lead(settings, None)
         assert leader is not None
 

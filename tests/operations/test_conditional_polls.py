@@ -22,7 +22,7 @@ from shared.repository.operation_view import REPRESENTATION_VIEW
 from shared.settings import Settings
 from tests.support import wait_for
 from tests.support.api_calls import make_conversation
-from tests.support.messages import Auth, Client, configured_api
+from tests.support.messages import Auth, Client, configured_api, listen_now
 from tests.support.rows import insert_operation
 
 pytestmark = pytest.mark.module_database
@@ -34,7 +34,7 @@ URL = f"/v3/operations/{OPERATION}"
 @pytest.fixture
 async def api(settings: Settings, moto: MotoServer) -> AsyncIterator[Client]:
     async with configured_api(settings, moto) as client:
-        await wait_for(lambda: client.app[CHANGES].listening)
+        await listen_now(client.app[CHANGES])
         yield client
 
 

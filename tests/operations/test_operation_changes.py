@@ -24,15 +24,16 @@ async def test_the_listener_listens_again_after_the_database_refused_connections
     await changes.start()
     admin = await asyncpg.connect(f"{PG_SERVER}/postgres")
     try:
-        await wait_for(lambda: changes.listening)
+        await wait_for(lambda: changes.connected)
         # "database is not accepting connections" (SQLSTATE 55000), not the refusal of a restart.
         await refuse_connections(admin, database)
         with caplog.at_level(logging.WARNING, logger="services.api.exporting.changes"):
             await wait_for(lambda: "operation changes unavailable" in caplog.text, timeout=30)
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
 
-        await wait_for(lambda: changes.listening, timeout=30)
+        await wait_for(lambda: changes.connected, timeout=30)
         with changes.subscribe("op_listened") as subscription:
+            await wait_for(lambda: changes.listening)
             notifier = await asyncpg.connect(settings.database_url)
             try:
                 await notifier.execute(f"SELECT pg_notify('{CHANNEL}', 'op_listened 7 RUNNING')")
@@ -43,6 +44,42 @@ async def test_the_listener_listens_again_after_the_database_refused_connections
     finally:
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         await admin.close()
+        await changes.close()
+
+
+async def listen_statement(conn: asyncpg.Connection) -> str | None:
+    """The last LISTEN or UNLISTEN of the operation changes' channel another session of the database sent."""
+    found: str | None = await conn.fetchval(
+        "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        " AND query LIKE $1",
+        f'%LISTEN "{CHANNEL}"',
+    )
+    return found
+
+
+async def test_the_listener_listens_only_while_it_has_waiters(settings: Settings) -> None:
+    changes = OperationChanges(settings, linger_seconds=0.2)
+    await changes.start()
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await wait_for(lambda: changes.connected)
+        assert not changes.listening and await listen_statement(conn) is None
+        with changes.subscribe("op_waited") as subscription:
+            await wait_for(lambda: changes.listening)
+            # What was announced before the LISTEN took effect never reached the process: it reads again.
+            assert subscription.missed
+            assert await listen_statement(conn) == f'LISTEN "{CHANNEL}"'
+            await conn.execute(f"SELECT pg_notify('{CHANNEL}', 'op_waited 3 RUNNING')")
+            await wait_for(lambda: subscription.latest is not None)
+        assert subscription.latest is not None and subscription.latest.version == 3
+        await wait_for(lambda: not changes.listening)
+
+        async def unlistened() -> bool:
+            return await listen_statement(conn) == f'UNLISTEN "{CHANNEL}"'
+
+        await wait_for(unlistened)
+    finally:
+        await conn.close()
         await changes.close()
 
 

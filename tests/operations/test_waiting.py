@@ -23,7 +23,7 @@ from shared.repository import status_monitor
 from shared.settings import Settings
 from tests.support import wait_for
 from tests.support.api_calls import expect_problem
-from tests.support.messages import Auth, Client, configured_api
+from tests.support.messages import Auth, Client, configured_api, listen_now
 from tests.support.rows import insert_operation
 
 pytestmark = pytest.mark.module_database
@@ -36,7 +36,7 @@ URL = f"/v3/operations/{OPERATION}"
 async def api(settings: Settings, moto: MotoServer) -> AsyncIterator[Client]:
     """The API with two waiting requests per user and a heartbeat every 0.3 s, listening for changes."""
     async with configured_api(settings, moto, wait_per_user_concurrency=2, event_heartbeat_seconds=0.3) as client:
-        await wait_for(lambda: client.app[CHANGES].listening)
+        await listen_now(client.app[CHANGES])
         yield client
 
 
@@ -261,7 +261,7 @@ async def test_waiters_are_answered_at_once_on_shutdown(settings: Settings, moto
     finally:
         await pool.close()
     async with configured_api(settings, moto) as client:
-        await wait_for(lambda: client.app[CHANGES].listening)
+        await listen_now(client.app[CHANGES])
         loop = asyncio.get_running_loop()
         started = loop.time()
         poll = asyncio.create_task(client.get(f"{URL}?wait=60", headers=auth("alice")))
@@ -340,7 +340,7 @@ async def test_a_change_is_read_once_for_all_the_long_polls_it_ends(
 
     monkeypatch.setattr(status_monitor, "read_operation", counted)
     async with configured_api(settings, moto, wait_per_user_concurrency=50) as api:
-        await wait_for(lambda: api.app[CHANGES].listening)
+        await listen_now(api.app[CHANGES])
         polls = [asyncio.create_task(api.get(f"{URL}?wait=60", headers=auth("alice"))) for _ in range(40)]
         await wait_for(lambda: waiters(api) == 40)
         before = reads
@@ -373,7 +373,7 @@ async def test_a_change_while_a_long_poll_subscribes_is_answered_at_once(
         return await read_operation(*args, **kwargs)
 
     async with configured_api(settings, moto) as api:
-        await wait_for(lambda: api.app[CHANGES].listening)
+        await listen_now(api.app[CHANGES])
         etag = (await api.get(URL, headers=auth("alice"))).headers["ETag"]
         headers = {**auth("alice"), **({"If-None-Match": etag} if conditional else {})}
         reads = 0

@@ -15,8 +15,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from devtools.moto import MotoServer
 from services.api.app import init_app
+from services.api.exporting.changes import OperationChanges
 from shared.settings import Settings
-from tests.support import make_settings
+from tests.support import make_settings, wait_for
 
 Client = TestClient[Any, Any]
 Auth = Callable[..., dict[str, str]]
@@ -97,3 +98,11 @@ async def configured_api(settings: Settings, moto: MotoServer, **overrides: Any)
         yield client
     finally:
         await client.close()
+
+
+async def listen_now(changes: OperationChanges) -> None:
+    """Have ``changes`` listen now, as a first waiter would, and keep listening for its linger after: a test's
+    waiters then miss no change and are woken by none but the test's own.
+    """
+    with changes.subscribe("op_listen_now"):
+        await wait_for(lambda: changes.listening)

@@ -4,9 +4,12 @@ change).
 
 The trigger of migration 0005 announces every change a client can see as ``<operation_id> <version>
 <state>``. A subscription remembers the newest change of its operation and wakes its waiter; it never
-queues, so a slow reader cannot make memory grow. While the connection is down nothing is announced:
-every subscription is woken as ``missed`` (its waiter reads the operation again) and the connection is
-opened again after ``RECONNECT_SECONDS``. Changes are hints; the database stays the source of truth.
+queues, so a slow reader cannot make memory grow. The process listens only while it has waiters, and for
+``LINGER_SECONDS`` after the last one left, so that a process nobody waits on is not sent every change of
+every export. Whenever nothing was announced to it for a while (before its ``LISTEN`` took effect, or while
+the connection was down) every subscription is woken as ``missed`` (its waiter reads the operation again);
+a lost connection is opened again after ``RECONNECT_SECONDS``. Changes are hints; the database stays the
+source of truth.
 
 Waiters woken together read together: ``OperationChanges.read`` hands one read of an operation to every
 waiter that asks for it while it is in flight, provided it began after the wake-up each of them saw, so a
@@ -34,6 +37,9 @@ log = logging.getLogger(__name__)
 CHANNEL = "chatexport_operation_changes"
 # Between attempts to open the LISTEN connection again after it was lost.
 RECONNECT_SECONDS = 1.0
+# How long the process keeps listening after its last waiter left: a client that polls again at once, or
+# steady long polls, do not make it stop and start (each start wakes every waiter to read again).
+LINGER_SECONDS = 10.0
 # Between two looks at every waiter's connection: a waiter whose client went away gives its slot back
 # within this.
 GONE_CHECK_SECONDS = 1.0
@@ -97,13 +103,20 @@ class OperationChanges:
     (which wakes every waiter as ``closed``).
     """
 
-    def __init__(self, settings: ApiPartSettings) -> None:
+    def __init__(self, settings: ApiPartSettings, *, linger_seconds: float = LINGER_SECONDS) -> None:
         self._settings = settings
+        self._linger_seconds = linger_seconds
         self._subscriptions: defaultdict[str, set[Subscription]] = defaultdict(set)
+        self._waiters = 0
         self._connection: asyncpg.Connection | None = None
+        self._listening = False
         self._keeper: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
+        # Set while some subscription is open, and while none is.
+        self._wanted = asyncio.Event()
+        self._unwanted = asyncio.Event()
+        self._unwanted.set()
         self._closed = False
         self._sequence = 0
         # Reads in flight by key: the sequence number when each began, and its task.
@@ -137,14 +150,19 @@ class OperationChanges:
             task.exception()  # retrieved here: every waiter may have gone, and each one that stayed got it
 
     @property
-    def listening(self) -> bool:
-        """True while the LISTEN connection is open."""
+    def connected(self) -> bool:
+        """True while the LISTEN connection is open, listening or not."""
         return self._connection is not None and not self._connection.is_closed()
+
+    @property
+    def listening(self) -> bool:
+        """True while the process's ``LISTEN`` is in effect: changes announced now reach its waiters."""
+        return self._listening and self.connected
 
     @property
     def waiters(self) -> int:
         """Subscriptions open right now."""
-        return sum(len(subscriptions) for subscriptions in self._subscriptions.values())
+        return self._waiters
 
     async def start(self) -> None:
         """Open the LISTEN connection in the background and keep it open until ``close``."""
@@ -174,12 +192,20 @@ class OperationChanges:
         if self._closed:
             subscription._close()
         self._subscriptions[operation_id].add(subscription)
+        self._count_waiters(+1)
         try:
             yield subscription
         finally:
             self._subscriptions[operation_id].discard(subscription)
             if not self._subscriptions[operation_id]:
                 del self._subscriptions[operation_id]
+            self._count_waiters(-1)
+
+    def _count_waiters(self, change: int) -> None:
+        self._waiters += change
+        wanted = self._waiters > 0
+        (self._wanted if wanted else self._unwanted).set()
+        (self._unwanted if wanted else self._wanted).clear()
 
     async def _sweep(self) -> None:
         """Every ``GONE_CHECK_SECONDS``, wake the subscriptions whose client went away: aiohttp does not cancel
@@ -195,7 +221,9 @@ class OperationChanges:
     async def _keep_listening(self) -> None:
         while True:
             try:
-                await self._listen()
+                await self._connect()
+                await self._listen_while_wanted()
+                log.warning("operation changes connection lost; reconnecting")
             except TRANSIENT_DATABASE_ERRORS as exc:
                 log.warning(
                     "operation changes unavailable; waits end at their deadline", extra={"error": type(exc).__name__}
@@ -204,25 +232,54 @@ class OperationChanges:
                 # Whatever else refuses the connection (a database not accepting connections, too many
                 # clients), the listener must outlive it: it tries again, and waits end at their deadline.
                 log.exception("operation changes cannot listen; retrying")
-            else:
-                # Announcements made before the LISTEN took effect were lost: every waiter reads again.
-                self._wake_all_missed()
-                await self._lost.wait()
-                log.warning("operation changes connection lost; reconnecting")
+            self._listening = False
+            if self._connection is not None:
+                self._connection.terminate()
             self._wake_all_missed()
             await asyncio.sleep(RECONNECT_SECONDS)
 
-    async def _listen(self) -> None:
-        """Open the connection and LISTEN on it; a connection that cannot LISTEN is closed again."""
+    async def _connect(self) -> None:
+        """Open the connection the process listens on, and note when it is lost."""
         self._lost.clear()
         connection = await connect(self._settings)
-        try:
-            connection.add_termination_listener(lambda _connection: self._lost.set())
-            await connection.add_listener(CHANNEL, self._on_notification)
-        except BaseException:
-            connection.terminate()
-            raise
+        connection.add_termination_listener(lambda _connection: self._lost.set())
         self._connection = connection
+
+    async def _listen_while_wanted(self) -> None:
+        """LISTEN on the open connection while the process has waiters and for ``linger_seconds`` after the
+        last one left, as often as they come back; returns when the connection is lost.
+        """
+        connection = self._connection
+        assert connection is not None
+        while await self._first(self._wanted):
+            await connection.add_listener(CHANNEL, self._on_notification)
+            self._listening = True
+            # Announcements made before the LISTEN took effect did not reach this process: every waiter reads
+            # again.
+            self._wake_all_missed()
+            while await self._first(self._unwanted):
+                try:
+                    async with asyncio.timeout(self._linger_seconds):
+                        if not await self._first(self._wanted):
+                            return
+                except TimeoutError:
+                    break
+            else:
+                return
+            self._listening = False
+            await connection.remove_listener(CHANNEL, self._on_notification)
+
+    async def _first(self, event: asyncio.Event) -> bool:
+        """Wait until ``event`` is set (True) or the connection is lost (False)."""
+        if event.is_set() or self._lost.is_set():
+            return not self._lost.is_set()
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._lost.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return not self._lost.is_set()
 
     def _wake_all_missed(self) -> None:
         self._sequence += 1
