@@ -228,14 +228,16 @@ class AcknowledgingPool(asyncpg.Pool):
             raise UnreplicatedCommit("a commit holds on the primary only")
 
 
-async def connect(settings: DatabaseSettings, **server_settings: str) -> asyncpg.Connection:
+async def connect(settings: DatabaseSettings, *, writable: bool = False, **server_settings: str) -> asyncpg.Connection:
     """One connection of its own, outside the pool, with the pool's timeouts: for a session that holds
-    state (LISTEN, an advisory lock) or a one-off command. ``server_settings`` are Postgres parameters set
-    for the session (e.g. ``idle_session_timeout``). Raises what ``open_connection`` raises.
+    state (LISTEN, an advisory lock) or a one-off command; with ``writable``, on a server that takes writes
+    (``open_connection``). ``server_settings`` are Postgres parameters set for the session (e.g.
+    ``idle_session_timeout``). Raises what ``open_connection`` raises.
     """
     return await open_connection(
         settings.database_url,
         connect_timeout_seconds=settings.database_connect_timeout_seconds,
+        writable=writable,
         command_timeout=settings.database_timeout_seconds,
         server_settings=server_settings or None,
     )

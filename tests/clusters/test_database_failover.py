@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -126,7 +127,7 @@ async def backend_gone(server_url: str, backend: int) -> bool:
 
 
 async def test_a_session_opened_on_a_standby_is_discarded_at_its_first_write(
-    make_postgres_cluster: MakeCluster,
+    make_postgres_cluster: MakeCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster = await make_postgres_cluster()
     await cluster.create_database(DATABASE)
@@ -155,11 +156,20 @@ async def test_a_session_opened_on_a_standby_is_discarded_at_its_first_write(
     finally:
         await pool.close()
 
-    # LISTEN is refused on a standby (25006): the listener's connection is dropped, not kept.
+    # LISTEN is refused on a standby (25006): the relay's listener connection is dropped, not kept.
     listener = await connect(settings)
     with contextlib.suppress(asyncpg.ReadOnlySQLTransactionError):
         await listener.add_listener(CHANNEL, lambda *_: None)
     await wait_for(listener.is_closed, timeout=10)
+    # The api's change listener keeps its session while nobody waits, so it opens none on a standby at all.
+    changes = OperationChanges(settings)
+    with caplog.at_level(logging.WARNING, logger="services.api.exporting.changes"):
+        await changes.start()
+        try:
+            await wait_for(lambda: any(getattr(r, "error", None) == "ReadOnlyServer" for r in caplog.records))
+            assert not changes.connected
+        finally:
+            await changes.close()
     # A standby grants advisory locks, but a janitor never leads from one.
     assert await _lead(settings, None) is None
 

@@ -144,8 +144,8 @@ async def test_a_record_is_not_purged_while_its_object_is_not_removed(
 async def test_a_janitor_whose_new_session_ends_before_it_asks_for_the_lock_waits_for_the_next_pass(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def connect_then_lose_the_session(settings: Settings, **server_settings: str) -> asyncpg.Connection:
-        conn = await connect(settings, **server_settings)
+    async def connect_then_lose_the_session(settings: Settings, **options: Any) -> asyncpg.Connection:
+        conn = await connect(settings, **options)
         admin = await connect(settings)
         try:
             await admin.fetchval("SELECT pg_terminate_backend($1)", conn.get_server_pid())

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import asyncpg
 from aiohttp import web
 
-from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
+from shared.db import TRANSIENT_DATABASE_ERRORS, ReadOnlyServer, close_connection, connect
 from shared.settings import ApiPartSettings
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 CHANNEL = "chatexport_operation_changes"
 # Between attempts to open the LISTEN connection again after it was lost.
 RECONNECT_SECONDS = 1.0
+# What makes the listener wait and connect again, with a warning: the database is unreachable, or a standby.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (*TRANSIENT_DATABASE_ERRORS, ReadOnlyServer)
 # How long the process keeps listening after its last waiter left: a client that polls again at once, or
 # steady long polls, do not make it stop and start (each start wakes every waiter to read again).
 LINGER_SECONDS = 10.0
@@ -224,7 +226,7 @@ class OperationChanges:
                 await self._connect()
                 await self._listen_while_wanted()
                 log.warning("operation changes connection lost; reconnecting")
-            except TRANSIENT_DATABASE_ERRORS as exc:
+            except _UNAVAILABLE as exc:
                 log.warning(
                     "operation changes unavailable; waits end at their deadline", extra={"error": type(exc).__name__}
                 )
@@ -239,9 +241,12 @@ class OperationChanges:
             await asyncio.sleep(RECONNECT_SECONDS)
 
     async def _connect(self) -> None:
-        """Open the connection the process listens on, and note when it is lost."""
+        """Open the connection the process listens on, and note when it is lost. It is kept while nobody waits,
+        so it is opened on a server that takes writes: a standby would refuse the first LISTEN (25006) only
+        when a waiter came.
+        """
         self._lost.clear()
-        connection = await connect(self._settings)
+        connection = await connect(self._settings, writable=True)
         connection.add_termination_listener(lambda _connection: self._lost.set())
         self._connection = connection
 
