@@ -71,6 +71,20 @@ async def run_until_signalled(serve: Callable[..., Awaitable[None]], settings: C
         await serve(settings, stop=stop)
 
 
+async def first_set(*events: asyncio.Event, within_seconds: float | None = None) -> None:
+    """Wait until one of ``events`` is set, or until ``within_seconds`` have passed (None: no limit); the
+    caller reads which one is set. Returns at once when one already is.
+    """
+    if any(event.is_set() for event in events):
+        return
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=within_seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
 async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
     """Wait ``seconds``, or less if ``stop`` is set meanwhile; return whether it is set."""
     with contextlib.suppress(TimeoutError):

@@ -22,6 +22,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange
 from services.relay import metrics
 from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
+from shared.lifecycle import first_set
 from shared.payloads import PAYLOAD_VERSION_HEADER, readable
 from shared.repository import outbox
 from shared.settings import RelayPartSettings
@@ -202,10 +203,7 @@ class Relay:
         if next_due is not None:
             # A due row that another relay holds locked would otherwise make this loop spin.
             timeout = min(timeout, max(next_due, MIN_WAIT_SECONDS))
-        waiters = [asyncio.create_task(wake.wait()), asyncio.create_task(stop.wait())]
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waiters:
-            waiter.cancel()
+        await first_set(wake, stop, within_seconds=timeout)
 
     async def _ensure_listener(
         self, listener: asyncpg.Connection | None, wake: asyncio.Event

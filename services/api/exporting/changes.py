@@ -30,6 +30,7 @@ import asyncpg
 from aiohttp import web
 
 from shared.db import TRANSIENT_DATABASE_ERRORS, ReadOnlyServer, close_connection, connect
+from shared.lifecycle import first_set
 from shared.settings import ApiPartSettings
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,6 @@ class OperationChanges:
         self._settings = settings
         self._linger_seconds = linger_seconds
         self._subscriptions: defaultdict[str, set[Subscription]] = defaultdict(set)
-        self._waiters = 0
         self._connection: asyncpg.Connection | None = None
         self._listening = False
         self._keeper: asyncio.Task[None] | None = None
@@ -164,7 +164,7 @@ class OperationChanges:
     @property
     def waiters(self) -> int:
         """Subscriptions open right now."""
-        return self._waiters
+        return sum(len(subscriptions) for subscriptions in self._subscriptions.values())
 
     async def start(self) -> None:
         """Open the LISTEN connection in the background and keep it open until ``close``."""
@@ -194,18 +194,18 @@ class OperationChanges:
         if self._closed:
             subscription._close()
         self._subscriptions[operation_id].add(subscription)
-        self._count_waiters(+1)
+        self._note_wanted()
         try:
             yield subscription
         finally:
             self._subscriptions[operation_id].discard(subscription)
             if not self._subscriptions[operation_id]:
                 del self._subscriptions[operation_id]
-            self._count_waiters(-1)
+            self._note_wanted()
 
-    def _count_waiters(self, change: int) -> None:
-        self._waiters += change
-        wanted = self._waiters > 0
+    def _note_wanted(self) -> None:
+        """Set ``_wanted`` while some subscription is open, ``_unwanted`` while none is."""
+        wanted = bool(self._subscriptions)
         (self._wanted if wanted else self._unwanted).set()
         (self._unwanted if wanted else self._wanted).clear()
 
@@ -276,14 +276,7 @@ class OperationChanges:
 
     async def _first(self, event: asyncio.Event) -> bool:
         """Wait until ``event`` is set (True) or the connection is lost (False)."""
-        if event.is_set() or self._lost.is_set():
-            return not self._lost.is_set()
-        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._lost.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        await first_set(event, self._lost)
         return not self._lost.is_set()
 
     def _wake_all_missed(self) -> None:
