@@ -102,7 +102,7 @@ class ObjectWriter:
             room = self._part_size - self._pending_size
             self._pending.append(rest[:room])
             rest = rest[room:]
-            await self._start_part(self._take_pending())
+            await self._start_part()
         if rest:
             self._pending.append(rest)
             self._pending_size += len(rest)
@@ -114,9 +114,12 @@ class ObjectWriter:
             return pieces[0].obj
         return b"".join(pieces)
 
-    async def _start_part(self, chunk: bytes) -> None:
-        # Waiting for the previous part first bounds memory and surfaces its error here.
+    async def _start_part(self) -> None:
+        # Waiting for the previous part first bounds memory and surfaces its error here; joining the pending
+        # pieces only after it has gone keeps the part in flight and the part being joined from being held at
+        # once (docs/benchmark.md: The part joined after the one in flight).
         await self._wait_in_flight()
+        chunk = self._take_pending()
         if self._upload_id is None:
             created = await self._s3.create_multipart_upload(
                 Bucket=self._bucket, Key=self._key, ContentType=self._content_type
@@ -170,7 +173,7 @@ class ObjectWriter:
             return self.digest()
         if self._pending:
             # Not held here while it uploads, as no other part is (``_upload_part``).
-            await self._start_part(self._take_pending())
+            await self._start_part()
         await self._wait_in_flight()
         completed = await self._s3.complete_multipart_upload(
             Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -95,6 +96,28 @@ async def test_writes_across_part_boundaries_are_cut_into_whole_parts(s3: Any, s
     async with stored["Body"] as body:
         assert await body.read() == data
     assert digest == Digest(len(data), hashlib.sha256(data).hexdigest())
+
+
+async def test_a_part_is_joined_only_once_the_part_before_it_has_gone(s3: Any, settings: Settings) -> None:
+    """Writes of 1 MiB each, none of them a whole part, so every part is joined from pieces: at the cut, the
+    writer waits for the part in flight before it joins the next, so it never holds the pieces, the part being
+    joined and the part in flight at once (three parts' worth), only two and what a write adds.
+    """
+    data = payload(4 * 5 * MIB)
+    artifact = writer(s3, settings, "exports/op/joined.jsonl")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for offset in range(0, len(data), MIB):
+            # A copy per write, as a range read from Postgres is: the writer holds it until it is in a part.
+            await artifact.write(data[offset : offset + MIB])
+        digest = await artifact.finish()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+    assert digest == Digest(len(data), hashlib.sha256(data).hexdigest())
+    assert peak < 2.5 * 5 * MIB, f"held {peak / MIB:.1f} MiB at most for parts of 5 MiB"
 
 
 async def test_small_and_empty_files_are_single_objects(s3: Any, settings: Settings) -> None:
