@@ -101,6 +101,7 @@ class ObjectWriter:
         while self._pending_size + len(rest) >= self._part_size:
             room = self._part_size - self._pending_size
             self._pending.append(rest[:room])
+            self._pending_size += room
             rest = rest[room:]
             await self._start_part()
         if rest:
