@@ -173,11 +173,14 @@ BEGIN
     PERFORM FROM operations o
      WHERE o.operation_id = p_operation_id AND o.state = 'RUNNING' AND o.lease_expires_at < now()
        AND o.attempt >= p_max_attempts;
-    parked := FOUND AND park_abandoned(p_operation_id, p_max_attempts, p_lost_message);
-    IF parked THEN
-        RETURN;
+    parked := false;
+    IF FOUND THEN
+        parked := park_abandoned(p_operation_id, p_max_attempts, p_lost_message);
+        IF parked THEN
+            RETURN;
+        END IF;
     END IF;
-    SELECT * INTO lease FROM claim_lease_v2(p_operation_id, p_worker_id, p_lease_seconds);
+    lease := claim_lease_v2(p_operation_id, p_worker_id, p_lease_seconds);
     took_over := lease.took_over;
     claimed := lease.claimed;
     IF claimed.operation_id IS NOT NULL THEN
@@ -192,8 +195,7 @@ CREATE FUNCTION public.claim_export_v3(p_operation_id text, p_worker_id text, p_
 DECLARE
     claim record;
 BEGIN
-    SELECT * INTO claim FROM claim_export_v2(p_operation_id, p_worker_id, p_lease_seconds, p_max_attempts,
-                                             p_lost_message);
+    claim := claim_export_v2(p_operation_id, p_worker_id, p_lease_seconds, p_max_attempts, p_lost_message);
     parked := claim.parked;
     took_over := claim.took_over;
     member := claim.member;
@@ -253,7 +255,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    took_over := claimed.generation > 1 AND supersede_attempts(p_operation_id, claimed.generation);
+    -- The first generation has no older attempt to supersede.
+    took_over := false;
+    IF claimed.generation > 1 THEN
+        took_over := supersede_attempts(p_operation_id, claimed.generation);
+    END IF;
     PERFORM open_attempt(p_operation_id, claimed.generation, claimed.attempt, p_worker_id);
 END;
 $$;

@@ -115,9 +115,9 @@ async def claim_export(
     key_stem: str,
     key_suffixes: str,
 ) -> ExportClaim:
-    """A wake-up's claim in one call of the SQL function ``claim_export_v3`` (migrations 0017, 0026, 0029 and 0032),
-    atomic on its own (docs/states.md: States and failure model). ``lease_seconds`` in seconds; times are the
-    database's.
+    """A wake-up's claim in one call of the SQL function ``claim_export_v3`` (migrations 0017, 0026, 0029, 0032
+    and 0033), atomic on its own (docs/states.md: States and failure model). ``lease_seconds`` in seconds; times
+    are the database's.
 
     First it parks: a RUNNING operation whose lease expired after ``max_attempts`` attempts goes to
     FAILED_REPAIR with the error ``WORKER_LOST`` and ``message`` instead of being taken over, since every attempt

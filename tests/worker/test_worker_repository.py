@@ -103,10 +103,15 @@ async def test_a_live_lease_cannot_be_claimed_and_an_expired_one_is_taken_over(c
     assert second.snapshot_max_seq == 7
 
 
+async def function_calls(conn: asyncpg.Connection, function: str) -> int:
+    """How often ``function`` ran in the connection's open transaction (under ``track_functions``)."""
+    calls = await conn.fetchval("SELECT pg_stat_get_xact_function_calls($1::regproc)", function)
+    return int(calls or 0)
+
+
 async def versioned_calls(conn: asyncpg.Connection) -> int:
     """How often the version trigger's function ran in the connection's open transaction."""
-    calls = await conn.fetchval("SELECT pg_stat_get_xact_function_calls('operation_versioned'::regproc)")
-    return int(calls or 0)
+    return await function_calls(conn, "operation_versioned")
 
 
 async def test_the_claim_and_the_commit_raise_the_version_once_without_the_trigger(conn: asyncpg.Connection) -> None:
@@ -126,6 +131,30 @@ async def test_the_claim_and_the_commit_raise_the_version_once_without_the_trigg
         assert await versioned_calls(conn) == 0
         await conn.execute("UPDATE operations SET result_size_bytes = 2")
         assert ((await row(conn))["version"], await versioned_calls(conn)) == (before + 3, 1)
+
+
+async def test_a_claim_parks_and_supersedes_only_when_there_is_something_to(conn: asyncpg.Connection) -> None:
+    """The first claim has no older attempt to supersede and nothing to park, a takeover supersedes, and the
+    claim after the last attempt's lease expired parks (docs/benchmark.md: The claim's calls assigned).
+    """
+    await add_member(conn)
+
+    async def parks_and_supersedes() -> tuple[int, int]:
+        return await function_calls(conn, "park_abandoned"), await function_calls(conn, "supersede_attempts")
+
+    async with conn.transaction():
+        await conn.execute("SET LOCAL track_functions = 'pl'")
+        first = await claim_export(conn, "w1", max_attempts=2)
+        assert first.claimed is not None and not first.claimed.took_over
+        assert await parks_and_supersedes() == (0, 0)
+        await expire_lease(conn)
+        second = await claim_export(conn, "w2", max_attempts=2)
+        assert second.claimed is not None and second.claimed.took_over
+        assert await parks_and_supersedes() == (0, 1)
+        await expire_lease(conn)
+        third = await claim_export(conn, "w3", max_attempts=2)
+        assert third.parked and third.claimed is None
+        assert await parks_and_supersedes() == (1, 1)
 
 
 async def test_every_write_of_a_superseded_generation_changes_nothing(conn: asyncpg.Connection) -> None:
