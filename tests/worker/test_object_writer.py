@@ -101,7 +101,8 @@ async def test_writes_across_part_boundaries_are_cut_into_whole_parts(s3: Any, s
 async def test_a_part_is_joined_only_once_the_part_before_it_has_gone(s3: Any, settings: Settings) -> None:
     """Writes of 1 MiB each, none of them a whole part, so every part is joined from pieces: at the cut, the
     writer waits for the part in flight before it joins the next, so it never holds the pieces, the part being
-    joined and the part in flight at once (three parts' worth), only two and what a write adds.
+    joined and the part in flight at once (three parts' worth), only two and what a write adds. The bound lies
+    between the two, clear of each, so a library's own buffers moving by a MiB neither fails nor hides it.
     """
     data = payload(4 * 5 * MIB)
     artifact = writer(s3, settings, "exports/op/joined.jsonl")
@@ -117,7 +118,7 @@ async def test_a_part_is_joined_only_once_the_part_before_it_has_gone(s3: Any, s
         tracemalloc.stop()
 
     assert digest == Digest(len(data), hashlib.sha256(data).hexdigest())
-    assert peak < 2.5 * 5 * MIB, f"held {peak / MIB:.1f} MiB at most for parts of 5 MiB"
+    assert peak < 2.75 * 5 * MIB, f"held {peak / MIB:.1f} MiB at most for parts of 5 MiB"
 
 
 async def test_small_and_empty_files_are_single_objects(s3: Any, settings: Settings) -> None:
