@@ -21,6 +21,7 @@ from tests.support.standby_conflicts import (
     Outcome,
     disturbed,
     export_once,
+    fetchval_on,
     migrated,
     prepared,
     replayed,
@@ -29,6 +30,11 @@ from tests.support.standby_conflicts import (
 )
 
 WAIT_SECONDS = 1.0
+# Statements of the connection's database running pg_sleep on its server.
+SLEEPING_READS_SQL = (
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND state = 'active' AND wait_event = 'PgSleep'"
+)
 
 
 async def test_an_export_never_reads_a_standby_that_has_not_replayed_its_claim(
@@ -93,7 +99,7 @@ async def test_a_read_cancelled_by_a_recovery_conflict_runs_again_on_the_primary
         # The lock is taken once the statement runs, not once it is sent: replayed between its prepare and its
         # run, the conflict ends the session, which asyncpg reports without the server's error
         # (docs/deploy.md: Export reads on a hot standby).
-        await wait_for(lambda: sleeping_reads(standby_url), timeout=30)
+        await wait_for(lambda: fetchval_on(standby_url, SLEEPING_READS_SQL), timeout=30)
         async with primary.acquire() as conn, conn.transaction():
             await conn.execute("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
         assert await asyncio.wait_for(reading, 60) is False  # the last run was on the primary
@@ -102,19 +108,6 @@ async def test_a_read_cancelled_by_a_recovery_conflict_runs_again_on_the_primary
         # The rest of this attempt's reads stay on the primary.
         assert await reads.run(read) is False
         assert servers == [True, False, False]
-
-
-async def sleeping_reads(url: str) -> int:
-    """Statements of ``url``'s database running ``pg_sleep`` on its server."""
-    conn = await asyncpg.connect(url)
-    try:
-        running: int = await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND state = 'active' AND wait_event = 'PgSleep'"
-        )
-        return running
-    finally:
-        await conn.close()
 
 
 async def test_a_conflict_whose_session_ends_in_the_pool_s_reset_still_counts_as_a_conflict(

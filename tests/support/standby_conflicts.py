@@ -55,12 +55,13 @@ async def migrated(cluster: PostgresCluster, dbname: str) -> str:
 
 async def replayed(cluster: PostgresCluster, standby: PrivatePostgres) -> bool:
     """True once ``standby`` has replayed everything its primary has written so far."""
-    written = await _fetchval(cluster.server_url(cluster.primary, "postgres"), "SELECT pg_current_wal_lsn()")
-    replayed_up_to = await _fetchval(cluster.server_url(standby, "postgres"), "SELECT pg_last_wal_replay_lsn()")
+    written = await fetchval_on(cluster.server_url(cluster.primary, "postgres"), "SELECT pg_current_wal_lsn()")
+    replayed_up_to = await fetchval_on(cluster.server_url(standby, "postgres"), "SELECT pg_last_wal_replay_lsn()")
     return bool(replayed_up_to >= written)
 
 
-async def _fetchval(url: str, sql: str) -> Any:
+async def fetchval_on(url: str, sql: str) -> Any:
+    """The first value of ``sql``'s first row, on a connection of its own to ``url``."""
     conn = await asyncpg.connect(url)
     try:
         return await conn.fetchval(sql)

@@ -109,11 +109,6 @@ async def function_calls(conn: asyncpg.Connection, function: str) -> int:
     return int(calls or 0)
 
 
-async def versioned_calls(conn: asyncpg.Connection) -> int:
-    """How often the version trigger's function ran in the connection's open transaction."""
-    return await function_calls(conn, "operation_versioned")
-
-
 async def test_the_claim_and_the_commit_raise_the_version_once_without_the_trigger(conn: asyncpg.Connection) -> None:
     """They raise the version in their own statements, and the claim fixes the snapshot's edit version as the
     trigger would; the trigger still versions every other update (docs/benchmark.md: The claim's own steps).
@@ -128,9 +123,9 @@ async def test_the_claim_and_the_commit_raise_the_version_once_without_the_trigg
         assert (claimed_row["version"], claimed_row["snapshot_edit_version"]) == (before + 1, 4)
         assert await succeed_export(conn, claimed) is leases.SucceedOutcome.SUCCEEDED
         assert (await row(conn))["version"] == before + 2
-        assert await versioned_calls(conn) == 0
+        assert await function_calls(conn, "operation_versioned") == 0
         await conn.execute("UPDATE operations SET result_size_bytes = 2")
-        assert ((await row(conn))["version"], await versioned_calls(conn)) == (before + 3, 1)
+        assert ((await row(conn))["version"], await function_calls(conn, "operation_versioned")) == (before + 3, 1)
 
 
 async def test_a_claim_parks_and_supersedes_only_when_there_is_something_to(conn: asyncpg.Connection) -> None:
