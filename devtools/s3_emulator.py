@@ -45,6 +45,10 @@ from devtools.moto import SERVERS
 _IDLE_SECONDS = 60
 # Requests served at once; an idle kept-alive connection holds no thread.
 _THREADS = 32
+# Idle kept-alive connections held at once: no limit, as S3 has none a client meets. cheroot's default (10)
+# answers `Connection: close` once ten are idle, so a system whose workers, api and janitor pool more than
+# ten between them opened a new connection for about one PutObject in six of a drain.
+_IDLE_CONNECTIONS: int | None = None
 
 _unlocked_etag: property = FakeKey.etag  # type: ignore[assignment]
 
@@ -88,6 +92,7 @@ class _KeptAliveServer(wsgi.Server):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.gateway = _NamesAsSent
+        self.keep_alive_conn_limit = _IDLE_CONNECTIONS  # type: ignore[assignment] # cheroot reads None as no limit
 
 
 def serve(host: str, port: int, server_name: str = SERVERS[0]) -> None:

@@ -30,6 +30,28 @@ def test_a_connection_is_kept_alive_across_requests(moto: MotoServer) -> None:
         connection.close()
 
 
+def test_many_idle_connections_are_all_kept_alive(moto: MotoServer) -> None:
+    # More than cheroot keeps by default (10): every pool of a running system shares the one emulator.
+    address = urlsplit(moto.endpoint_url)
+    assert address.hostname is not None and address.port is not None
+    connections = [http.client.HTTPConnection(address.hostname, address.port, timeout=10) for _ in range(24)]
+    try:
+        for connection in connections:
+            connection.request("GET", "/")
+            answer = connection.getresponse()
+            answer.read()
+            assert (answer.getheader("Connection") or "").lower() != "close", "an idle connection was refused"
+        first = [connection.sock for connection in connections]
+        for connection in connections:
+            connection.request("GET", "/")
+            connection.getresponse().read()
+        assert all(sock is not None for sock in first)
+        assert [connection.sock for connection in connections] == first
+    finally:
+        for connection in connections:
+            connection.close()
+
+
 async def test_metadata_names_keep_their_underscores(s3: Any, settings: Settings) -> None:
     # A server that drops `_` would lose the first; one that folds it would answer `my-key`.
     sent = {"my_key": "underscored", "other-key": "dashed", "plain": "kept"}
