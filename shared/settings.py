@@ -837,6 +837,14 @@ class RelaySettings(BaseSettings):
 
     relay_poll_seconds: float = seconds(1.0, "relay polling interval besides LISTEN/NOTIFY")
 
+    relay_linger_seconds: float = seconds(
+        0.02,
+        "after a batch during which more outbox rows were announced, time from that batch's start until the "
+        "relay claims again, so that rows arriving under load go out in fewer, larger batches; a row announced "
+        "to an idle relay goes out at once (0: never wait)",
+        ge=0,
+    )
+
     publish_timeout_seconds: float = seconds(5.0, "timeout of one publish, confirm included")
 
 

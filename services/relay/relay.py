@@ -173,30 +173,42 @@ class Relay:
         return None
 
     async def run(self, *, stop: asyncio.Event) -> None:
-        """Publish until ``stop`` is set; LISTEN/NOTIFY wakes it, polling every ``relay_poll_seconds`` too."""
+        """Publish until ``stop`` is set; LISTEN/NOTIFY wakes it, polling every ``relay_poll_seconds`` too.
+
+        Rows announced while a round of batches ran are claimed ``relay_linger_seconds`` after that round began,
+        not at once (docs/architecture.md: The outbox): under load each batch then carries several rows, and a
+        batch's transaction and round trips cost about as much for one row as for ten. A row announced to an
+        idle relay goes out at once.
+        """
         wake = asyncio.Event()
         listener: asyncpg.Connection | None = None
         try:
             while not stop.is_set():
                 listener = await self._ensure_listener(listener, wake)
                 wake.clear()
-                next_due = await self._publish_all()
+                started = time.monotonic()
+                handled, next_due = await self._publish_all()
+                if handled and wake.is_set():
+                    lingered = started + self._settings.relay_linger_seconds - time.monotonic()
+                    await first_set(stop, within_seconds=max(lingered, 0.0))
                 await self._wait(wake, stop, next_due)
         finally:
             if listener is not None:
                 await close_connection(listener)
 
-    async def _publish_all(self) -> float | None:
-        """Publish batches until one is not full; return how long until the next row is due (None: none waits,
-        or the database is unavailable, and then the poll interval applies and the next batch reports it).
+    async def _publish_all(self) -> tuple[int, float | None]:
+        """Publish batches until one is not full; return how many rows they handled and how long until the next
+        row is due (None: none waits, or the database is unavailable, and then the poll interval applies and
+        the next batch reports it).
         """
+        handled = 0
         try:
             while (batch := await self.publish_due()).handled == self._settings.relay_batch_size:
-                pass
+                handled += batch.handled
         except TRANSIENT_DATABASE_ERRORS as exc:
             log.warning("database unavailable; will retry", extra={"error": type(exc).__name__})
-            return None
-        return batch.next_due_seconds
+            return handled, None
+        return handled + batch.handled, batch.next_due_seconds
 
     async def _wait(self, wake: asyncio.Event, stop: asyncio.Event, next_due: float | None) -> None:
         timeout = self._settings.relay_poll_seconds
