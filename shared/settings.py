@@ -839,9 +839,9 @@ class RelaySettings(BaseSettings):
 
     relay_linger_seconds: float = seconds(
         0.02,
-        "after a batch during which more outbox rows were announced, time from that batch's start until the "
-        "relay claims again, so that rows arriving under load go out in fewer, larger batches; a row announced "
-        "to an idle relay goes out at once (0: never wait)",
+        "after a round of batches during which more outbox rows were announced, time from that round's start "
+        "until the relay claims again, so that rows arriving under load go out in fewer, larger batches; a row "
+        "announced to an idle relay goes out at once (0: never wait)",
         ge=0,
     )
 

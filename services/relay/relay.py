@@ -175,10 +175,10 @@ class Relay:
     async def run(self, *, stop: asyncio.Event) -> None:
         """Publish until ``stop`` is set; LISTEN/NOTIFY wakes it, polling every ``relay_poll_seconds`` too.
 
-        Rows announced while a round of batches ran are claimed ``relay_linger_seconds`` after that round began,
-        not at once (docs/architecture.md: The outbox): under load each batch then carries several rows, and a
-        batch's transaction and round trips cost about as much for one row as for ten. A row announced to an
-        idle relay goes out at once.
+        Rows announced while a round ran (the batches claimed one after another until one is not full) are
+        claimed ``relay_linger_seconds`` after that round began, not at once (docs/architecture.md: The outbox):
+        under load each batch then carries several rows, and a batch's transaction and round trips cost about
+        as much for one row as for ten. A row announced to an idle relay goes out at once.
         """
         wake = asyncio.Event()
         listener: asyncpg.Connection | None = None
@@ -190,7 +190,8 @@ class Relay:
                 handled, next_due = await self._publish_all()
                 if handled and wake.is_set():
                     lingered = started + self._settings.relay_linger_seconds - time.monotonic()
-                    await first_set(stop, within_seconds=max(lingered, 0.0))
+                    if lingered > 0:
+                        await first_set(stop, within_seconds=lingered)
                 await self._wait(wake, stop, next_due)
         finally:
             if listener is not None:
