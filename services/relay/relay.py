@@ -36,8 +36,8 @@ MIN_WAIT_SECONDS = 0.05
 
 @dataclass(frozen=True)
 class Batch:
-    """What one claim did: ``handled`` rows (published, held back or put back) and ``next_due_seconds`` until
-    the next row is due (``outbox.Claim``), this batch's held-back rows included.
+    """What one claim, or a round of them, did: ``handled`` rows (published, held back or put back) and
+    ``next_due_seconds`` until the next row is due (``outbox.Claim``), the held-back rows included.
     """
 
     handled: int
@@ -187,20 +187,20 @@ class Relay:
                 listener = await self._ensure_listener(listener, wake)
                 wake.clear()
                 started = time.monotonic()
-                handled, next_due = await self._publish_all()
-                if handled and wake.is_set():
+                batches = await self._publish_all()
+                if batches.handled and wake.is_set():
                     lingered = started + self._settings.relay_linger_seconds - time.monotonic()
                     if lingered > 0:
                         await first_set(stop, within_seconds=lingered)
-                await self._wait(wake, stop, next_due)
+                await self._wait(wake, stop, batches.next_due_seconds)
         finally:
             if listener is not None:
                 await close_connection(listener)
 
-    async def _publish_all(self) -> tuple[int, float | None]:
-        """Publish batches until one is not full; return how many rows they handled and how long until the next
-        row is due (None: none waits, or the database is unavailable, and then the poll interval applies and
-        the next batch reports it).
+    async def _publish_all(self) -> Batch:
+        """Publish batches until one is not full; return the round: the rows its batches handled and how long
+        until the next row is due (None: none waits, or the database is unavailable, and then the poll interval
+        applies and the next batch reports it).
         """
         handled = 0
         try:
@@ -208,8 +208,8 @@ class Relay:
                 handled += batch.handled
         except TRANSIENT_DATABASE_ERRORS as exc:
             log.warning("database unavailable; will retry", extra={"error": type(exc).__name__})
-            return handled, None
-        return handled + batch.handled, batch.next_due_seconds
+            return Batch(handled, None)
+        return Batch(handled + batch.handled, batch.next_due_seconds)
 
     async def _wait(self, wake: asyncio.Event, stop: asyncio.Event, next_due: float | None) -> None:
         timeout = self._settings.relay_poll_seconds

@@ -54,10 +54,10 @@ class WatchedRelay(Relay):
             await wait_for(wake.is_set)
         return batch
 
-    async def _publish_all(self) -> tuple[int, float | None]:
-        handled, next_due = await super()._publish_all()
-        self.rounds.append(handled)
-        return handled, next_due
+    async def _publish_all(self) -> Batch:
+        batches = await super()._publish_all()
+        self.rounds.append(batches.handled)
+        return batches
 
 
 async def published(pool: asyncpg.Pool, operation_id: str) -> bool:
