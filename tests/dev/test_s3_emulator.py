@@ -11,10 +11,15 @@ from devtools.moto import MotoServer
 from shared.settings import Settings
 
 
-def test_a_connection_is_kept_alive_across_requests(moto: MotoServer) -> None:
+def connection_to(moto: MotoServer) -> http.client.HTTPConnection:
+    """A plain HTTP/1.1 connection to the emulator, opened at its first request."""
     address = urlsplit(moto.endpoint_url)
     assert address.hostname is not None and address.port is not None
-    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+    return http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+
+
+def test_a_connection_is_kept_alive_across_requests(moto: MotoServer) -> None:
+    connection = connection_to(moto)
     try:
         sockets = []
         for _ in range(3):
@@ -32,9 +37,7 @@ def test_a_connection_is_kept_alive_across_requests(moto: MotoServer) -> None:
 
 def test_many_idle_connections_are_all_kept_alive(moto: MotoServer) -> None:
     # More than cheroot keeps by default (10): every pool of a running system shares the one emulator.
-    address = urlsplit(moto.endpoint_url)
-    assert address.hostname is not None and address.port is not None
-    connections = [http.client.HTTPConnection(address.hostname, address.port, timeout=10) for _ in range(24)]
+    connections = [connection_to(moto) for _ in range(24)]
     try:
         for connection in connections:
             connection.request("GET", "/")
