@@ -3,9 +3,9 @@ Benchmark, Counts). Starts the bare pipeline, then the product, like ``bench/dra
 with ``bench/counting`` leading every part's ``PYTHONPATH``. On each it runs a few exports to warm the
 statement caches, takes every part's counts and CPU time, drains ``EXPORTS`` exports of 100 messages from
 the drain's 16 clients, takes them again, and prints per export: each part's statements, round trips,
-transactions, notifications received, broker messages published and deliveries acknowledged, and CPU
-milliseconds. The parts' polling loops count too, so the figures are per export of a drain, not of an
-export alone. Usage:
+transactions, notifications received, broker messages published and deliveries acknowledged, the garbage
+collector's milliseconds, and CPU milliseconds. The parts' polling loops count too, so the figures are per
+export of a drain, not of an export alone. Usage:
 
     .venv/bin/python bench/counts.py [--exports N]
 """
@@ -45,6 +45,7 @@ COLUMNS = (
     "notifications received",
     "broker messages published",
     "broker deliveries acknowledged",
+    "collector ms",
 )
 
 

@@ -34,7 +34,7 @@ from shared import tracing
 from shared.auth import TokenVerifier
 from shared.db import TRANSIENT_DATABASE_ERRORS, create_pool
 from shared.jwks import RemoteKeys
-from shared.lifecycle import listening_site, run_until_signalled
+from shared.lifecycle import listening_site, run_until_signalled, started
 from shared.logs import configure_logging
 from shared.migrator import require_schema
 from shared.monitoring import Monitor, database_check, serving, storage_check
@@ -179,6 +179,7 @@ async def listening(settings: ApiPartSettings) -> AsyncIterator[web.AppRunner]:
 async def serve(settings: ApiPartSettings, *, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set, then drain as ``listening`` does."""
     async with listening(settings):
+        started()
         await stop.wait()
 
 

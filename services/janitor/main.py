@@ -14,7 +14,7 @@ from services.janitor.janitor import Janitor
 from services.janitor.scheduler import Scheduler
 from shared import tracing
 from shared.db import TRANSIENT_DATABASE_ERRORS, close_connection, connect
-from shared.lifecycle import run_until_signalled, sleep_unless_stopped
+from shared.lifecycle import run_until_signalled, sleep_unless_stopped, started
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, serving_with_database, storage_check
 from shared.settings import JanitorPartSettings
@@ -46,6 +46,7 @@ async def _run(settings: JanitorPartSettings, pool: asyncpg.Pool, monitor: Monit
         async with open_s3_client(settings) as s3:
             monitor.checks["storage"] = storage_check(s3, settings.s3_bucket)
             janitor = Janitor(pool=pool, s3=s3, settings=settings)
+            started()
             # The passes every janitor_interval_seconds, the scheduler every scheduler_interval_seconds, both
             # under one leader lock; each finishes what it does (a pass, a fire) when ``stop`` is set.
             async with asyncio.TaskGroup() as group:

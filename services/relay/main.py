@@ -10,7 +10,7 @@ import os
 from services.relay.relay import Relay
 from services.relay.webhooks import WebhookSender
 from shared import broker, tracing
-from shared.lifecycle import run_until_signalled
+from shared.lifecycle import run_until_signalled, started
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, broker_check, serving_with_database
 from shared.settings import RelayPartSettings
@@ -36,6 +36,7 @@ async def serve(settings: RelayPartSettings, *, stop: asyncio.Event) -> None:
         log.info("relay started", extra={"exchange": settings.amqp_exchange})
         # Completion callbacks are what the outbox holds too: the relay sends both (docs/architecture.md: How it works).
         webhooks = await resources.enter_async_context(WebhookSender(pool=pool, settings=settings))
+        started()
         async with asyncio.TaskGroup() as group:
             relay = Relay(pool=pool, channel=session.channel, exchange=session.exchange, settings=settings)
             group.create_task(relay.run(stop=stop))

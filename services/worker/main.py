@@ -21,7 +21,7 @@ from services.worker.queue.members import watching_queue_members
 from services.worker.writing.read_source import ReadSource
 from shared import broker, tracing
 from shared.db import create_pool
-from shared.lifecycle import drain, keep_trying, map_large_allocations, run_until_signalled
+from shared.lifecycle import drain, keep_trying, map_large_allocations, run_until_signalled, started
 from shared.logs import configure_logging
 from shared.monitoring import Monitor, Unavailable, broker_check, serving_with_database, storage_check
 from shared.settings import WorkerPartSettings
@@ -78,6 +78,7 @@ async def serve(settings: WorkerPartSettings, *, stop: asyncio.Event) -> None:
         )
         # The consumers keep the queues referenced: connect_robust restores only consumers it can still
         # reach.
+        started()
         for consumer in consumers:
             consumer.start()
         monitor.checks["consumer"] = lambda: _consuming(consumers)

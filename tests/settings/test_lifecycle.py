@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import inspect
 import subprocess
 import sys
 
 import pytest
 
+from chatexport.cli import PARTS
 from shared.lifecycle import Stopped, drain, keep_trying
 
 
@@ -97,3 +100,48 @@ def test_large_allocations_go_back_to_the_system_once_mapped_on_their_own() -> N
     # What the default leaves resident shows that the check can see the difference.
     assert kept("default") > 4 * 1024 * 1024
     assert kept("mapped") < 1024 * 1024
+
+
+# A child that runs a part under ``run_until_signalled`` (or, with "inside", calls its ``serve`` directly, as a
+# test does): start-up leaves a cycle of garbage and keeps a list, then marks itself started. It prints the
+# collector's frozen count, whether the garbage is gone and whether the kept list is frozen.
+_STARTED = """
+import asyncio, gc, sys, weakref
+from shared.lifecycle import run_until_signalled, started
+
+class Node:
+    pass
+
+async def serve(settings, *, stop):
+    garbage = Node()
+    garbage.itself = garbage
+    gone = weakref.ref(garbage)
+    del garbage
+    kept = [Node()]
+    started()
+    print(gc.get_freeze_count(), gone() is None, any(item is kept for item in gc.get_objects()))
+
+if sys.argv[1] == "part":
+    asyncio.run(run_until_signalled(serve, None))
+else:
+    asyncio.run(serve(None, stop=asyncio.Event()))
+"""
+
+
+@pytest.mark.parametrize("run_as", ["part", "inside"])
+def test_started_freezes_what_a_part_built_only_in_its_own_process(run_as: str) -> None:
+    child = subprocess.run([sys.executable, "-c", _STARTED, run_as], capture_output=True, text=True, check=True)
+    frozen, garbage_gone, kept_walked = child.stdout.split()
+    if run_as == "part":
+        # Every import's objects are out of the collector's passes, the start-up's garbage was collected first.
+        assert int(frozen) > 10_000
+        assert (garbage_gone, kept_walked) == ("True", "False")
+    else:
+        assert (frozen, kept_walked) == ("0", "True")
+
+
+@pytest.mark.parametrize("module", sorted({part.module for part in PARTS.values()}))
+def test_every_part_marks_the_end_of_its_start_up(module: str) -> None:
+    # Each part's serve calls ``started`` once its resources are built (docs/benchmark.md: The collector's full
+    # passes); a new part that forgets it is named here.
+    assert "started()" in inspect.getsource(importlib.import_module(module))
