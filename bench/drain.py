@@ -2,28 +2,36 @@
 runs, each beside a bare pipeline doing the same steps with the least code (``bench/bare_pipeline.py``)
 driven by the same client in the same run (docs/benchmark.md: Benchmark, Bare pipeline).
 
-Starts the bare pipeline, then the product from the compose file (two workers each, ``make run``'s other
-settings), each on a fresh database with ``CLIENTS`` users each a member of a conversation of 100 messages,
-and measures on each:
+Starts the bare pipeline and the product from the compose file side by side (two workers each, ``make run``'s
+other settings), each on a fresh database with ``CLIENTS`` users each a member of a conversation of 100
+messages, then measures them in turn, ``ROUNDS`` rounds with the order swapped each round, so that a change
+of the machine's speed during the run falls on both alike. Before each measurement its database is vacuumed
+and Postgres checkpoints, so that neither cleans up after an earlier round inside a later one. Each
+measurement takes:
 
 - the latency of one export of 100 messages submitted alone, one after the other: from its creation to its
-  SUCCEEDED commit, both by the database's clock, p50 and p99;
-- the drain: ``EXPORTS`` exports submitted by ``CLIENTS`` concurrent clients (the quota raised so none is
-  refused), from the first submit's creation to the last SUCCEEDED, in operations per second;
-- the CPU time per export of the drain of its own processes (api, relay, workers), from ``/proc``.
+  SUCCEEDED commit, both by the database's clock (the samples are split between the rounds);
+- the drain: ``--exports`` exports submitted by ``CLIENTS`` concurrent clients (the quota raised so none is
+  refused), from the first submit's creation to the last SUCCEEDED;
+- the CPU time per export of the drain of each group of processes: its own (api, relay, workers), its moto,
+  and all of Postgres' and RabbitMQ's, from ``/proc``.
 
-Usage:
+Each round's ratios are printed as it ends; the figures pool the rounds: exports over seconds for the drain,
+CPU time over exports, the p50 and p99 of every sample. Usage:
 
-    .venv/bin/python bench/drain.py [--exports N] [--samples N]
+    .venv/bin/python bench/drain.py [--exports N] [--samples N] [--rounds N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -39,6 +47,7 @@ from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
 
 CLIENTS = 16
+ROUNDS = 3
 MESSAGES = 100
 # The processes whose CPU time counts: the product's own, not moto's or the janitor's.
 OWN_PARTS = ("api", "relay", "worker")
@@ -97,9 +106,13 @@ async def drain(
     batches = await asyncio.gather(*(client(h, cid, share) for (h, cid), share in zip(clients, shares, strict=True)))
     operation_ids = [operation_id for batch in batches for operation_id in batch]
     await all_succeeded(pool, operation_ids)
-    seconds: float = await pool.fetchval(
-        "SELECT extract(epoch FROM max(finished_at) - min(created_at)) FROM operations WHERE operation_id = ANY($1)",
-        operation_ids,
+    # extract() gives a numeric, which asyncpg decodes as a Decimal.
+    seconds = float(
+        await pool.fetchval(
+            "SELECT extract(epoch FROM max(finished_at) - min(created_at)) FROM operations"
+            " WHERE operation_id = ANY($1)",
+            operation_ids,
+        )
     )
     return len(operation_ids) / seconds
 
@@ -112,12 +125,11 @@ async def latencies(
     for _ in range(samples):
         operation_id = await submit(api, headers, cid)
         await all_succeeded(pool, [operation_id])
-        found.append(
-            await pool.fetchval(
-                "SELECT extract(epoch FROM finished_at - created_at) * 1000 FROM operations WHERE operation_id = $1",
-                operation_id,
-            )
+        milliseconds = await pool.fetchval(
+            "SELECT extract(epoch FROM finished_at - created_at) * 1000 FROM operations WHERE operation_id = $1",
+            operation_id,
         )
+        found.append(float(milliseconds))
     return found
 
 
@@ -127,34 +139,46 @@ SERVERS = {"Postgres": "postgres", "RabbitMQ": "beam.smp"}
 
 @dataclass(frozen=True)
 class Run:
-    """What one pipeline did: its drain (operations/s), the CPU time per export of the drain (ms) by group of
-    processes (``own``: its api, relay and workers; then moto, Postgres and RabbitMQ), and the latencies of
-    exports alone (ms).
+    """What one measurement of a pipeline found: its drain's seconds, the CPU time per export of the drain (ms)
+    by group of processes (``own``: its api, relay and workers; then moto, Postgres and RabbitMQ), and the
+    latencies of exports alone (ms).
     """
 
-    rate: float
+    seconds: float
     cpu_ms: dict[str, float]
     alone: list[float]
 
 
-async def measure(
-    base_url: str, database_url: str, clients: Clients, groups: dict[str, list[int]], exports: int, samples: int
-) -> Run:
-    """Latencies of ``samples`` exports alone, then a drain of ``exports``, on the pipeline at ``base_url``
-    whose database is ``database_url``; ``groups`` names its own processes' pids (``own``) and its moto's.
+async def measure(side: Pipeline, exports: int, samples: int) -> Run:
+    """Latencies of ``samples`` exports alone, then a drain of ``exports``, on ``side``, its database vacuumed
+    and Postgres checkpointed first.
     """
-    groups = {**groups, **{name: pids_of(command) for name, command in SERVERS.items()}}
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    groups = {**side.groups, **{name: pids_of(command) for name, command in SERVERS.items()}}
+    pool = await asyncpg.create_pool(side.database_url, min_size=1, max_size=2)
     try:
-        async with aiohttp.ClientSession(base_url=base_url) as api:
-            alone = await latencies(api, pool, *clients[0], samples)
+        await pool.execute("VACUUM")
+        await pool.execute("CHECKPOINT")
+        async with aiohttp.ClientSession(base_url=side.base_url) as api:
+            alone = await latencies(api, pool, *side.clients[0], samples)
             before = {name: cpu_times(pids) for name, pids in groups.items()}
-            rate = await drain(api, pool, clients, exports)
+            rate = await drain(api, pool, side.clients, exports)
             after = {name: cpu_times(pids) for name, pids in groups.items()}
     finally:
         await pool.close()
     spent = {name: cpu_spent(before[name], after[name]) * 1000 / exports for name in groups}
-    return Run(rate, spent, alone)
+    return Run(exports / rate, spent, alone)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A pipeline being measured: where its api answers, its database, its clients, and its processes' pids
+    by group (``own``: its api, relay and workers; ``moto``).
+    """
+
+    base_url: str
+    database_url: str
+    clients: Clients
+    groups: dict[str, list[int]]
 
 
 def bare_clients() -> Clients:
@@ -162,36 +186,76 @@ def bare_clients() -> Clients:
     return [({"Authorization": f"Bearer drain-{n}"}, f"drain-c{n}") for n in range(CLIENTS)]
 
 
-async def bare_run(exports: int, samples: int) -> Run:
-    """``measure`` on a bare pipeline of two workers."""
+@contextlib.asynccontextmanager
+async def bare_pipeline() -> AsyncIterator[Pipeline]:
+    """The bare pipeline with two workers."""
     clients = bare_clients()
     async with pipeline(workers=2, conversations={cid: MESSAGES for _, cid in clients}) as bare:
         groups = {"own": list(bare.group.pids().values()), "moto": [bare.moto.process.pid]}
-        return await measure(bare.base_url, bare.database_url, clients, groups, exports, samples)
+        yield Pipeline(bare.base_url, bare.database_url, clients, groups)
 
 
-async def product_run(exports: int, samples: int) -> Run:
-    """``measure`` on the product with two workers."""
+@contextlib.asynccontextmanager
+async def product_pipeline() -> AsyncIterator[Pipeline]:
+    """The product with two workers."""
     async with running_system(workers=2, overrides=SETTINGS) as system:
         async with aiohttp.ClientSession(base_url=system.base_url) as api:
             clients = await prepare(api, system)
         pids = system.group.pids()
         groups = {"own": [pid for name, pid in pids.items() if name.startswith(OWN_PARTS)], "moto": [pids["moto"]]}
-        return await measure(system.base_url, system.settings().database_url, clients, groups, exports, samples)
+        yield Pipeline(system.base_url, system.settings().database_url, clients, groups)
 
 
-async def figures(exports: int, samples: int) -> list[Figure]:
-    """Measure the bare pipeline, then the product (see the module's docstring)."""
-    bare = await bare_run(exports, samples)
-    product = await product_run(exports, samples)
+@dataclass
+class Pooled:
+    """The runs of one pipeline so far: seconds and exports of its drains, CPU milliseconds by group, and
+    every lone export's latency.
+    """
+
+    seconds: float = 0.0
+    exports: int = 0
+    cpu_ms: Counter[str] = field(default_factory=Counter)
+    alone: list[float] = field(default_factory=list)
+
+    def add(self, run: Run, exports: int) -> None:
+        self.seconds += run.seconds
+        self.exports += exports
+        self.cpu_ms.update({name: ms * exports for name, ms in run.cpu_ms.items()})
+        self.alone.extend(run.alone)
+
+    @property
+    def rate(self) -> float:
+        return self.exports / self.seconds
+
+    def cpu_per_export(self, group: str) -> float:
+        return self.cpu_ms[group] / self.exports
+
+
+async def figures(exports: int, samples: int, rounds: int = ROUNDS) -> list[Figure]:
+    """Measure both pipelines ``rounds`` times in turn (see the module's docstring)."""
+    bare, product = Pooled(), Pooled()
+    async with bare_pipeline() as bare_side, product_pipeline() as product_side:
+        for number in range(rounds):
+            turns = [(bare, bare_side), (product, product_side)]
+            runs = {}
+            for pooled, side in turns if number % 2 == 0 else reversed(turns):
+                runs[id(pooled)] = run = await measure(side, exports, samples // rounds)
+                pooled.add(run, exports)
+            ours, theirs = runs[id(product)], runs[id(bare)]
+            print(
+                f"round {number + 1}: drain {theirs.seconds / ours.seconds:.2f},"
+                f" CPU per export {ours.cpu_ms['own'] / theirs.cpu_ms['own']:.2f},"
+                f" p50 alone {percentile(ours.alone, 0.5) / percentile(theirs.alone, 0.5):.2f}",
+                flush=True,
+            )
     bare_named = {"baseline_name": "bare pipeline"}
     return [
-        Figure(f"drain: {exports} exports of {MESSAGES} messages, {CLIENTS} clients, 2 workers", product.rate,
-               "operations/s", baseline=bare.rate, target="ratio >= 0.8", **bare_named),
-        Figure("CPU per export of the drain: api, relay, workers", product.cpu_ms["own"], "ms",
-               baseline=bare.cpu_ms["own"], target="ratio <= 1.35", **bare_named),
-        *(Figure(f"CPU per export of the drain: {name}", product.cpu_ms[name], "ms", baseline=bare.cpu_ms[name],
-                 **bare_named) for name in ("moto", *SERVERS)),
+        Figure(f"drain: {exports} exports of {MESSAGES} messages, {CLIENTS} clients, 2 workers, {rounds} rounds",
+               product.rate, "operations/s", baseline=bare.rate, target="ratio >= 0.8", **bare_named),
+        Figure("CPU per export of the drain: api, relay, workers", product.cpu_per_export("own"), "ms",
+               baseline=bare.cpu_per_export("own"), target="ratio <= 1.35", **bare_named),
+        *(Figure(f"CPU per export of the drain: {name}", product.cpu_per_export(name), "ms",
+                 baseline=bare.cpu_per_export(name), **bare_named) for name in ("moto", *SERVERS)),
         Figure(f"202 -> SUCCEEDED, {MESSAGES} messages, alone: p50", percentile(product.alone, 0.5), "ms",
                baseline=percentile(bare.alone, 0.5), target="ratio <= 1.15", **bare_named),
         Figure(f"202 -> SUCCEEDED, {MESSAGES} messages, alone: p99", percentile(product.alone, 0.99), "ms",
@@ -203,8 +267,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--exports", type=int, default=1500)
     parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args()
-    print_table(asyncio.run(figures(args.exports, args.samples)))
+    print_table(asyncio.run(figures(args.exports, args.samples, args.rounds)))
 
 
 if __name__ == "__main__":
