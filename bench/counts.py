@@ -1,5 +1,5 @@
 """Benchmark: what one small export costs each part, counted on the client side (docs/benchmark.md:
-Benchmark, Counts). Starts the bare pipeline, then the product, like ``bench/drain.py`` (two workers each)
+Benchmark, Counts). Starts the bare pipeline, then the product, each with two workers as in ``bench/drain.py``,
 with ``bench/counting`` leading every part's ``PYTHONPATH``. On each it runs a few exports to warm the
 statement caches, takes every part's counts and CPU time, drains ``EXPORTS`` exports of 100 messages from
 the drain's 16 clients, takes them again, and prints per export: each part's statements, round trips,

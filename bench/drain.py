@@ -5,16 +5,17 @@ driven by the same client in the same run (docs/benchmark.md: Benchmark, Bare pi
 Starts the bare pipeline and the product from the compose file side by side (two workers each, ``make run``'s
 other settings), each on a fresh database with ``CLIENTS`` users each a member of a conversation of 100
 messages, then measures them in turn, ``ROUNDS`` rounds with the order swapped each round, so that a change
-of the machine's speed during the run falls on both alike. Before each measurement its database is vacuumed
-and Postgres checkpoints, so that neither cleans up after an earlier round inside a later one. Each
-measurement takes:
+of the machine's speed during the run falls on both in turn. Before each measurement both databases are
+vacuumed and Postgres checkpoints, so that no measurement cleans up after an earlier one. Each measurement
+takes:
 
 - the latency of one export of 100 messages submitted alone, one after the other: from its creation to its
   SUCCEEDED commit, both by the database's clock (the samples are split between the rounds);
 - the drain: ``--exports`` exports submitted by ``CLIENTS`` concurrent clients (the quota raised so none is
   refused), from the first submit's creation to the last SUCCEEDED;
 - the CPU time per export of the drain of each group of processes: its own (api, relay, workers), its moto,
-  and all of Postgres' and RabbitMQ's, from ``/proc``.
+  and all of Postgres' and RabbitMQ's, from ``/proc`` (the idle pipeline's few polls of the servers count
+  in the measured one's).
 
 Each round's ratios are printed as it ends; the figures pool the rounds: exports over seconds for the drain,
 CPU time over exports, the p50 and p99 of every sample. Usage:
@@ -150,14 +151,10 @@ class Run:
 
 
 async def measure(side: Pipeline, exports: int, samples: int) -> Run:
-    """Latencies of ``samples`` exports alone, then a drain of ``exports``, on ``side``, its database vacuumed
-    and Postgres checkpointed first.
-    """
+    """Latencies of ``samples`` exports alone, then a drain of ``exports``, on ``side``."""
     groups = {**side.groups, **{name: pids_of(command) for name, command in SERVERS.items()}}
     pool = await asyncpg.create_pool(side.database_url, min_size=1, max_size=2)
     try:
-        await pool.execute("VACUUM")
-        await pool.execute("CHECKPOINT")
         async with aiohttp.ClientSession(base_url=side.base_url) as api:
             alone = await latencies(api, pool, *side.clients[0], samples)
             before = {name: cpu_times(pids) for name, pids in groups.items()}
@@ -167,6 +164,23 @@ async def measure(side: Pipeline, exports: int, samples: int) -> Run:
         await pool.close()
     spent = {name: cpu_spent(before[name], after[name]) * 1000 / exports for name in groups}
     return Run(exports / rate, spent, alone)
+
+
+async def cleaned_up(*sides: Pipeline) -> None:
+    """Vacuum every one of ``sides``' databases, then checkpoint: what the rounds before left to clean up is
+    done before the next measurement starts, not during it.
+    """
+    for side in sides:
+        connection = await asyncpg.connect(side.database_url)
+        try:
+            await connection.execute("VACUUM")
+        finally:
+            await connection.close()
+    connection = await asyncpg.connect(sides[0].database_url)
+    try:
+        await connection.execute("CHECKPOINT")
+    finally:
+        await connection.close()
 
 
 @dataclass(frozen=True)
@@ -209,7 +223,7 @@ async def product_pipeline() -> AsyncIterator[Pipeline]:
 @dataclass
 class Pooled:
     """The runs of one pipeline so far: seconds and exports of its drains, CPU milliseconds by group, and
-    every lone export's latency.
+    every lone export's latency (ms).
     """
 
     seconds: float = 0.0
@@ -218,6 +232,7 @@ class Pooled:
     alone: list[float] = field(default_factory=list)
 
     def add(self, run: Run, exports: int) -> None:
+        """Count in ``run``, a measurement with a drain of ``exports``."""
         self.seconds += run.seconds
         self.exports += exports
         self.cpu_ms.update({name: ms * exports for name, ms in run.cpu_ms.items()})
@@ -225,23 +240,31 @@ class Pooled:
 
     @property
     def rate(self) -> float:
+        """Operations per second over every drain."""
         return self.exports / self.seconds
 
     def cpu_per_export(self, group: str) -> float:
+        """CPU milliseconds per export of ``group``'s processes over every drain."""
         return self.cpu_ms[group] / self.exports
 
 
 async def figures(exports: int, samples: int, rounds: int = ROUNDS) -> list[Figure]:
-    """Measure both pipelines ``rounds`` times in turn (see the module's docstring)."""
+    """Measure both pipelines ``rounds`` times in turn (see the module's docstring); ``samples`` lone exports
+    are shared between the rounds, at least one each.
+    """
+    if not 0 < rounds <= samples:
+        raise ValueError(f"{rounds} rounds need 1 to {samples} of the {samples} lone exports each")
     bare, product = Pooled(), Pooled()
     async with bare_pipeline() as bare_side, product_pipeline() as product_side:
         for number in range(rounds):
-            turns = [(bare, bare_side), (product, product_side)]
+            share = samples // rounds + (1 if number < samples % rounds else 0)
+            turns = [("bare", bare, bare_side), ("product", product, product_side)]
             runs = {}
-            for pooled, side in turns if number % 2 == 0 else reversed(turns):
-                runs[id(pooled)] = run = await measure(side, exports, samples // rounds)
+            for name, pooled, side in turns if number % 2 == 0 else reversed(turns):
+                await cleaned_up(bare_side, product_side)
+                runs[name] = run = await measure(side, exports, share)
                 pooled.add(run, exports)
-            ours, theirs = runs[id(product)], runs[id(bare)]
+            ours, theirs = runs["product"], runs["bare"]
             print(
                 f"round {number + 1}: drain {theirs.seconds / ours.seconds:.2f},"
                 f" CPU per export {ours.cpu_ms['own'] / theirs.cpu_ms['own']:.2f},"

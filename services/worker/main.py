@@ -76,9 +76,9 @@ async def serve(settings: WorkerPartSettings, *, stop: asyncio.Event) -> None:
                 concurrency=settings.worker_chunk_concurrency,
             ),
         )
+        started()
         # The consumers keep the queues referenced: connect_robust restores only consumers it can still
         # reach.
-        started()
         for consumer in consumers:
             consumer.start()
         monitor.checks["consumer"] = lambda: _consuming(consumers)

@@ -7,11 +7,12 @@ import importlib
 import inspect
 import subprocess
 import sys
+import types
 
 import pytest
 
 from chatexport.cli import PARTS
-from shared.lifecycle import Stopped, drain, keep_trying
+from shared.lifecycle import Stopped, drain, keep_trying, started
 
 
 async def test_keep_trying_retries_the_listed_errors_until_success() -> None:
@@ -140,8 +141,20 @@ def test_started_freezes_what_a_part_built_only_in_its_own_process(run_as: str) 
         assert (frozen, kept_walked) == ("0", "True")
 
 
+def _names_used(code: types.CodeType) -> set[str]:
+    """The global and attribute names ``code`` and the functions defined in it use (not its comments)."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names_used(constant)
+    return names
+
+
 @pytest.mark.parametrize("module", sorted({part.module for part in PARTS.values()}))
 def test_every_part_marks_the_end_of_its_start_up(module: str) -> None:
     # Each part's serve calls ``started`` once its resources are built (docs/benchmark.md: The collector's full
     # passes); a new part that forgets it is named here.
-    assert "started()" in inspect.getsource(importlib.import_module(module))
+    loaded = importlib.import_module(module)
+    assert loaded.started is started
+    own = [value for value in vars(loaded).values() if inspect.isfunction(value) and value.__module__ == module]
+    assert any("started" in _names_used(function.__code__) for function in own)
