@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bare_system import pipeline
 from bench.proc import cpu_spent, cpu_times, pids_of
-from bench.running import admin_headers, member_conversation, running_system
+from bench.running import admin_execute, admin_headers, member_conversation, running_system
 from bench.table import Figure, percentile, print_table
 from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
@@ -176,11 +176,8 @@ async def cleaned_up(*sides: Pipeline) -> None:
             await connection.execute("VACUUM")
         finally:
             await connection.close()
-    connection = await asyncpg.connect(sides[0].database_url)
-    try:
-        await connection.execute("CHECKPOINT")
-    finally:
-        await connection.close()
+    # Server-wide: both pipelines' databases are on the benchmark server.
+    await admin_execute("CHECKPOINT")
 
 
 @dataclass(frozen=True)

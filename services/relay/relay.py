@@ -186,10 +186,10 @@ class Relay:
             while not stop.is_set():
                 listener = await self._ensure_listener(listener, wake)
                 wake.clear()
-                started = time.monotonic()
+                round_began = time.monotonic()
                 batches = await self._publish_all()
                 if batches.handled and wake.is_set():
-                    lingered = started + self._settings.relay_linger_seconds - time.monotonic()
+                    lingered = round_began + self._settings.relay_linger_seconds - time.monotonic()
                     if lingered > 0:
                         await first_set(stop, within_seconds=lingered)
                 await self._wait(wake, stop, batches.next_due_seconds)
