@@ -121,12 +121,16 @@ async def _lead(settings: JanitorPartSettings, leader: asyncpg.Connection | None
     The lock lasts as long as its session, and the server ends a session idle for ``_leader_idle_ms``: a
     live leader touches it before every pass and every round of the scheduler, so only a leader that stopped
     answering (frozen, or its host gone without closing the connection) loses the lock to another janitor.
+    The touch is a short transaction (``leadership.still_leading``), and a leader frozen inside it leaves the
+    session idle in a transaction, which ``idle_session_timeout`` does not count: the same limit is set for
+    that state too.
     """
     if leader is not None and (kept := await _kept(leader)) is not None:
         return kept
     conn: asyncpg.Connection | None = None
     try:
-        conn = await connect(settings, idle_session_timeout=str(_leader_idle_ms(settings)))
+        idle_ms = str(_leader_idle_ms(settings))
+        conn = await connect(settings, idle_session_timeout=idle_ms, idle_in_transaction_session_timeout=idle_ms)
         # The new session may be ended before it asks for the lock (a restart, an operator, the idle
         # timeout of a process that was frozen): that is the database being unavailable, not a crash.
         if await leadership.try_lead(conn):

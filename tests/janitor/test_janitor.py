@@ -11,6 +11,7 @@ from services.janitor import main as janitor_main
 from services.janitor.janitor import Janitor
 from shared.db import connect
 from shared.settings import Settings
+from tests.support import wait_for
 from tests.support.bucket import keys, open_uploads
 from tests.support.rows import insert_artifact, insert_operation, shift
 
@@ -160,3 +161,19 @@ async def test_a_janitor_whose_new_session_ends_before_it_asks_for_the_lock_wait
     leader = await janitor_main._lead(settings, None)
     assert leader is not None, "the next pass takes the lock"
     await leader.close()
+
+
+async def test_a_leader_frozen_inside_its_touch_loses_the_lock_to_a_standby(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The touch before each pass is a short transaction: a leader stopped between its BEGIN and its COMMIT
+    # leaves the session idle in a transaction, which must end as an idle session does.
+    monkeypatch.setattr(janitor_main, "_leader_idle_ms", lambda settings: 300)
+    leader = await janitor_main._lead(settings, None)
+    assert leader is not None
+    try:
+        await leader.execute("BEGIN")
+        standby = await wait_for(lambda: janitor_main._lead(settings, None), timeout=10)
+        await standby.close()
+    finally:
+        leader.terminate()
