@@ -183,6 +183,12 @@ async def test_limits_shows_every_policy_and_what_remains(api: Client, auth: Aut
         }
 
 
+# The limiter's deadline where a test makes its store fail by locking a window: a request on a locked window
+# waits this long, and one on a free window must never reach it, even on a loaded machine where the pool's first
+# connection and statement take a few hundred milliseconds.
+STORE_DEADLINE_SECONDS = 2.0
+
+
 async def _locked_window(pool: asyncpg.Pool, user_id: str, policy: str) -> AsyncIterator[None]:
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
@@ -194,7 +200,7 @@ async def _locked_window(pool: asyncpg.Pool, user_id: str, policy: str) -> Async
 async def test_a_store_failure_lets_polls_through_when_open_with_one_statement_per_user(
     api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool
 ) -> None:
-    overrides = {"rate_limit_polls": 100, "rate_limit_batch": 1, "rate_limit_timeout_seconds": 0.3}
+    overrides = {"rate_limit_polls": 100, "rate_limit_batch": 1, "rate_limit_timeout_seconds": STORE_DEADLINE_SECONDS}
     async with limited_api(settings, **overrides) as limited:
         assert (await limited.get("/v3/operations", headers=auth("alice"))).status == 200
         failures = RATE_LIMIT_STORE_FAILURES.labels("polls")._value.get()
@@ -209,7 +215,11 @@ async def test_a_store_failure_lets_polls_through_when_open_with_one_statement_p
 async def test_a_store_failure_refuses_polls_when_closed(
     api: Client, auth: Auth, settings: Settings, pool: asyncpg.Pool
 ) -> None:
-    overrides = {"rate_limit_batch": 1, "rate_limit_timeout_seconds": 0.3, "rate_limit_on_store_failure": "closed"}
+    overrides = {
+        "rate_limit_batch": 1,
+        "rate_limit_timeout_seconds": STORE_DEADLINE_SECONDS,
+        "rate_limit_on_store_failure": "closed",
+    }
     async with limited_api(settings, **overrides) as limited:
         assert (await limited.get("/v3/operations", headers=auth("alice"))).status == 200
         async with contextlib.asynccontextmanager(_locked_window)(pool, "alice", "polls"):
