@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bare_system import pipeline
 from bench.proc import cpu_spent, cpu_times, pids_of
-from bench.running import admin_execute, admin_headers, member_conversation, running_system
+from bench.running import admin_execute, admin_headers, execute_on, member_conversation, running_system
 from bench.table import Figure, percentile, print_table
 from devtools.localsystem import LocalSystem
 from shared.auth import mint_token
@@ -171,11 +171,7 @@ async def cleaned_up(*sides: Pipeline) -> None:
     done before the next measurement starts, not during it.
     """
     for side in sides:
-        connection = await asyncpg.connect(side.database_url)
-        try:
-            await connection.execute("VACUUM")
-        finally:
-            await connection.close()
+        await execute_on(side.database_url, "VACUUM")
     # Server-wide: both pipelines' databases are on the benchmark server.
     await admin_execute("CHECKPOINT")
 

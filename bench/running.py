@@ -95,11 +95,16 @@ async def proxied_system(
 
 async def admin_execute(statement: str) -> None:
     """Run ``statement`` on the benchmark server's ``postgres`` database (to create or drop a database)."""
-    admin_conn = await asyncpg.connect(f"{PG_SERVER}/postgres")
+    await execute_on(f"{PG_SERVER}/postgres", statement)
+
+
+async def execute_on(database_url: str, statement: str) -> None:
+    """Run ``statement`` on a connection of its own to ``database_url``, outside any transaction (``VACUUM``)."""
+    conn = await asyncpg.connect(database_url)
     try:
-        await admin_conn.execute(statement)
+        await conn.execute(statement)
     finally:
-        await admin_conn.close()
+        await conn.close()
 
 
 def admin_headers(system: LocalSystem) -> dict[str, str]:
